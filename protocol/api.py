@@ -1,0 +1,38 @@
+"""API keys (Kafka's numbers where Kafka has the API) and the version ranges served."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ApiKey(IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    INIT_PRODUCER_ID = 22
+    OFFSET_FOR_LEADER_EPOCH = 23
+    ALTER_PARTITION = 56
+    DESCRIBE_CLUSTER = 60
+    BROKER_REGISTRATION = 62
+    BROKER_HEARTBEAT = 63
+    # Kafka's brokers read the metadata log with Fetch against the KRaft quorum; we
+    # have one controller and a dedicated long-poll API instead.
+    FETCH_METADATA = 1000
+
+
+# Sentinel accepted by every epoch field: skip that check (KIP-320 compatibility rule).
+NO_EPOCH = -1
+# ListOffsets special timestamps.
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+# replica_id of a consumer in Fetch / ListOffsets / OffsetsForLeaderEpoch.
+CONSUMER_REPLICA_ID = -1
+# replica_id of a debugging tool that may read past the high watermark.
+DEBUGGING_REPLICA_ID = -2

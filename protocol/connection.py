@@ -1,0 +1,231 @@
+"""Sans-I/O connection state machines, in the manner of h11.
+
+Bytes go in with `receive_data`, typed events come out; bytes to send come back
+from `send_*`. No sockets and no event loop: the asyncio glue in each process is a
+few lines around these classes.
+
+A server connection answers in request order even when handlers finish out of
+order (Kafka's rule): finished responses wait in a bounded reorder buffer until
+every earlier one is out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import msgspec
+
+from protocol.errors import DecodeError, ErrorCode
+from protocol.framing import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameDecoder,
+    RequestHeader,
+    ResponseHeader,
+    decode_request_header,
+    decode_response_header,
+    encode_request_header,
+    encode_response_header,
+    frame,
+)
+from protocol.messages import API_BY_REQUEST_TYPE, API_SPECS, ErrorBody, Message
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[type, msgspec.msgpack.Decoder] = {}
+
+
+def encode_body(body: Message) -> bytes:
+    return _encoder.encode(body)
+
+
+def decode_body(kind: type[Message], data: bytes | memoryview) -> Message:
+    """Decode a MessagePack body as `kind`; any failure is a DecodeError."""
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DecodeError(f"cannot decode {kind.__name__}: {exc}") from exc
+
+
+def _error_response(correlation_id: int, error: ErrorCode, message: str) -> bytes:
+    return frame(
+        encode_response_header(ResponseHeader(correlation_id, int(error)))
+        + encode_body(ErrorBody(error_message=message))
+    )
+
+
+# ------------------------------------------------------------------ server side
+
+
+class Request(NamedTuple):
+    """A decoded request; `seq` orders its response on this connection."""
+
+    seq: int
+    header: RequestHeader
+    body: Message
+
+
+class RejectedRequest(NamedTuple):
+    """A request whose frame was sound but which cannot be served (unknown API,
+    unsupported version, undecodable body). Its error response is already queued:
+    pass `seq` back through `send_rejection`."""
+
+    seq: int
+    header: RequestHeader
+    error: ErrorCode
+    message: str
+
+
+class ServerConnection:
+    """One client connection, server side."""
+
+    def __init__(
+        self,
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_in_flight: int = 1000,
+        api_filter: Callable[[int], bool] | None = None,
+    ) -> None:
+        self._frames = FrameDecoder(max_frame_size)
+        self._next_seq = 0
+        self._next_out = 0
+        self._done: dict[int, bytes] = {}
+        self.max_in_flight = max_in_flight
+        # A process may serve only some APIs (a controller does not serve Produce).
+        self._api_filter = api_filter
+
+    @property
+    def in_flight(self) -> int:
+        """Requests handed out whose responses have not been written yet."""
+        return self._next_seq - self._next_out
+
+    def receive_data(self, data: bytes) -> None:
+        self._frames.feed(data)
+
+    def next_event(self) -> Request | RejectedRequest | None:
+        """The next request, or None when more bytes are needed (or the in-flight
+        limit is reached: the caller stops reading until responses go out).
+
+        Raises DecodeError when the stream is malformed: close the connection."""
+        if self.in_flight >= self.max_in_flight:
+            return None
+        payload = self._frames.next_frame()
+        if payload is None:
+            return None
+        header, body_bytes = decode_request_header(payload)
+        seq = self._next_seq
+        self._next_seq += 1
+        spec = API_SPECS.get(header.api_key)
+        if spec is None or (self._api_filter is not None and not self._api_filter(header.api_key)):
+            return RejectedRequest(
+                seq,
+                header,
+                ErrorCode.INVALID_REQUEST,
+                f"unknown or unserved API key {header.api_key}",
+            )
+        if not spec.min_version <= header.api_version <= spec.max_version:
+            return RejectedRequest(
+                seq,
+                header,
+                ErrorCode.UNSUPPORTED_VERSION,
+                f"{spec.key.name} version {header.api_version} is not supported "
+                f"(supported: {spec.min_version}..{spec.max_version}); ask ApiVersions",
+            )
+        try:
+            body = decode_body(spec.request, body_bytes)
+        except DecodeError as exc:
+            return RejectedRequest(seq, header, ErrorCode.INVALID_REQUEST, str(exc))
+        return Request(seq, header, body)
+
+    def send_response(self, request: Request, body: Message) -> bytes:
+        """Queue the response; return the bytes now ready to write, in request order."""
+        payload = encode_response_header(ResponseHeader(request.header.correlation_id, 0))
+        return self._complete(request.seq, frame(payload + encode_body(body)))
+
+    def send_rejection(self, rejected: RejectedRequest) -> bytes:
+        out = _error_response(rejected.header.correlation_id, rejected.error, rejected.message)
+        return self._complete(rejected.seq, out)
+
+    def send_error(self, request: Request, error: ErrorCode, message: str) -> bytes:
+        """A whole-request failure (a handler crashed): the client gets `error`."""
+        return self._complete(
+            request.seq, _error_response(request.header.correlation_id, error, message)
+        )
+
+    def _complete(self, seq: int, data: bytes) -> bytes:
+        assert self._next_out <= seq < self._next_seq, "response for an unknown request"
+        assert seq not in self._done, "two responses for one request"
+        self._done[seq] = data
+        if seq != self._next_out:
+            return b""
+        ready: list[bytes] = []
+        while self._next_out in self._done:
+            ready.append(self._done.pop(self._next_out))
+            self._next_out += 1
+        return b"".join(ready)
+
+
+# ------------------------------------------------------------------ client side
+
+
+class Response(NamedTuple):
+    correlation_id: int
+    body: Message | None  # None when error_code != 0
+    error_code: ErrorCode
+    error_message: str
+
+
+class ClientConnection:
+    """One connection, client side: correlation ids and response decoding."""
+
+    def __init__(
+        self, client_id: str | None = "minibroker", *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    ) -> None:
+        self.client_id = client_id
+        self._frames = FrameDecoder(max_frame_size)
+        self._next_correlation_id = 0
+        self._pending: dict[int, type[Message]] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def send_request(self, body: Message, *, api_version: int | None = None) -> tuple[int, bytes]:
+        """Return (correlation id, bytes to write)."""
+        spec = API_BY_REQUEST_TYPE[type(body)]
+        correlation_id = self._next_correlation_id
+        self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
+        header = RequestHeader(
+            int(spec.key),
+            spec.max_version if api_version is None else api_version,
+            correlation_id,
+            self.client_id,
+        )
+        self._pending[correlation_id] = spec.response
+        return correlation_id, frame(encode_request_header(header) + encode_body(body))
+
+    def receive_data(self, data: bytes) -> list[Response]:
+        """Feed bytes; return every complete response. Raises DecodeError when the
+        server sent something that is not a response to a pending request."""
+        self._frames.feed(data)
+        out: list[Response] = []
+        while (payload := self._frames.next_frame()) is not None:
+            header, body_bytes = decode_response_header(payload)
+            kind = self._pending.pop(header.correlation_id, None)
+            if kind is None:
+                raise DecodeError(f"response for unknown correlation id {header.correlation_id}")
+            try:
+                error = ErrorCode(header.error_code)
+            except ValueError:
+                error = ErrorCode.UNKNOWN_SERVER_ERROR
+            if error != ErrorCode.NONE:
+                err = decode_body(ErrorBody, body_bytes)
+                assert isinstance(err, ErrorBody)
+                out.append(Response(header.correlation_id, None, error, err.error_message))
+            else:
+                out.append(
+                    Response(header.correlation_id, decode_body(kind, body_bytes), error, "")
+                )
+        return out

@@ -1,0 +1,114 @@
+"""Error codes (Kafka's numbers and names) and the protocol's own exceptions.
+
+Users look codes up in Kafka's documentation, so numbers and names are Kafka's.
+`retriable` says whether a client may retry the same request after refreshing
+metadata or backing off; everything else is a final answer.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    UNKNOWN_SERVER_ERROR = -1
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    INVALID_FETCH_SIZE = 4
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    BROKER_NOT_AVAILABLE = 8
+    REPLICA_NOT_AVAILABLE = 9
+    MESSAGE_TOO_LARGE = 10
+    OFFSET_METADATA_TOO_LARGE = 12
+    NETWORK_EXCEPTION = 13
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
+    INVALID_TOPIC_EXCEPTION = 17
+    RECORD_LIST_TOO_LARGE = 18
+    NOT_ENOUGH_REPLICAS = 19
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
+    INVALID_REQUIRED_ACKS = 21
+    INVALID_TIMESTAMP = 32
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    INVALID_REPLICA_ASSIGNMENT = 39
+    INVALID_CONFIG = 40
+    NOT_CONTROLLER = 41
+    INVALID_REQUEST = 42
+    POLICY_VIOLATION = 44
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+    DUPLICATE_SEQUENCE_NUMBER = 46
+    INVALID_PRODUCER_EPOCH = 47
+    KAFKA_STORAGE_ERROR = 56
+    UNKNOWN_PRODUCER_ID = 59
+    FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 75
+    OFFSET_NOT_AVAILABLE = 78
+    STALE_BROKER_EPOCH = 77
+    PREFERRED_LEADER_NOT_AVAILABLE = 80
+    ELIGIBLE_LEADERS_NOT_AVAILABLE = 83
+    THROTTLING_QUOTA_EXCEEDED = 89
+    INVALID_UPDATE_VERSION = 95
+    INCONSISTENT_CLUSTER_ID = 104
+    INELIGIBLE_REPLICA = 107
+    NEW_LEADER_ELECTED = 108
+    DUPLICATE_BROKER_REGISTRATION = 101
+    INVALID_RECORD = 87
+
+    @property
+    def retriable(self) -> bool:
+        return self in _RETRIABLE
+
+
+_RETRIABLE = frozenset(
+    {
+        # Kafka marks it retriable: the bytes may have been damaged in flight.
+        ErrorCode.CORRUPT_MESSAGE,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.BROKER_NOT_AVAILABLE,
+        ErrorCode.REPLICA_NOT_AVAILABLE,
+        ErrorCode.NETWORK_EXCEPTION,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        ErrorCode.NOT_CONTROLLER,
+        ErrorCode.KAFKA_STORAGE_ERROR,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.OFFSET_NOT_AVAILABLE,
+        ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+        ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+        ErrorCode.THROTTLING_QUOTA_EXCEEDED,
+        ErrorCode.INELIGIBLE_REPLICA,
+        ErrorCode.NEW_LEADER_ELECTED,
+    }
+)
+
+
+class ProtocolError(Exception):
+    """Base of every exception raised by the protocol package."""
+
+
+class DecodeError(ProtocolError):
+    """Bytes that do not decode to what they claim to be. The only exception any
+    decoder in this package raises for bad input."""
+
+
+class FrameTooLargeError(DecodeError):
+    """A frame header announced more bytes than the receiver accepts."""
+
+
+class CorruptRecordError(DecodeError):
+    """A record batch failed validation (length, magic, CRC, offsets)."""

@@ -1,0 +1,140 @@
+"""Framing and the fixed request/response headers.
+
+Every message on a connection is a frame::
+
+    int32  length      big-endian, bytes that follow (never negative)
+    bytes  payload
+
+Request payload::
+
+    int16  api_key
+    int16  api_version
+    int32  correlation_id
+    int16  client_id length (-1 = null), then that many UTF-8 bytes
+    bytes  body: the API's request struct as MessagePack
+
+Response payload::
+
+    int32  correlation_id
+    int16  error_code    0: body is the API's response struct (MessagePack);
+                         otherwise the request could not be served at all (unknown
+                         API, unsupported version, undecodable body) and the body is
+                         an `ErrorBody`
+    bytes  body
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from protocol.errors import DecodeError, FrameTooLargeError
+
+DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
+
+_LENGTH = struct.Struct(">i")
+_REQUEST_HEADER = struct.Struct(">hhih")
+_RESPONSE_HEADER = struct.Struct(">ih")
+
+
+class RequestHeader(NamedTuple):
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+class ResponseHeader(NamedTuple):
+    correlation_id: int
+    error_code: int
+
+
+def frame(payload: bytes) -> bytes:
+    return _LENGTH.pack(len(payload)) + payload
+
+
+class FrameDecoder:
+    """Splits a byte stream into frame payloads. Bounded: a frame longer than
+    `max_frame_size` raises FrameTooLargeError before any of it is buffered."""
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self.max_frame_size = max_frame_size
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    def next_frame(self) -> bytes | None:
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < 4:
+            self._compact()
+            return None
+        (length,) = _LENGTH.unpack_from(buf, pos)
+        if length < 0:
+            raise DecodeError(f"negative frame length {length}")
+        if length > self.max_frame_size:
+            raise FrameTooLargeError(
+                f"frame of {length} bytes exceeds the limit of {self.max_frame_size} bytes"
+            )
+        end = pos + 4 + length
+        if len(buf) < end:
+            self._compact()
+            return None
+        payload = bytes(buf[pos + 4 : end])
+        self._pos = end
+        return payload
+
+    def _compact(self) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+
+
+def encode_request_header(header: RequestHeader) -> bytes:
+    if header.client_id is None:
+        return _REQUEST_HEADER.pack(header.api_key, header.api_version, header.correlation_id, -1)
+    client_id = header.client_id.encode()
+    return (
+        _REQUEST_HEADER.pack(
+            header.api_key, header.api_version, header.correlation_id, len(client_id)
+        )
+        + client_id
+    )
+
+
+def decode_request_header(payload: bytes) -> tuple[RequestHeader, memoryview]:
+    """Return the header and the body that follows it."""
+    if len(payload) < _REQUEST_HEADER.size:
+        raise DecodeError(f"request of {len(payload)} bytes is shorter than its header")
+    api_key, api_version, correlation_id, client_len = _REQUEST_HEADER.unpack_from(payload)
+    pos = _REQUEST_HEADER.size
+    client_id: str | None = None
+    if client_len >= 0:
+        end = pos + client_len
+        if end > len(payload):
+            raise DecodeError("client_id runs past the end of the request")
+        try:
+            client_id = payload[pos:end].decode()
+        except UnicodeDecodeError as exc:
+            raise DecodeError("client_id is not UTF-8") from exc
+        pos = end
+    elif client_len != -1:
+        raise DecodeError(f"bad client_id length {client_len}")
+    return RequestHeader(api_key, api_version, correlation_id, client_id), memoryview(payload)[pos:]
+
+
+def encode_response_header(header: ResponseHeader) -> bytes:
+    return _RESPONSE_HEADER.pack(header.correlation_id, header.error_code)
+
+
+def decode_response_header(payload: bytes) -> tuple[ResponseHeader, memoryview]:
+    if len(payload) < _RESPONSE_HEADER.size:
+        raise DecodeError(f"response of {len(payload)} bytes is shorter than its header")
+    correlation_id, error_code = _RESPONSE_HEADER.unpack_from(payload)
+    return ResponseHeader(correlation_id, error_code), memoryview(payload)[_RESPONSE_HEADER.size :]

@@ -1,0 +1,581 @@
+"""Request and response bodies of every API, as msgspec Structs (MessagePack maps).
+
+Field names follow Kafka's JSON schemas so users can look them up. Every epoch field
+defaults to -1, the sentinel that skips its check. New fields are only ever added
+with a default, so an older peer's message still decodes (unknown fields are ignored).
+
+Record data (`records`) is carried as raw bytes: one or more RecordBatch v2 batches,
+never re-encoded per record.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from protocol.api import ApiKey
+from protocol.metadata_records import MetadataRecord
+
+
+class Message(msgspec.Struct, kw_only=True):
+    """Base of every request and response body."""
+
+
+# ------------------------------------------------------------------ shared parts
+
+
+class ErrorBody(Message, kw_only=True):
+    """Body of a response whose header carries a non-zero error code."""
+
+    error_message: str = ""
+
+
+class LeaderIdAndEpoch(Message, kw_only=True):
+    leader_id: int = -1
+    leader_epoch: int = -1
+
+
+class EpochEndOffset(Message, kw_only=True):
+    epoch: int = -1
+    end_offset: int = -1
+
+
+# ------------------------------------------------------------------ ApiVersions
+
+
+class ApiVersionsRequest(Message, kw_only=True):
+    client_software_name: str = "minibroker"
+    client_software_version: str = ""
+
+
+class ApiVersionRange(Message, kw_only=True):
+    api_key: int
+    min_version: int
+    max_version: int
+
+
+class ApiVersionsResponse(Message, kw_only=True):
+    error_code: int = 0
+    api_keys: list[ApiVersionRange] = []
+
+
+# ------------------------------------------------------------------ Metadata (KIP-232)
+
+
+class MetadataRequest(Message, kw_only=True):
+    topics: list[str] | None = None  # None: all topics
+    allow_auto_topic_creation: bool = False
+
+
+class MetadataBroker(Message, kw_only=True):
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+class MetadataPartition(Message, kw_only=True):
+    error_code: int = 0
+    partition_index: int
+    leader_id: int = -1
+    leader_epoch: int = -1
+    replica_nodes: list[int] = []
+    isr_nodes: list[int] = []
+    offline_replicas: list[int] = []
+
+
+class MetadataTopic(Message, kw_only=True):
+    error_code: int = 0
+    name: str
+    topic_id: str = ""
+    is_internal: bool = False
+    partitions: list[MetadataPartition] = []
+
+
+class MetadataResponse(Message, kw_only=True):
+    brokers: list[MetadataBroker] = []
+    cluster_id: str | None = None
+    controller_id: int = -1
+    topics: list[MetadataTopic] = []
+    # Offset of the metadata log this answer reflects; lets tools see staleness.
+    metadata_offset: int = -1
+
+
+# ------------------------------------------------------------------ Produce (KIP-359)
+
+
+class ProducePartition(Message, kw_only=True):
+    index: int
+    current_leader_epoch: int = -1
+    records: bytes
+
+
+class ProduceTopic(Message, kw_only=True):
+    name: str
+    partitions: list[ProducePartition]
+
+
+class ProduceRequest(Message, kw_only=True):
+    transactional_id: str | None = None
+    acks: int = -1
+    timeout_ms: int = 30_000
+    topics: list[ProduceTopic]
+
+
+class ProducePartitionResponse(Message, kw_only=True):
+    index: int
+    error_code: int = 0
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    log_start_offset: int = -1
+    error_message: str | None = None
+    current_leader: LeaderIdAndEpoch = msgspec.field(default_factory=LeaderIdAndEpoch)
+
+
+class ProduceTopicResponse(Message, kw_only=True):
+    name: str
+    partitions: list[ProducePartitionResponse]
+
+
+class ProduceResponse(Message, kw_only=True):
+    topics: list[ProduceTopicResponse] = []
+    throttle_time_ms: int = 0
+
+
+# ------------------------------------------------------------------ Fetch (KIP-320, KIP-903)
+
+
+class FetchPartition(Message, kw_only=True):
+    partition: int
+    current_leader_epoch: int = -1
+    fetch_offset: int
+    last_fetched_epoch: int = -1
+    log_start_offset: int = -1
+    partition_max_bytes: int = 1024 * 1024
+
+
+class FetchTopic(Message, kw_only=True):
+    topic: str
+    partitions: list[FetchPartition]
+
+
+class FetchRequest(Message, kw_only=True):
+    replica_id: int = -1  # broker id of a follower, -1 for consumers
+    replica_epoch: int = -1  # the follower's broker epoch (KIP-903)
+    max_wait_ms: int = 500
+    min_bytes: int = 1
+    max_bytes: int = 50 * 1024 * 1024
+    isolation_level: int = 0
+    topics: list[FetchTopic]
+
+
+class FetchPartitionResponse(Message, kw_only=True):
+    partition_index: int
+    error_code: int = 0
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    diverging_epoch: EpochEndOffset = msgspec.field(default_factory=EpochEndOffset)
+    current_leader: LeaderIdAndEpoch = msgspec.field(default_factory=LeaderIdAndEpoch)
+    records: bytes = b""
+
+
+class FetchTopicResponse(Message, kw_only=True):
+    topic: str
+    partitions: list[FetchPartitionResponse]
+
+
+class FetchResponse(Message, kw_only=True):
+    error_code: int = 0
+    throttle_time_ms: int = 0
+    responses: list[FetchTopicResponse] = []
+
+
+# ------------------------------------------------------------------ ListOffsets (KIP-320)
+
+
+class ListOffsetsPartition(Message, kw_only=True):
+    partition_index: int
+    current_leader_epoch: int = -1
+    timestamp: int  # -2 earliest, -1 latest, else ms
+
+
+class ListOffsetsTopic(Message, kw_only=True):
+    name: str
+    partitions: list[ListOffsetsPartition]
+
+
+class ListOffsetsRequest(Message, kw_only=True):
+    replica_id: int = -1
+    isolation_level: int = 0
+    topics: list[ListOffsetsTopic]
+
+
+class ListOffsetsPartitionResponse(Message, kw_only=True):
+    partition_index: int
+    error_code: int = 0
+    timestamp: int = -1
+    offset: int = -1
+    leader_epoch: int = -1
+
+
+class ListOffsetsTopicResponse(Message, kw_only=True):
+    name: str
+    partitions: list[ListOffsetsPartitionResponse]
+
+
+class ListOffsetsResponse(Message, kw_only=True):
+    topics: list[ListOffsetsTopicResponse] = []
+
+
+# ------------------------------------------------------------------ OffsetsForLeaderEpoch
+
+
+class OffsetForLeaderPartition(Message, kw_only=True):
+    partition: int
+    current_leader_epoch: int = -1
+    leader_epoch: int
+
+
+class OffsetForLeaderTopic(Message, kw_only=True):
+    topic: str
+    partitions: list[OffsetForLeaderPartition]
+
+
+class OffsetForLeaderEpochRequest(Message, kw_only=True):
+    replica_id: int = -1
+    topics: list[OffsetForLeaderTopic]
+
+
+class EpochEndOffsetResult(Message, kw_only=True):
+    partition: int
+    error_code: int = 0
+    leader_epoch: int = -1
+    end_offset: int = -1
+
+
+class OffsetForLeaderTopicResult(Message, kw_only=True):
+    topic: str
+    partitions: list[EpochEndOffsetResult]
+
+
+class OffsetForLeaderEpochResponse(Message, kw_only=True):
+    topics: list[OffsetForLeaderTopicResult] = []
+
+
+# ------------------------------------------------------------------ AlterPartition (KIP-903)
+
+
+class BrokerState(Message, kw_only=True):
+    broker_id: int
+    broker_epoch: int = -1
+
+
+class AlterPartitionPartition(Message, kw_only=True):
+    partition_index: int
+    leader_epoch: int
+    new_isr_with_epochs: list[BrokerState]
+    leader_recovery_state: int = 0
+    partition_epoch: int
+
+
+class AlterPartitionTopic(Message, kw_only=True):
+    topic_name: str
+    partitions: list[AlterPartitionPartition]
+
+
+class AlterPartitionRequest(Message, kw_only=True):
+    broker_id: int
+    broker_epoch: int
+    topics: list[AlterPartitionTopic]
+
+
+class AlterPartitionPartitionResult(Message, kw_only=True):
+    partition_index: int
+    error_code: int = 0
+    leader_id: int = -1
+    leader_epoch: int = -1
+    isr: list[int] = []
+    leader_recovery_state: int = 0
+    partition_epoch: int = -1
+
+
+class AlterPartitionTopicResult(Message, kw_only=True):
+    topic_name: str
+    partitions: list[AlterPartitionPartitionResult]
+
+
+class AlterPartitionResponse(Message, kw_only=True):
+    error_code: int = 0
+    topics: list[AlterPartitionTopicResult] = []
+
+
+# ------------------------------------------------------------------ broker lifecycle
+
+
+class Listener(Message, kw_only=True):
+    name: str
+    host: str
+    port: int
+    security_protocol: str = "PLAINTEXT"
+
+
+class BrokerRegistrationRequest(Message, kw_only=True):
+    broker_id: int
+    cluster_id: str | None = None  # None on a broker's first ever start
+    incarnation_id: str  # new for every process start
+    listeners: list[Listener]
+    rack: str | None = None
+    clean_shutdown: bool = False
+    previous_broker_epoch: int = -1
+
+
+class BrokerRegistrationResponse(Message, kw_only=True):
+    error_code: int = 0
+    error_message: str | None = None
+    broker_epoch: int = -1
+    cluster_id: str = ""
+
+
+class BrokerHeartbeatRequest(Message, kw_only=True):
+    broker_id: int
+    broker_epoch: int
+    current_metadata_offset: int = -1
+    want_fence: bool = False
+    want_shut_down: bool = False
+
+
+class BrokerHeartbeatResponse(Message, kw_only=True):
+    error_code: int = 0
+    is_caught_up: bool = False
+    is_fenced: bool = True
+    should_shut_down: bool = False
+
+
+class MetadataEntry(Message, kw_only=True):
+    offset: int
+    record: MetadataRecord
+
+
+class FetchMetadataRequest(Message, kw_only=True):
+    broker_id: int
+    broker_epoch: int = -1
+    from_offset: int  # next offset the broker wants
+    max_wait_ms: int = 500
+    max_records: int = 10_000
+
+
+class FetchMetadataResponse(Message, kw_only=True):
+    error_code: int = 0
+    cluster_id: str = ""
+    # When `is_snapshot`, the broker must discard its image and rebuild it from
+    # `entries`, which describe the whole state as of `next_offset - 1`.
+    is_snapshot: bool = False
+    entries: list[MetadataEntry] = []
+    next_offset: int = 0
+    high_watermark: int = 0
+
+
+class DescribeClusterRequest(Message, kw_only=True):
+    include_fenced_brokers: bool = True
+
+
+class DescribeClusterBroker(Message, kw_only=True):
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None = None
+    is_fenced: bool = False
+    broker_epoch: int = -1
+
+
+class DescribeClusterResponse(Message, kw_only=True):
+    error_code: int = 0
+    error_message: str | None = None
+    cluster_id: str = ""
+    controller_id: int = -1
+    brokers: list[DescribeClusterBroker] = []
+    metadata_offset: int = -1
+
+
+# ------------------------------------------------------------------ topics
+
+
+class CreatableReplicaAssignment(Message, kw_only=True):
+    partition_index: int
+    broker_ids: list[int]
+
+
+class CreatableTopic(Message, kw_only=True):
+    name: str
+    num_partitions: int = -1
+    replication_factor: int = -1
+    assignments: list[CreatableReplicaAssignment] = []
+    configs: dict[str, str] = {}
+
+
+class CreateTopicsRequest(Message, kw_only=True):
+    topics: list[CreatableTopic]
+    timeout_ms: int = 30_000
+    validate_only: bool = False
+
+
+class CreatableTopicResult(Message, kw_only=True):
+    name: str
+    topic_id: str = ""
+    error_code: int = 0
+    error_message: str | None = None
+    num_partitions: int = -1
+    replication_factor: int = -1
+
+
+class CreateTopicsResponse(Message, kw_only=True):
+    topics: list[CreatableTopicResult] = []
+
+
+class DeleteTopicsRequest(Message, kw_only=True):
+    topic_names: list[str]
+    timeout_ms: int = 30_000
+
+
+class DeletableTopicResult(Message, kw_only=True):
+    name: str
+    error_code: int = 0
+    error_message: str | None = None
+
+
+class DeleteTopicsResponse(Message, kw_only=True):
+    responses: list[DeletableTopicResult] = []
+
+
+# ------------------------------------------------------------------ groups (KIP-320 epochs)
+
+
+class FindCoordinatorRequest(Message, kw_only=True):
+    key: str
+    key_type: int = 0  # 0 group, 1 transaction
+
+
+class FindCoordinatorResponse(Message, kw_only=True):
+    error_code: int = 0
+    error_message: str | None = None
+    node_id: int = -1
+    host: str = ""
+    port: int = -1
+
+
+class OffsetCommitPartition(Message, kw_only=True):
+    partition_index: int
+    committed_offset: int
+    committed_leader_epoch: int = -1
+    committed_metadata: str | None = None
+
+
+class OffsetCommitTopic(Message, kw_only=True):
+    name: str
+    partitions: list[OffsetCommitPartition]
+
+
+class OffsetCommitRequest(Message, kw_only=True):
+    group_id: str
+    generation_id: int = -1
+    member_id: str = ""
+    topics: list[OffsetCommitTopic]
+
+
+class OffsetCommitPartitionResponse(Message, kw_only=True):
+    partition_index: int
+    error_code: int = 0
+
+
+class OffsetCommitTopicResponse(Message, kw_only=True):
+    name: str
+    partitions: list[OffsetCommitPartitionResponse]
+
+
+class OffsetCommitResponse(Message, kw_only=True):
+    topics: list[OffsetCommitTopicResponse] = []
+
+
+class OffsetFetchTopic(Message, kw_only=True):
+    name: str
+    partition_indexes: list[int]
+
+
+class OffsetFetchRequest(Message, kw_only=True):
+    group_id: str
+    topics: list[OffsetFetchTopic] | None = None  # None: all committed
+
+
+class OffsetFetchPartitionResponse(Message, kw_only=True):
+    partition_index: int
+    committed_offset: int = -1
+    committed_leader_epoch: int = -1
+    metadata: str | None = None
+    error_code: int = 0
+
+
+class OffsetFetchTopicResponse(Message, kw_only=True):
+    name: str
+    partitions: list[OffsetFetchPartitionResponse]
+
+
+class OffsetFetchResponse(Message, kw_only=True):
+    error_code: int = 0
+    topics: list[OffsetFetchTopicResponse] = []
+
+
+# ------------------------------------------------------------------ idempotent producer
+
+
+class InitProducerIdRequest(Message, kw_only=True):
+    transactional_id: str | None = None
+    transaction_timeout_ms: int = -1
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
+class InitProducerIdResponse(Message, kw_only=True):
+    error_code: int = 0
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
+# ------------------------------------------------------------------ the registry
+
+
+class ApiSpec(msgspec.Struct, frozen=True):
+    key: ApiKey
+    request: type[Message]
+    response: type[Message]
+    min_version: int = 0
+    max_version: int = 0
+
+
+API_SPECS: dict[int, ApiSpec] = {
+    spec.key: spec
+    for spec in (
+        ApiSpec(ApiKey.PRODUCE, ProduceRequest, ProduceResponse),
+        ApiSpec(ApiKey.FETCH, FetchRequest, FetchResponse),
+        ApiSpec(ApiKey.LIST_OFFSETS, ListOffsetsRequest, ListOffsetsResponse),
+        ApiSpec(ApiKey.METADATA, MetadataRequest, MetadataResponse),
+        ApiSpec(ApiKey.OFFSET_COMMIT, OffsetCommitRequest, OffsetCommitResponse),
+        ApiSpec(ApiKey.OFFSET_FETCH, OffsetFetchRequest, OffsetFetchResponse),
+        ApiSpec(ApiKey.FIND_COORDINATOR, FindCoordinatorRequest, FindCoordinatorResponse),
+        ApiSpec(ApiKey.API_VERSIONS, ApiVersionsRequest, ApiVersionsResponse),
+        ApiSpec(ApiKey.CREATE_TOPICS, CreateTopicsRequest, CreateTopicsResponse),
+        ApiSpec(ApiKey.DELETE_TOPICS, DeleteTopicsRequest, DeleteTopicsResponse),
+        ApiSpec(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest, InitProducerIdResponse),
+        ApiSpec(
+            ApiKey.OFFSET_FOR_LEADER_EPOCH,
+            OffsetForLeaderEpochRequest,
+            OffsetForLeaderEpochResponse,
+        ),
+        ApiSpec(ApiKey.ALTER_PARTITION, AlterPartitionRequest, AlterPartitionResponse),
+        ApiSpec(ApiKey.DESCRIBE_CLUSTER, DescribeClusterRequest, DescribeClusterResponse),
+        ApiSpec(ApiKey.BROKER_REGISTRATION, BrokerRegistrationRequest, BrokerRegistrationResponse),
+        ApiSpec(ApiKey.BROKER_HEARTBEAT, BrokerHeartbeatRequest, BrokerHeartbeatResponse),
+        ApiSpec(ApiKey.FETCH_METADATA, FetchMetadataRequest, FetchMetadataResponse),
+    )
+}
+
+API_BY_REQUEST_TYPE: dict[type[Message], ApiSpec] = {s.request: s for s in API_SPECS.values()}

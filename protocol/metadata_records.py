@@ -1,0 +1,75 @@
+"""Records of the controller's metadata log, as brokers receive them in FetchMetadata.
+
+The log is the single source of truth for cluster metadata: the controller appends a
+record (fsynced) before it acknowledges a change, and every broker rebuilds the same
+image by replaying the records in offset order. A broker epoch is the offset of the
+broker's RegisterBrokerRecord, so it grows with every registration and is never reused.
+`PartitionRecord` carries a partition's whole state; a later one for the same
+partition replaces the earlier.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ListenerInfo(msgspec.Struct, kw_only=True):
+    name: str
+    host: str
+    port: int
+
+
+class RegisterBrokerRecord(msgspec.Struct, kw_only=True, tag="register_broker"):
+    broker_id: int
+    broker_epoch: int
+    incarnation_id: str
+    listeners: list[ListenerInfo]
+    rack: str | None = None
+    fenced: bool = True
+
+
+class FenceBrokerRecord(msgspec.Struct, kw_only=True, tag="fence_broker"):
+    broker_id: int
+    broker_epoch: int
+
+
+class UnfenceBrokerRecord(msgspec.Struct, kw_only=True, tag="unfence_broker"):
+    broker_id: int
+    broker_epoch: int
+
+
+class TopicRecord(msgspec.Struct, kw_only=True, tag="topic"):
+    name: str
+    topic_id: str
+    configs: dict[str, str] = {}
+
+
+class RemoveTopicRecord(msgspec.Struct, kw_only=True, tag="remove_topic"):
+    topic_id: str
+
+
+# leader_recovery_state values (KIP-704): RECOVERED, or RECOVERING after an unclean election.
+LEADER_RECOVERED = 0
+LEADER_RECOVERING = 1
+NO_LEADER = -1
+
+
+class PartitionRecord(msgspec.Struct, kw_only=True, tag="partition"):
+    topic_id: str
+    partition_id: int
+    replicas: list[int]
+    isr: list[int]
+    leader: int = NO_LEADER
+    leader_epoch: int
+    partition_epoch: int
+    leader_recovery_state: int = LEADER_RECOVERED
+
+
+MetadataRecord = (
+    RegisterBrokerRecord
+    | FenceBrokerRecord
+    | UnfenceBrokerRecord
+    | TopicRecord
+    | RemoveTopicRecord
+    | PartitionRecord
+)

@@ -1,0 +1,543 @@
+"""Kafka RecordBatch v2 (magic 2), byte for byte.
+
+Batch header, 61 bytes, big-endian::
+
+    offset  size  field
+         0     8  base_offset               stamped in place by the leader
+         8     4  batch_length              bytes that follow this field
+        12     4  partition_leader_epoch    stamped in place by the leader
+        16     1  magic (= 2)
+        17     4  crc                       CRC-32C (Castagnoli) of bytes 21..end
+        21     2  attributes                bits 0-2 compression, 3 timestamp type,
+                                            4 transactional, 5 control
+        23     4  last_offset_delta
+        27     8  base_timestamp
+        35     8  max_timestamp
+        43     8  producer_id
+        51     2  producer_epoch
+        53     4  base_sequence
+        57     4  record_count
+        61     -  records (compressed as one block when compression != 0)
+
+Record (all ints zig-zag varints unless noted)::
+
+    length, attributes (int8, raw byte), timestamp_delta, offset_delta,
+    key_length (-1 = null), key, value_length (-1 = null), value,
+    header_count, then per header: key_length, key (utf-8), value_length, value
+
+Base offset and partition leader epoch lie outside the CRC, so the broker stamps
+them without recomputing it and without ever decoding a record.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from enum import IntEnum
+from typing import NamedTuple
+
+import cramjam
+import crc32c
+
+from protocol.errors import CorruptRecordError
+
+HEADER_SIZE = 61
+MAGIC = 2
+LENGTH_PREFIX = 12  # base_offset + batch_length: bytes not counted in batch_length
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_PARTITION_LEADER_EPOCH = -1
+MAX_BATCH_SIZE = 64 * 1024 * 1024  # refuse to believe a batch_length beyond this
+
+_HEADER = struct.Struct(">qiiBIhiqqqhii")
+_STAMP = struct.Struct(">q")
+_EPOCH = struct.Struct(">i")
+_CRC_START = 21
+_ATTR_COMPRESSION_MASK = 0x07
+_ATTR_TIMESTAMP_TYPE = 0x08
+_ATTR_TRANSACTIONAL = 0x10
+_ATTR_CONTROL = 0x20
+
+
+class Compression(IntEnum):
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+    @classmethod
+    def from_name(cls, name: str | None) -> Compression:
+        if name is None or name.lower() in ("none", ""):
+            return cls.NONE
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            choices = ", ".join(c.name.lower() for c in cls)
+            raise ValueError(f"unknown compression {name!r}; choose one of {choices}") from None
+
+
+class TimestampType(IntEnum):
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+Header = tuple[str, bytes | None]
+
+
+class Record(NamedTuple):
+    """One decoded record with its absolute offset and timestamp."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+
+
+class BatchHeader(NamedTuple):
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole batch occupies, header included."""
+        return self.batch_length + LENGTH_PREFIX
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> Compression:
+        return Compression(self.attributes & _ATTR_COMPRESSION_MASK)
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return TimestampType(1 if self.attributes & _ATTR_TIMESTAMP_TYPE else 0)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & _ATTR_TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & _ATTR_CONTROL)
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        return (self.base_sequence + self.last_offset_delta) & 0x7FFFFFFF
+
+
+# ---------------------------------------------------------------- varints
+
+
+def _zigzag(n: int) -> int:
+    return (n << 1) ^ (n >> 63)
+
+
+def _encode_uvarint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
+
+
+def encode_varint(n: int) -> bytes:
+    """Zig-zag varint (Kafka's varint/varlong)."""
+    return _encode_uvarint(_zigzag(n) & 0xFFFFFFFFFFFFFFFF)
+
+
+def decode_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """Return (value, new position). Raises CorruptRecordError on truncation."""
+    result = 0
+    shift = 0
+    end = len(buf)
+    while True:
+        if pos >= end:
+            raise CorruptRecordError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise CorruptRecordError("varint longer than 10 bytes")
+    return (result >> 1) ^ -(result & 1), pos
+
+
+# ---------------------------------------------------------------- compression
+
+
+def compress(codec: Compression, data: bytes) -> bytes:
+    if codec == Compression.NONE:
+        return data
+    if codec == Compression.GZIP:
+        return gzip.compress(data, compresslevel=1)
+    if codec == Compression.SNAPPY:
+        return bytes(cramjam.snappy.compress_raw(data))
+    if codec == Compression.LZ4:
+        return bytes(cramjam.lz4.compress(data))
+    if codec == Compression.ZSTD:
+        return bytes(cramjam.zstd.compress(data))
+    raise ValueError(f"unknown compression codec {codec}")
+
+
+def decompress(codec: int, data: bytes | memoryview) -> bytes:
+    try:
+        if codec == Compression.NONE:
+            return bytes(data)
+        if codec == Compression.GZIP:
+            return gzip.decompress(bytes(data))
+        if codec == Compression.SNAPPY:
+            return bytes(cramjam.snappy.decompress_raw(bytes(data)))
+        if codec == Compression.LZ4:
+            return bytes(cramjam.lz4.decompress(bytes(data)))
+        if codec == Compression.ZSTD:
+            return bytes(cramjam.zstd.decompress(bytes(data)))
+    except Exception as exc:  # each codec raises its own type; all mean "corrupt"
+        raise CorruptRecordError(
+            f"cannot decompress batch ({Compression(codec).name}): {exc}"
+        ) from exc
+    raise CorruptRecordError(f"unknown compression codec {codec}")
+
+
+# ---------------------------------------------------------------- encoding
+
+
+class BatchBuilder:
+    """Accumulates records for one batch; `build()` returns the encoded batch.
+
+    Offsets are relative (the leader stamps the base offset); the partition leader
+    epoch is stamped by the leader too unless given here.
+    """
+
+    def __init__(
+        self,
+        *,
+        compression: Compression = Compression.NONE,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_PRODUCER_EPOCH,
+        base_sequence: int = NO_SEQUENCE,
+        partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+        base_timestamp: int | None = None,
+    ) -> None:
+        self.compression = compression
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.base_sequence = base_sequence
+        self.partition_leader_epoch = partition_leader_epoch
+        self._base_timestamp = base_timestamp
+        self._max_timestamp = -1
+        self._parts: list[bytes] = []
+        self._count = 0
+        self._size = HEADER_SIZE
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def estimated_size(self) -> int:
+        """Uncompressed size so far, header included."""
+        return self._size
+
+    def append(
+        self,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Sequence[Header] = (),
+        timestamp: int | None = None,
+    ) -> int:
+        """Add a record; returns its offset delta within the batch."""
+        if timestamp is None:
+            timestamp = int(time.time() * 1000)
+        if self._base_timestamp is None:
+            self._base_timestamp = timestamp
+        if timestamp > self._max_timestamp:
+            self._max_timestamp = timestamp
+        delta = self._count
+        body = bytearray(b"\x00")  # attributes
+        body += encode_varint(timestamp - self._base_timestamp)
+        body += encode_varint(delta)
+        if key is None:
+            body += b"\x01"  # varint(-1)
+        else:
+            body += encode_varint(len(key))
+            body += key
+        if value is None:
+            body += b"\x01"
+        else:
+            body += encode_varint(len(value))
+            body += value
+        body += encode_varint(len(headers))
+        for hkey, hvalue in headers:
+            hk = hkey.encode()
+            body += encode_varint(len(hk))
+            body += hk
+            if hvalue is None:
+                body += b"\x01"
+            else:
+                body += encode_varint(len(hvalue))
+                body += hvalue
+        record = encode_varint(len(body)) + bytes(body)
+        self._parts.append(record)
+        self._count += 1
+        self._size += len(record)
+        return delta
+
+    def build(self, base_offset: int = 0) -> bytes:
+        if self._count == 0:
+            raise ValueError("a record batch needs at least one record")
+        base_ts = self._base_timestamp if self._base_timestamp is not None else 0
+        records = compress(self.compression, b"".join(self._parts))
+        attributes = int(self.compression) & _ATTR_COMPRESSION_MASK
+        tail = struct.pack(
+            ">hiqqqhii",
+            attributes,
+            self._count - 1,
+            base_ts,
+            self._max_timestamp,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            self._count,
+        )
+        crc = crc32c.crc32c(records, crc32c.crc32c(tail))
+        batch_length = HEADER_SIZE - LENGTH_PREFIX + len(records)
+        head = struct.pack(
+            ">qiiBI", base_offset, batch_length, self.partition_leader_epoch, MAGIC, crc
+        )
+        return head + tail + records
+
+
+def encode_batch(
+    records: Sequence[tuple[bytes | None, bytes | None]]
+    | Sequence[tuple[bytes | None, bytes | None, Sequence[Header], int | None]],
+    *,
+    base_offset: int = 0,
+    compression: Compression = Compression.NONE,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+) -> bytes:
+    """Encode `(key, value)` or `(key, value, headers, timestamp)` tuples as one batch."""
+    builder = BatchBuilder(
+        compression=compression,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        partition_leader_epoch=partition_leader_epoch,
+    )
+    for item in records:
+        if len(item) == 2:
+            builder.append(item[1], item[0])
+        else:
+            key, value, headers, timestamp = item  # type: ignore[misc]
+            builder.append(value, key, headers, timestamp)
+    return builder.build(base_offset)
+
+
+# ---------------------------------------------------------------- header access
+
+
+def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Read the 61-byte header at `pos` without checking the CRC."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptRecordError(
+            f"batch header needs {HEADER_SIZE} bytes, only {max(0, len(buf) - pos)} left"
+        )
+    header = BatchHeader._make(_HEADER.unpack_from(buf, pos))
+    if header.magic != MAGIC:
+        raise CorruptRecordError(f"unsupported record batch magic {header.magic} (expected 2)")
+    if not HEADER_SIZE - LENGTH_PREFIX <= header.batch_length <= MAX_BATCH_SIZE:
+        raise CorruptRecordError(f"implausible batch length {header.batch_length}")
+    return header
+
+
+def validate_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Check length, magic, CRC and counts of the batch at `pos`; return its header."""
+    header = parse_header(buf, pos)
+    end = pos + header.size
+    if end > len(buf):
+        raise CorruptRecordError(
+            f"batch at byte {pos} claims {header.size} bytes but only {len(buf) - pos} remain"
+        )
+    view = memoryview(buf)[pos + _CRC_START : end]
+    actual = crc32c.crc32c(view)
+    if actual != header.crc:
+        raise CorruptRecordError(
+            f"CRC mismatch in batch at byte {pos}: "
+            f"stored {header.crc:#010x}, computed {actual:#010x}"
+        )
+    if header.last_offset_delta < 0 or header.record_count < 0:
+        raise CorruptRecordError(
+            f"negative last_offset_delta {header.last_offset_delta} "
+            f"or record_count {header.record_count}"
+        )
+    if header.record_count > header.last_offset_delta + 1:
+        raise CorruptRecordError(
+            f"record_count {header.record_count} exceeds last_offset_delta+1 "
+            f"{header.last_offset_delta + 1}"
+        )
+    return header
+
+
+def validate_batches(buf: bytes | bytearray | memoryview) -> list[tuple[int, BatchHeader]]:
+    """Validate a record set of one or more complete batches (a Produce payload).
+
+    Returns (position, header) for each. Any trailing partial batch is corruption.
+    """
+    out: list[tuple[int, BatchHeader]] = []
+    pos = 0
+    total = len(buf)
+    if total == 0:
+        raise CorruptRecordError("empty record set")
+    while pos < total:
+        header = validate_batch(buf, pos)
+        out.append((pos, header))
+        pos += header.size
+    return out
+
+
+def scan_valid_prefix(
+    buf: bytes | bytearray | memoryview, *, expect_offset: int | None = None
+) -> tuple[int, list[tuple[int, BatchHeader]]]:
+    """Walk batches from the start until the first invalid or incomplete one.
+
+    Used by log recovery: returns the length of the longest valid prefix and the
+    batches in it. With `expect_offset`, base offsets must not go below it and must
+    strictly increase from batch to batch.
+    """
+    out: list[tuple[int, BatchHeader]] = []
+    pos = 0
+    total = len(buf)
+    next_offset = expect_offset
+    while pos < total:
+        try:
+            header = validate_batch(buf, pos)
+        except CorruptRecordError:
+            break
+        if next_offset is not None and header.base_offset < next_offset:
+            break
+        out.append((pos, header))
+        next_offset = header.next_offset
+        pos += header.size
+    return pos, out
+
+
+def iter_headers(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, BatchHeader]]:
+    """Headers of the complete batches in `buf` (no CRC check), stopping at a partial one."""
+    pos = 0
+    total = len(buf)
+    while total - pos >= HEADER_SIZE:
+        header = parse_header(buf, pos)
+        if pos + header.size > total:
+            return
+        yield pos, header
+        pos += header.size
+
+
+def stamp(buf: bytearray | memoryview, pos: int, base_offset: int, leader_epoch: int) -> None:
+    """Write base offset and partition leader epoch into the batch at `pos`, in place."""
+    _STAMP.pack_into(buf, pos, base_offset)
+    _EPOCH.pack_into(buf, pos + 12, leader_epoch)
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _read_bytes(data: bytes, pos: int) -> tuple[bytes | None, int]:
+    length, pos = decode_varint(data, pos)
+    if length < 0:
+        return None, pos
+    end = pos + length
+    if end > len(data):
+        raise CorruptRecordError("record field runs past the end of the batch")
+    return data[pos:end], end
+
+
+def decode_batch(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, verify_crc: bool = True
+) -> tuple[BatchHeader, list[Record]]:
+    """Decode one batch at `pos` into records with absolute offsets."""
+    header = validate_batch(buf, pos) if verify_crc else parse_header(buf, pos)
+    end = pos + header.size
+    if end > len(buf):
+        raise CorruptRecordError("batch runs past the end of the buffer")
+    body = decompress(header.compression, memoryview(buf)[pos + HEADER_SIZE : end])
+    records: list[Record] = []
+    p = 0
+    base_offset = header.base_offset
+    base_ts = header.base_timestamp
+    log_append = header.timestamp_type == TimestampType.LOG_APPEND_TIME
+    for _ in range(header.record_count):
+        length, p = decode_varint(body, p)
+        record_end = p + length
+        if length < 1 or record_end > len(body):
+            raise CorruptRecordError(f"record length {length} runs past the end of the batch")
+        p += 1  # attributes, unused in v2
+        ts_delta, p = decode_varint(body, p)
+        offset_delta, p = decode_varint(body, p)
+        key, p = _read_bytes(body, p)
+        value, p = _read_bytes(body, p)
+        header_count, p = decode_varint(body, p)
+        if header_count < 0 or header_count > length:
+            raise CorruptRecordError(f"bad header count {header_count}")
+        headers: list[Header] = []
+        for _ in range(header_count):
+            hkey, p = _read_bytes(body, p)
+            if hkey is None:
+                raise CorruptRecordError("null record header key")
+            hvalue, p = _read_bytes(body, p)
+            try:
+                headers.append((hkey.decode(), hvalue))
+            except UnicodeDecodeError as exc:
+                raise CorruptRecordError("record header key is not UTF-8") from exc
+        if p != record_end:
+            raise CorruptRecordError("record length does not match its fields")
+        timestamp = header.max_timestamp if log_append else base_ts + ts_delta
+        records.append(Record(base_offset + offset_delta, timestamp, key, value, tuple(headers)))
+    if p != len(body):
+        raise CorruptRecordError("bytes left over after the last record")
+    return header, records
+
+
+def iter_records(
+    buf: bytes | bytearray | memoryview, *, min_offset: int = 0, verify_crc: bool = True
+) -> Iterator[tuple[BatchHeader, Record]]:
+    """Records of every complete batch in `buf` (a fetch response), skipping those
+    below `min_offset`. A partial trailing batch (cut by max_bytes) is ignored."""
+    for pos, _header in iter_headers(buf):
+        header, records = decode_batch(buf, pos, verify_crc=verify_crc)
+        for record in records:
+            if record.offset >= min_offset:
+                yield header, record
