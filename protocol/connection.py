@@ -45,7 +45,14 @@ def decode_body(kind: type[Message], data: bytes | memoryview) -> Message:
         decoder = _decoders[kind] = msgspec.msgpack.Decoder(kind)
     try:
         return decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    # msgspec raises UnicodeDecodeError for a str that is not UTF-8 and RecursionError
+    # for deeply nested input (even inside an ignored unknown field): both are bad bytes.
+    except (
+        msgspec.DecodeError,
+        msgspec.ValidationError,
+        UnicodeDecodeError,
+        RecursionError,
+    ) as exc:
         raise DecodeError(f"cannot decode {kind.__name__}: {exc}") from exc
 
 
@@ -69,8 +76,8 @@ class Request(NamedTuple):
 
 class RejectedRequest(NamedTuple):
     """A request whose frame was sound but which cannot be served (unknown API,
-    unsupported version, undecodable body). Its error response is already queued:
-    pass `seq` back through `send_rejection`."""
+    unsupported version, undecodable body). Nothing is sent for it until it is passed
+    to `send_rejection`, and responses to later requests wait behind it until then."""
 
     seq: int
     header: RequestHeader

@@ -75,7 +75,6 @@ _RETRIABLE = frozenset(
         ErrorCode.LEADER_NOT_AVAILABLE,
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
         ErrorCode.REQUEST_TIMED_OUT,
-        ErrorCode.BROKER_NOT_AVAILABLE,
         ErrorCode.REPLICA_NOT_AVAILABLE,
         ErrorCode.NETWORK_EXCEPTION,
         ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
@@ -91,8 +90,6 @@ _RETRIABLE = frozenset(
         ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
         ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
         ErrorCode.THROTTLING_QUOTA_EXCEEDED,
-        ErrorCode.INELIGIBLE_REPLICA,
-        ErrorCode.NEW_LEADER_ELECTED,
     }
 )
 

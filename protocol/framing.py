@@ -100,6 +100,8 @@ def encode_request_header(header: RequestHeader) -> bytes:
     if header.client_id is None:
         return _REQUEST_HEADER.pack(header.api_key, header.api_version, header.correlation_id, -1)
     client_id = header.client_id.encode()
+    if len(client_id) > 0x7FFF:
+        raise ValueError(f"client_id is {len(client_id)} bytes; the header allows 32767")
     return (
         _REQUEST_HEADER.pack(
             header.api_key, header.api_version, header.correlation_id, len(client_id)

@@ -80,6 +80,9 @@ class Compression(IntEnum):
             raise ValueError(f"unknown compression {name!r}; choose one of {choices}") from None
 
 
+_MAX_CODEC = int(max(Compression))
+
+
 class TimestampType(IntEnum):
     CREATE_TIME = 0
     LOG_APPEND_TIME = 1
@@ -176,7 +179,8 @@ def encode_varint(n: int) -> bytes:
 
 
 def decode_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """Return (value, new position). Raises CorruptRecordError on truncation."""
+    """Return (value, new position). Raises CorruptRecordError on truncation or a
+    value beyond 64 bits."""
     result = 0
     shift = 0
     end = len(buf)
@@ -191,6 +195,9 @@ def decode_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             raise CorruptRecordError("varint longer than 10 bytes")
+    if result >> 64:
+        # Only the low bit of a 10th byte fits in 64 bits; Kafka's varlong is an int64.
+        raise CorruptRecordError("varint overflows 64 bits")
     return (result >> 1) ^ -(result & 1), pos
 
 
@@ -380,6 +387,12 @@ def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHead
         raise CorruptRecordError(f"unsupported record batch magic {header.magic} (expected 2)")
     if not HEADER_SIZE - LENGTH_PREFIX <= header.batch_length <= MAX_BATCH_SIZE:
         raise CorruptRecordError(f"implausible batch length {header.batch_length}")
+    # Codec ids 5-7 are unassigned; refuse them here so `BatchHeader.compression`
+    # never raises ValueError on a header that came through this function.
+    if header.attributes & _ATTR_COMPRESSION_MASK > _MAX_CODEC:
+        raise CorruptRecordError(
+            f"unknown compression codec {header.attributes & _ATTR_COMPRESSION_MASK}"
+        )
     return header
 
 
@@ -434,8 +447,9 @@ def scan_valid_prefix(
     """Walk batches from the start until the first invalid or incomplete one.
 
     Used by log recovery: returns the length of the longest valid prefix and the
-    batches in it. With `expect_offset`, base offsets must not go below it and must
-    strictly increase from batch to batch.
+    batches in it. Each batch's base offset must be at least the previous batch's
+    next offset (the first batch's is free); `expect_offset` also sets the floor for
+    the first batch.
     """
     out: list[tuple[int, BatchHeader]] = []
     pos = 0

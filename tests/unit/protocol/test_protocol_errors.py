@@ -1,0 +1,164 @@
+"""ErrorCode: Kafka's numbers and names, and which ones a client may retry."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from protocol.errors import (
+    CorruptRecordError,
+    DecodeError,
+    ErrorCode,
+    FrameTooLargeError,
+    ProtocolError,
+)
+
+# Kafka's org.apache.kafka.common.protocol.Errors, for every code minibroker defines.
+KAFKA_CODES = {
+    "UNKNOWN_SERVER_ERROR": -1,
+    "NONE": 0,
+    "OFFSET_OUT_OF_RANGE": 1,
+    "CORRUPT_MESSAGE": 2,
+    "UNKNOWN_TOPIC_OR_PARTITION": 3,
+    "INVALID_FETCH_SIZE": 4,
+    "LEADER_NOT_AVAILABLE": 5,
+    "NOT_LEADER_OR_FOLLOWER": 6,
+    "REQUEST_TIMED_OUT": 7,
+    "BROKER_NOT_AVAILABLE": 8,
+    "REPLICA_NOT_AVAILABLE": 9,
+    "MESSAGE_TOO_LARGE": 10,
+    "OFFSET_METADATA_TOO_LARGE": 12,
+    "NETWORK_EXCEPTION": 13,
+    "COORDINATOR_LOAD_IN_PROGRESS": 14,
+    "COORDINATOR_NOT_AVAILABLE": 15,
+    "NOT_COORDINATOR": 16,
+    "INVALID_TOPIC_EXCEPTION": 17,
+    "RECORD_LIST_TOO_LARGE": 18,
+    "NOT_ENOUGH_REPLICAS": 19,
+    "NOT_ENOUGH_REPLICAS_AFTER_APPEND": 20,
+    "INVALID_REQUIRED_ACKS": 21,
+    "INVALID_TIMESTAMP": 32,
+    "UNSUPPORTED_VERSION": 35,
+    "TOPIC_ALREADY_EXISTS": 36,
+    "INVALID_PARTITIONS": 37,
+    "INVALID_REPLICATION_FACTOR": 38,
+    "INVALID_REPLICA_ASSIGNMENT": 39,
+    "INVALID_CONFIG": 40,
+    "NOT_CONTROLLER": 41,
+    "INVALID_REQUEST": 42,
+    "POLICY_VIOLATION": 44,
+    "OUT_OF_ORDER_SEQUENCE_NUMBER": 45,
+    "DUPLICATE_SEQUENCE_NUMBER": 46,
+    "INVALID_PRODUCER_EPOCH": 47,
+    "KAFKA_STORAGE_ERROR": 56,
+    "UNKNOWN_PRODUCER_ID": 59,
+    "FENCED_LEADER_EPOCH": 74,
+    "UNKNOWN_LEADER_EPOCH": 75,
+    "STALE_BROKER_EPOCH": 77,
+    "OFFSET_NOT_AVAILABLE": 78,
+    "PREFERRED_LEADER_NOT_AVAILABLE": 80,
+    "ELIGIBLE_LEADERS_NOT_AVAILABLE": 83,
+    "INVALID_RECORD": 87,
+    "THROTTLING_QUOTA_EXCEEDED": 89,
+    "INVALID_UPDATE_VERSION": 95,
+    "DUPLICATE_BROKER_REGISTRATION": 101,
+    "INCONSISTENT_CLUSTER_ID": 104,
+    "INELIGIBLE_REPLICA": 107,
+    "NEW_LEADER_ELECTED": 108,
+}
+
+# The list in DESIGN.md section 4, checked by hand against Kafka.
+DESIGN_SECTION_4 = {
+    "NONE": 0,
+    "OFFSET_OUT_OF_RANGE": 1,
+    "CORRUPT_MESSAGE": 2,
+    "UNKNOWN_TOPIC_OR_PARTITION": 3,
+    "NOT_LEADER_OR_FOLLOWER": 6,
+    "REQUEST_TIMED_OUT": 7,
+    "NOT_ENOUGH_REPLICAS": 19,
+    "NOT_ENOUGH_REPLICAS_AFTER_APPEND": 20,
+    "INVALID_REQUEST": 42,
+    "UNSUPPORTED_VERSION": 35,
+    "FENCED_LEADER_EPOCH": 74,
+    "UNKNOWN_LEADER_EPOCH": 75,
+    "STALE_BROKER_EPOCH": 77,
+    "INVALID_UPDATE_VERSION": 95,
+    "INELIGIBLE_REPLICA": 107,
+}
+
+DESIGN_MD = Path(__file__).resolve().parents[4] / "shared" / "DESIGN.md"
+
+
+@pytest.mark.parametrize(("name", "number"), DESIGN_SECTION_4.items())
+def test_design_section_4_codes_match_kafka(name: str, number: int) -> None:
+    assert ErrorCode[name] == number
+    assert ErrorCode(number).name == name
+
+
+def test_design_md_still_names_the_same_codes() -> None:
+    """If DESIGN.md section 4 grows a code, this list (and ErrorCode) must follow."""
+    if not DESIGN_MD.exists():
+        pytest.skip("shared/DESIGN.md is not beside the repository")
+    section = DESIGN_MD.read_text().split("## 4.", 1)[1].split("\n## ", 1)[0]
+    named = dict(re.findall(r"`([A-Z_]+) (-?\d+)`", section))
+    assert {k: int(v) for k, v in named.items()} == DESIGN_SECTION_4
+
+
+def test_every_code_has_kafkas_number_and_name() -> None:
+    assert {c.name: int(c) for c in ErrorCode} == KAFKA_CODES
+
+
+def test_codes_are_unique_int16() -> None:
+    values = [int(c) for c in ErrorCode]
+    assert len(values) == len(set(values))  # no aliases hiding a typo
+    assert all(-(2**15) <= v < 2**15 for v in values)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.NOT_CONTROLLER,
+        ErrorCode.CORRUPT_MESSAGE,
+    ],
+    ids=lambda c: c.name,
+)
+def test_retriable(code: ErrorCode) -> None:
+    assert code.retriable
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        ErrorCode.NONE,
+        ErrorCode.OFFSET_OUT_OF_RANGE,
+        ErrorCode.STALE_BROKER_EPOCH,
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.UNSUPPORTED_VERSION,
+        ErrorCode.UNKNOWN_SERVER_ERROR,
+        ErrorCode.MESSAGE_TOO_LARGE,
+        ErrorCode.TOPIC_ALREADY_EXISTS,
+        ErrorCode.INVALID_CONFIG,
+        ErrorCode.INCONSISTENT_CLUSTER_ID,
+        ErrorCode.INVALID_UPDATE_VERSION,
+    ],
+    ids=lambda c: c.name,
+)
+def test_not_retriable(code: ErrorCode) -> None:
+    assert not code.retriable
+
+
+def test_exception_hierarchy() -> None:
+    """Callers catch DecodeError to close a connection; every decoder failure is one."""
+    assert issubclass(DecodeError, ProtocolError)
+    assert issubclass(FrameTooLargeError, DecodeError)
+    assert issubclass(CorruptRecordError, DecodeError)
