@@ -1,0 +1,214 @@
+"""The controller process's life: open the data dir, replay, serve, fence, stop.
+
+`run(config)` is what `python -m controller` calls; it returns the exit code
+(0 after SIGTERM/SIGINT, 1 after a startup problem or a metadata log write failure,
+each reported as one line on stderr).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import signal
+import sys
+
+import uvloop
+
+from controller.config import ControllerConfig
+from controller.errors import (
+    ControllerError,
+    CorruptMetadataError,
+    DataDirError,
+    InvariantViolation,
+)
+from controller.handlers import ControllerHandlers
+from controller.liveness import BrokerSessions
+from controller.meta_properties import (
+    DataDirLock,
+    load_or_create,
+    prepare_data_dir,
+)
+from controller.metadata_log import MetadataLog, Recovered
+from controller.metadata_writer import MetadataWriter
+from controller.server import ControllerServer
+from controller.state import MetadataImage
+
+log = logging.getLogger(__name__)
+
+
+def setup_logging(config: ControllerConfig) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter(
+            f"%(asctime)s %(levelname)s [node {config.node_id}] %(name)s: %(message)s"
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(config.log_level.upper())
+
+
+def _has_metadata(config: ControllerConfig) -> bool:
+    for path in config.data_dir.iterdir():
+        name = path.name
+        if name.startswith("snapshot-") and name.endswith(".msgpack"):
+            return True
+        if name.startswith("metadata-") and name.endswith(".log") and path.stat().st_size > 0:
+            return True
+    return False
+
+
+def recover(config: ControllerConfig) -> tuple[MetadataLog, MetadataImage, Recovered]:
+    """Open the metadata log and rebuild the image (raises CorruptMetadataError)."""
+    metadata_log, recovered = MetadataLog.open(config.data_dir)
+    image = MetadataImage()
+    try:
+        if recovered.snapshot_offset >= 0:
+            image.load_snapshot(recovered.snapshot_offset, recovered.snapshot_records)
+        for entry in recovered.entries:
+            image.apply(entry.offset, entry.record)
+    except InvariantViolation as exc:
+        metadata_log.close()
+        raise CorruptMetadataError(
+            f"metadata log in {config.data_dir} breaks an invariant on replay ({exc}); restore "
+            "the data dir from a backup"
+        ) from None
+    return metadata_log, image, recovered
+
+
+class ControllerProcess:
+    """Everything one running controller owns. Tests may drive it in-process."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.stop_event = asyncio.Event()
+        self.fatal: str | None = None
+        self.lock = DataDirLock(config.data_dir)
+        self.server: ControllerServer | None = None
+        self.writer: MetadataWriter | None = None
+        self.handlers: ControllerHandlers | None = None
+        self._liveness: asyncio.Task[None] | None = None
+
+    def _on_fatal(self, message: str) -> None:
+        self.fatal = message
+        self.stop_event.set()
+
+    async def start(self) -> tuple[str, int]:
+        config = self.config
+        prepare_data_dir(config.data_dir)
+        self.lock.acquire()
+        try:
+            try:
+                meta = load_or_create(
+                    config.data_dir, config.node_id, has_metadata=_has_metadata(config)
+                )
+                metadata_log, image, recovered = recover(config)
+            except OSError as exc:
+                raise DataDirError(
+                    f"cannot use data dir {config.data_dir}: {exc}; check the disk and the "
+                    "permissions of --data-dir"
+                ) from None
+            self.writer = MetadataWriter(
+                metadata_log,
+                image,
+                snapshot_every=config.snapshot_every,
+                max_waiters=config.max_metadata_waiters,
+                retained=recovered.entries,
+                snapshot_offset=recovered.snapshot_offset,
+                on_fatal=self._on_fatal,
+            )
+            sessions = BrokerSessions(config.session_timeout_s)
+            # Restarted: every unfenced broker gets a fresh session.
+            sessions.touch_all(
+                (b.broker_id, b.broker_epoch) for b in image.brokers.values() if not b.fenced
+            )
+            self.handlers = ControllerHandlers(config, self.writer, sessions, meta.cluster_id)
+            self.server = ControllerServer(config, self.handlers)
+            try:
+                host, port = await self.server.start()
+            except OSError as exc:
+                hint = (
+                    "is another controller running? stop it or choose another --listen"
+                    if exc.errno == errno.EADDRINUSE
+                    else "check --listen"
+                )
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                raise ControllerError(
+                    f"cannot listen on {config.listen}: {reason}; {hint}"
+                ) from None
+        except BaseException:
+            await self._release()
+            raise
+        self._liveness = asyncio.create_task(self._liveness_loop())
+        listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        log.info(
+            "controller %d listening on %s (cluster %s, metadata offset %d, %d brokers, "
+            "%d topics, data dir %s)",
+            config.node_id,
+            listen,
+            meta.cluster_id,
+            image.last_offset,
+            len(image.brokers),
+            len(image.topics),
+            config.data_dir,
+        )
+        return host, port
+
+    async def _liveness_loop(self) -> None:
+        assert self.handlers is not None
+        # Check a few times per session timeout; one timer for all brokers.
+        interval = min(0.5, max(0.02, self.config.session_timeout_s / 8))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.handlers.fence_expired_brokers()
+            except asyncio.CancelledError:
+                raise
+            except ControllerError:
+                return  # the writer failed and asked the process to stop
+            except Exception:
+                log.exception("fencing expired brokers failed")
+
+    async def _release(self) -> None:
+        if self.writer is not None:
+            await self.writer.close()
+            self.writer = None
+        self.lock.release()
+
+    async def stop(self) -> None:
+        if self._liveness is not None:
+            self._liveness.cancel()
+            await asyncio.gather(self._liveness, return_exceptions=True)
+        if self.server is not None:
+            await self.server.close()
+        await self._release()
+        log.info("controller %d stopped", self.config.node_id)
+
+    async def run_until_stopped(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_event.set)
+        await self.start()
+        try:
+            await self.stop_event.wait()
+        finally:
+            await self.stop()
+        if self.fatal is not None:
+            print(f"Error: {self.fatal}", file=sys.stderr, flush=True)
+            return 1
+        return 0
+
+
+def run(config: ControllerConfig) -> int:
+    """Run a controller until SIGTERM/SIGINT; return the process exit code."""
+    setup_logging(config)
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(ControllerProcess(config).run_until_stopped())
+    except ControllerError as exc:
+        print(f"Error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,130 @@
+"""Leader election and ISR changes, as pure functions over PartitionRecords.
+
+Each function takes a partition's current state and returns its next state (a new
+PartitionRecord with the epochs bumped) or None when nothing changes. Rules:
+
+- a leader change bumps leader_epoch and partition_epoch; an ISR or leader recovery
+  state change alone bumps partition_epoch;
+- a clean election picks the first replica, in replica order, that is in the ISR and
+  usable (registered, unfenced, not shutting down);
+- an unclean election (only when the topic allows it and no clean candidate exists)
+  picks the first usable replica outside the ISR; the ISR becomes just that replica
+  and the leader is RECOVERING (KIP-704);
+- a broker that goes away (fenced, shutting down, replaced by a new incarnation)
+  leaves every ISR except where it is the last member (KIP-903's exception: there is
+  no better replica to keep), and if it led the partition a new leader is elected;
+  when nobody can lead, the leader is NO_LEADER and the ISR is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from protocol.metadata_records import (
+    LEADER_RECOVERING,
+    NO_LEADER,
+    PartitionRecord,
+)
+
+IsUsable = Callable[[int], bool]
+
+
+class Election(NamedTuple):
+    leader: int
+    unclean: bool
+
+
+def elect_leader(
+    replicas: list[int], isr: list[int], is_usable: IsUsable, *, unclean_allowed: bool
+) -> Election:
+    for broker in replicas:
+        if broker in isr and is_usable(broker):
+            return Election(broker, False)
+    if unclean_allowed:
+        for broker in replicas:
+            if broker not in isr and is_usable(broker):
+                return Election(broker, True)
+    return Election(NO_LEADER, False)
+
+
+def change_partition(
+    partition: PartitionRecord,
+    *,
+    leader: int | None = None,
+    isr: list[int] | None = None,
+    leader_recovery_state: int | None = None,
+) -> PartitionRecord | None:
+    """The partition with the given fields changed and its epochs bumped, or None."""
+    new_leader = partition.leader if leader is None else leader
+    new_isr = list(partition.isr) if isr is None else list(isr)
+    new_recovery = (
+        partition.leader_recovery_state if leader_recovery_state is None else leader_recovery_state
+    )
+    leader_changed = new_leader != partition.leader
+    other_changed = new_isr != partition.isr or new_recovery != partition.leader_recovery_state
+    if not leader_changed and not other_changed:
+        return None
+    return PartitionRecord(
+        topic_id=partition.topic_id,
+        partition_id=partition.partition_id,
+        replicas=list(partition.replicas),
+        isr=new_isr,
+        leader=new_leader,
+        leader_epoch=partition.leader_epoch + (1 if leader_changed else 0),
+        partition_epoch=partition.partition_epoch + 1,
+        leader_recovery_state=new_recovery,
+    )
+
+
+def remove_broker(
+    partition: PartitionRecord, broker_id: int, is_usable: IsUsable, *, unclean_allowed: bool
+) -> PartitionRecord | None:
+    """`broker_id` is going away (fenced, shutting down, or its incarnation replaced):
+    take it out of the ISR (unless it is the last member) and elect another leader if
+    it led. `is_usable` must already answer False for `broker_id`."""
+    if broker_id not in partition.replicas:
+        return None
+    others = [b for b in partition.isr if b != broker_id]
+    if partition.leader == broker_id:
+        election = elect_leader(
+            partition.replicas, others, is_usable, unclean_allowed=unclean_allowed
+        )
+        if election.leader == NO_LEADER:
+            # Nobody can lead: keep the ISR (the broker may well be its last member)
+            # so the partition comes back with it, not with an out-of-sync replica.
+            return change_partition(partition, leader=NO_LEADER)
+        if election.unclean:
+            return change_partition(
+                partition,
+                leader=election.leader,
+                isr=[election.leader],
+                leader_recovery_state=LEADER_RECOVERING,
+            )
+        return change_partition(partition, leader=election.leader, isr=others)
+    if broker_id in partition.isr and others:
+        return change_partition(partition, isr=others)
+    return None
+
+
+def elect_if_leaderless(
+    partition: PartitionRecord, is_usable: IsUsable, *, unclean_allowed: bool
+) -> tuple[PartitionRecord | None, bool]:
+    """Elect a leader for a partition that has none (after a broker came back).
+    Returns (new state or None, whether the election was unclean)."""
+    if partition.leader != NO_LEADER:
+        return None, False
+    election = elect_leader(
+        partition.replicas, partition.isr, is_usable, unclean_allowed=unclean_allowed
+    )
+    if election.leader == NO_LEADER:
+        return None, False
+    if election.unclean:
+        changed = change_partition(
+            partition,
+            leader=election.leader,
+            isr=[election.leader],
+            leader_recovery_state=LEADER_RECOVERING,
+        )
+        return changed, True
+    return change_partition(partition, leader=election.leader), False

@@ -1,0 +1,1008 @@
+"""The controller's request handlers: one method per API, plus the session-expiry
+fencing the liveness loop drives.
+
+A handler that changes metadata hands a `build` function to the single writer
+(metadata_writer.py): it decides from the image under the writer's lock, returns
+the records and the answer, and the answer goes out only after the records are
+durable and applied. Handlers that only read answer from the image directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from controller.config import ControllerConfig
+from controller.election import elect_if_leaderless, remove_broker
+from controller.liveness import BrokerSessions
+from controller.meta_properties import new_uuid_string
+from controller.metadata_writer import MetadataWriter
+from controller.replica_placement import PlacementError, assign_replicas
+from controller.state import MetadataImage
+from controller.topic_validation import (
+    InvalidTopicConfig,
+    InvalidTopicName,
+    unclean_election_enabled,
+    validate_topic_configs,
+    validate_topic_name,
+)
+from protocol.api import ApiKey
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    API_SPECS,
+    AlterPartitionPartition,
+    AlterPartitionPartitionResult,
+    AlterPartitionRequest,
+    AlterPartitionResponse,
+    AlterPartitionTopicResult,
+    ApiVersionRange,
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
+    BrokerRegistrationRequest,
+    BrokerRegistrationResponse,
+    CreatableTopic,
+    CreatableTopicResult,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeletableTopicResult,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    DescribeClusterBroker,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    FetchMetadataRequest,
+    FetchMetadataResponse,
+    Message,
+    MetadataBroker,
+    MetadataEntry,
+    MetadataPartition,
+    MetadataRequest,
+    MetadataResponse,
+    MetadataTopic,
+)
+from protocol.metadata_records import (
+    LEADER_RECOVERED,
+    LEADER_RECOVERING,
+    NO_LEADER,
+    FenceBrokerRecord,
+    ListenerInfo,
+    MetadataRecord,
+    PartitionRecord,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    UnfenceBrokerRecord,
+)
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Any], Awaitable[Message]]
+
+# The APIs a controller serves; everything else is answered INVALID_REQUEST by the
+# connection layer ("unknown or unserved API key").
+CONTROLLER_APIS = (
+    ApiKey.API_VERSIONS,
+    ApiKey.METADATA,
+    ApiKey.CREATE_TOPICS,
+    ApiKey.DELETE_TOPICS,
+    ApiKey.ALTER_PARTITION,
+    ApiKey.DESCRIBE_CLUSTER,
+    ApiKey.BROKER_REGISTRATION,
+    ApiKey.BROKER_HEARTBEAT,
+    ApiKey.FETCH_METADATA,
+)
+
+
+def _tp(image: MetadataImage, record: PartitionRecord) -> str:
+    topic = image.topics.get(record.topic_id)
+    return f"{topic.name if topic else record.topic_id}-{record.partition_id}"
+
+
+class ControllerHandlers:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        writer: MetadataWriter,
+        sessions: BrokerSessions,
+        cluster_id: str,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.writer = writer
+        self.sessions = sessions
+        self.cluster_id = cluster_id
+        self.rng = rng or random.Random()
+        # (broker id, broker epoch) of brokers in controlled shutdown: never unfenced
+        # again in that epoch. One entry per broker at most (dropped on re-registration).
+        self.shutting_down: set[tuple[int, int]] = set()
+        self.unclean_elections = 0
+        self.handlers: dict[int, Handler] = {
+            ApiKey.API_VERSIONS: self.api_versions,
+            ApiKey.METADATA: self.metadata,
+            ApiKey.CREATE_TOPICS: self.create_topics,
+            ApiKey.DELETE_TOPICS: self.delete_topics,
+            ApiKey.ALTER_PARTITION: self.alter_partition,
+            ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
+            ApiKey.BROKER_REGISTRATION: self.broker_registration,
+            ApiKey.BROKER_HEARTBEAT: self.broker_heartbeat,
+            ApiKey.FETCH_METADATA: self.fetch_metadata,
+        }
+        if config.unsafe_ignore_broker_epochs:
+            log.warning(
+                "UNSAFE TEST FAULT ON: AlterPartition does NOT check ISR members' broker epochs "
+                "(KIP-903 protection off); a rebooted replica with an empty disk can rejoin the "
+                "ISR. Never run this in production."
+            )
+
+    @property
+    def image(self) -> MetadataImage:
+        return self.writer.image
+
+    # ------------------------------------------------------------------ shared rules
+
+    def _broker_gone_records(
+        self, image: MetadataImage, gone: set[int], why: str
+    ) -> list[MetadataRecord]:
+        """Partition changes for brokers that go away (fenced, shutting down, replaced
+        by a new incarnation): out of the ISRs, leaderships moved (election.py)."""
+
+        def usable(broker_id: int) -> bool:
+            return broker_id not in gone and image.is_unfenced(broker_id)
+
+        out: list[MetadataRecord] = []
+        for topic, partition in image.partitions():
+            if not gone.intersection(partition.replicas):
+                continue
+            unclean = unclean_election_enabled(topic.configs)
+            current = partition
+            for broker_id in sorted(gone):
+                changed = remove_broker(current, broker_id, usable, unclean_allowed=unclean)
+                if changed is not None:
+                    current = changed
+            if current is partition:
+                continue
+            # Several brokers at once: one record, epochs bumped once.
+            leader_changed = current.leader != partition.leader
+            record = PartitionRecord(
+                topic_id=partition.topic_id,
+                partition_id=partition.partition_id,
+                replicas=list(partition.replicas),
+                isr=list(current.isr),
+                leader=current.leader,
+                leader_epoch=partition.leader_epoch + (1 if leader_changed else 0),
+                partition_epoch=partition.partition_epoch + 1,
+                leader_recovery_state=current.leader_recovery_state,
+            )
+            self._log_partition_change(image, partition, record, why)
+            out.append(record)
+        return out
+
+    def _log_partition_change(
+        self, image: MetadataImage, old: PartitionRecord, new: PartitionRecord, why: str
+    ) -> None:
+        tp = _tp(image, new)
+        if new.leader_recovery_state == LEADER_RECOVERING and (
+            old.leader_recovery_state != LEADER_RECOVERING or old.leader != new.leader
+        ):
+            self.unclean_elections += 1
+            log.warning(
+                "UNCLEAN leader election for %s (%s): leader %d -> %d at leader epoch %d, ISR "
+                "%s -> %s; records acknowledged by the old ISR may be lost (unclean elections "
+                "so far: %d)",
+                tp,
+                why,
+                old.leader,
+                new.leader,
+                new.leader_epoch,
+                old.isr,
+                new.isr,
+                self.unclean_elections,
+            )
+        elif new.leader != old.leader:
+            log.info(
+                "%s (%s): leader %d -> %d, leader epoch %d -> %d, ISR %s -> %s, partition epoch %d",
+                tp,
+                why,
+                old.leader,
+                new.leader,
+                old.leader_epoch,
+                new.leader_epoch,
+                old.isr,
+                new.isr,
+                new.partition_epoch,
+            )
+        else:
+            log.info(
+                "%s (%s): ISR %s -> %s, leader %d epoch %d, partition epoch %d",
+                tp,
+                why,
+                old.isr,
+                new.isr,
+                new.leader,
+                new.leader_epoch,
+                new.partition_epoch,
+            )
+
+    def _unfence_records(self, image: MetadataImage, broker_id: int) -> list[MetadataRecord]:
+        """Elect leaders for leaderless partitions now that `broker_id` is back."""
+
+        def usable(b: int) -> bool:
+            return b == broker_id or image.is_unfenced(b)
+
+        out: list[MetadataRecord] = []
+        for topic, partition in image.partitions():
+            if partition.leader != NO_LEADER:
+                continue
+            changed, _unclean = elect_if_leaderless(
+                partition, usable, unclean_allowed=unclean_election_enabled(topic.configs)
+            )
+            if changed is not None:
+                self._log_partition_change(image, partition, changed, f"broker {broker_id} back")
+                out.append(changed)
+        return out
+
+    # ------------------------------------------------------------------ ApiVersions
+
+    async def api_versions(self, request: ApiVersionsRequest) -> ApiVersionsResponse:
+        return ApiVersionsResponse(
+            api_keys=[
+                ApiVersionRange(
+                    api_key=int(key),
+                    min_version=API_SPECS[key].min_version,
+                    max_version=API_SPECS[key].max_version,
+                )
+                for key in CONTROLLER_APIS
+            ]
+        )
+
+    # ------------------------------------------------------------------ registration
+
+    async def broker_registration(
+        self, request: BrokerRegistrationRequest
+    ) -> BrokerRegistrationResponse:
+        def error(code: ErrorCode, message: str) -> tuple[list[MetadataRecord], Any]:
+            log.warning("refused registration of broker %d: %s", request.broker_id, message)
+            return [], BrokerRegistrationResponse(
+                error_code=int(code), error_message=message, cluster_id=self.cluster_id
+            )
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], Any]:
+            if request.cluster_id and request.cluster_id != self.cluster_id:
+                return error(
+                    ErrorCode.INCONSISTENT_CLUSTER_ID,
+                    f"broker {request.broker_id} belongs to cluster {request.cluster_id}, this "
+                    f"controller runs cluster {self.cluster_id}; point the broker at its own "
+                    "controller or give it an empty --data-dir",
+                )
+            if request.broker_id < 0:
+                return error(ErrorCode.INVALID_REQUEST, f"broker id {request.broker_id} < 0")
+            if not request.incarnation_id:
+                return error(ErrorCode.INVALID_REQUEST, "empty incarnation id")
+            if not request.listeners:
+                return error(ErrorCode.INVALID_REQUEST, "a broker needs at least one listener")
+            for listener in request.listeners:
+                if not listener.host or not 0 < listener.port <= 65535:
+                    return error(
+                        ErrorCode.INVALID_REQUEST,
+                        f"listener {listener.name} {listener.host}:{listener.port} is not a "
+                        "usable advertised address",
+                    )
+            existing = image.brokers.get(request.broker_id)
+            if existing is not None and existing.incarnation_id == request.incarnation_id:
+                # A retry of a registration that already succeeded: same epoch.
+                return [], (existing.broker_epoch, existing.broker_epoch)
+            records: list[MetadataRecord] = []
+            if existing is not None:
+                # The previous incarnation is gone: handle it like a fencing, so its
+                # leaderships move (leader epochs bumped) and it leaves the ISRs.
+                if not existing.fenced:
+                    records.append(
+                        FenceBrokerRecord(
+                            broker_id=existing.broker_id, broker_epoch=existing.broker_epoch
+                        )
+                    )
+                records.extend(
+                    self._broker_gone_records(
+                        image,
+                        {existing.broker_id},
+                        f"broker {existing.broker_id} epoch {existing.broker_epoch} replaced "
+                        "by a new incarnation",
+                    )
+                )
+            epoch = image.next_offset + len(records)
+            records.append(
+                RegisterBrokerRecord(
+                    broker_id=request.broker_id,
+                    broker_epoch=epoch,
+                    incarnation_id=request.incarnation_id,
+                    listeners=[
+                        ListenerInfo(name=li.name, host=li.host, port=li.port)
+                        for li in request.listeners
+                    ],
+                    rack=request.rack,
+                    fenced=True,
+                )
+            )
+            previous = None if existing is None else existing.broker_epoch
+            return records, (epoch, previous)
+
+        result = await self.writer.commit(build)
+        if isinstance(result, BrokerRegistrationResponse):
+            return result
+        epoch, previous = result
+        self.sessions.touch(request.broker_id, epoch)
+        self.shutting_down = {k for k in self.shutting_down if k[0] != request.broker_id}
+        listeners = ",".join(f"{li.name}://{li.host}:{li.port}" for li in request.listeners)
+        if previous is None:
+            log.info(
+                "registered broker %d at epoch %d (incarnation %s, %s, clean shutdown %s)",
+                request.broker_id,
+                epoch,
+                request.incarnation_id,
+                listeners,
+                request.clean_shutdown,
+            )
+        elif previous != epoch:
+            log.info(
+                "registered broker %d at epoch %d replacing epoch %d (incarnation %s, %s, "
+                "clean shutdown %s)",
+                request.broker_id,
+                epoch,
+                previous,
+                request.incarnation_id,
+                listeners,
+                request.clean_shutdown,
+            )
+        return BrokerRegistrationResponse(broker_epoch=epoch, cluster_id=self.cluster_id)
+
+    # ------------------------------------------------------------------ heartbeat
+
+    async def broker_heartbeat(self, request: BrokerHeartbeatRequest) -> BrokerHeartbeatResponse:
+        broker_id = request.broker_id
+        events: list[str] = []
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], BrokerHeartbeatResponse]:
+            broker = image.brokers.get(broker_id)
+            if broker is None or broker.broker_epoch != request.broker_epoch:
+                return [], BrokerHeartbeatResponse(
+                    error_code=int(ErrorCode.STALE_BROKER_EPOCH), is_fenced=True
+                )
+            epoch = broker.broker_epoch
+            self.sessions.touch(broker_id, epoch)
+            caught_up = request.current_metadata_offset >= epoch
+            records: list[MetadataRecord] = []
+            if request.want_shut_down or (broker_id, epoch) in self.shutting_down:
+                if not broker.fenced:
+                    records.append(FenceBrokerRecord(broker_id=broker_id, broker_epoch=epoch))
+                    records.extend(
+                        self._broker_gone_records(
+                            image, {broker_id}, f"controlled shutdown of broker {broker_id}"
+                        )
+                    )
+                    events.append("shutdown")
+                return records, BrokerHeartbeatResponse(
+                    is_caught_up=caught_up, is_fenced=True, should_shut_down=True
+                )
+            if request.want_fence:
+                if not broker.fenced:
+                    records.append(FenceBrokerRecord(broker_id=broker_id, broker_epoch=epoch))
+                    records.extend(
+                        self._broker_gone_records(
+                            image, {broker_id}, f"broker {broker_id} asked to be fenced"
+                        )
+                    )
+                    events.append("fence")
+                return records, BrokerHeartbeatResponse(is_caught_up=caught_up, is_fenced=True)
+            if broker.fenced:
+                if not caught_up:
+                    return [], BrokerHeartbeatResponse(is_caught_up=False, is_fenced=True)
+                records.append(UnfenceBrokerRecord(broker_id=broker_id, broker_epoch=epoch))
+                records.extend(self._unfence_records(image, broker_id))
+                events.append("unfence")
+            return records, BrokerHeartbeatResponse(is_caught_up=caught_up, is_fenced=False)
+
+        # Count the heartbeat as soon as it arrives, not when the writer lock is free:
+        # a slow fsync or snapshot must not fence a broker that did beat in time.
+        known = self.image.brokers.get(broker_id)
+        if known is not None and known.broker_epoch == request.broker_epoch:
+            self.sessions.touch(broker_id, known.broker_epoch)
+        response = await self.writer.commit(build)
+        if "shutdown" in events:
+            self.shutting_down.add((broker_id, request.broker_epoch))
+            log.info(
+                "broker %d epoch %d: controlled shutdown, leaderships moved, broker fenced",
+                broker_id,
+                request.broker_epoch,
+            )
+        elif "fence" in events:
+            log.info("broker %d epoch %d fenced at its request", broker_id, request.broker_epoch)
+        elif "unfence" in events:
+            log.info(
+                "broker %d epoch %d unfenced (metadata offset %d)",
+                broker_id,
+                request.broker_epoch,
+                request.current_metadata_offset,
+            )
+        return response
+
+    async def fence_expired_brokers(self) -> list[int]:
+        """Fence every unfenced broker whose session ran out (the liveness loop)."""
+        fenced: list[tuple[int, int]] = []
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], None]:
+            candidates = [
+                (b.broker_id, b.broker_epoch) for b in image.brokers.values() if not b.fenced
+            ]
+            expired = set(self.sessions.expired(candidates))
+            if not expired:
+                return [], None
+            records: list[MetadataRecord] = []
+            for broker_id in sorted(expired):
+                epoch = image.brokers[broker_id].broker_epoch
+                records.append(FenceBrokerRecord(broker_id=broker_id, broker_epoch=epoch))
+                fenced.append((broker_id, epoch))
+            records.extend(
+                self._broker_gone_records(
+                    image, expired, f"session of broker(s) {sorted(expired)} expired"
+                )
+            )
+            return records, None
+
+        await self.writer.commit(build)
+        for broker_id, epoch in fenced:
+            log.warning(
+                "fenced broker %d epoch %d: no heartbeat for %d ms",
+                broker_id,
+                epoch,
+                self.config.session_timeout_ms,
+            )
+        return [b for b, _ in fenced]
+
+    # ------------------------------------------------------------------ FetchMetadata
+
+    async def fetch_metadata(self, request: FetchMetadataRequest) -> FetchMetadataResponse:
+        from_offset = max(0, request.from_offset)
+        max_records = max(1, min(request.max_records, self.config.max_metadata_records))
+        entries = self.writer.entries_from(from_offset, max_records)
+        if entries is not None and not entries and request.max_wait_ms > 0:
+            wait_ms = min(request.max_wait_ms, self.config.max_metadata_wait_ms)
+            await self.writer.wait_for_append(from_offset, wait_ms / 1000.0)
+            entries = self.writer.entries_from(from_offset, max_records)
+        image = self.image
+        if entries is None:
+            return self._snapshot_response(from_offset)
+        return FetchMetadataResponse(
+            cluster_id=self.cluster_id,
+            entries=entries,
+            next_offset=from_offset + len(entries),
+            high_watermark=image.next_offset,
+        )
+
+    def _snapshot_response(self, from_offset: int) -> FetchMetadataResponse:
+        image = self.image
+        log.info(
+            "FetchMetadata from offset %d: older than the retained log (from %d) or past its "
+            "end (%d); sending a snapshot",
+            from_offset,
+            self.writer.oldest_retained_offset,
+            image.next_offset,
+        )
+        # Every snapshot entry carries the offset the image is as of.
+        return FetchMetadataResponse(
+            cluster_id=self.cluster_id,
+            is_snapshot=True,
+            entries=[
+                MetadataEntry(offset=image.last_offset, record=r) for r in image.snapshot_records()
+            ],
+            next_offset=image.next_offset,
+            high_watermark=image.next_offset,
+        )
+
+    # ------------------------------------------------------------------ topics
+
+    def _create_one(
+        self, image: MetadataImage, topic: CreatableTopic
+    ) -> tuple[CreatableTopicResult, list[MetadataRecord]]:
+        def error(code: ErrorCode, message: str) -> tuple[CreatableTopicResult, list[Any]]:
+            log.info("refused to create topic %r: %s", topic.name, message)
+            return (
+                CreatableTopicResult(name=topic.name, error_code=int(code), error_message=message),
+                [],
+            )
+
+        try:
+            validate_topic_name(topic.name)
+        except InvalidTopicName as exc:
+            return error(ErrorCode.INVALID_TOPIC_EXCEPTION, str(exc))
+        if topic.name in image.topic_ids:
+            return error(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {topic.name!r} already exists")
+        unfenced = image.unfenced_broker_ids()
+        if topic.assignments:
+            if topic.num_partitions != -1 or topic.replication_factor != -1:
+                return error(
+                    ErrorCode.INVALID_REQUEST,
+                    "give either assignments or num_partitions/replication_factor, not both",
+                )
+            indexes = sorted(a.partition_index for a in topic.assignments)
+            if indexes != list(range(len(indexes))):
+                return error(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"assignment partitions {indexes} are not 0..{len(indexes) - 1}",
+                )
+            if len(indexes) > self.config.max_partitions_per_topic:
+                return error(
+                    ErrorCode.INVALID_PARTITIONS,
+                    f"{len(indexes)} partitions exceed the limit of "
+                    f"{self.config.max_partitions_per_topic}",
+                )
+            sizes = {len(a.broker_ids) for a in topic.assignments}
+            if len(sizes) != 1 or 0 in sizes:
+                return error(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    "every partition needs the same, non-zero number of replicas",
+                )
+            placement: list[list[int]] = []
+            for assignment in sorted(topic.assignments, key=lambda a: a.partition_index):
+                replicas = list(assignment.broker_ids)
+                if len(set(replicas)) != len(replicas):
+                    return error(
+                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                        f"partition {assignment.partition_index} lists a broker twice: {replicas}",
+                    )
+                unknown = [b for b in replicas if b not in image.brokers]
+                if unknown:
+                    return error(
+                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                        f"partition {assignment.partition_index} names unregistered brokers "
+                        f"{unknown}",
+                    )
+                if not any(b in unfenced for b in replicas):
+                    return error(
+                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                        f"every broker of partition {assignment.partition_index} ({replicas}) "
+                        "is fenced",
+                    )
+                placement.append(replicas)
+            num_partitions, replication_factor = len(placement), len(placement[0])
+        else:
+            num_partitions = (
+                self.config.default_partitions
+                if topic.num_partitions == -1
+                else topic.num_partitions
+            )
+            replication_factor = (
+                self.config.default_replication_factor
+                if topic.replication_factor == -1
+                else topic.replication_factor
+            )
+            if num_partitions < 1:
+                return error(
+                    ErrorCode.INVALID_PARTITIONS,
+                    f"number of partitions must be >= 1, not {num_partitions}",
+                )
+            if num_partitions > self.config.max_partitions_per_topic:
+                return error(
+                    ErrorCode.INVALID_PARTITIONS,
+                    f"{num_partitions} partitions exceed the limit of "
+                    f"{self.config.max_partitions_per_topic}",
+                )
+            if replication_factor < 1:
+                return error(
+                    ErrorCode.INVALID_REPLICATION_FACTOR,
+                    f"replication factor must be >= 1, not {replication_factor}",
+                )
+            try:
+                placement = assign_replicas(
+                    num_partitions, replication_factor, unfenced, rng=self.rng
+                )
+            except PlacementError as exc:
+                return error(ErrorCode.INVALID_REPLICATION_FACTOR, str(exc))
+        try:
+            configs = validate_topic_configs(
+                topic.configs,
+                default_min_insync_replicas=self.config.default_min_insync_replicas,
+                default_unclean_leader_election=self.config.default_unclean_leader_election,
+            )
+        except InvalidTopicConfig as exc:
+            return error(ErrorCode.INVALID_CONFIG, str(exc))
+
+        topic_id = new_uuid_string()
+        while topic_id in image.topics:
+            topic_id = new_uuid_string()
+        records: list[MetadataRecord] = [
+            TopicRecord(name=topic.name, topic_id=topic_id, configs=configs)
+        ]
+        for partition_id, replicas in enumerate(placement):
+            isr = [b for b in replicas if b in unfenced]
+            records.append(
+                PartitionRecord(
+                    topic_id=topic_id,
+                    partition_id=partition_id,
+                    replicas=replicas,
+                    isr=isr,
+                    leader=isr[0],
+                    leader_epoch=0,
+                    partition_epoch=0,
+                )
+            )
+        result = CreatableTopicResult(
+            name=topic.name,
+            topic_id=topic_id,
+            num_partitions=num_partitions,
+            replication_factor=replication_factor,
+        )
+        return result, records
+
+    async def create_topics(self, request: CreateTopicsRequest) -> CreateTopicsResponse:
+        counts = Counter(t.name for t in request.topics)
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], CreateTopicsResponse]:
+            results: list[CreatableTopicResult] = []
+            records: list[MetadataRecord] = []
+            for topic in request.topics:
+                if counts[topic.name] > 1:
+                    results.append(
+                        CreatableTopicResult(
+                            name=topic.name,
+                            error_code=int(ErrorCode.INVALID_REQUEST),
+                            error_message=f"topic {topic.name!r} appears more than once",
+                        )
+                    )
+                    continue
+                result, topic_records = self._create_one(image, topic)
+                results.append(result)
+                if not request.validate_only:
+                    records.extend(topic_records)
+            return records, CreateTopicsResponse(topics=results)
+
+        response = await self.writer.commit(build)
+        if not request.validate_only:
+            for result in response.topics:
+                if result.error_code == 0:
+                    topic = self.image.topic_by_name(result.name)
+                    assignment = (
+                        {p: part.replicas for p, part in sorted(topic.partitions.items())}
+                        if topic
+                        else {}
+                    )
+                    log.info(
+                        "created topic %s (id %s): %d partitions, replication factor %d, "
+                        "replicas %s, configs %s",
+                        result.name,
+                        result.topic_id,
+                        result.num_partitions,
+                        result.replication_factor,
+                        assignment,
+                        topic.configs if topic else {},
+                    )
+        return response
+
+    async def delete_topics(self, request: DeleteTopicsRequest) -> DeleteTopicsResponse:
+        counts = Counter(request.topic_names)
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], DeleteTopicsResponse]:
+            results: list[DeletableTopicResult] = []
+            records: list[MetadataRecord] = []
+            for name in request.topic_names:
+                if counts[name] > 1:
+                    results.append(
+                        DeletableTopicResult(
+                            name=name,
+                            error_code=int(ErrorCode.INVALID_REQUEST),
+                            error_message=f"topic {name!r} appears more than once",
+                        )
+                    )
+                    continue
+                topic = image.topic_by_name(name)
+                if topic is None:
+                    results.append(
+                        DeletableTopicResult(
+                            name=name,
+                            error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                            error_message=f"topic {name!r} does not exist",
+                        )
+                    )
+                    continue
+                records.append(RemoveTopicRecord(topic_id=topic.topic_id))
+                results.append(DeletableTopicResult(name=name))
+            return records, DeleteTopicsResponse(responses=results)
+
+        response = await self.writer.commit(build)
+        for result in response.responses:
+            if result.error_code == 0:
+                log.info("deleted topic %s", result.name)
+        return response
+
+    # ------------------------------------------------------------------ AlterPartition
+
+    def _check_alter(
+        self,
+        image: MetadataImage,
+        request: AlterPartitionRequest,
+        topic_name: str,
+        data: AlterPartitionPartition,
+    ) -> tuple[ErrorCode, str, PartitionRecord | None]:
+        """KIP-903's checks for one partition: (error, why, current state)."""
+        topic = image.topic_by_name(topic_name)
+        current = None if topic is None else topic.partitions.get(data.partition_index)
+        if current is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "unknown partition", None
+        if data.leader_epoch > current.leader_epoch:
+            return (
+                ErrorCode.UNKNOWN_LEADER_EPOCH,
+                f"leader epoch {data.leader_epoch} is newer than {current.leader_epoch}",
+                current,
+            )
+        if data.leader_epoch < current.leader_epoch:
+            return (
+                ErrorCode.FENCED_LEADER_EPOCH,
+                f"leader epoch {data.leader_epoch} is older than {current.leader_epoch}",
+                current,
+            )
+        if request.broker_id != current.leader:
+            return (
+                ErrorCode.FENCED_LEADER_EPOCH,
+                f"broker {request.broker_id} is not the leader (leader is {current.leader})",
+                current,
+            )
+        if data.partition_epoch != current.partition_epoch:
+            return (
+                ErrorCode.INVALID_UPDATE_VERSION,
+                f"partition epoch {data.partition_epoch} is not the current "
+                f"{current.partition_epoch}",
+                current,
+            )
+        new_isr = [s.broker_id for s in data.new_isr_with_epochs]
+        if not new_isr or len(set(new_isr)) != len(new_isr):
+            return (
+                ErrorCode.INVALID_REQUEST,
+                f"invalid ISR {new_isr} (empty or duplicates)",
+                current,
+            )
+        if current.leader not in new_isr:
+            return (
+                ErrorCode.INVALID_REQUEST,
+                f"the new ISR {new_isr} leaves out the leader {current.leader}",
+                current,
+            )
+        if data.leader_recovery_state not in (LEADER_RECOVERED, LEADER_RECOVERING):
+            return (
+                ErrorCode.INVALID_REQUEST,
+                f"unknown leader recovery state {data.leader_recovery_state}",
+                current,
+            )
+        if data.leader_recovery_state == LEADER_RECOVERING and len(new_isr) > 1:
+            return (
+                ErrorCode.INVALID_REQUEST,
+                "the ISR cannot grow while the leader is still recovering",
+                current,
+            )
+        if (
+            current.leader_recovery_state == LEADER_RECOVERED
+            and data.leader_recovery_state == LEADER_RECOVERING
+        ):
+            return ErrorCode.INVALID_REQUEST, "RECOVERED cannot go back to RECOVERING", current
+        for state in data.new_isr_with_epochs:
+            reason = self._ineligible(image, current, state.broker_id, state.broker_epoch)
+            if reason is not None:
+                return ErrorCode.INELIGIBLE_REPLICA, reason, current
+        return ErrorCode.NONE, "", current
+
+    def _ineligible(
+        self, image: MetadataImage, current: PartitionRecord, broker_id: int, broker_epoch: int
+    ) -> str | None:
+        if broker_id not in current.replicas:
+            return f"broker {broker_id} is not a replica ({current.replicas})"
+        broker = image.brokers.get(broker_id)
+        if broker is None:
+            return f"broker {broker_id} is not registered"
+        if (broker_id, broker.broker_epoch) in self.shutting_down:
+            return f"broker {broker_id} is shutting down"
+        if broker.fenced:
+            return f"broker {broker_id} is fenced"
+        if broker_epoch != -1 and broker_epoch != broker.broker_epoch:
+            if self.config.unsafe_ignore_broker_epochs:
+                log.warning(
+                    "UNSAFE TEST FAULT: accepting broker %d with stale broker epoch %d "
+                    "(registered %d) into an ISR",
+                    broker_id,
+                    broker_epoch,
+                    broker.broker_epoch,
+                )
+                return None
+            return (
+                f"broker {broker_id} has broker epoch {broker.broker_epoch}, the request "
+                f"says {broker_epoch} (it restarted since; KIP-903)"
+            )
+        return None
+
+    async def alter_partition(self, request: AlterPartitionRequest) -> AlterPartitionResponse:
+        outcomes: list[tuple[str, int, ErrorCode, str, PartitionRecord | None]] = []
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], AlterPartitionResponse]:
+            requester = image.brokers.get(request.broker_id)
+            if requester is None or requester.broker_epoch != request.broker_epoch:
+                known = None if requester is None else requester.broker_epoch
+                outcomes.append(
+                    (
+                        "*",
+                        -1,
+                        ErrorCode.STALE_BROKER_EPOCH,
+                        f"broker {request.broker_id} epoch {request.broker_epoch} is not the "
+                        f"registered epoch {known}",
+                        None,
+                    )
+                )
+                return [], AlterPartitionResponse(error_code=int(ErrorCode.STALE_BROKER_EPOCH))
+            records: list[MetadataRecord] = []
+            topics: list[AlterPartitionTopicResult] = []
+            seen: set[tuple[str, int]] = set()
+            for topic_data in request.topics:
+                results: list[AlterPartitionPartitionResult] = []
+                for data in topic_data.partitions:
+                    key = (topic_data.topic_name, data.partition_index)
+                    if key in seen:
+                        code, why, current = (
+                            ErrorCode.INVALID_REQUEST,
+                            "partition listed twice in one request",
+                            None,
+                        )
+                    else:
+                        seen.add(key)
+                        code, why, current = self._check_alter(
+                            image, request, topic_data.topic_name, data
+                        )
+                    if code != ErrorCode.NONE or current is None:
+                        outcomes.append(
+                            (topic_data.topic_name, data.partition_index, code, why, current)
+                        )
+                        results.append(
+                            AlterPartitionPartitionResult(
+                                partition_index=data.partition_index, error_code=int(code)
+                            )
+                        )
+                        continue
+                    new_isr = [s.broker_id for s in data.new_isr_with_epochs]
+                    state = current
+                    if (
+                        new_isr != current.isr
+                        or data.leader_recovery_state != current.leader_recovery_state
+                    ):
+                        state = PartitionRecord(
+                            topic_id=current.topic_id,
+                            partition_id=current.partition_id,
+                            replicas=list(current.replicas),
+                            isr=new_isr,
+                            leader=current.leader,
+                            leader_epoch=current.leader_epoch,
+                            partition_epoch=current.partition_epoch + 1,
+                            leader_recovery_state=data.leader_recovery_state,
+                        )
+                        records.append(state)
+                    outcomes.append(
+                        (topic_data.topic_name, data.partition_index, code, why, current)
+                    )
+                    results.append(
+                        AlterPartitionPartitionResult(
+                            partition_index=data.partition_index,
+                            leader_id=state.leader,
+                            leader_epoch=state.leader_epoch,
+                            isr=list(state.isr),
+                            leader_recovery_state=state.leader_recovery_state,
+                            partition_epoch=state.partition_epoch,
+                        )
+                    )
+                topics.append(
+                    AlterPartitionTopicResult(topic_name=topic_data.topic_name, partitions=results)
+                )
+            return records, AlterPartitionResponse(topics=topics)
+
+        response = await self.writer.commit(build)
+        for topic_name, partition, code, why, current in outcomes:
+            if code == ErrorCode.NONE:
+                new = self.image.topic_by_name(topic_name)
+                state = new.partitions.get(partition) if new else None
+                if state is not None and current is not None and state is not current:
+                    log.info(
+                        "AlterPartition from broker %d: %s-%d ISR %s -> %s, leader %d epoch %d, "
+                        "partition epoch %d -> %d",
+                        request.broker_id,
+                        topic_name,
+                        partition,
+                        current.isr,
+                        state.isr,
+                        state.leader,
+                        state.leader_epoch,
+                        current.partition_epoch,
+                        state.partition_epoch,
+                    )
+            else:
+                log.info(
+                    "AlterPartition from broker %d refused for %s-%d: %s (%s)",
+                    request.broker_id,
+                    topic_name,
+                    partition,
+                    code.name,
+                    why,
+                )
+        return response
+
+    # ------------------------------------------------------------------ read-only
+
+    async def describe_cluster(self, request: DescribeClusterRequest) -> DescribeClusterResponse:
+        image = self.image
+        brokers = []
+        for broker_id in sorted(image.brokers):
+            broker = image.brokers[broker_id]
+            if broker.fenced and not request.include_fenced_brokers:
+                continue
+            first = broker.listeners[0]
+            brokers.append(
+                DescribeClusterBroker(
+                    broker_id=broker_id,
+                    host=first.host,
+                    port=first.port,
+                    rack=broker.rack,
+                    is_fenced=broker.fenced,
+                    broker_epoch=broker.broker_epoch,
+                )
+            )
+        return DescribeClusterResponse(
+            cluster_id=self.cluster_id,
+            controller_id=self.config.node_id,
+            brokers=brokers,
+            metadata_offset=image.last_offset,
+        )
+
+    async def metadata(self, request: MetadataRequest) -> MetadataResponse:
+        image = self.image
+        brokers = []
+        for broker_id in image.unfenced_broker_ids():
+            broker = image.brokers[broker_id]
+            first = broker.listeners[0]
+            brokers.append(
+                MetadataBroker(
+                    node_id=broker_id, host=first.host, port=first.port, rack=broker.rack
+                )
+            )
+        names: Iterable[str] = sorted(image.topic_ids) if request.topics is None else request.topics
+        topics = []
+        for name in names:
+            topic = image.topic_by_name(name)
+            if topic is None:
+                topics.append(
+                    MetadataTopic(error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), name=name)
+                )
+                continue
+            partitions = []
+            for partition_id in sorted(topic.partitions):
+                part = topic.partitions[partition_id]
+                partitions.append(
+                    MetadataPartition(
+                        error_code=int(
+                            ErrorCode.LEADER_NOT_AVAILABLE
+                            if part.leader == NO_LEADER
+                            else ErrorCode.NONE
+                        ),
+                        partition_index=partition_id,
+                        leader_id=part.leader,
+                        leader_epoch=part.leader_epoch,
+                        replica_nodes=list(part.replicas),
+                        isr_nodes=list(part.isr),
+                        offline_replicas=[r for r in part.replicas if not image.is_unfenced(r)],
+                    )
+                )
+            topics.append(MetadataTopic(name=name, topic_id=topic.topic_id, partitions=partitions))
+        return MetadataResponse(
+            brokers=brokers,
+            cluster_id=self.cluster_id,
+            controller_id=self.config.node_id,
+            topics=topics,
+            metadata_offset=image.last_offset,
+        )

@@ -1,0 +1,412 @@
+"""The controller's durable metadata log and its snapshots.
+
+On-disk format (all integers big-endian), in the controller's data directory:
+
+``metadata-<first offset, 20 digits>.log``
+    A sequence of entries, nothing else::
+
+        int32   length    bytes of payload (1 .. 64 MiB)
+        uint32  crc       CRC-32C (Castagnoli) of payload
+        bytes   payload   MessagePack of protocol.messages.MetadataEntry {offset, record}
+
+    Offsets are dense: the first entry of a file has the offset in its name and each
+    next entry the previous one plus one; a file continues where the previous one
+    ended. Entries are written in batches (one `write` per change, then `fsync`) and
+    a change is acknowledged only after its fsync returned. A new file is started
+    right after each snapshot.
+
+``snapshot-<last offset, 20 digits>.msgpack``
+    The whole metadata image as of that offset (inclusive), as records::
+
+        bytes[8] magic    b"MBSNAP01"
+        uint32   crc      CRC-32C of payload
+        bytes    payload  MessagePack of SnapshotFile {last_offset, records}
+
+    Written atomically (``.tmp``, fsync, rename, fsync directory); then the log files
+    it covers and older snapshots are deleted.
+
+Recovery (`MetadataLog.open`): load the newest snapshot, then replay the log entries
+after it. A damaged *tail* of the last log file (a partial entry, or a bad entry
+with no valid entry after it: a write the crash interrupted, never acknowledged) is
+cut with a WARNING. Damage anywhere else (a bad entry followed by valid ones, a gap in
+the offsets, a bad snapshot, a CRC-valid entry that does not decode) means
+acknowledged metadata is lost: the controller refuses to start and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import crc32c
+import msgspec
+
+from controller.errors import CorruptMetadataError, MetadataLogWriteError, invariant
+from controller.meta_properties import fsync_dir
+from protocol.messages import MetadataEntry
+from protocol.metadata_records import MetadataRecord
+
+log = logging.getLogger(__name__)
+
+ENTRY_HEADER = struct.Struct(">iI")
+MAX_ENTRY_BYTES = 64 * 1024 * 1024
+SNAPSHOT_MAGIC = b"MBSNAP01"
+_SNAPSHOT_HEADER = struct.Struct(">I")
+
+_LOG_RE = re.compile(r"^metadata-(\d{20})\.log$")
+_SNAPSHOT_RE = re.compile(r"^snapshot-(\d{20})\.msgpack$")
+_TMP_RE = re.compile(r"^snapshot-\d{20}\.msgpack\.tmp$")
+
+
+class SnapshotFile(msgspec.Struct, kw_only=True):
+    last_offset: int
+    records: list[MetadataRecord]
+
+
+_entry_encoder = msgspec.msgpack.Encoder()
+_entry_decoder = msgspec.msgpack.Decoder(MetadataEntry)
+_snapshot_decoder = msgspec.msgpack.Decoder(SnapshotFile)
+
+
+def log_file_name(first_offset: int) -> str:
+    return f"metadata-{first_offset:020d}.log"
+
+
+def snapshot_file_name(last_offset: int) -> str:
+    return f"snapshot-{last_offset:020d}.msgpack"
+
+
+def encode_entry(entry: MetadataEntry) -> bytes:
+    payload = _entry_encoder.encode(entry)
+    return ENTRY_HEADER.pack(len(payload), crc32c.crc32c(payload)) + payload
+
+
+def encode_snapshot(last_offset: int, records: list[MetadataRecord]) -> bytes:
+    payload = _entry_encoder.encode(SnapshotFile(last_offset=last_offset, records=records))
+    return SNAPSHOT_MAGIC + _SNAPSHOT_HEADER.pack(crc32c.crc32c(payload)) + payload
+
+
+def decode_snapshot(data: bytes, path: Path) -> SnapshotFile:
+    head = len(SNAPSHOT_MAGIC) + _SNAPSHOT_HEADER.size
+    if len(data) < head or data[: len(SNAPSHOT_MAGIC)] != SNAPSHOT_MAGIC:
+        raise CorruptMetadataError(
+            f"snapshot {path} has no valid header; it cannot be used and the log it replaced "
+            "is gone: restore the data dir from a backup"
+        )
+    (crc,) = _SNAPSHOT_HEADER.unpack_from(data, len(SNAPSHOT_MAGIC))
+    payload = data[head:]
+    if crc32c.crc32c(payload) != crc:
+        raise CorruptMetadataError(
+            f"snapshot {path} fails its CRC check; restore the data dir from a backup"
+        )
+    try:
+        return _snapshot_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CorruptMetadataError(f"snapshot {path} does not decode ({exc})") from exc
+
+
+@dataclass
+class _Parsed:
+    entry: MetadataEntry
+    end: int
+
+
+def _parse_at(data: bytes, pos: int) -> _Parsed | str:
+    """The entry at `pos`, or why there is none."""
+    remaining = len(data) - pos
+    if remaining < ENTRY_HEADER.size:
+        return f"partial entry header ({remaining} of {ENTRY_HEADER.size} bytes)"
+    length, crc = ENTRY_HEADER.unpack_from(data, pos)
+    if not 0 < length <= MAX_ENTRY_BYTES:
+        return f"invalid entry length {length}"
+    end = pos + ENTRY_HEADER.size + length
+    if end > len(data):
+        return f"partial entry ({remaining - ENTRY_HEADER.size} of {length} payload bytes)"
+    payload = data[pos + ENTRY_HEADER.size : end]
+    if crc32c.crc32c(payload) != crc:
+        return "CRC mismatch"
+    try:
+        entry = _entry_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        # The CRC matched, so these are the bytes we wrote: not a torn write.
+        raise CorruptMetadataError(
+            f"entry at byte {pos} has a valid CRC but does not decode ({exc}); was the log "
+            "written by another version? restore the data dir from a backup"
+        ) from exc
+    return _Parsed(entry, end)
+
+
+def _valid_entry_after(data: bytes, start: int, after_offset: int) -> int | None:
+    """Byte position of a valid entry with offset > `after_offset` at or after `start`,
+    if any. A torn tail never has one: the crash interrupted the last write."""
+    for pos in range(start, len(data) - ENTRY_HEADER.size + 1):
+        try:
+            parsed = _parse_at(data, pos)
+        except CorruptMetadataError:
+            continue
+        if isinstance(parsed, _Parsed) and parsed.entry.offset > after_offset:
+            return pos
+    return None
+
+
+@dataclass
+class Recovered:
+    """What `MetadataLog.open` found: replay `snapshot_records` (the image as of
+    `snapshot_offset`, -1 when there is no snapshot) then `entries` in order."""
+
+    snapshot_offset: int = -1
+    snapshot_records: list[MetadataRecord] = field(default_factory=list)
+    entries: list[MetadataEntry] = field(default_factory=list)
+    truncated_bytes: int = 0
+
+
+class MetadataLog:
+    """Appends entries durably. Not safe for concurrent appends: the controller's single
+    writer (metadata_writer.py) serializes them."""
+
+    def __init__(self, directory: Path, active_first_offset: int, next_offset: int) -> None:
+        self.directory = directory
+        self._active_first = active_first_offset
+        self._next_offset = next_offset
+        self._fd = self._open_append(directory / log_file_name(active_first_offset))
+        # One thread: writes, fsyncs and snapshots happen in order, off the event loop.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata-log")
+        self._failed: str | None = None
+
+    @property
+    def next_offset(self) -> int:
+        return self._next_offset
+
+    @staticmethod
+    def _open_append(path: Path) -> int:
+        existed = path.exists()
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if not existed:
+            fsync_dir(path.parent)
+        return fd
+
+    # ------------------------------------------------------------------ recovery
+
+    @classmethod
+    def open(cls, directory: Path) -> tuple[MetadataLog, Recovered]:
+        """Recover the log in `directory` (see the module docstring) and open it for
+        appending. Raises CorruptMetadataError when it cannot be recovered."""
+        names = sorted(os.listdir(directory))
+        for name in names:
+            if _TMP_RE.match(name):
+                # A snapshot the crash interrupted before its rename: never used.
+                (directory / name).unlink()
+        snapshots = sorted(int(m.group(1)) for n in names if (m := _SNAPSHOT_RE.match(n)))
+        logs = sorted(int(m.group(1)) for n in names if (m := _LOG_RE.match(n)))
+
+        recovered = Recovered()
+        if snapshots:
+            newest = snapshots[-1]
+            path = directory / snapshot_file_name(newest)
+            snap = decode_snapshot(path.read_bytes(), path)
+            if snap.last_offset != newest:
+                raise CorruptMetadataError(
+                    f"snapshot {path} holds offset {snap.last_offset}, not the one in its name"
+                )
+            recovered.snapshot_offset = newest
+            recovered.snapshot_records = list(snap.records)
+            for old in snapshots[:-1]:
+                (directory / snapshot_file_name(old)).unlink()
+        snap_offset = recovered.snapshot_offset
+
+        kept: list[int] = []
+        for i, first in enumerate(logs):
+            nxt = logs[i + 1] if i + 1 < len(logs) else None
+            if nxt is not None and nxt <= snap_offset + 1:
+                # Wholly covered by the snapshot: a crash came before its deletion.
+                (directory / log_file_name(first)).unlink()
+                continue
+            kept.append(first)
+
+        if kept and kept[0] > snap_offset + 1:
+            raise CorruptMetadataError(
+                f"metadata log in {directory} is missing offsets {snap_offset + 1}.."
+                f"{kept[0] - 1} (first file {log_file_name(kept[0])}); restore the data dir "
+                "from a backup"
+            )
+
+        cursor = kept[0] if kept else snap_offset + 1
+        for i, first in enumerate(kept):
+            path = directory / log_file_name(first)
+            is_last = i == len(kept) - 1
+            if first != cursor:
+                raise CorruptMetadataError(
+                    f"{path} starts at offset {first} but the previous file ends at {cursor - 1}; "
+                    "restore the data dir from a backup"
+                )
+            data = path.read_bytes()
+            pos = 0
+            while pos < len(data):
+                try:
+                    parsed = _parse_at(data, pos)
+                except CorruptMetadataError as exc:
+                    raise CorruptMetadataError(f"{path}: {exc}") from None
+                if isinstance(parsed, str):
+                    later = _valid_entry_after(data, pos + 1, cursor - 1) if is_last else None
+                    if not is_last or later is not None:
+                        where = f"; valid entries follow at byte {later}" if later else ""
+                        raise CorruptMetadataError(
+                            f"metadata log {path} is corrupt at byte {pos} ({parsed}){where}: "
+                            "acknowledged metadata would be lost; restore the data dir from a "
+                            "backup"
+                        )
+                    cut = len(data) - pos
+                    log.warning(
+                        "metadata log %s: cutting a torn tail of %d bytes at byte %d (%s); "
+                        "offsets from %d on were never acknowledged",
+                        path,
+                        cut,
+                        pos,
+                        parsed,
+                        cursor,
+                    )
+                    os.truncate(path, pos)
+                    fd = os.open(path, os.O_WRONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    recovered.truncated_bytes += cut
+                    break
+                entry = parsed.entry
+                if entry.offset != cursor:
+                    raise CorruptMetadataError(
+                        f"metadata log {path} has offset {entry.offset} at byte {pos} where "
+                        f"{cursor} was expected; restore the data dir from a backup"
+                    )
+                if entry.offset > snap_offset:
+                    recovered.entries.append(entry)
+                cursor += 1
+                pos = parsed.end
+
+        next_offset = max(cursor, snap_offset + 1)
+        if cursor < snap_offset + 1 and kept:
+            log.warning(
+                "metadata log ends at offset %d, before snapshot %d; continuing from the snapshot",
+                cursor - 1,
+                snap_offset,
+            )
+        if kept and not recovered.entries and snap_offset >= 0 and kept[-1] != next_offset:
+            # Every kept entry is in the snapshot (a crash between snapshot and roll):
+            # start the file that follows it and drop the covered ones.
+            active = next_offset
+            mlog = cls(directory, active, next_offset)
+            for first in kept:
+                (directory / log_file_name(first)).unlink()
+            fsync_dir(directory)
+        else:
+            active = kept[-1] if kept else next_offset
+            mlog = cls(directory, active, next_offset)
+        return mlog, recovered
+
+    # ------------------------------------------------------------------ appends
+
+    def _write_sync(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fsync(self._fd)
+
+    async def append(self, entries: list[MetadataEntry]) -> None:
+        """Write `entries` (offsets continuing the log) and fsync, off the event loop.
+        Returns once they are durable. Raises MetadataLogWriteError on an I/O error:
+        the caller must stop, the tail is unknown until the next replay."""
+        if self._failed is not None:
+            raise MetadataLogWriteError(self._failed)
+        invariant(bool(entries), "empty append")
+        expected = self._next_offset
+        for entry in entries:
+            invariant(
+                entry.offset == expected,
+                f"metadata offsets must be dense: got {entry.offset}, expected {expected}",
+            )
+            expected += 1
+        data = b"".join(encode_entry(e) for e in entries)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._write_sync, data)
+        except OSError as exc:
+            self._failed = (
+                f"cannot write the metadata log in {self.directory}: {exc.strerror or exc}; "
+                "check the disk, then restart (replay cuts the unfinished tail)"
+            )
+            raise MetadataLogWriteError(self._failed) from exc
+        self._next_offset = expected
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _snapshot_sync(self, last_offset: int, data: bytes) -> None:
+        directory = self.directory
+        final = directory / snapshot_file_name(last_offset)
+        tmp = final.with_name(final.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        fsync_dir(directory)
+        # The snapshot is durable; from here on a failure only delays the clean-up.
+        new_first = last_offset + 1
+        try:
+            new_fd = self._open_append(directory / log_file_name(new_first))
+        except OSError as exc:
+            log.error(
+                "cannot start a new metadata log file after snapshot %d: %s", last_offset, exc
+            )
+            return
+        old_fd, self._fd = self._fd, new_fd
+        self._active_first = new_first
+        with contextlib.suppress(OSError):
+            os.close(old_fd)
+        for name in os.listdir(directory):
+            m = _LOG_RE.match(name) or _SNAPSHOT_RE.match(name)
+            if m is None:
+                continue
+            stale = (name.startswith("metadata-") and int(m.group(1)) < new_first) or (
+                name.startswith("snapshot-") and int(m.group(1)) < last_offset
+            )
+            if stale:
+                try:
+                    (directory / name).unlink()
+                except OSError as exc:
+                    log.warning("cannot delete %s after snapshot %d: %s", name, last_offset, exc)
+        with contextlib.suppress(OSError):
+            fsync_dir(directory)
+
+    async def write_snapshot(self, last_offset: int, records: list[MetadataRecord]) -> None:
+        """Write the image as of `last_offset` (which must be the last appended offset),
+        start a new log file and delete what the snapshot covers. Raises OSError when
+        the snapshot could not be written (the log is intact: a later one retries)."""
+        invariant(
+            last_offset == self._next_offset - 1,
+            f"snapshot at {last_offset} but the log ends at {self._next_offset - 1}",
+        )
+        data = encode_snapshot(last_offset, records)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._snapshot_sync, last_offset, data)
+
+    def close(self) -> None:
+        """Sync and close. Appends were fsynced already; this is belt and braces."""
+        self._executor.shutdown(wait=True)
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1

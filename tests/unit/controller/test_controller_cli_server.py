@@ -1,0 +1,208 @@
+"""The command line (option precedence, config file) and the server glue in-process
+(handler failures, bounded in-flight, malformed streams)."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import controller.app
+from controller.__main__ import main
+from controller.app import ControllerProcess
+from controller.config import ControllerConfig
+from protocol.api import ApiKey
+from protocol.connection import ClientConnection, Response
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    FetchMetadataRequest,
+    Message,
+)
+
+# ------------------------------------------------------------------ CLI
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> list[ControllerConfig]:
+    configs: list[ControllerConfig] = []
+
+    def fake_run(config: ControllerConfig) -> int:
+        configs.append(config)
+        return 0
+
+    monkeypatch.setattr(controller.app, "run", fake_run)
+    for name in ("NODE_ID", "SESSION_TIMEOUT_MS", "SNAPSHOT_EVERY", "CONFIG", "LISTEN"):
+        monkeypatch.delenv(f"MINIBROKER_{name}", raising=False)
+    return configs
+
+
+def test_cli_defaults(captured: list[ControllerConfig]) -> None:
+    result = CliRunner().invoke(main, [])
+    assert result.exit_code == 0, result.output
+    (config,) = captured
+    assert config == ControllerConfig(data_dir=Path("./minibroker-data/controller"))
+
+
+def test_cli_precedence_flag_env_file_default(
+    captured: list[ControllerConfig], tmp_path: Path
+) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text(
+        'node-id = 3\nsession-timeout-ms = 100\nsnapshot-every = 7\nlisten = "0.0.0.0:9999"\n'
+        "default-unclean-leader-election = true\n"
+    )
+    result = CliRunner().invoke(
+        main,
+        ["--config", str(toml), "--node-id", "5"],
+        env={"MINIBROKER_SESSION_TIMEOUT_MS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    (config,) = captured
+    assert config.node_id == 5  # flag beats file
+    assert config.session_timeout_ms == 200  # env beats file
+    assert config.snapshot_every == 7  # file beats default
+    assert (config.listen_host, config.listen_port) == ("0.0.0.0", 9999)
+    assert config.default_unclean_leader_election is True
+    assert config.default_partitions == 1  # default
+
+
+def test_cli_bad_inputs(captured: list[ControllerConfig], tmp_path: Path) -> None:
+    runner = CliRunner()
+    bad_key = tmp_path / "bad.toml"
+    bad_key.write_text("nodeid = 1\n")
+    result = runner.invoke(main, ["--config", str(bad_key)])
+    assert result.exit_code == 2 and "unknown key 'nodeid'" in result.output
+    not_toml = tmp_path / "x.toml"
+    not_toml.write_text("= = =")
+    assert runner.invoke(main, ["--config", str(not_toml)]).exit_code == 2
+    assert runner.invoke(main, ["--listen", "nope"]).exit_code == 2
+    assert runner.invoke(main, ["--listen", "h:70000"]).exit_code == 2
+    assert runner.invoke(main, ["--session-timeout-ms", "0"]).exit_code == 2
+    assert runner.invoke(main, ["--bogus"]).exit_code == 2
+    unsafe = runner.invoke(main, ["--unsafe-ignore-broker-epochs"])
+    assert unsafe.exit_code == 2 and "MINIBROKER_ENABLE_TEST_FAULTS" in unsafe.output
+    assert captured == []
+
+
+def test_cli_help_lists_every_option_with_default() -> None:
+    result = CliRunner().invoke(main, ["--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for option in (
+        "--node-id",
+        "--listen",
+        "--data-dir",
+        "--session-timeout-ms",
+        "--default-partitions",
+        "--default-replication-factor",
+        "--default-min-insync-replicas",
+        "--default-unclean-leader-election",
+        "--snapshot-every",
+        "--log-level",
+        "--config",
+    ):
+        assert option in result.output
+    assert "default: 4000" in result.output and "MINIBROKER_SNAPSHOT_EVERY" in result.output
+
+
+# ------------------------------------------------------------------ server glue
+
+
+class Client:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.conn = ClientConnection("test")
+        self.responses: dict[int, Response] = {}
+
+    @classmethod
+    async def connect(cls, port: int) -> Client:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
+        return cls(reader, writer)
+
+    def send(self, body: Message, api_version: int | None = None) -> int:
+        cid, data = self.conn.send_request(body, api_version=api_version)
+        self.writer.write(data)
+        return cid
+
+    async def receive(self, cid: int, timeout: float = 5.0) -> Response:
+        async def loop() -> Response:
+            while cid not in self.responses:
+                data = await self.reader.read(65536)
+                assert data, "connection closed"
+                for r in self.conn.receive_data(data):
+                    self.responses[r.correlation_id] = r
+            return self.responses.pop(cid)
+
+        return await asyncio.wait_for(loop(), timeout)
+
+    async def close(self) -> None:
+        self.writer.close()
+
+
+@pytest.fixture
+async def process(tmp_path: Path):
+    proc = ControllerProcess(
+        ControllerConfig(data_dir=tmp_path / "c", listen_port=0, max_in_flight_per_connection=2)
+    )
+    await proc.start()
+    try:
+        yield proc
+    finally:
+        await proc.stop()
+
+
+async def test_handler_exception_answers_unknown_server_error(process, caplog) -> None:
+    assert process.server is not None and process.handlers is not None
+    port = process.server.address[1]
+
+    async def boom(request: Message) -> Message:
+        raise RuntimeError("kaput")
+
+    real = process.handlers.handlers[ApiKey.API_VERSIONS]
+    process.handlers.handlers[ApiKey.API_VERSIONS] = boom
+    client = await Client.connect(port)
+    failed = await client.receive(client.send(ApiVersionsRequest()))
+    assert failed.error_code == ErrorCode.UNKNOWN_SERVER_ERROR and "kaput" in failed.error_message
+    assert "failed" in caplog.text
+    process.handlers.handlers[ApiKey.API_VERSIONS] = real
+    ok = await client.receive(client.send(ApiVersionsRequest()))
+    assert isinstance(ok.body, ApiVersionsResponse)
+    assert {k.api_key for k in ok.body.api_keys} >= {int(ApiKey.ALTER_PARTITION)}
+    await client.close()
+
+
+async def test_bounded_in_flight_and_ordered_responses(process) -> None:
+    port = process.server.address[1]
+    client = await Client.connect(port)
+    # Two long-polls fill the in-flight limit; the ApiVersions behind them waits, then
+    # everything comes back in request order.
+    polls = [
+        client.send(FetchMetadataRequest(broker_id=1, from_offset=0, max_wait_ms=300))
+        for _ in range(2)
+    ]
+    quick = client.send(ApiVersionsRequest())
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for cid in polls:
+        assert (await client.receive(cid)).error_code == 0
+    assert (await client.receive(quick)).error_code == 0
+    assert loop.time() - t0 >= 0.25
+    await client.close()
+
+
+async def test_malformed_stream_closes_only_that_connection(process) -> None:
+    port = process.server.address[1]
+    good = await Client.connect(port)
+    bad = await Client.connect(port)
+    bad.writer.write(struct.pack(">i", -5) + b"junk")
+    assert await asyncio.wait_for(bad.reader.read(100), 5) == b""
+    ok = await good.receive(good.send(ApiVersionsRequest()))
+    assert ok.error_code == 0
+    unsupported = await good.receive(good.send(ApiVersionsRequest(), api_version=9))
+    assert unsupported.error_code == ErrorCode.UNSUPPORTED_VERSION
+    await good.close()
+    await bad.close()

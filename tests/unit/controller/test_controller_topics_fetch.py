@@ -1,0 +1,250 @@
+"""CreateTopics, DeleteTopics and FetchMetadata through the handlers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from controller.state import MetadataImage
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    CreatableReplicaAssignment,
+    CreatableTopic,
+    CreateTopicsRequest,
+    DeleteTopicsRequest,
+    FetchMetadataRequest,
+)
+from protocol.metadata_records import PartitionRecord, RemoveTopicRecord, TopicRecord
+
+
+async def create(h, *topics: CreatableTopic, validate_only: bool = False):
+    response = await h.handlers.create_topics(
+        CreateTopicsRequest(topics=list(topics), validate_only=validate_only)
+    )
+    return response.topics
+
+
+async def test_create_topic_defaults_and_one_fsynced_append(harness, monkeypatch) -> None:
+    h = harness
+    for b in (1, 2, 3):
+        await h.start_broker(b)
+    appends: list[int] = []
+    real_append = h.writer.log.append
+
+    async def counting_append(entries):
+        appends.append(len(entries))
+        await real_append(entries)
+
+    monkeypatch.setattr(h.writer.log, "append", counting_append)
+    start = h.image.next_offset
+    (result,) = await create(h, CreatableTopic(name="t", num_partitions=4, replication_factor=3))
+    assert result.error_code == 0 and result.topic_id
+    assert (result.num_partitions, result.replication_factor) == (4, 3)
+    assert appends == [5]  # TopicRecord + 4 PartitionRecords in one append
+    entries = h.writer.entries_from(start, 100)
+    assert entries is not None
+    assert isinstance(entries[0].record, TopicRecord)
+    assert entries[0].record.configs == {
+        "min.insync.replicas": "1",
+        "unclean.leader.election.enable": "false",
+    }
+    for i, entry in enumerate(entries[1:]):
+        rec = entry.record
+        assert isinstance(rec, PartitionRecord)
+        assert rec.partition_id == i and rec.isr == rec.replicas and rec.leader == rec.replicas[0]
+        assert (rec.leader_epoch, rec.partition_epoch) == (0, 0)
+    (defaulted,) = await create(h, CreatableTopic(name="d"))
+    assert (defaulted.num_partitions, defaulted.replication_factor) == (1, 1)
+
+
+async def test_create_topic_errors(harness) -> None:
+    h = harness
+    await h.start_broker(1)
+    await h.register(2)  # fenced: does not count for placement
+    await create(h, CreatableTopic(name="exists"))
+    results = await create(
+        h,
+        CreatableTopic(name="bad name"),
+        CreatableTopic(name="exists"),
+        CreatableTopic(name="dup"),
+        CreatableTopic(name="dup"),
+        CreatableTopic(name="rf", replication_factor=2),
+        CreatableTopic(name="parts", num_partitions=0),
+        CreatableTopic(name="rf0", replication_factor=0),
+        CreatableTopic(name="cfg", configs={"min.insync.replicas": "zero"}),
+        CreatableTopic(name="unknowncfg", configs={"cleanup.policy": "compact"}),
+        CreatableTopic(name="huge", num_partitions=10**6),
+        CreatableTopic(
+            name="both",
+            num_partitions=1,
+            assignments=[CreatableReplicaAssignment(partition_index=0, broker_ids=[1])],
+        ),
+        CreatableTopic(
+            name="unregistered",
+            assignments=[CreatableReplicaAssignment(partition_index=0, broker_ids=[7])],
+        ),
+        CreatableTopic(
+            name="allfenced",
+            assignments=[CreatableReplicaAssignment(partition_index=0, broker_ids=[2])],
+        ),
+        CreatableTopic(
+            name="gap",
+            assignments=[CreatableReplicaAssignment(partition_index=1, broker_ids=[1])],
+        ),
+    )
+    codes = {r.name: ErrorCode(r.error_code) for r in results}
+    assert codes == {
+        "bad name": ErrorCode.INVALID_TOPIC_EXCEPTION,
+        "exists": ErrorCode.TOPIC_ALREADY_EXISTS,
+        "dup": ErrorCode.INVALID_REQUEST,
+        "rf": ErrorCode.INVALID_REPLICATION_FACTOR,
+        "parts": ErrorCode.INVALID_PARTITIONS,
+        "rf0": ErrorCode.INVALID_REPLICATION_FACTOR,
+        "cfg": ErrorCode.INVALID_CONFIG,
+        "unknowncfg": ErrorCode.INVALID_CONFIG,
+        "huge": ErrorCode.INVALID_PARTITIONS,
+        "both": ErrorCode.INVALID_REQUEST,
+        "unregistered": ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        "allfenced": ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        "gap": ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+    }
+    assert all(r.error_message for r in results)
+    assert "larger than the 1 available" in next(r for r in results if r.name == "rf").error_message
+    assert sorted(h.image.topic_ids) == ["exists"]
+
+
+async def test_validate_only_writes_nothing(harness) -> None:
+    h = harness
+    await h.start_broker(1)
+    offset = h.image.last_offset
+    (result,) = await create(h, CreatableTopic(name="t"), validate_only=True)
+    assert result.error_code == 0
+    assert h.image.last_offset == offset and h.image.topic_by_name("t") is None
+
+
+async def test_manual_assignment_isr_is_unfenced_replicas(harness) -> None:
+    h = harness
+    await h.start_broker(1)
+    await h.start_broker(2)
+    await h.register(3)
+    (result,) = await create(
+        h,
+        CreatableTopic(
+            name="t",
+            assignments=[
+                CreatableReplicaAssignment(partition_index=0, broker_ids=[3, 2, 1]),
+                CreatableReplicaAssignment(partition_index=1, broker_ids=[1, 3, 2]),
+            ],
+        ),
+    )
+    assert result.error_code == 0 and result.replication_factor == 3
+    p0, p1 = h.partition("t", 0), h.partition("t", 1)
+    assert (p0.replicas, p0.isr, p0.leader) == ([3, 2, 1], [2, 1], 2)
+    assert (p1.replicas, p1.isr, p1.leader) == ([1, 3, 2], [1, 2], 1)
+
+
+async def test_delete_topics(harness) -> None:
+    h = harness
+    await h.start_broker(1)
+    await create(h, CreatableTopic(name="a"), CreatableTopic(name="b"))
+    response = await h.handlers.delete_topics(
+        DeleteTopicsRequest(topic_names=["a", "nope", "b", "b"])
+    )
+    codes = [(r.name, r.error_code) for r in response.responses]
+    assert codes == [
+        ("a", 0),
+        ("nope", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+        ("b", ErrorCode.INVALID_REQUEST),
+        ("b", ErrorCode.INVALID_REQUEST),
+    ]
+    assert sorted(h.image.topic_ids) == ["b"]
+    last = h.writer.entries_from(h.image.last_offset, 1)
+    assert last is not None and isinstance(last[0].record, RemoveTopicRecord)
+    # A recreated topic gets a new id and fresh epochs.
+    (again,) = await create(h, CreatableTopic(name="a"))
+    assert again.error_code == 0
+
+
+async def test_fetch_metadata_entries_and_long_poll(harness) -> None:
+    h = harness
+    await h.start_broker(1)
+    end = h.image.next_offset
+    full = await h.handlers.fetch_metadata(FetchMetadataRequest(broker_id=1, from_offset=0))
+    assert not full.is_snapshot and full.cluster_id == "test-cluster-id"
+    assert [e.offset for e in full.entries] == list(range(end))
+    assert full.next_offset == full.high_watermark == end
+    part = await h.handlers.fetch_metadata(
+        FetchMetadataRequest(broker_id=1, from_offset=0, max_records=1)
+    )
+    assert len(part.entries) == 1 and part.next_offset == 1
+    # Caught up: the long-poll times out empty ...
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    empty = await h.handlers.fetch_metadata(
+        FetchMetadataRequest(broker_id=1, from_offset=end, max_wait_ms=50)
+    )
+    assert empty.entries == [] and empty.next_offset == end
+    assert 0.04 <= loop.time() - t0 < 2
+    # ... or returns as soon as something is appended.
+    poll = asyncio.create_task(
+        h.handlers.fetch_metadata(
+            FetchMetadataRequest(broker_id=1, from_offset=end, max_wait_ms=10_000)
+        )
+    )
+    await asyncio.sleep(0.05)
+    assert not poll.done() and h.writer.waiters == 1
+    await create(h, CreatableTopic(name="t"))
+    woke = await asyncio.wait_for(poll, 2)
+    assert [e.offset for e in woke.entries] == [end, end + 1]
+    assert h.writer.waiters == 0
+
+
+async def test_fetch_metadata_waiters_are_bounded(make_harness, tmp_path: Path) -> None:
+    h = await make_harness(tmp_path / "c", max_metadata_waiters=1)
+    end = h.image.next_offset
+    first = asyncio.create_task(
+        h.handlers.fetch_metadata(
+            FetchMetadataRequest(broker_id=1, from_offset=end, max_wait_ms=5000)
+        )
+    )
+    await asyncio.sleep(0.02)
+    second = await asyncio.wait_for(
+        h.handlers.fetch_metadata(
+            FetchMetadataRequest(broker_id=1, from_offset=end, max_wait_ms=5000)
+        ),
+        1,
+    )
+    assert second.entries == []  # answered at once: too many parked readers
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    assert h.writer.waiters == 0
+
+
+async def test_fetch_metadata_snapshot_when_log_was_compacted(make_harness, tmp_path: Path) -> None:
+    h = await make_harness(tmp_path / "c", snapshot_every=3)
+    for b in (1, 2, 3):
+        await h.start_broker(b)
+    await create(h, CreatableTopic(name="t", num_partitions=2, replication_factor=2))
+    assert h.writer.snapshots_written >= 2
+    assert h.writer.oldest_retained_offset > 0
+    snap = await h.handlers.fetch_metadata(FetchMetadataRequest(broker_id=1, from_offset=0))
+    assert snap.is_snapshot and snap.next_offset == h.image.next_offset
+    assert {e.offset for e in snap.entries} == {h.image.last_offset}
+    rebuilt = MetadataImage()
+    rebuilt.load_snapshot(snap.next_offset - 1, [e.record for e in snap.entries])
+    assert rebuilt.snapshot_records() == h.image.snapshot_records()
+    # Entries after the previous snapshot are still served as entries.
+    recent = await h.handlers.fetch_metadata(
+        FetchMetadataRequest(broker_id=1, from_offset=h.writer.oldest_retained_offset)
+    )
+    assert not recent.is_snapshot and recent.next_offset == h.image.next_offset
+    # A reader from the future (controller data lost?) gets a snapshot too.
+    future = await h.handlers.fetch_metadata(
+        FetchMetadataRequest(broker_id=1, from_offset=h.image.next_offset + 10)
+    )
+    assert future.is_snapshot
+    # After a restart only the entries after the newest snapshot are retained.
+    await h.reopen()
+    again = await h.handlers.fetch_metadata(FetchMetadataRequest(broker_id=1, from_offset=0))
+    assert again.is_snapshot
+    assert [e.record for e in again.entries] == h.image.snapshot_records()
