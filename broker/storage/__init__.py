@@ -1,0 +1,46 @@
+"""The storage engine: partition logs on local disk (DESIGN section 6).
+
+Modules, one job each (the owner of an on-disk format documents it at its top):
+
+- segment.py          a segment: `.log` file of record batches
+- offset_index.py     its `.index` (offset -> position)
+- time_index.py       its `.timeindex` (timestamp -> offset)
+- epoch_cache.py      `leader-epoch-checkpoint` and the leader epoch rules (KIP-101)
+- log_loader.py       loading and crash recovery of a partition directory
+- log.py              the log of one partition replica: append, read, truncate, retention
+- checkpoints.py      broker-wide offset checkpoint files
+- meta_properties.py  `meta.properties`, the identity of a data directory
+- log_manager.py      every log of a data directory, clean-shutdown marker
+- fileio.py           durable write primitives (write_all, fsync_directory, atomic_write)
+- errors.py           the exceptions
+
+The broker never decodes a record: storage reads and writes whole batches and looks
+only at their headers.
+"""
+
+from broker.storage.epoch_cache import EpochEntry, LeaderEpochFileCache
+from broker.storage.errors import (
+    CorruptCheckpointError,
+    InvalidAppendError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    StorageError,
+)
+from broker.storage.log import AppendInfo, Log, LogConfig
+from broker.storage.log_manager import LogManager
+from broker.storage.segment import LogSegment
+
+__all__ = [
+    "AppendInfo",
+    "CorruptCheckpointError",
+    "EpochEntry",
+    "InvalidAppendError",
+    "LeaderEpochFileCache",
+    "Log",
+    "LogConfig",
+    "LogManager",
+    "LogSegment",
+    "OffsetOutOfRangeError",
+    "RecordTooLargeError",
+    "StorageError",
+]

@@ -1,0 +1,66 @@
+"""Exceptions raised by the storage engine.
+
+Every message says what is wrong, which file, and what the operator can do about it.
+Request handlers map them to Kafka error codes: OffsetOutOfRangeError ->
+OFFSET_OUT_OF_RANGE, RecordTooLargeError -> MESSAGE_TOO_LARGE, InvalidAppendError ->
+CORRUPT_MESSAGE (follower side), any other StorageError -> KAFKA_STORAGE_ERROR.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class StorageError(Exception):
+    """Base of every storage exception."""
+
+
+class OffsetOutOfRangeError(StorageError):
+    """A read asked for an offset outside [log_start_offset, log_end_offset]."""
+
+    def __init__(self, offset: int, log_start_offset: int, log_end_offset: int) -> None:
+        super().__init__(
+            f"offset {offset} is out of range: the log holds [{log_start_offset}, {log_end_offset})"
+        )
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+class CorruptCheckpointError(StorageError):
+    """A checkpoint or properties file does not parse or breaks its own invariants."""
+
+
+class CorruptIndexError(StorageError):
+    """An index file is inconsistent with itself or with its segment; it is rebuilt."""
+
+
+class CorruptSegmentError(StorageError):
+    """A segment file holds bytes that are not a clean sequence of batches."""
+
+    def __init__(self, path: Path, position: int, problem: str) -> None:
+        super().__init__(
+            f"segment {path} is corrupt at position {position}: {problem}; if the broker "
+            f"cannot recover it, stop the broker and delete {path.parent} so that the "
+            "partition is re-replicated"
+        )
+        self.path = path
+        self.position = position
+        self.problem = problem
+
+
+class InvalidAppendError(StorageError):
+    """A follower append whose offsets do not strictly increase from the log end
+    offset, or that holds a corrupt batch."""
+
+
+class RecordTooLargeError(StorageError, ValueError):
+    """A batch is larger than the topic's max.message.bytes."""
+
+    def __init__(self, size: int, max_message_bytes: int) -> None:
+        super().__init__(
+            f"record batch of {size} bytes exceeds max.message.bytes={max_message_bytes}; "
+            "send smaller batches or raise the topic's max.message.bytes"
+        )
+        self.size = size
+        self.max_message_bytes = max_message_bytes

@@ -1,0 +1,68 @@
+"""Durable file primitives shared by every on-disk structure of the storage engine.
+
+`write_all` never returns after a short write, `read_all` reads a whole file through
+its descriptor, `fsync_directory` makes renames, creations and unlinks durable, and
+`atomic_write` replaces a small file so that a crash leaves either the old or the new
+content, never a mix:
+
+    1. write the data to `<name>.tmp` in the same directory (same filesystem)
+    2. fsync the temp file           (the data is on disk before it has a name)
+    3. os.replace(temp, name)        (atomic on POSIX)
+    4. fsync the directory           (the rename itself is on disk)
+
+A crash between 1 and 3 leaves a `.tmp` file that the loaders delete at startup.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TMP_SUFFIX = ".tmp"
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """os.write until every byte is written (a regular file may take a short write)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:  # never for regular files, but never loop forever either
+            raise OSError(f"write returned {written} on fd {fd}")
+        view = view[written:]
+
+
+def read_all(fd: int) -> bytes:
+    """The whole content of an open regular file, read with pread from position 0."""
+    size = os.fstat(fd).st_size
+    chunks = []
+    position = 0
+    while position < size:
+        chunk = os.pread(fd, size - position, position)
+        if not chunk:  # the file shrank underneath us
+            break
+        chunks.append(chunk)
+        position += len(chunk)
+    return b"".join(chunks)
+
+
+def fsync_directory(path: Path) -> None:
+    """fsync a directory so that entries created, renamed or removed in it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` crash-safely (temp file, fsync, rename, fsync dir)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_directory(path.parent)

@@ -1,0 +1,311 @@
+"""Loading a partition directory: leftovers, segments, recovery, the epoch cache.
+
+A partition directory `<topic>-<partition>/` holds exactly::
+
+    <20 digits>.log, .index, .timeindex     the segments (segment.py)
+    leader-epoch-checkpoint                 the epoch cache (epoch_cache.py)
+
+plus, after a crash, `*.tmp` (an interrupted atomic write) and `*.deleted` (an
+interrupted segment deletion) files, which are removed. Index files without their
+`.log` are removed too. Any other file or directory makes the load fail with a
+StorageError naming it: the broker does not guess what foreign data means.
+
+Procedure (Kafka's LogLoader):
+
+1. Read `leader-epoch-checkpoint`. A corrupt one is set aside (not trusted).
+2. Open every segment. After a clean shutdown each one is sanity-checked (index
+   structure, batches after the last index entry); after an unclean one every
+   segment from the one holding the recovery point onwards is recovered: each batch
+   is validated (length, magic, CRC, contiguous offsets, non-decreasing epochs that
+   match the trusted epoch checkpoint), the file is cut at the first bad or torn
+   batch and both indexes are rebuilt. A segment failing its sanity check is
+   recovered the same way. After any cut, all later segments are deleted.
+3. The log start offset is max(checkpointed log start, first segment base offset);
+   if it lies past the recovered log end the log restarts empty there.
+4. The epoch cache drops entries at or past the log end offset and below the log
+   start. An unreadable or missing checkpoint with a non-empty log is rebuilt from
+   the partition leader epoch stamped in each batch header, with a warning.
+5. After recovery every recovered segment is fsynced, so the recovery point becomes
+   the log end offset.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+from broker.storage.epoch_cache import (
+    LEADER_EPOCH_CHECKPOINT,
+    EpochEntry,
+    LeaderEpochCheckpointFile,
+    LeaderEpochFileCache,
+)
+from broker.storage.errors import (
+    CorruptCheckpointError,
+    CorruptIndexError,
+    CorruptSegmentError,
+    StorageError,
+)
+from broker.storage.fileio import TMP_SUFFIX, fsync_directory
+from broker.storage.segment import DELETED_SUFFIX, LOG_SUFFIX, SEGMENT_SUFFIXES, LogSegment
+
+logger = logging.getLogger(__name__)
+
+_SEGMENT_FILE = re.compile(
+    r"^(?P<base>\d{20})(?P<suffix>"
+    + "|".join(re.escape(suffix) for suffix in SEGMENT_SUFFIXES)
+    + r")$"
+)
+
+
+class LoadedLog(NamedTuple):
+    segments: list[LogSegment]
+    epoch_cache: LeaderEpochFileCache
+    log_start_offset: int
+    recovery_point: int
+
+
+class LogLoader:
+    """Loads (and if needed recovers) one partition directory; see the module doc."""
+
+    def __init__(
+        self,
+        dir: Path,
+        *,
+        name: str,
+        index_interval_bytes: int,
+        recovery_point: int,
+        log_start_offset: int,
+        had_clean_shutdown: bool,
+        now_ms: int,
+    ) -> None:
+        self.dir = dir
+        self.name = name
+        self.index_interval_bytes = index_interval_bytes
+        self.recovery_point = recovery_point
+        self.log_start_offset = log_start_offset
+        self.had_clean_shutdown = had_clean_shutdown
+        self.now_ms = now_ms
+        self._dir_changed = False  # files were created, removed or cut: fsync the directory
+
+    def load(self) -> LoadedLog:
+        bases = self._scan_directory()
+        checkpoint = LeaderEpochCheckpointFile(self.dir / LEADER_EPOCH_CHECKPOINT)
+        cache_problem: str | None = None
+        try:
+            entries = checkpoint.read()
+            if entries is None:
+                cache_problem = f"{checkpoint.path} is missing"
+        except CorruptCheckpointError as exc:
+            entries = None
+            cache_problem = str(exc)
+        epoch_cache = LeaderEpochFileCache(checkpoint, entries or (), name=self.name)
+
+        segments: list[LogSegment] = []
+        try:
+            for base in bases:
+                segments.append(
+                    LogSegment.open(
+                        self.dir,
+                        base,
+                        index_interval_bytes=self.index_interval_bytes,
+                        now_ms=self.now_ms,
+                    )
+                )
+            log_start = max(self.log_start_offset, segments[0].base_offset if segments else 0)
+            recovered = self._load_segments(
+                segments, epoch_cache if cache_problem is None else None, log_start
+            )
+            if not segments:
+                segments.append(self._new_segment(log_start))
+            log_end = segments[-1].next_offset
+            if log_start > log_end:
+                logger.warning(
+                    "[Log %s] log start offset %d is past the log end offset %d; "
+                    "the log restarts empty at %d",
+                    self.name,
+                    log_start,
+                    log_end,
+                    log_start,
+                )
+                self._delete_from(segments, 0)
+                segments.append(self._new_segment(log_start))
+                recovered = []
+                log_end = log_start
+            for segment in recovered:
+                segment.flush()
+            if self._dir_changed or recovered:
+                fsync_directory(self.dir)
+        except BaseException:
+            for segment in segments:
+                segment.close()
+            raise
+
+        if self.had_clean_shutdown:
+            recovery_point = min(max(self.recovery_point, log_start), log_end)
+        else:
+            recovery_point = log_end  # everything was validated and is now fsynced
+
+        if cache_problem is None:
+            epoch_cache.truncate_from_end(log_end)
+            epoch_cache.truncate_from_start(log_start)
+        else:
+            epoch_cache = self._rebuild_epoch_cache(
+                checkpoint, segments, log_start, log_end, cache_problem
+            )
+        return LoadedLog(segments, epoch_cache, log_start, recovery_point)
+
+    def _scan_directory(self) -> list[int]:
+        """Remove crash leftovers and return the base offsets of the segments."""
+        found: dict[int, set[str]] = {}
+        for entry in sorted(os.scandir(self.dir), key=lambda e: e.name):
+            name = entry.name
+            if name.endswith((TMP_SUFFIX, DELETED_SUFFIX)) and entry.is_file():
+                logger.info("[Log %s] removing leftover file %s", self.name, entry.path)
+                os.unlink(entry.path)
+                self._dir_changed = True
+                continue
+            if name == LEADER_EPOCH_CHECKPOINT and entry.is_file():
+                continue
+            match = _SEGMENT_FILE.match(name)
+            if match is None or not entry.is_file():
+                raise StorageError(
+                    f"unexpected {'directory' if entry.is_dir() else 'file'} {entry.path} in "
+                    f"log directory {self.dir}: it was not written by minibroker; move it "
+                    "out of the directory and restart"
+                )
+            found.setdefault(int(match["base"]), set()).add(match["suffix"])
+        bases = []
+        for base, suffixes in sorted(found.items()):
+            if LOG_SUFFIX in suffixes:
+                bases.append(base)
+                continue
+            for suffix in suffixes:  # indexes whose segment is gone
+                orphan = self.dir / f"{base:020d}{suffix}"
+                logger.info("[Log %s] removing orphan index file %s", self.name, orphan)
+                orphan.unlink()
+                self._dir_changed = True
+        return bases
+
+    def _load_segments(
+        self,
+        segments: list[LogSegment],
+        trusted_cache: LeaderEpochFileCache | None,
+        log_start: int,
+    ) -> list[LogSegment]:
+        """Sanity-check or recover each segment; returns the recovered ones."""
+        if self.had_clean_shutdown or not segments:
+            first_unflushed = len(segments)
+        else:
+            bases = [segment.base_offset for segment in segments]
+            first_unflushed = max(0, bisect.bisect_right(bases, self.recovery_point) - 1)
+            logger.info(
+                "[Log %s] unclean shutdown: recovering %d segment(s) from offset %d",
+                self.name,
+                len(segments) - first_unflushed,
+                segments[first_unflushed].base_offset,
+            )
+        recovered: list[LogSegment] = []
+        previous_epoch = -1
+        previous_end = -1
+        for index, segment in enumerate(segments):
+            if segment.base_offset < previous_end:
+                logger.warning(
+                    "[Log %s] segment %s starts at %d, inside the previous segment "
+                    "(which ends at %d); deleting it and every later segment",
+                    self.name,
+                    segment.log_path,
+                    segment.base_offset,
+                    previous_end,
+                )
+                self._delete_from(segments, index)
+                break
+            cut = 0
+            if index >= first_unflushed or not self._passes_sanity_check(segment):
+                cut = segment.recover(
+                    epoch_cache=trusted_cache,
+                    log_start_offset=log_start,
+                    previous_epoch=previous_epoch,
+                )
+                recovered.append(segment)
+            if not segment.is_empty:
+                previous_epoch = segment.last_epoch
+            previous_end = segment.next_offset
+            if cut and index + 1 < len(segments):
+                logger.warning(
+                    "[Log %s] deleting %d segment(s) after the cut in %s",
+                    self.name,
+                    len(segments) - index - 1,
+                    segment.log_path,
+                )
+                self._delete_from(segments, index + 1)
+                break
+        return recovered
+
+    def _passes_sanity_check(self, segment: LogSegment) -> bool:
+        try:
+            segment.sanity_check()
+        except CorruptIndexError as exc:
+            logger.warning("[Log %s] %s; recovering the segment", self.name, exc)
+            return False
+        except CorruptSegmentError as exc:
+            logger.warning(
+                "[Log %s] segment %s is torn or corrupt at position %d (%s); recovering it",
+                self.name,
+                exc.path,
+                exc.position,
+                exc.problem,
+            )
+            return False
+        return True
+
+    def _delete_from(self, segments: list[LogSegment], index: int) -> None:
+        for segment in reversed(segments[index:]):
+            segment.delete()
+        del segments[index:]
+        self._dir_changed = True
+
+    def _new_segment(self, base_offset: int) -> LogSegment:
+        self._dir_changed = True
+        return LogSegment.create(
+            self.dir,
+            base_offset,
+            index_interval_bytes=self.index_interval_bytes,
+            now_ms=self.now_ms,
+        )
+
+    def _rebuild_epoch_cache(
+        self,
+        checkpoint: LeaderEpochCheckpointFile,
+        segments: list[LogSegment],
+        log_start: int,
+        log_end: int,
+        problem: str,
+    ) -> LeaderEpochFileCache:
+        """Entries from the partition leader epoch stamped in every batch header."""
+        entries: list[EpochEntry] = []
+        if log_end > log_start:
+            for segment in segments:
+                for _, header in segment.iter_batches():
+                    epoch = header.partition_leader_epoch
+                    if header.next_offset <= log_start or epoch < 0:
+                        continue
+                    if not entries or epoch > entries[-1].epoch:
+                        entries.append(EpochEntry(epoch, max(header.base_offset, log_start)))
+            logger.warning(
+                "[Log %s] %s; rebuilt the leader epoch cache from the log's batch headers: %s",
+                self.name,
+                problem,
+                ", ".join(f"epoch {e.epoch} from offset {e.start_offset}" for e in entries),
+            )
+        elif checkpoint.path.exists():
+            logger.warning(
+                "[Log %s] %s; the log is empty, starting an empty cache", self.name, problem
+            )
+        cache = LeaderEpochFileCache(checkpoint, entries, name=self.name)
+        cache.flush()
+        return cache

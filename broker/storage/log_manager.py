@@ -1,0 +1,243 @@
+"""LogManager: every partition log in one broker data directory.
+
+Data directory layout::
+
+    meta.properties                     node and cluster identity (meta_properties.py)
+    .lock                               flock()ed while a broker process uses the dir
+    .clean-shutdown                     present only after a clean shutdown
+    replication-offset-checkpoint       high watermarks      } checkpoints.py
+    recovery-point-offset-checkpoint    recovery points      }
+    log-start-offset-checkpoint         log start offsets    }
+    <topic>-<partition>/                one log per partition replica (log.py)
+    <topic>-<partition>.<uuid hex>-delete/   a log being deleted
+
+The clean-shutdown marker is written last by `shutdown()`, after every log is flushed
+and every checkpoint written, and is deleted at `startup()`: a crash therefore never
+leaves one, and the next startup recovers every log past its recovery point.
+
+Deleting a log renames its directory to `<dir>.<uuid hex>-delete` (one atomic step,
+fsynced) and then removes the tree; a crash in between is finished at the next
+startup. Other files in the data directory belong to other parts of the broker and
+are left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from broker.storage.checkpoints import (
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    OffsetCheckpointFile,
+)
+from broker.storage.errors import StorageError
+from broker.storage.fileio import TMP_SUFFIX, atomic_write, fsync_directory
+from broker.storage.log import Log, LogConfig, TopicPartition
+
+logger = logging.getLogger(__name__)
+
+CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
+LOCK_FILE = ".lock"
+DELETE_DIR_SUFFIX = "-delete"
+
+_PARTITION_DIR = re.compile(r"^(?P<topic>[A-Za-z0-9._-]+)-(?P<partition>0|[1-9][0-9]*)$")
+_DELETE_DIR = re.compile(r"^.+\.[0-9a-f]{32}" + re.escape(DELETE_DIR_SUFFIX) + "$")
+_LEGAL_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+class LogManager:
+    """Opens, creates, checkpoints and deletes the logs of one data directory."""
+
+    def __init__(self, data_dir: Path, default_config: LogConfig) -> None:
+        self.data_dir = Path(data_dir)
+        self.default_config = default_config
+        self._logs: dict[TopicPartition, Log] = {}
+        self._had_clean_shutdown = False
+        self._lock_fd = -1
+        self._started = False
+        self._hw_checkpoint = OffsetCheckpointFile(self.data_dir / REPLICATION_OFFSET_CHECKPOINT)
+        self._recovery_checkpoint = OffsetCheckpointFile(self.data_dir / RECOVERY_POINT_CHECKPOINT)
+        self._log_start_checkpoint = OffsetCheckpointFile(
+            self.data_dir / LOG_START_OFFSET_CHECKPOINT
+        )
+
+    @property
+    def had_clean_shutdown(self) -> bool:
+        """Whether the previous process stopped through `shutdown()`."""
+        return self._had_clean_shutdown
+
+    def startup(self) -> set[TopicPartition]:
+        """Lock the directory, consume the clean-shutdown marker, finish interrupted
+        deletions and open (recovering if needed) every log. Returns the partitions found.
+        CorruptCheckpointError if a checkpoint file does not parse."""
+        assert not self._started, "startup() called twice"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._acquire_lock()
+        try:
+            return self._load_logs()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load_logs(self) -> set[TopicPartition]:
+        marker = self.data_dir / CLEAN_SHUTDOWN_FILE
+        self._had_clean_shutdown = marker.exists()
+        if self._had_clean_shutdown:
+            # Gone before anything else happens: a crash from now on is unclean.
+            marker.unlink()
+            fsync_directory(self.data_dir)
+        recovery_points = self._recovery_checkpoint.read()
+        log_starts = self._log_start_checkpoint.read()
+        self._hw_checkpoint.read()  # refuse a corrupt one now rather than later
+        logger.info(
+            "Loading logs from %s after a%s shutdown",
+            self.data_dir,
+            " clean" if self._had_clean_shutdown else "n unclean",
+        )
+        found: set[TopicPartition] = set()
+        for entry in sorted(os.scandir(self.data_dir), key=lambda e: e.name):
+            if entry.is_file() and entry.name.endswith(TMP_SUFFIX):
+                os.unlink(entry.path)  # an interrupted atomic_write
+                continue
+            if not entry.is_dir():
+                continue
+            if _DELETE_DIR.match(entry.name):
+                logger.info("Finishing the interrupted deletion of %s", entry.path)
+                shutil.rmtree(entry.path)
+                continue
+            match = _PARTITION_DIR.match(entry.name)
+            if match is None:
+                logger.warning("Ignoring directory %s: not <topic>-<partition>", entry.path)
+                continue
+            tp = (match["topic"], int(match["partition"]))
+            self._logs[tp] = Log.open(
+                Path(entry.path),
+                self.default_config,
+                recovery_point=recovery_points.get(tp, 0),
+                log_start_offset=log_starts.get(tp, 0),
+                had_clean_shutdown=self._had_clean_shutdown,
+            )
+            found.add(tp)
+        self._started = True
+        # Recovery moved recovery points forward; record them before anything else.
+        self.checkpoint_recovery_points_and_log_starts()
+        return found
+
+    # ------------------------------------------------------------------ logs
+
+    def get_log(self, tp: TopicPartition) -> Log | None:
+        return self._logs.get(tp)
+
+    def get_or_create_log(self, tp: TopicPartition, config: LogConfig | None = None) -> Log:
+        """The log of `tp`, created empty if absent; `config` replaces its settings."""
+        self._check_started()
+        log = self._logs.get(tp)
+        if log is not None:
+            if config is not None:
+                log.update_config(config)
+            return log
+        topic, partition = tp
+        if not _LEGAL_TOPIC.match(topic) or topic in (".", ".."):
+            raise ValueError(
+                f"illegal topic name {topic!r}: use 1 to 249 of [A-Za-z0-9._-], not '.' or '..'"
+            )
+        if partition < 0:
+            raise ValueError(f"illegal partition {partition} for topic {topic!r}")
+        dir = self.data_dir / f"{topic}-{partition}"
+        # A directory that appeared since startup was never recovered: treat it as unclean.
+        log = Log.open(dir, config or self.default_config, had_clean_shutdown=not dir.exists())
+        fsync_directory(self.data_dir)  # the new directory entry survives a crash
+        self._logs[tp] = log
+        logger.info("Created log for partition %s-%d in %s", topic, partition, dir)
+        return log
+
+    def all_logs(self) -> list[Log]:
+        return list(self._logs.values())
+
+    def delete_log(self, tp: TopicPartition) -> bool:
+        """Remove the log of `tp` from disk; returns whether there was one."""
+        self._check_started()
+        log = self._logs.pop(tp, None)
+        if log is None:
+            return False
+        log.close()
+        doomed = log.dir.with_name(f"{log.dir.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+        os.rename(log.dir, doomed)
+        fsync_directory(self.data_dir)
+        # A partition created again under the same name must not inherit these offsets.
+        self.checkpoint_recovery_points_and_log_starts()
+        shutil.rmtree(doomed)
+        logger.info("Deleted log for partition %s-%d", *tp)
+        return True
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_high_watermarks(self, high_watermarks: Mapping[TopicPartition, int]) -> None:
+        """Write exactly these high watermarks to `replication-offset-checkpoint`."""
+        self._hw_checkpoint.write(high_watermarks)
+
+    def read_high_watermarks(self) -> dict[TopicPartition, int]:
+        return self._hw_checkpoint.read()
+
+    def checkpoint_recovery_points_and_log_starts(self) -> None:
+        logs = list(self._logs.items())
+        self._recovery_checkpoint.write({tp: log.recovery_point for tp, log in logs})
+        self._log_start_checkpoint.write({tp: log.log_start_offset for tp, log in logs})
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def shutdown(self) -> None:
+        """Flush every log, write the checkpoints, close, and only then write the
+        clean-shutdown marker. Checkpoint high watermarks before calling this."""
+        self._check_started()
+        for log in self._logs.values():
+            log.flush()
+        self.checkpoint_recovery_points_and_log_starts()
+        for log in self._logs.values():
+            log.close()
+        atomic_write(self.data_dir / CLEAN_SHUTDOWN_FILE, b"")  # fsyncs the directory
+        logger.info("Shut down %d log(s) in %s cleanly", len(self._logs), self.data_dir)
+        self._logs.clear()
+        self._started = False
+        self._release_lock()
+
+    def close(self) -> None:
+        """Close every log and release the directory WITHOUT flushing, checkpointing or
+        marking the shutdown clean (a fatal error; tests use it to simulate a crash)."""
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
+        self._started = False
+        self._release_lock()
+
+    def _acquire_lock(self) -> None:
+        fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StorageError(
+                f"data directory {self.data_dir} is in use by another broker process "
+                f"({self.data_dir / LOCK_FILE} is locked); stop it or use another directory"
+            ) from None
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _check_started(self) -> None:
+        if not self._started:
+            raise StorageError(f"log manager for {self.data_dir} is not started")

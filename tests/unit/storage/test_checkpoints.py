@@ -1,0 +1,118 @@
+"""Offset checkpoint files, atomic_write and meta.properties."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from broker.storage.checkpoints import (
+    RECOVERY_POINT_CHECKPOINT,
+    OffsetCheckpointFile,
+    atomic_write,
+)
+from broker.storage.errors import CorruptCheckpointError, StorageError
+from broker.storage.meta_properties import META_PROPERTIES, MetaProperties
+
+
+def test_atomic_write_replaces_content_and_leaves_no_temp_file(tmp_path: Path):
+    path = tmp_path / "thing"
+    atomic_write(path, b"one")
+    atomic_write(path, b"two")
+    assert path.read_bytes() == b"two"
+    assert os.listdir(tmp_path) == ["thing"]
+
+
+def test_offset_checkpoint_round_trip_and_exact_format(tmp_path: Path):
+    checkpoint = OffsetCheckpointFile(tmp_path / RECOVERY_POINT_CHECKPOINT)
+    assert checkpoint.read() == {}
+    offsets = {("orders", 1): 1422, ("orders", 0): 1500, ("my-topic.v2", 12): 0}
+    checkpoint.write(offsets)
+    assert checkpoint.read() == offsets
+    assert (tmp_path / RECOVERY_POINT_CHECKPOINT).read_text() == (
+        "0\n3\nmy-topic.v2 12 0\norders 0 1500\norders 1 1422\n"
+    )
+    checkpoint.write({})
+    assert checkpoint.read() == {}
+    assert (tmp_path / RECOVERY_POINT_CHECKPOINT).read_text() == "0\n0\n"
+
+
+def test_offset_checkpoint_refuses_unwritable_topic(tmp_path: Path):
+    with pytest.raises(ValueError, match="cannot be written"):
+        OffsetCheckpointFile(tmp_path / "x").write({("two words", 0): 1})
+
+
+@pytest.mark.parametrize(
+    ("content", "line", "problem"),
+    [
+        (b"garbage", None, "newline"),
+        (b"\x00\x01\x02\n0\n", 1, "version '\\x00\\x01\\x02' is not an integer"),
+        (b"0\n1\norders 0 15", None, "newline"),
+        (b"0\n2\norders 0 15\n", 2, "announces 2 entries but 1"),
+        (b"0\n1\norders 0\n", 3, "expected 3 space-separated fields"),
+        (b"0\n1\norders x 15\n", 3, "partition 'x' is not an integer"),
+        (b"0\n1\norders 0 -15\n", 3, "offset -15 is below 0"),
+        (b"0\n1\norders 0 1e3\n", 3, "offset '1e3' is not an integer"),
+        (b"0\n2\norders 0 15\norders 0 16\n", 4, "appears twice"),
+        (b"7\n0\n", 1, "unsupported version 7"),
+    ],
+)
+def test_garbage_offset_checkpoint_raises_a_clear_error(
+    tmp_path: Path, content: bytes, line: int | None, problem: str
+):
+    path = tmp_path / RECOVERY_POINT_CHECKPOINT
+    path.write_bytes(content)
+    with pytest.raises(CorruptCheckpointError) as info:
+        OffsetCheckpointFile(path).read()
+    message = str(info.value)
+    assert message.startswith(f"corrupt checkpoint file {path}")
+    assert problem in message
+    if line is not None:
+        assert f"line {line}:" in message
+    assert "move the file away" in message
+
+
+def test_meta_properties_round_trip_and_format(tmp_path: Path):
+    assert MetaProperties.read(tmp_path) is None
+    meta = MetaProperties.check_or_write(tmp_path, node_id=3)
+    assert meta == MetaProperties(cluster_id=None, node_id=3)
+    text = (tmp_path / META_PROPERTIES).read_text()
+    assert "version=1\nnode.id=3\n" in text and "cluster.id" not in text
+    learnt = MetaProperties.check_or_write(tmp_path, node_id=3, cluster_id="abc")
+    assert learnt == MetaProperties(cluster_id="abc", node_id=3)
+    assert MetaProperties.read(tmp_path) == learnt
+    assert (tmp_path / META_PROPERTIES).read_text().endswith("node.id=3\ncluster.id=abc\n")
+
+
+def test_meta_properties_refuses_another_nodes_directory(tmp_path: Path):
+    MetaProperties(cluster_id="abc", node_id=1).write(tmp_path)
+    with pytest.raises(StorageError, match=r"belongs to node 1.*configured as node 2"):
+        MetaProperties.check_or_write(tmp_path, node_id=2)
+    with pytest.raises(StorageError, match="belongs to cluster 'abc'"):
+        MetaProperties.check_or_write(tmp_path, node_id=1, cluster_id="xyz")
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"version=1\nnode.id=3", "newline"),
+        (b"version=2\nnode.id=3\n", "version is '2'"),
+        (b"version=1\n", "node.id '' is not"),
+        (b"version=1\nnode.id=-3\n", "node.id '-3' is not"),
+        (b"version=1\nnode.id\n", "not key=value"),
+        (b"version=1\nnode.id=3\nnode.id=4\n", "repeats key 'node.id'"),
+    ],
+)
+def test_corrupt_meta_properties_is_refused(tmp_path: Path, content: bytes, problem: str):
+    (tmp_path / META_PROPERTIES).write_bytes(content)
+    with pytest.raises(CorruptCheckpointError, match=problem) as info:
+        MetaProperties.read(tmp_path)
+    assert str(tmp_path / META_PROPERTIES) in str(info.value)
+
+
+def test_meta_properties_ignores_comments_and_unknown_keys(tmp_path: Path):
+    (tmp_path / META_PROPERTIES).write_text(
+        "# hello\n! also a comment\n\nversion = 1\nnode.id=7\nsomething.else=x\n"
+    )
+    assert MetaProperties.read(tmp_path) == MetaProperties(cluster_id=None, node_id=7)

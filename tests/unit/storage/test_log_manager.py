@@ -1,0 +1,174 @@
+"""LogManager: clean-shutdown marker, checkpoints, discovery, crash-safe deletion."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from broker.storage.checkpoints import (
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    OffsetCheckpointFile,
+)
+from broker.storage.errors import CorruptCheckpointError, StorageError
+from broker.storage.log import LogConfig
+from broker.storage.log_manager import CLEAN_SHUTDOWN_FILE, LogManager
+
+MakeBatch = Callable[..., bytes]
+CONFIG = LogConfig(segment_bytes=700, index_interval_bytes=0)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+def _started(data_dir: Path) -> LogManager:
+    manager = LogManager(data_dir, CONFIG)
+    manager.startup()
+    return manager
+
+
+def test_first_startup_is_unclean_and_shutdown_leaves_the_marker(data_dir: Path):
+    manager = LogManager(data_dir, CONFIG)
+    assert manager.startup() == set()
+    assert not manager.had_clean_shutdown
+    manager.shutdown()
+    assert (data_dir / CLEAN_SHUTDOWN_FILE).exists()
+    again = LogManager(data_dir, CONFIG)
+    again.startup()
+    assert again.had_clean_shutdown
+    assert not (data_dir / CLEAN_SHUTDOWN_FILE).exists()  # a crash now must look unclean
+    again.close()
+    after_crash = _started(data_dir)
+    assert not after_crash.had_clean_shutdown
+    after_crash.close()
+
+
+def test_logs_and_checkpoints_survive_a_clean_restart(data_dir: Path, make_batch: MakeBatch):
+    manager = _started(data_dir)
+    orders = manager.get_or_create_log(("orders", 0))
+    dashed = manager.get_or_create_log(("my-topic-v2", 3), LogConfig(segment_bytes=300))
+    assert manager.get_or_create_log(("orders", 0)) is orders
+    assert manager.get_log(("nope", 0)) is None
+    for n in range(12):
+        orders.append_as_leader(make_batch(3), n // 4, now_ms=0)
+        dashed.append_as_leader(make_batch(1), 0, now_ms=0)
+    orders.delete_records_before(5)
+    manager.checkpoint_high_watermarks({("orders", 0): 30, ("my-topic-v2", 3): 12})
+    manager.shutdown()
+
+    recovery = OffsetCheckpointFile(data_dir / RECOVERY_POINT_CHECKPOINT).read()
+    starts = OffsetCheckpointFile(data_dir / LOG_START_OFFSET_CHECKPOINT).read()
+    assert recovery == {("orders", 0): 36, ("my-topic-v2", 3): 12}
+    assert starts == {("orders", 0): 5, ("my-topic-v2", 3): 0}
+
+    restarted = LogManager(data_dir, CONFIG)
+    assert restarted.startup() == {("orders", 0), ("my-topic-v2", 3)}
+    assert restarted.read_high_watermarks() == {("orders", 0): 30, ("my-topic-v2", 3): 12}
+    log = restarted.get_log(("orders", 0))
+    assert (log.log_start_offset, log.log_end_offset, log.recovery_point) == (5, 36, 36)
+    assert log.latest_epoch == 2
+    assert {tp for tp in (lg.topic_partition for lg in restarted.all_logs())} == {
+        ("orders", 0),
+        ("my-topic-v2", 3),
+    }
+    restarted.close()
+
+
+def test_crash_recovers_logs_past_their_recovery_points(data_dir: Path, make_batch: MakeBatch):
+    manager = _started(data_dir)
+    log = manager.get_or_create_log(("orders", 0))
+    for _ in range(10):
+        log.append_as_leader(make_batch(3), 0, now_ms=0)
+    manager.checkpoint_recovery_points_and_log_starts()  # recovery point 0 on disk
+    tail = log.active_segment.log_path
+    manager.close()  # crash: no flush, no marker
+    with open(tail, "r+b") as f:
+        f.truncate(tail.stat().st_size - 7)  # the last write was torn
+    recovered = _started(data_dir)
+    assert not recovered.had_clean_shutdown
+    log = recovered.get_log(("orders", 0))
+    assert log.log_end_offset == 27
+    assert log.recovery_point == 27
+    # Startup recorded the new recovery points straight away.
+    assert OffsetCheckpointFile(data_dir / RECOVERY_POINT_CHECKPOINT).read() == {("orders", 0): 27}
+    recovered.close()
+
+
+def test_delete_log_removes_it_and_its_checkpoint_entries(data_dir: Path, make_batch: MakeBatch):
+    manager = _started(data_dir)
+    log = manager.get_or_create_log(("orders", 0))
+    log.append_as_leader(make_batch(3), 0, now_ms=0)
+    manager.get_or_create_log(("orders", 1))
+    manager.checkpoint_recovery_points_and_log_starts()
+    assert manager.delete_log(("orders", 0))
+    assert not manager.delete_log(("orders", 0))
+    assert sorted(os.listdir(data_dir)) == sorted(
+        [".lock", "orders-1", RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT]
+    )
+    assert OffsetCheckpointFile(data_dir / RECOVERY_POINT_CHECKPOINT).read() == {("orders", 1): 0}
+    recreated = manager.get_or_create_log(("orders", 0))
+    assert recreated.log_end_offset == 0
+    manager.close()
+
+
+def test_delete_interrupted_between_rename_and_rmtree_is_finished_at_startup(
+    data_dir: Path, make_batch: MakeBatch
+):
+    manager = _started(data_dir)
+    log = manager.get_or_create_log(("orders", 0))
+    log.append_as_leader(make_batch(3), 0, now_ms=0)
+    manager.get_or_create_log(("orders", 1))
+    manager.shutdown()
+    # The first step of delete_log, then a crash: the directory is renamed, not removed.
+    os.rename(data_dir / "orders-0", data_dir / f"orders-0.{'ab' * 16}-delete")
+    restarted = LogManager(data_dir, CONFIG)
+    assert restarted.startup() == {("orders", 1)}
+    assert not any(name.endswith("-delete") for name in os.listdir(data_dir))
+    restarted.close()
+
+
+def test_garbage_checkpoint_refuses_startup_with_a_clear_error(data_dir: Path):
+    data_dir.mkdir()
+    (data_dir / RECOVERY_POINT_CHECKPOINT).write_text("0\n1\norders zero 1\n")
+    manager = LogManager(data_dir, CONFIG)
+    with pytest.raises(CorruptCheckpointError) as info:
+        manager.startup()
+    message = str(info.value)
+    assert str(data_dir / RECOVERY_POINT_CHECKPOINT) in message
+    assert "line 3" in message and "move the file away" in message
+    with pytest.raises(CorruptCheckpointError):  # not "in use": the lock was released
+        LogManager(data_dir, CONFIG).startup()
+
+
+def test_second_manager_on_the_same_directory_is_refused(data_dir: Path):
+    first = _started(data_dir)
+    with pytest.raises(StorageError, match="in use by another broker process"):
+        LogManager(data_dir, CONFIG).startup()
+    first.close()
+
+
+def test_startup_ignores_foreign_entries_and_removes_temp_files(data_dir: Path):
+    data_dir.mkdir()
+    (data_dir / "not-a-partition").mkdir()
+    (data_dir / "meta.properties").write_text("version=1\nnode.id=1\n")
+    (data_dir / "replication-offset-checkpoint.tmp").write_text("half")
+    manager = _started(data_dir)
+    assert manager.all_logs() == []
+    assert not (data_dir / "replication-offset-checkpoint.tmp").exists()
+    assert (data_dir / "meta.properties").exists()
+    manager.close()
+
+
+def test_illegal_topic_names_are_refused(data_dir: Path):
+    manager = _started(data_dir)
+    for topic in ("", "..", "a/b", "with space", "x" * 250):
+        with pytest.raises(ValueError, match="illegal topic name"):
+            manager.get_or_create_log((topic, 0))
+    with pytest.raises(ValueError, match="illegal partition"):
+        manager.get_or_create_log(("orders", -1))
+    manager.close()
