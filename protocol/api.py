@@ -25,6 +25,10 @@ class ApiKey(IntEnum):
     # Kafka's brokers read the metadata log with Fetch against the KRaft quorum; we
     # have one controller and a dedicated long-poll API instead.
     FETCH_METADATA = 1000
+    # Served only when the process runs with MINIBROKER_ENABLE_TEST_FAULTS=1.
+    FAULT_CONTROL = 1001
+    # Read-only view of one replica's log: batches and epoch cache (tests, chaos checker).
+    DESCRIBE_REPLICA_LOG = 1002
 
 
 # Sentinel accepted by every epoch field: skip that check (KIP-320 compatibility rule).

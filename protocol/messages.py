@@ -540,6 +540,76 @@ class InitProducerIdResponse(Message, kw_only=True):
     producer_epoch: int = -1
 
 
+# ------------------------------------------------------------------ test-only fault controls
+
+
+class FaultRule(Message, kw_only=True):
+    """One injected fault at a node. `direction` "in" acts on requests the node
+    receives, "out" on requests it sends. Actions: "delay" (wait delay_ms, then go
+    on), "drop" (lose the request: an incoming one is discarded and its connection
+    closed, an outgoing one fails as a network error), "drop_response" (serve the
+    request, then close the connection instead of answering), "hold" (park the
+    request until a FaultControl with release_held)."""
+
+    api_key: int
+    action: str
+    direction: str = "in"
+    delay_ms: int = 0
+    peer_id: int = -1  # only requests to/from this node (-1: any)
+    remaining: int = -1  # applies this many more times (-1: until cleared)
+
+
+class FaultControlRequest(Message, kw_only=True):
+    clear: bool = False  # drop every rule first (held requests are released)
+    add_rules: list[FaultRule] = []
+    release_held: bool = False
+
+
+class FaultControlResponse(Message, kw_only=True):
+    error_code: int = 0
+    error_message: str | None = None
+    rules: list[FaultRule] = []
+    held: int = 0  # requests parked right now
+    protections_off: list[str] = []  # protections this process was started without
+
+
+# ------------------------------------------------------------------ replica log inspection
+
+
+class DescribeReplicaLogRequest(Message, kw_only=True):
+    topic: str
+    partition: int
+    include_batches: bool = True
+    max_batches: int = 100_000
+
+
+class ReplicaBatchInfo(Message, kw_only=True):
+    base_offset: int
+    last_offset: int
+    leader_epoch: int
+    crc: int
+    size: int
+
+
+class EpochStartOffset(Message, kw_only=True):
+    epoch: int
+    start_offset: int
+
+
+class DescribeReplicaLogResponse(Message, kw_only=True):
+    error_code: int = 0
+    error_message: str | None = None
+    log_start_offset: int = -1
+    log_end_offset: int = -1
+    high_watermark: int = -1
+    leader_id: int = -1
+    leader_epoch: int = -1
+    partition_epoch: int = -1
+    isr: list[int] = []
+    epoch_entries: list[EpochStartOffset] = []
+    batches: list[ReplicaBatchInfo] = []
+
+
 # ------------------------------------------------------------------ the registry
 
 
@@ -575,6 +645,8 @@ API_SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.BROKER_REGISTRATION, BrokerRegistrationRequest, BrokerRegistrationResponse),
         ApiSpec(ApiKey.BROKER_HEARTBEAT, BrokerHeartbeatRequest, BrokerHeartbeatResponse),
         ApiSpec(ApiKey.FETCH_METADATA, FetchMetadataRequest, FetchMetadataResponse),
+        ApiSpec(ApiKey.FAULT_CONTROL, FaultControlRequest, FaultControlResponse),
+        ApiSpec(ApiKey.DESCRIBE_REPLICA_LOG, DescribeReplicaLogRequest, DescribeReplicaLogResponse),
     )
 }
 
