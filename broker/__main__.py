@@ -1,0 +1,273 @@
+"""`python -m broker`: the broker process.
+
+Configuration precedence: flags > environment (MINIBROKER_*) > TOML file given with
+--config (keys are the option names with dashes, e.g. `node-id = 1`) > defaults.
+Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 1 when start-up or the broker
+fails (one `error: ...` line on stderr says what and what to do), 2 for bad flags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+import uvloop
+
+from broker.config import (
+    DEFAULT_CONTROLLER,
+    DEFAULT_LISTENERS,
+    BrokerConfig,
+    ConfigError,
+    parse_host_port,
+    parse_listeners,
+)
+
+LOG_FORMAT = "%(asctime)s %(levelname)s [node {node}] %(name)s: %(message)s"
+
+
+def _load_toml(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """Eager: read the TOML file into click's default_map before the other options."""
+    if not value:
+        return value
+    try:
+        with open(value, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {value}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise click.BadParameter(f"{value} is not valid TOML: {exc}") from exc
+    known = {p.name for p in ctx.command.params if p.name}
+    defaults: dict[str, Any] = {}
+    for key, item in data.items():
+        name = key.replace("-", "_")
+        if name not in known or name == "config":
+            raise click.BadParameter(f"{value}: unknown setting {key!r}")
+        defaults[name] = item
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return value
+
+
+def _opt(name: str, env: str, **kwargs: Any) -> Any:
+    return click.option(name, envvar=f"MINIBROKER_{env}", show_envvar=True, **kwargs)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    envvar="MINIBROKER_CONFIG",
+    show_envvar=True,
+    is_eager=True,
+    expose_value=False,
+    callback=_load_toml,
+    help="TOML file with settings (keys: option names with dashes); flags and env win.",
+)
+@_opt("--node-id", "NODE_ID", type=click.IntRange(min=0), required=True, help="Broker id, >= 0.")
+@_opt(
+    "--listeners",
+    "LISTENERS",
+    default=DEFAULT_LISTENERS,
+    show_default=True,
+    help="Comma-separated NAME://HOST:PORT to listen on; port 0 picks a free port.",
+)
+@_opt(
+    "--advertised-listeners",
+    "ADVERTISED_LISTENERS",
+    default=None,
+    help="NAME://HOST:PORT clients are told to use, per listener name "
+    "[default: the listeners, with their actual ports].",
+)
+@_opt(
+    "--controller",
+    "CONTROLLER",
+    default=DEFAULT_CONTROLLER,
+    show_default=True,
+    help="HOST:PORT of the controller.",
+)
+@_opt(
+    "--data-dir",
+    "DATA_DIR",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Directory of the logs and checkpoints [default: ./minibroker-data/broker-<node-id>].",
+)
+@_opt(
+    "--heartbeat-interval-ms",
+    "HEARTBEAT_INTERVAL_MS",
+    type=click.IntRange(min=1),
+    default=500,
+    show_default=True,
+    help="Interval between heartbeats to the controller.",
+)
+@_opt(
+    "--segment-bytes",
+    "SEGMENT_BYTES",
+    type=click.IntRange(min=1024),
+    default=134_217_728,
+    show_default=True,
+    help="Roll a new segment when the active one reaches this size (topic: segment.bytes).",
+)
+@_opt(
+    "--segment-ms",
+    "SEGMENT_MS",
+    type=click.IntRange(min=1),
+    default=604_800_000,
+    show_default=True,
+    help="Roll a new segment after this age (topic: segment.ms).",
+)
+@_opt(
+    "--retention-ms",
+    "RETENTION_MS",
+    type=click.IntRange(min=-1),
+    default=604_800_000,
+    show_default=True,
+    help="Delete segments older than this; -1 keeps them (topic: retention.ms).",
+)
+@_opt(
+    "--retention-bytes",
+    "RETENTION_BYTES",
+    type=click.IntRange(min=-1),
+    default=-1,
+    show_default=True,
+    help="Delete old segments while a partition is larger; -1: no limit (retention.bytes).",
+)
+@_opt(
+    "--flush-messages",
+    "FLUSH_MESSAGES",
+    type=click.IntRange(min=1),
+    default=None,
+    help="fsync a partition after this many messages, before acknowledging "
+    "(topic: flush.messages) [default: none, durability from replication].",
+)
+@_opt(
+    "--flush-ms",
+    "FLUSH_MS",
+    type=click.IntRange(min=1),
+    default=None,
+    help="fsync a partition with unflushed data this often (topic: flush.ms) [default: none].",
+)
+@_opt(
+    "--max-message-bytes",
+    "MAX_MESSAGE_BYTES",
+    type=click.IntRange(min=1),
+    default=1_048_588,
+    show_default=True,
+    help="Largest record batch accepted (topic: max.message.bytes).",
+)
+@_opt(
+    "--replica-lag-time-max-ms",
+    "REPLICA_LAG_TIME_MAX_MS",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    help="A follower that has not caught up for this long leaves the ISR.",
+)
+@_opt(
+    "--controller-connect-timeout-ms",
+    "CONTROLLER_CONNECT_TIMEOUT_MS",
+    type=click.IntRange(min=1),
+    default=30_000,
+    show_default=True,
+    help="How long start-up keeps trying to reach the controller before it gives up.",
+)
+@_opt(
+    "--controlled-shutdown-timeout-ms",
+    "CONTROLLED_SHUTDOWN_TIMEOUT_MS",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    help="How long SIGTERM waits for the controller to move leaderships away.",
+)
+@_opt(
+    "--retention-check-interval-ms",
+    "RETENTION_CHECK_INTERVAL_MS",
+    type=click.IntRange(min=1),
+    default=300_000,
+    show_default=True,
+    help="How often retention looks for segments to delete.",
+)
+@_opt(
+    "--hw-checkpoint-interval-ms",
+    "HW_CHECKPOINT_INTERVAL_MS",
+    type=click.IntRange(min=1),
+    default=5_000,
+    show_default=True,
+    help="How often high watermarks and recovery points are checkpointed.",
+)
+@_opt(
+    "--log-level",
+    "LOG_LEVEL",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="Logging level.",
+)
+def main(**options: Any) -> None:
+    """Run a minibroker broker: registers with the controller, leads and follows the
+    partitions assigned to it, and serves clients."""
+    node_id = options["node_id"]
+    try:
+        listeners = parse_listeners(options["listeners"])
+        advertised = (
+            parse_listeners(options["advertised_listeners"], option="--advertised-listeners")
+            if options["advertised_listeners"]
+            else None
+        )
+        controller = parse_host_port(options["controller"], option="--controller")
+        config = BrokerConfig(
+            node_id=node_id,
+            listeners=listeners,
+            advertised_listeners=advertised,
+            controller=controller,
+            data_dir=options["data_dir"] or Path("minibroker-data") / f"broker-{node_id}",
+            heartbeat_interval_ms=options["heartbeat_interval_ms"],
+            segment_bytes=options["segment_bytes"],
+            segment_ms=options["segment_ms"],
+            retention_ms=options["retention_ms"],
+            retention_bytes=options["retention_bytes"],
+            flush_messages=options["flush_messages"],
+            flush_ms=options["flush_ms"],
+            max_message_bytes=options["max_message_bytes"],
+            replica_lag_time_max_ms=options["replica_lag_time_max_ms"],
+            log_level=options["log_level"].upper(),
+            controller_connect_timeout_ms=options["controller_connect_timeout_ms"],
+            controlled_shutdown_timeout_ms=options["controlled_shutdown_timeout_ms"],
+            retention_check_interval_ms=options["retention_check_interval_ms"],
+            hw_checkpoint_interval_ms=options["hw_checkpoint_interval_ms"],
+        )
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    sys.exit(run(config))
+
+
+def run(config: BrokerConfig) -> int:
+    logging.basicConfig(
+        level=config.log_level,
+        format=LOG_FORMAT.format(node=config.node_id),
+        stream=sys.stderr,
+        force=True,
+    )
+    # Imported here so that `--help` and flag errors do not load the whole broker.
+    from broker.server import Broker, StartupError
+
+    async def _main() -> int:
+        broker = Broker(config)
+        return await broker.run()
+
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(_main())
+    except StartupError as exc:
+        click.echo(f"error: broker {config.node_id}: {exc}", err=True)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    main()

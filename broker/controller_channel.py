@@ -1,0 +1,335 @@
+"""Everything the broker says to the controller.
+
+Three connections, because responses on one connection come back in request order
+and a long-polling FetchMetadata must not hold up a heartbeat:
+- lifecycle: BrokerRegistration and BrokerHeartbeat (also the controlled shutdown);
+- metadata: the FetchMetadata long-poll loop;
+- requests: forwarded CreateTopics/DeleteTopics and, from issue 3, AlterPartition.
+
+Registration retries an unreachable controller for a bounded period, then fails with
+a message that says so. A heartbeat answered STALE_BROKER_EPOCH re-registers (same
+incarnation id, so a retried registration is recognised by the controller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from broker.config import BrokerConfig
+from broker.faults import NO_FAULTS, Faults
+from broker.rpc import RpcClient, RpcError, RpcErrorResponse
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    AlterPartitionRequest,
+    AlterPartitionResponse,
+    BrokerHeartbeatRequest,
+    BrokerHeartbeatResponse,
+    BrokerRegistrationRequest,
+    BrokerRegistrationResponse,
+    FetchMetadataRequest,
+    FetchMetadataResponse,
+    Listener,
+    Message,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ControllerError(Exception):
+    """A controller answer the broker cannot live with (fatal at start-up)."""
+
+
+class ControllerUnreachableError(ControllerError):
+    pass
+
+
+class ClusterIdMismatchError(ControllerError):
+    pass
+
+
+MetadataCallback = Callable[[FetchMetadataResponse], Awaitable[None]]
+
+
+def _code(value: int) -> ErrorCode:
+    """A code from the wire; one this build does not know is a server error."""
+    try:
+        return ErrorCode(value)
+    except ValueError:
+        return ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+class ControllerChannel:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        incarnation_id: str,
+        metadata_offset: Callable[[], int],
+        faults: Faults = NO_FAULTS,
+    ) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.incarnation_id = incarnation_id
+        host, port = config.controller
+        timeout_s = config.request_timeout_ms / 1000
+
+        def client(purpose: str) -> RpcClient:
+            return RpcClient(
+                host,
+                port,
+                name="controller",
+                client_id=f"broker-{self.node_id}-{purpose}",
+                request_timeout_s=timeout_s,
+                connect_timeout_s=min(5.0, timeout_s),
+                faults=faults,
+            )
+
+        self._lifecycle = client("lifecycle")
+        self._metadata = client("metadata")
+        self._requests = client("requests")
+        self._metadata_offset = metadata_offset
+        self._registration: BrokerRegistrationRequest | None = None
+        self.broker_epoch = -1
+        self.cluster_id: str | None = None
+        self.is_fenced = True
+        self.unfenced = asyncio.Event()
+        self.caught_up = asyncio.Event()
+        self._epoch_changed = asyncio.Event()
+        # Set to send the next heartbeat now (e.g. once caught up, to be unfenced sooner).
+        self._heartbeat_now = asyncio.Event()
+        self._heartbeat_failures = 0
+        self._closing = False
+
+    @property
+    def controller_address(self) -> str:
+        host, port = self.config.controller
+        return f"{host}:{port}"
+
+    # ------------------------------------------------------------------ registration
+
+    async def register(
+        self,
+        *,
+        cluster_id: str | None,
+        listeners: list[Listener],
+        clean_shutdown: bool,
+        timeout_s: float,
+    ) -> int:
+        """BrokerRegistration, retried until `timeout_s` passes. Returns the epoch."""
+        self._registration = BrokerRegistrationRequest(
+            broker_id=self.node_id,
+            cluster_id=cluster_id,
+            incarnation_id=self.incarnation_id,
+            listeners=listeners,
+            clean_shutdown=clean_shutdown,
+            previous_broker_epoch=self.broker_epoch,
+        )
+        return await self._register(timeout_s)
+
+    async def _register(self, timeout_s: float) -> int:
+        assert self._registration is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                resp = await self._lifecycle.request_with_retry(
+                    self._registration, deadline=deadline
+                )
+            except RpcErrorResponse as exc:
+                raise ControllerError(
+                    f"the controller at {self.controller_address} refused the registration: {exc}"
+                ) from exc
+            except RpcError as exc:
+                raise ControllerUnreachableError(
+                    f"controller at {self.controller_address} unreachable for {timeout_s:g}s "
+                    f"({exc}); start it first or fix --controller"
+                ) from exc
+            assert isinstance(resp, BrokerRegistrationResponse)
+            code = _code(resp.error_code)
+            if code == ErrorCode.NONE:
+                break
+            detail = resp.error_message or code.name
+            if code == ErrorCode.INCONSISTENT_CLUSTER_ID:
+                raise ClusterIdMismatchError(
+                    f"cluster id mismatch: the controller at {self.controller_address} refused "
+                    f"--data-dir {self.config.data_dir} (cluster "
+                    f"{self._registration.cluster_id}): {detail}"
+                )
+            if not code.retriable and code != ErrorCode.DUPLICATE_BROKER_REGISTRATION:
+                raise ControllerError(
+                    f"the controller at {self.controller_address} refused the registration of "
+                    f"broker {self.node_id}: {code.name}: {detail}"
+                )
+            last_error = f"{code.name}: {detail}"
+            if time.monotonic() >= deadline:
+                raise ControllerError(
+                    f"the controller at {self.controller_address} kept refusing the "
+                    f"registration of broker {self.node_id} for {timeout_s:.0f}s: {last_error}"
+                )
+            log.warning("registration refused (%s); retrying", last_error)
+            await asyncio.sleep(min(1.0, self.config.heartbeat_interval_ms / 1000))
+        old = self.broker_epoch
+        assert resp.broker_epoch >= old, f"broker epoch went back {old} -> {resp.broker_epoch}"
+        self.broker_epoch = resp.broker_epoch
+        self.cluster_id = resp.cluster_id or self.cluster_id
+        self.is_fenced = True
+        self.unfenced.clear()
+        self._epoch_changed.set()
+        log.info(
+            "registered with the controller at %s: broker epoch %d, cluster %s",
+            self.controller_address,
+            self.broker_epoch,
+            self.cluster_id,
+        )
+        return self.broker_epoch
+
+    # ------------------------------------------------------------------ heartbeats
+
+    async def heartbeat_loop(self) -> None:
+        interval_s = self.config.heartbeat_interval_ms / 1000
+        while not self._closing:
+            resp = await self._heartbeat(want_shut_down=False)
+            if resp is not None and resp.error_code == ErrorCode.STALE_BROKER_EPOCH:
+                log.warning(
+                    "heartbeat with broker epoch %d is stale; registering again",
+                    self.broker_epoch,
+                )
+                try:
+                    await self._register(self.config.controller_connect_timeout_ms / 1000)
+                except ControllerError as exc:
+                    log.error("re-registration failed: %s; will retry", exc)
+                else:
+                    continue  # heartbeat with the new epoch at once
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):
+                    await self._heartbeat_now.wait()
+            self._heartbeat_now.clear()
+
+    async def _heartbeat(self, *, want_shut_down: bool) -> BrokerHeartbeatResponse | None:
+        request = BrokerHeartbeatRequest(
+            broker_id=self.node_id,
+            broker_epoch=self.broker_epoch,
+            current_metadata_offset=self._metadata_offset(),
+            want_shut_down=want_shut_down,
+        )
+        # A heartbeat older than the session timeout is useless: time out well before.
+        timeout_s = max(0.5, 2 * self.config.heartbeat_interval_ms / 1000)
+        try:
+            resp = await self._lifecycle.request(request, timeout_s=timeout_s)
+        except RpcError as exc:
+            self._heartbeat_failures += 1
+            if self._heartbeat_failures in (1, 10) or self._heartbeat_failures % 100 == 0:
+                log.warning(
+                    "heartbeat to the controller at %s failed (%d in a row): %s",
+                    self.controller_address,
+                    self._heartbeat_failures,
+                    exc,
+                )
+            return None
+        if self._heartbeat_failures:
+            log.info("heartbeats reach the controller again")
+            self._heartbeat_failures = 0
+        assert isinstance(resp, BrokerHeartbeatResponse)
+        if resp.error_code != ErrorCode.NONE:
+            if resp.error_code != ErrorCode.STALE_BROKER_EPOCH:
+                log.warning("heartbeat answered %s", _code(resp.error_code).name)
+            return resp
+        if resp.is_fenced != self.is_fenced:
+            log.info(
+                "the controller %s this broker (broker epoch %d)",
+                "fenced" if resp.is_fenced else "unfenced",
+                self.broker_epoch,
+            )
+        self.is_fenced = resp.is_fenced
+        if resp.is_fenced:
+            self.unfenced.clear()
+        else:
+            self.unfenced.set()
+        return resp
+
+    async def controlled_shutdown(self, timeout_s: float) -> bool:
+        """Ask the controller to move our leaderships away (heartbeats with
+        want_shut_down); True once it answers should_shut_down."""
+        deadline = time.monotonic() + timeout_s
+        interval_s = min(0.5, self.config.heartbeat_interval_ms / 1000)
+        while True:
+            resp = await self._heartbeat(want_shut_down=True)
+            if resp is not None and resp.error_code == ErrorCode.NONE and resp.should_shut_down:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            await asyncio.sleep(min(interval_s, remaining))
+
+    # ------------------------------------------------------------------ metadata
+
+    async def metadata_loop(self, on_metadata: MetadataCallback, from_offset: int = 0) -> None:
+        """Follow the metadata log forever: long-poll once caught up."""
+        next_offset = from_offset
+        failures = 0
+        while not self._closing:
+            max_wait_ms = self.config.metadata_max_wait_ms if self.caught_up.is_set() else 0
+            request = FetchMetadataRequest(
+                broker_id=self.node_id,
+                broker_epoch=self.broker_epoch,
+                from_offset=next_offset,
+                max_wait_ms=max_wait_ms,
+            )
+            try:
+                resp = await self._metadata.request(
+                    request, timeout_s=max_wait_ms / 1000 + self.config.request_timeout_ms / 1000
+                )
+            except RpcError as exc:
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.warning("metadata fetch failed (%d in a row): %s", failures, exc)
+                await asyncio.sleep(min(1.0, 0.05 * failures))
+                continue
+            failures = 0
+            assert isinstance(resp, FetchMetadataResponse)
+            if resp.error_code != ErrorCode.NONE:
+                code = _code(resp.error_code)
+                log.warning("metadata fetch from offset %d answered %s", next_offset, code.name)
+                self._epoch_changed.clear()
+                # STALE_BROKER_EPOCH: the heartbeat loop re-registers; wait for it.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await self._epoch_changed.wait()
+                continue
+            if resp.entries or resp.is_snapshot:
+                await on_metadata(resp)
+            if resp.next_offset > next_offset or resp.is_snapshot:
+                next_offset = resp.next_offset
+            if (
+                not self.caught_up.is_set()
+                and next_offset >= resp.high_watermark
+                and next_offset > self.broker_epoch
+            ):
+                log.info("caught up with the metadata log at offset %d", next_offset - 1)
+                self.caught_up.set()
+                self._heartbeat_now.set()
+
+    # ------------------------------------------------------------------ requests
+
+    async def forward(self, body: Message, timeout_s: float) -> Message:
+        """Send a client's CreateTopics/DeleteTopics to the controller as it is."""
+        deadline = time.monotonic() + timeout_s
+        return await self._requests.request_with_retry(body, deadline=deadline, timeout_s=timeout_s)
+
+    async def alter_partition(self, request: AlterPartitionRequest) -> AlterPartitionResponse:
+        """Issue 3: the leader's ISR changes."""
+        resp = await self._requests.request(request)
+        assert isinstance(resp, AlterPartitionResponse)
+        return resp
+
+    def stop_loops(self) -> None:
+        """Make the heartbeat and metadata loops end at their next turn."""
+        self._closing = True
+
+    async def close(self) -> None:
+        self._closing = True
+        for client in (self._lifecycle, self._metadata, self._requests):
+            await client.close()

@@ -1,0 +1,292 @@
+"""One function per API the broker serves. The table `Handlers.table()` is also the
+served API set: anything else (the controller's APIs, and the group / producer-id
+APIs until issue 4) is rejected by ServerConnection with INVALID_REQUEST.
+
+Metadata and DescribeCluster answer from this broker's own image, which may lag the
+controller (KIP-232: clients keep their fresher view). CreateTopics and DeleteTopics
+are forwarded to the controller unchanged; the answer is relayed once this broker's
+image shows the change (bounded wait), so a client that creates a topic and then
+produces through the same broker finds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable
+
+from broker.controller_channel import ControllerChannel
+from broker.metadata_image import MetadataImage
+from broker.network import Handler, RequestContext
+from broker.replica_manager import ReplicaManager
+from broker.rpc import RpcError, RpcErrorResponse
+from protocol.api import ApiKey
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    API_SPECS,
+    ApiVersionRange,
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    CreatableTopicResult,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeletableTopicResult,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    DescribeClusterBroker,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    FetchRequest,
+    ListOffsetsRequest,
+    Message,
+    MetadataBroker,
+    MetadataPartition,
+    MetadataRequest,
+    MetadataResponse,
+    MetadataTopic,
+    OffsetForLeaderEpochRequest,
+    ProduceRequest,
+)
+from protocol.metadata_records import NO_LEADER
+
+log = logging.getLogger(__name__)
+
+_TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def valid_topic_name(name: str) -> bool:
+    return bool(_TOPIC_RE.match(name)) and name not in (".", "..")
+
+
+class Handlers:
+    def __init__(
+        self,
+        *,
+        node_id: int,
+        image: MetadataImage,
+        replica_manager: ReplicaManager,
+        controller: ControllerChannel,
+        image_updated: asyncio.Condition,
+        max_forward_wait_s: float = 30.0,
+    ) -> None:
+        self.node_id = node_id
+        self.image = image
+        self.replicas = replica_manager
+        self.controller = controller
+        self.image_updated = image_updated
+        self.max_forward_wait_s = max_forward_wait_s
+
+    def table(self) -> dict[int, Handler]:
+        table: dict[int, Handler] = {
+            ApiKey.API_VERSIONS: self.api_versions,
+            ApiKey.METADATA: self.metadata,
+            ApiKey.PRODUCE: self.produce,
+            ApiKey.FETCH: self.fetch,
+            ApiKey.LIST_OFFSETS: self.list_offsets,
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
+            ApiKey.CREATE_TOPICS: self.create_topics,
+            ApiKey.DELETE_TOPICS: self.delete_topics,
+            ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
+        }
+        return {int(k): v for k, v in table.items()}  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ cluster info
+
+    async def api_versions(
+        self, ctx: RequestContext, req: ApiVersionsRequest
+    ) -> ApiVersionsResponse:
+        keys = []
+        for key in sorted(self.table()):
+            spec = API_SPECS[key]
+            keys.append(
+                ApiVersionRange(
+                    api_key=key, min_version=spec.min_version, max_version=spec.max_version
+                )
+            )
+        return ApiVersionsResponse(api_keys=keys)
+
+    def _controller_id(self) -> int:
+        # Like a KRaft broker: clients send controller-bound requests to a live broker,
+        # which forwards them. The lowest live id keeps the answer stable.
+        live = self.image.live_brokers()
+        return live[0].broker_id if live else self.node_id
+
+    async def metadata(self, ctx: RequestContext, req: MetadataRequest) -> MetadataResponse:
+        image = self.image
+        live = image.live_brokers()
+        live_ids = {b.broker_id for b in live}
+        brokers = []
+        for b in live:
+            listener = b.listener(ctx.listener)
+            if listener is not None:
+                brokers.append(
+                    MetadataBroker(
+                        node_id=b.broker_id, host=listener.host, port=listener.port, rack=b.rack
+                    )
+                )
+        names = sorted(image.topics_by_name) if req.topics is None else req.topics
+        topics = []
+        for name in names:
+            info = image.topics_by_name.get(name)
+            if info is None:
+                code = (
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    if valid_topic_name(name)
+                    else ErrorCode.INVALID_TOPIC_EXCEPTION
+                )
+                topics.append(MetadataTopic(error_code=code, name=name))
+                continue
+            partitions = []
+            for index in sorted(info.partitions):
+                state = info.partitions[index]
+                partitions.append(
+                    MetadataPartition(
+                        error_code=(
+                            ErrorCode.LEADER_NOT_AVAILABLE
+                            if state.leader == NO_LEADER
+                            else ErrorCode.NONE
+                        ),
+                        partition_index=index,
+                        leader_id=state.leader,
+                        leader_epoch=state.leader_epoch,
+                        replica_nodes=list(state.replicas),
+                        isr_nodes=list(state.isr),
+                        offline_replicas=[r for r in state.replicas if r not in live_ids],
+                    )
+                )
+            topics.append(MetadataTopic(name=name, topic_id=info.topic_id, partitions=partitions))
+        return MetadataResponse(
+            brokers=brokers,
+            cluster_id=image.cluster_id or self.controller.cluster_id,
+            controller_id=self._controller_id(),
+            topics=topics,
+            metadata_offset=image.offset,
+        )
+
+    async def describe_cluster(
+        self, ctx: RequestContext, req: DescribeClusterRequest
+    ) -> DescribeClusterResponse:
+        brokers = []
+        for b in sorted(self.image.brokers.values(), key=lambda b: b.broker_id):
+            if b.fenced and not req.include_fenced_brokers:
+                continue
+            listener = b.listener(ctx.listener) or (b.listeners[0] if b.listeners else None)
+            brokers.append(
+                DescribeClusterBroker(
+                    broker_id=b.broker_id,
+                    host=listener.host if listener else "",
+                    port=listener.port if listener else -1,
+                    rack=b.rack,
+                    is_fenced=b.fenced,
+                    broker_epoch=b.broker_epoch,
+                )
+            )
+        return DescribeClusterResponse(
+            cluster_id=self.image.cluster_id or self.controller.cluster_id or "",
+            controller_id=self._controller_id(),
+            brokers=brokers,
+            metadata_offset=self.image.offset,
+        )
+
+    # ------------------------------------------------------------------ data path
+
+    async def produce(self, ctx: RequestContext, req: ProduceRequest) -> Message:
+        return await self.replicas.produce(req)
+
+    async def fetch(self, ctx: RequestContext, req: FetchRequest) -> Message:
+        return await self.replicas.fetch(req)
+
+    async def list_offsets(self, ctx: RequestContext, req: ListOffsetsRequest) -> Message:
+        return self.replicas.list_offsets(req)
+
+    async def offsets_for_leader_epoch(
+        self, ctx: RequestContext, req: OffsetForLeaderEpochRequest
+    ) -> Message:
+        return self.replicas.offsets_for_leader_epoch(req)
+
+    # ------------------------------------------------------------------ forwarded
+
+    async def create_topics(
+        self, ctx: RequestContext, req: CreateTopicsRequest
+    ) -> CreateTopicsResponse:
+        timeout_s = self._timeout_s(req.timeout_ms)
+        try:
+            resp = await self.controller.forward(req, timeout_s)
+        except RpcError as exc:
+            code, message = self._forward_error(exc)
+            return CreateTopicsResponse(
+                topics=[
+                    CreatableTopicResult(name=t.name, error_code=code, error_message=message)
+                    for t in req.topics
+                ]
+            )
+        assert isinstance(resp, CreateTopicsResponse)
+        if not req.validate_only:
+            created = {t.name: t.topic_id for t in resp.topics if t.error_code == ErrorCode.NONE}
+
+            def visible() -> bool:
+                for name, topic_id in created.items():
+                    info = self.image.topics_by_name.get(name)
+                    if info is None or (topic_id and info.topic_id != topic_id):
+                        return False
+                return True
+
+            await self._wait_for_image(visible, timeout_s)
+        return resp
+
+    async def delete_topics(
+        self, ctx: RequestContext, req: DeleteTopicsRequest
+    ) -> DeleteTopicsResponse:
+        timeout_s = self._timeout_s(req.timeout_ms)
+        before = {
+            name: info.topic_id
+            for name in req.topic_names
+            if (info := self.image.topics_by_name.get(name)) is not None
+        }
+        try:
+            resp = await self.controller.forward(req, timeout_s)
+        except RpcError as exc:
+            code, message = self._forward_error(exc)
+            return DeleteTopicsResponse(
+                responses=[
+                    DeletableTopicResult(name=name, error_code=code, error_message=message)
+                    for name in req.topic_names
+                ]
+            )
+        assert isinstance(resp, DeleteTopicsResponse)
+        deleted = {r.name for r in resp.responses if r.error_code == ErrorCode.NONE}
+
+        def gone() -> bool:
+            for name in deleted:
+                info = self.image.topics_by_name.get(name)
+                if info is not None and info.topic_id == before.get(name, info.topic_id):
+                    return False
+            return True
+
+        await self._wait_for_image(gone, timeout_s)
+        return resp
+
+    def _timeout_s(self, timeout_ms: int) -> float:
+        if timeout_ms <= 0:
+            return self.max_forward_wait_s
+        return min(timeout_ms / 1000, self.max_forward_wait_s)
+
+    def _forward_error(self, exc: RpcError) -> tuple[int, str]:
+        if isinstance(exc, RpcErrorResponse):
+            return int(exc.error), f"the controller refused the request: {exc.message}"
+        log.warning("forwarding to the controller failed: %s", exc)
+        return (
+            int(ErrorCode.REQUEST_TIMED_OUT),
+            f"controller at {self.controller.controller_address} unreachable: {exc}",
+        )
+
+    async def _wait_for_image(self, predicate: Callable[[], bool], timeout_s: float) -> None:
+        if predicate():
+            return
+        try:
+            async with self.image_updated:
+                async with asyncio.timeout(timeout_s):
+                    await self.image_updated.wait_for(predicate)
+        except TimeoutError:
+            log.info("metadata did not show a forwarded change within %.1fs", timeout_s)

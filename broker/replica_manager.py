@@ -1,0 +1,669 @@
+"""The partitions this broker holds, and the data path over them.
+
+- applies the local part of each metadata delta: lead (new epoch in the epoch cache,
+  stamped on every append), follow (state only until issue 3's fetcher), go offline,
+  or stop and delete;
+- Produce with acks 0/1/all, Fetch with long-poll, ListOffsets, OffsetsForLeaderEpoch;
+- background jobs: high-watermark (and recovery point / log start) checkpoints,
+  the flush.ms policy, and retention.
+
+The broker never decodes a record: storage validates batch headers and CRCs and
+stamps offsets and the leader epoch in place; Fetch returns file slices as bytes.
+fsync always runs in a worker thread (flush.messages, flush.ms, checkpoints).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from broker.config import BrokerConfig
+from broker.delayed import DelayedOperation, Purgatory
+from broker.metadata_image import MetadataDelta, MetadataImage, PartitionState, TopicPartition
+from broker.partition import MIN_INSYNC_REPLICAS, Partition, Role
+from broker.storage.errors import (
+    InvalidAppendError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    StorageError,
+)
+from broker.storage.log import LogConfig
+from broker.storage.log_manager import LogManager
+from protocol.api import DEBUGGING_REPLICA_ID, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NO_EPOCH
+from protocol.errors import CorruptRecordError, DecodeError, ErrorCode
+from protocol.messages import (
+    EpochEndOffset,
+    EpochEndOffsetResult,
+    FetchPartition,
+    FetchPartitionResponse,
+    FetchRequest,
+    FetchResponse,
+    FetchTopicResponse,
+    LeaderIdAndEpoch,
+    ListOffsetsPartitionResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsTopicResponse,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+    OffsetForLeaderTopicResult,
+    ProducePartitionResponse,
+    ProduceRequest,
+    ProduceResponse,
+    ProduceTopicResponse,
+)
+
+log = logging.getLogger(__name__)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# ---------------------------------------------------------------------- delayed ops
+
+
+class _FetchWatch:
+    __slots__ = ("appended_at_start", "epoch", "fetch_offset", "partition")
+
+    def __init__(self, partition: Partition, fetch_offset: int) -> None:
+        self.partition = partition
+        self.fetch_offset = fetch_offset
+        self.epoch = partition.leader_epoch
+        self.appended_at_start = partition.appended_bytes
+
+
+class DelayedFetch(DelayedOperation):
+    """Completes when about `min_bytes` are readable, or a watched partition changed
+    role or epoch or was truncated (the answer then carries the error).
+
+    Bytes are estimated from what was appended since the fetch started, so no read
+    happens until the answer is built; the estimate can only make a fetch answer
+    early, never late."""
+
+    def __init__(
+        self, watches: list[_FetchWatch], *, min_bytes: int, have_bytes: int, to_leo: bool
+    ) -> None:
+        super().__init__(w.partition.tp for w in watches)
+        self.watches = watches
+        self.min_bytes = min_bytes
+        self.have_bytes = have_bytes
+        self.to_leo = to_leo
+
+    def try_complete(self) -> bool:
+        total = self.have_bytes
+        for w in self.watches:
+            p = w.partition
+            if p.role is not Role.LEADER or p.leader_epoch != w.epoch:
+                return True
+            end = p.log_end_offset if self.to_leo else p.high_watermark
+            if end < w.fetch_offset or p.log_start_offset > w.fetch_offset:
+                return True  # out of range now: answer with the error
+            if end > w.fetch_offset:
+                total += max(1, p.appended_bytes - w.appended_at_start)
+        return total >= self.min_bytes
+
+
+class DelayedProduce(DelayedOperation):
+    """acks=all: completes when the high watermark passed every appended batch, or
+    a partition lost its leadership (the answer then carries the error)."""
+
+    def __init__(self, waits: list[tuple[Partition, int, int]]) -> None:
+        super().__init__(p.tp for p, _, _ in waits)
+        self.waits = waits  # (partition, required high watermark, leader epoch)
+
+    def try_complete(self) -> bool:
+        for p, required, epoch in self.waits:
+            if p.role is Role.LEADER and p.leader_epoch == epoch and p.high_watermark < required:
+                return False
+        return True
+
+
+# ---------------------------------------------------------------------- the manager
+
+
+class ReplicaManager:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        log_manager: LogManager,
+        image: MetadataImage,
+        *,
+        base_log_config: LogConfig,
+        checkpointed_high_watermarks: dict[TopicPartition, int] | None = None,
+    ) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.log_manager = log_manager
+        self.image = image
+        self.base_log_config = base_log_config
+        self.partitions: dict[TopicPartition, Partition] = {}
+        self.fetch_purgatory = Purgatory("fetch", max_size=config.max_delayed_operations)
+        self.produce_purgatory = Purgatory("produce", max_size=config.max_delayed_operations)
+        self._checkpointed_hws = dict(checkpointed_high_watermarks or {})
+        self._flush_locks: dict[TopicPartition, asyncio.Lock] = {}
+        self._timed_flush: set[TopicPartition] = set()  # partitions with flush.ms set
+        self._checkpoint_lock = asyncio.Lock()
+        # fsync and checkpoint writes; a few threads so one slow disk op does not
+        # hold up the others.
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="broker-io")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+        # Issue 3 hooks: called after a role change (the follower fetcher subscribes).
+        self.on_become_follower: list[Callable[[Partition], None]] = []
+        self.on_stop_follower: list[Callable[[Partition], None]] = []
+
+    # ------------------------------------------------------------------ metadata
+
+    async def apply_delta(self, delta: MetadataDelta) -> None:
+        """Act on the part of a metadata delta that concerns this broker."""
+        changes = delta.local_changes(self.node_id)
+        ts = now_ms()
+        for tp, topic_id in changes.deletes.items():
+            current = self.partitions.get(tp)
+            # A replica of a newer topic with the same name is not the one to delete.
+            if current is None or current.topic_id == topic_id:
+                await self._delete_replica(tp, reason="no longer assigned here or topic deleted")
+        for tp, state in changes.leaders.items():
+            p = await self._get_or_create(state)
+            if p is not None:
+                p.make_leader(state, ts)
+                self._notify(tp)
+        for tp, state in changes.followers.items():
+            p = await self._get_or_create(state)
+            if p is not None:
+                was_leader = p.is_leader
+                if p.make_follower(state) or was_leader:
+                    for hook in self.on_become_follower:
+                        hook(p)
+                self._notify(tp)
+        for tp, state in changes.offline.items():
+            p = await self._get_or_create(state)
+            if p is not None:
+                if p.role is Role.FOLLOWER:
+                    for hook in self.on_stop_follower:
+                        hook(p)
+                p.make_offline(state)
+                self._notify(tp)
+        for topic, configs in delta.topic_configs.items():
+            self._apply_topic_configs(topic, configs)
+
+    async def delete_stray_logs(self) -> None:
+        """After the first metadata catch-up: delete local logs of partitions that are
+        not (any more) assigned to this broker, e.g. topics deleted while it was down."""
+        for tp in list(self._local_log_tps()):
+            if tp in self.partitions:
+                continue
+            state = self.image.partition(*tp)
+            if state is not None and self.node_id in state.replicas:
+                continue
+            await self._delete_replica(
+                tp, reason="stray: not in the cluster metadata for this broker"
+            )
+
+    def _local_log_tps(self) -> list[TopicPartition]:
+        return [lg.topic_partition for lg in self.log_manager.all_logs()]
+
+    def _log_config_for(self, topic: str) -> LogConfig:
+        info = self.image.topics_by_name.get(topic)
+        configs = info.configs if info is not None else {}
+        return LogConfig.from_topic_configs(configs, self.base_log_config)
+
+    def _min_isr_for(self, topic: str) -> int:
+        info = self.image.topics_by_name.get(topic)
+        raw = info.configs.get(MIN_INSYNC_REPLICAS) if info is not None else None
+        try:
+            return max(1, int(raw)) if raw is not None else 1
+        except ValueError:
+            return 1
+
+    async def _get_or_create(self, state: PartitionState) -> Partition | None:
+        tp = state.tp
+        p = self.partitions.get(tp)
+        if p is not None and p.topic_id != state.topic_id:
+            # Same name, new topic: the old replica's data must not leak into it.
+            await self._delete_replica(tp, reason=f"topic re-created with id {state.topic_id}")
+            p = None
+        if p is not None:
+            return p
+        try:
+            log_ = self.log_manager.get_or_create_log(tp, self._log_config_for(state.topic))
+        except (StorageError, OSError, ValueError) as exc:
+            log.error("%s-%d: cannot open the log: %s", state.topic, state.partition, exc)
+            return None
+        hw = self._checkpointed_hws.pop(tp, 0)
+        p = Partition(
+            state.topic,
+            state.partition,
+            state.topic_id,
+            log_,
+            node_id=self.node_id,
+            high_watermark=hw,
+            min_insync_replicas=self._min_isr_for(state.topic),
+        )
+        self.partitions[tp] = p
+        if log_.config.flush_ms is not None:
+            self._timed_flush.add(tp)
+        return p
+
+    def _apply_topic_configs(self, topic: str, configs: dict[str, str]) -> None:
+        new_config = LogConfig.from_topic_configs(configs, self.base_log_config)
+        min_isr = self._min_isr_for(topic)
+        for p in self.partitions.values():
+            if p.topic == topic:
+                p.min_insync_replicas = min_isr
+                if p.log.config != new_config:
+                    p.log.update_config(new_config)
+                if new_config.flush_ms is not None:
+                    self._timed_flush.add(p.tp)
+                else:
+                    self._timed_flush.discard(p.tp)
+
+    async def _delete_replica(self, tp: TopicPartition, *, reason: str) -> None:
+        p = self.partitions.pop(tp, None)
+        self._timed_flush.discard(tp)
+        if p is not None:
+            if p.role is Role.FOLLOWER:
+                for hook in self.on_stop_follower:
+                    hook(p)
+            p.stop()
+            self._notify(tp)
+        lock = self._flush_locks.pop(tp, None)
+        if lock is not None:
+            async with lock:  # a flush in a worker thread must finish first
+                pass
+        if self.log_manager.get_log(tp) is None:
+            return
+        log.info("%s-%d: deleting the replica (%s)", tp[0], tp[1], reason)
+        try:
+            # delete_log rewrites the recovery-point checkpoint: not while a worker
+            # thread writes it too.
+            async with self._checkpoint_lock:
+                self.log_manager.delete_log(tp)
+        except (StorageError, OSError) as exc:
+            log.error("%s-%d: cannot delete the replica: %s", tp[0], tp[1], exc)
+
+    def _notify(self, tp: TopicPartition) -> None:
+        self.fetch_purgatory.notify(tp)
+        self.produce_purgatory.notify(tp)
+
+    # ------------------------------------------------------------------ lookups
+
+    def _current_leader(self, topic: str, index: int) -> LeaderIdAndEpoch:
+        state = self.image.partition(topic, index)
+        if state is None:
+            return LeaderIdAndEpoch()
+        return LeaderIdAndEpoch(leader_id=state.leader, leader_epoch=state.leader_epoch)
+
+    def _lookup(self, topic: str, index: int) -> tuple[Partition | None, ErrorCode]:
+        p = self.partitions.get((topic, index))
+        if p is not None and p.role is not Role.STOPPED:
+            return p, ErrorCode.NONE
+        if self.image.partition(topic, index) is not None:
+            # It exists, just not here: the client's metadata is stale.
+            return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
+        return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+    # ------------------------------------------------------------------ produce
+
+    async def produce(self, request: ProduceRequest) -> ProduceResponse:
+        acks = request.acks
+        topics_out: list[ProduceTopicResponse] = []
+        waits: list[tuple[Partition, int, int]] = []
+        pending: list[ProducePartitionResponse] = []
+        flushes: list[Partition] = []
+        for topic in request.topics:
+            parts_out: list[ProducePartitionResponse] = []
+            topics_out.append(ProduceTopicResponse(name=topic.name, partitions=parts_out))
+            for part in topic.partitions:
+                r = ProducePartitionResponse(index=part.index)
+                parts_out.append(r)
+                if acks not in (0, 1, -1):
+                    r.error_code = ErrorCode.INVALID_REQUIRED_ACKS
+                    r.error_message = f"acks must be 0, 1 or -1 (all), got {acks}"
+                    continue
+                p, err = self._lookup(topic.name, part.index)
+                if p is None:
+                    r.error_code = err
+                    r.current_leader = self._current_leader(topic.name, part.index)
+                    continue
+                r.current_leader = p.current_leader
+                err = p.check_leader_epoch(part.current_leader_epoch)
+                if err != ErrorCode.NONE:
+                    r.error_code = err
+                    continue
+                if acks == -1 and len(p.isr) < p.min_insync_replicas:
+                    r.error_code = ErrorCode.NOT_ENOUGH_REPLICAS
+                    r.error_message = (
+                        f"ISR {list(p.isr)} is smaller than min.insync.replicas="
+                        f"{p.min_insync_replicas}"
+                    )
+                    continue
+                try:
+                    info = p.append_as_leader(part.records)
+                except (CorruptRecordError, InvalidAppendError, DecodeError) as exc:
+                    r.error_code = ErrorCode.CORRUPT_MESSAGE
+                    r.error_message = str(exc)
+                    log.info("%s: refused a corrupt produce: %s", p.name, exc)
+                    continue
+                except RecordTooLargeError as exc:
+                    r.error_code = ErrorCode.MESSAGE_TOO_LARGE
+                    r.error_message = str(exc)
+                    continue
+                except StorageError as exc:
+                    r.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+                    r.error_message = str(exc)
+                    log.error("%s: append failed: %s", p.name, exc)
+                    continue
+                r.base_offset = info.first_offset
+                r.log_append_time_ms = info.log_append_time
+                r.log_start_offset = p.log_start_offset
+                self._notify(p.tp)
+                flush_messages = p.log.config.flush_messages
+                if flush_messages is not None and p.log.unflushed_messages >= flush_messages:
+                    flushes.append(p)
+                if acks == -1:
+                    waits.append((p, info.last_offset + 1, p.leader_epoch))
+                    pending.append(r)
+        # flush.messages: as in Kafka, the append that crosses the threshold flushes
+        # before it is acknowledged (in a worker thread, never on the loop).
+        for p in flushes:
+            await self.flush_partition(p)
+        if waits:
+            op = DelayedProduce(waits)
+            await self.produce_purgatory.wait(op, max(0, request.timeout_ms) / 1000)
+            for (p, required, epoch), r in zip(waits, pending, strict=True):
+                if p.high_watermark >= required and p.leader_epoch == epoch:
+                    if len(p.isr) < p.min_insync_replicas:
+                        r.error_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+                elif p.role is not Role.LEADER or p.leader_epoch != epoch:
+                    r.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    r.current_leader = self._current_leader(*p.tp)
+                else:
+                    r.error_code = ErrorCode.REQUEST_TIMED_OUT
+                    r.error_message = (
+                        f"high watermark {p.high_watermark} did not reach {required} "
+                        f"within {request.timeout_ms} ms"
+                    )
+        return ProduceResponse(topics=topics_out)
+
+    # ------------------------------------------------------------------ fetch
+
+    async def fetch(self, request: FetchRequest) -> FetchResponse:
+        to_leo = request.replica_id >= 0 or request.replica_id == DEBUGGING_REPLICA_ID
+        responses, total, watches, answer_now = self._read_fetch(request, first=True)
+        max_wait_ms = min(request.max_wait_ms, self.config.max_fetch_wait_ms)
+        if answer_now or total >= request.min_bytes or max_wait_ms <= 0 or not watches:
+            return FetchResponse(responses=responses)
+        op = DelayedFetch(watches, min_bytes=request.min_bytes, have_bytes=total, to_leo=to_leo)
+        await self.fetch_purgatory.wait(op, max_wait_ms / 1000)
+        responses, _, _, _ = self._read_fetch(request, first=False)
+        return FetchResponse(responses=responses)
+
+    def _read_fetch(
+        self, request: FetchRequest, *, first: bool
+    ) -> tuple[list[FetchTopicResponse], int, list[_FetchWatch], bool]:
+        """One pass over the requested partitions: (responses, bytes read, what to
+        watch if the fetch waits, whether it must answer now)."""
+        replica_id = request.replica_id
+        is_follower = replica_id >= 0
+        to_leo = is_follower or replica_id == DEBUGGING_REPLICA_ID
+        remaining = max(0, request.max_bytes)
+        min_one = True  # the first partition with data returns at least one whole batch
+        total = 0
+        answer_now = False
+        watches: list[_FetchWatch] = []
+        ts = now_ms()
+        out: list[FetchTopicResponse] = []
+        for topic in request.topics:
+            parts: list[FetchPartitionResponse] = []
+            out.append(FetchTopicResponse(topic=topic.topic, partitions=parts))
+            for fp in topic.partitions:
+                r, p = self._fetch_partition_checks(topic.topic, fp)
+                parts.append(r)
+                if p is None:
+                    answer_now = True
+                    continue
+                if is_follower and replica_id not in p.replicas:
+                    # Only assigned replicas may read past the high watermark.
+                    r.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    answer_now = True
+                    continue
+                if (
+                    is_follower
+                    and first
+                    and p.update_follower_fetch_state(
+                        replica_id, request.replica_epoch, fp.fetch_offset, ts
+                    )
+                ):
+                    self._notify(p.tp)
+                r.high_watermark = p.high_watermark
+                r.last_stable_offset = p.high_watermark
+                max_offset = p.log_end_offset if to_leo else p.high_watermark
+                limit = min(max(0, fp.partition_max_bytes), remaining)
+                data = b""
+                if fp.fetch_offset < max_offset and (limit > 0 or min_one):
+                    try:
+                        data = p.log.read(
+                            fp.fetch_offset, limit, max_offset=max_offset, min_one_batch=min_one
+                        )
+                    except OffsetOutOfRangeError:
+                        r.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+                        r.log_start_offset = p.log_start_offset
+                        answer_now = True
+                        continue
+                    except StorageError as exc:
+                        log.error("%s: read at %d failed: %s", p.name, fp.fetch_offset, exc)
+                        r.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+                        answer_now = True
+                        continue
+                if data:
+                    r.records = data
+                    total += len(data)
+                    remaining = max(0, remaining - len(data))
+                    min_one = False
+                watches.append(_FetchWatch(p, fp.fetch_offset))
+        return out, total, watches, answer_now
+
+    def _fetch_partition_checks(
+        self, topic: str, fp: FetchPartition
+    ) -> tuple[FetchPartitionResponse, Partition | None]:
+        r = FetchPartitionResponse(partition_index=fp.partition)
+        p, err = self._lookup(topic, fp.partition)
+        if p is None:
+            r.error_code = err
+            r.current_leader = self._current_leader(topic, fp.partition)
+            return r, None
+        r.current_leader = p.current_leader
+        r.high_watermark = p.high_watermark
+        r.last_stable_offset = p.high_watermark
+        r.log_start_offset = p.log_start_offset
+        err = p.check_leader_epoch(fp.current_leader_epoch)
+        if err != ErrorCode.NONE:
+            r.error_code = err
+            return r, None
+        leo = p.log_end_offset
+        if fp.last_fetched_epoch != NO_EPOCH and fp.last_fetched_epoch >= 0:
+            epoch, end_offset = p.log.epoch_cache.end_offset_for(fp.last_fetched_epoch, leo)
+            if epoch != fp.last_fetched_epoch or end_offset < fp.fetch_offset:
+                # KIP-320/595: the fetcher's log diverges from ours; it truncates to
+                # this point (or reports LogTruncation) before fetching again.
+                r.diverging_epoch = EpochEndOffset(epoch=epoch, end_offset=end_offset)
+                return r, None
+        if not p.log_start_offset <= fp.fetch_offset <= leo:
+            r.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+            return r, None
+        return r, p
+
+    # ------------------------------------------------------------------ offsets
+
+    def list_offsets(self, request: ListOffsetsRequest) -> ListOffsetsResponse:
+        to_leo = request.replica_id >= 0 or request.replica_id == DEBUGGING_REPLICA_ID
+        topics_out: list[ListOffsetsTopicResponse] = []
+        for topic in request.topics:
+            parts: list[ListOffsetsPartitionResponse] = []
+            topics_out.append(ListOffsetsTopicResponse(name=topic.name, partitions=parts))
+            for lp in topic.partitions:
+                r = ListOffsetsPartitionResponse(partition_index=lp.partition_index)
+                parts.append(r)
+                p, err = self._lookup(topic.name, lp.partition_index)
+                if p is None:
+                    r.error_code = err
+                    continue
+                err = p.check_leader_epoch(lp.current_leader_epoch)
+                if err != ErrorCode.NONE:
+                    r.error_code = err
+                    continue
+                ts = lp.timestamp
+                if ts == EARLIEST_TIMESTAMP:
+                    r.offset = p.log_start_offset
+                    epoch = p.log.epoch_cache.epoch_for_offset(r.offset)
+                    r.leader_epoch = epoch if epoch is not None else -1
+                elif ts == LATEST_TIMESTAMP:
+                    r.offset = p.log_end_offset if to_leo else p.high_watermark
+                    r.leader_epoch = p.leader_epoch
+                elif ts >= 0:
+                    found = p.log.offset_for_timestamp(ts)
+                    limit = p.log_end_offset if to_leo else p.high_watermark
+                    if found is not None and found[0] < limit:
+                        r.offset, r.timestamp, r.leader_epoch = found[0], found[1], found[2]
+                else:
+                    r.error_code = ErrorCode.INVALID_REQUEST
+        return ListOffsetsResponse(topics=topics_out)
+
+    def offsets_for_leader_epoch(
+        self, request: OffsetForLeaderEpochRequest
+    ) -> OffsetForLeaderEpochResponse:
+        topics_out: list[OffsetForLeaderTopicResult] = []
+        for topic in request.topics:
+            parts: list[EpochEndOffsetResult] = []
+            topics_out.append(OffsetForLeaderTopicResult(topic=topic.topic, partitions=parts))
+            for op in topic.partitions:
+                r = EpochEndOffsetResult(partition=op.partition)
+                parts.append(r)
+                p, err = self._lookup(topic.topic, op.partition)
+                if p is None:
+                    r.error_code = err
+                    continue
+                err = p.check_leader_epoch(op.current_leader_epoch)
+                if err != ErrorCode.NONE:
+                    r.error_code = err
+                    continue
+                r.leader_epoch, r.end_offset = p.log.epoch_cache.end_offset_for(
+                    op.leader_epoch, p.log_end_offset
+                )
+        return OffsetForLeaderEpochResponse(topics=topics_out)
+
+    # ------------------------------------------------------------------ background
+
+    def start_background(self) -> None:
+        self._tasks = [
+            asyncio.create_task(
+                self._every(self.config.hw_checkpoint_interval_ms, self.checkpoint)
+            ),
+            asyncio.create_task(
+                self._every(self.config.flush_check_interval_ms, self._flush_by_time)
+            ),
+            asyncio.create_task(
+                self._every(self.config.retention_check_interval_ms, self._retention)
+            ),
+        ]
+
+    async def _every(self, interval_ms: int, job: Callable[[], object]) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                result = job()
+                if asyncio.iscoroutine(result):
+                    await result
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("background job %s failed", getattr(job, "__name__", job))
+
+    async def checkpoint(self) -> None:
+        """High watermarks, recovery points and log start offsets, written in a worker
+        thread (each file is replaced atomically with an fsync)."""
+        async with self._checkpoint_lock:
+            hws = {
+                tp: p.high_watermark
+                for tp, p in self.partitions.items()
+                if p.role is not Role.STOPPED
+            }
+            # Partitions not opened yet keep their last checkpointed value.
+            for tp, hw in self._checkpointed_hws.items():
+                hws.setdefault(tp, hw)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(
+                self._executor, self.log_manager.checkpoint_high_watermarks, hws
+            )
+            await loop.run_in_executor(
+                self._executor, self.log_manager.checkpoint_recovery_points_and_log_starts
+            )
+
+    async def flush_partition(self, p: Partition) -> None:
+        lock = self._flush_locks.setdefault(p.tp, asyncio.Lock())
+        async with lock:
+            if p.role is Role.STOPPED:
+                return
+            target = p.log_end_offset
+            if p.log.recovery_point >= target:
+                return  # a concurrent flush already covered it
+            await asyncio.get_running_loop().run_in_executor(self._executor, p.log.flush, target)
+
+    async def _flush_by_time(self) -> None:
+        ts = now_ms()
+        # Most topics have no flush.ms: look only at those that do.
+        for tp in list(self._timed_flush):
+            p = self.partitions.get(tp)
+            flush_ms = p.log.config.flush_ms if p is not None else None
+            if p is None or flush_ms is None or p.role is Role.STOPPED:
+                continue
+            if p.log.unflushed_messages > 0 and ts - p.log.last_flush_ms >= flush_ms:
+                await self.flush_partition(p)
+
+    def _retention(self) -> None:
+        ts = now_ms()
+        for p in list(self.partitions.values()):
+            if p.role is Role.STOPPED:
+                continue
+            before = p.log_start_offset
+            try:
+                p.log.delete_old_segments(high_watermark=p.high_watermark, now_ms=ts)
+            except (StorageError, OSError) as exc:
+                log.error("%s: retention failed: %s", p.name, exc)
+                continue
+            if p.log_start_offset != before:
+                p.on_log_start_moved()
+                log.info(
+                    "%s: retention moved the log start offset %d -> %d",
+                    p.name,
+                    before,
+                    p.log_start_offset,
+                )
+                self._notify(p.tp)
+
+    async def shutdown(self) -> None:
+        """Release waiting requests, stop background jobs, write the checkpoints."""
+        if self._closed:
+            return
+        self._closed = True
+        self.fetch_purgatory.close()
+        self.produce_purgatory.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for lock in list(self._flush_locks.values()):
+            async with lock:
+                pass
+        try:
+            await self.checkpoint()
+        except (StorageError, OSError) as exc:
+            log.error("final checkpoint failed: %s", exc)
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,396 @@
+"""The broker process: start-up and shutdown order, and the wiring between parts.
+
+Start-up:
+ 1. load and recover the logs of the data directory (LogManager.startup, in a thread);
+ 2. bind every listener (port 0 picks a free port) without accepting yet, so the
+    advertised addresses carry real ports and a busy port fails fast;
+ 3. register with the controller (bounded retry) -> broker epoch, cluster id (stored
+    in meta.properties on first start; another cluster's controller is refused);
+ 4. start heartbeats and follow the metadata log until caught up;
+ 5. publish the image: become leader / follower of the assigned partitions, then
+    delete local logs that are no longer assigned (topics deleted while down);
+ 6. accept connections, start the background jobs, wait until the controller
+    unfences this broker, and log `broker N started ...`.
+
+Shutdown (SIGTERM/SIGINT): stop accepting, ask the controller to move leaderships
+away (bounded), stop following metadata, drop connections, release waiting
+requests, checkpoint, LogManager.shutdown() (which writes the clean-shutdown marker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import io
+import logging
+import signal
+import uuid
+from collections.abc import Coroutine
+from typing import Any
+
+from broker.config import BrokerConfig
+from broker.controller_channel import ControllerChannel, ControllerError
+from broker.faults import NO_FAULTS, Faults
+from broker.handlers import Handlers
+from broker.metadata_image import MetadataDelta, MetadataImage
+from broker.network import ListenerServer
+from broker.replica_manager import ReplicaManager
+from broker.storage.errors import StorageError
+from broker.storage.log import LogConfig
+from broker.storage.log_manager import LogManager
+from broker.storage.meta_properties import MetaProperties
+from protocol.messages import FetchMetadataResponse, Listener
+
+log = logging.getLogger(__name__)
+
+
+def _dump_tasks() -> None:
+    """SIGUSR1: log where every task is waiting (for a broker that seems stuck)."""
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=8, file=out)
+    log.warning("SIGUSR1: %d tasks\n%s", len(asyncio.all_tasks()), out.getvalue())
+
+
+class StartupError(Exception):
+    """Start-up cannot go on; the message says what is wrong and what to do."""
+
+
+def base_log_config(config: BrokerConfig) -> LogConfig:
+    """The broker-wide defaults that topic configs override."""
+    return LogConfig(
+        segment_bytes=config.segment_bytes,
+        segment_ms=config.segment_ms,
+        retention_bytes=config.retention_bytes,
+        retention_ms=config.retention_ms,
+        flush_messages=config.flush_messages,
+        flush_ms=config.flush_ms,
+        max_message_bytes=config.max_message_bytes,
+    )
+
+
+def full_delta(image: MetadataImage) -> MetadataDelta:
+    """The whole image as one delta: what a broker does on its first catch-up."""
+    delta = MetadataDelta(brokers_changed=True)
+    for state in image.partitions():
+        delta.changed[state.tp] = state
+    for info in image.topics_by_id.values():
+        delta.topic_configs[info.name] = dict(info.configs)
+    return delta
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, *, faults: Faults = NO_FAULTS) -> None:
+        self.config = config
+        self.faults = faults
+        self.node_id = config.node_id
+        self.incarnation_id = uuid.uuid4().hex
+        self.image = MetadataImage()
+        self.log_manager: LogManager | None = None
+        self.replica_manager: ReplicaManager | None = None
+        self.controller: ControllerChannel | None = None
+        self.listeners: list[ListenerServer] = []
+        self.started = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.exit_code = 0
+        self._image_updated = asyncio.Condition()
+        self._metadata_lock = asyncio.Lock()
+        self._published = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._meta: MetaProperties | None = None
+        self._logs_loaded = False
+
+    # ------------------------------------------------------------------ start-up
+
+    async def start(self) -> None:
+        config = self.config
+        try:
+            config.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot create --data-dir {config.data_dir}: {exc.strerror}; "
+                "choose a writable directory"
+            ) from exc
+        self._meta = self._read_meta_properties()
+        await self._load_logs()
+        try:
+            # Claim the directory for this node id (the lock is held from here on).
+            self._meta = MetaProperties.check_or_write(config.data_dir, node_id=self.node_id)
+        except (StorageError, OSError) as exc:
+            raise StartupError(str(exc)) from exc
+        await self._bind_listeners()
+        assert self.log_manager is not None
+        self.controller = ControllerChannel(
+            self.config,
+            incarnation_id=self.incarnation_id,
+            metadata_offset=lambda: self.image.offset,
+            faults=self.faults,
+        )
+        advertised = self.config.advertised()
+        listeners = [Listener(name=s.name, host=s.host, port=s.port) for s in advertised.values()]
+        try:
+            await self.controller.register(
+                cluster_id=self._meta.cluster_id if self._meta else None,
+                listeners=listeners,
+                clean_shutdown=bool(self.log_manager.had_clean_shutdown),
+                timeout_s=config.controller_connect_timeout_ms / 1000,
+            )
+        except ControllerError as exc:
+            raise StartupError(str(exc)) from exc
+        self._store_cluster_id(self.controller.cluster_id)
+        self._spawn(self.controller.heartbeat_loop(), "heartbeats")
+        self._spawn(self.controller.metadata_loop(self._on_metadata), "metadata")
+        timeout_s = config.controller_connect_timeout_ms / 1000
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.controller.caught_up.wait()
+        except TimeoutError:
+            raise StartupError(
+                f"could not catch up with the metadata log of the controller at "
+                f"{self.controller.controller_address} within {timeout_s:.0f}s; "
+                "check that the controller is healthy"
+            ) from None
+        await self._publish()
+        for server in self.listeners:
+            await server.start_serving()
+        assert self.replica_manager is not None
+        self.replica_manager.start_background()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.controller.unfenced.wait()
+        except TimeoutError:
+            raise StartupError(
+                f"the controller at {self.controller.controller_address} did not unfence "
+                f"broker {self.node_id} within {timeout_s:.0f}s; check the controller's log"
+            ) from None
+        listener_text = ", ".join(str(s) for s in self.config.listeners)
+        advertised_text = ", ".join(str(s) for s in advertised.values())
+        log.info(
+            "broker %d started: listeners %s (advertised %s), broker epoch %d, cluster %s, "
+            "metadata offset %d, %d partitions",
+            self.node_id,
+            listener_text,
+            advertised_text,
+            self.controller.broker_epoch,
+            self.controller.cluster_id,
+            self.image.offset,
+            len(self.replica_manager.partitions),
+        )
+        self.started.set()
+
+    def _read_meta_properties(self) -> MetaProperties | None:
+        try:
+            meta = MetaProperties.read(self.config.data_dir)
+        except StorageError as exc:
+            raise StartupError(f"{exc}") from exc
+        if meta is not None and meta.node_id != self.node_id:
+            raise StartupError(
+                f"{self.config.data_dir} belongs to broker {meta.node_id}, not {self.node_id}; "
+                "use that node id or another --data-dir"
+            )
+        return meta
+
+    def _store_cluster_id(self, cluster_id: str | None) -> None:
+        if not cluster_id or (self._meta is not None and self._meta.cluster_id == cluster_id):
+            return
+        if self._meta is not None and self._meta.cluster_id:
+            raise StartupError(
+                f"cluster id mismatch: {self.config.data_dir} belongs to cluster "
+                f"{self._meta.cluster_id} but the controller at "
+                f"{self.config.controller[0]}:{self.config.controller[1]} serves cluster "
+                f"{cluster_id}; point --controller at the right cluster or use an empty "
+                "--data-dir"
+            )
+        try:
+            self._meta = MetaProperties.check_or_write(
+                self.config.data_dir, node_id=self.node_id, cluster_id=cluster_id
+            )
+        except (StorageError, OSError) as exc:
+            raise StartupError(f"cannot record the cluster id: {exc}") from exc
+
+    async def _load_logs(self) -> None:
+        self.log_manager = LogManager(self.config.data_dir, base_log_config(self.config))
+        try:
+            loaded = await asyncio.to_thread(self.log_manager.startup)
+            hws = self.log_manager.read_high_watermarks()
+        except StorageError as exc:
+            raise StartupError(f"cannot load the logs in {self.config.data_dir}: {exc}") from exc
+        self._logs_loaded = True
+        log.info(
+            "loaded %d logs from %s (%s shutdown)",
+            len(loaded),
+            self.config.data_dir,
+            "clean" if self.log_manager.had_clean_shutdown else "unclean",
+        )
+        self.replica_manager = ReplicaManager(
+            self.config,
+            self.log_manager,
+            self.image,
+            base_log_config=base_log_config(self.config),
+            checkpointed_high_watermarks=hws,
+        )
+
+    async def _bind_listeners(self) -> None:
+        assert self.replica_manager is not None
+        assert self.controller is None
+        # Handlers need the controller channel; it exists before any request is accepted.
+        bound: dict[str, int] = {}
+        for spec in self.config.listeners:
+            server = ListenerServer(
+                spec.name,
+                spec.host,
+                spec.port,
+                {},
+                max_in_flight=self.config.max_in_flight_per_connection,
+                max_frame_bytes=self.config.max_frame_bytes,
+                max_connections=self.config.max_connections,
+                faults=self.faults,
+            )
+            try:
+                bound[spec.name] = await server.bind()
+            except OSError as exc:
+                why = "port in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+                raise StartupError(
+                    f"cannot listen on {spec}: {why}; choose another port in --listeners "
+                    "or stop the process that holds it"
+                ) from exc
+            self.listeners.append(server)
+        self.config = self.config.with_bound_ports(bound)
+
+    def _install_handlers(self) -> None:
+        assert self.replica_manager is not None and self.controller is not None
+        handlers = Handlers(
+            node_id=self.node_id,
+            image=self.image,
+            replica_manager=self.replica_manager,
+            controller=self.controller,
+            image_updated=self._image_updated,
+            max_forward_wait_s=self.config.request_timeout_ms / 1000,
+        )
+        table = handlers.table()
+        for server in self.listeners:
+            server.handlers.update(table)
+
+    # ------------------------------------------------------------------ metadata
+
+    async def _on_metadata(self, resp: FetchMetadataResponse) -> None:
+        async with self._metadata_lock:
+            delta = self.image.apply(
+                resp.entries, is_snapshot=resp.is_snapshot, next_offset=resp.next_offset
+            )
+            if resp.cluster_id:
+                self.image.cluster_id = resp.cluster_id
+            if self._published:
+                assert self.replica_manager is not None
+                await self.replica_manager.apply_delta(delta)
+        async with self._image_updated:
+            self._image_updated.notify_all()
+
+    async def _publish(self) -> None:
+        assert self.replica_manager is not None
+        async with self._metadata_lock:
+            await self.replica_manager.apply_delta(full_delta(self.image))
+            await self.replica_manager.delete_stray_logs()
+            self._published = True
+        self._install_handlers()
+
+    # ------------------------------------------------------------------ running
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error(
+                "%s loop failed: %s: %s; shutting down",
+                task.get_name(),
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+            self.exit_code = 1
+            self.stopping.set()
+
+    def request_stop(self, signame: str = "") -> None:
+        if self.stopping.is_set():
+            return
+        if signame:
+            log.info("received %s: shutting down", signame)
+        self.stopping.set()
+
+    async def run(self) -> int:
+        """Start, serve until SIGTERM/SIGINT (or a fatal error), stop. Exit code."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop, sig.name)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
+        start = asyncio.create_task(self.start(), name="start")
+        stop_wait = asyncio.create_task(self.stopping.wait())
+        await asyncio.wait({start, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not start.done():
+            start.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await start
+            log.info("start-up interrupted")
+            await self.stop(controlled=False)
+            stop_wait.cancel()
+            return self.exit_code
+        stop_wait.cancel()
+        exc = start.exception()
+        if exc is not None:
+            await self.stop(controlled=False)
+            if isinstance(exc, StartupError):
+                raise exc
+            raise exc
+        await self.stopping.wait()
+        await self.stop(controlled=True)
+        return self.exit_code
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def stop(self, *, controlled: bool = True) -> None:
+        for server in self.listeners:
+            server.stop_accepting()
+        channel = self.controller
+        heartbeats = [t for t in self._tasks if t.get_name() == "heartbeats"]
+        for task in heartbeats:
+            task.cancel()
+        if controlled and channel is not None and channel.broker_epoch >= 0:
+            timeout_s = self.config.controlled_shutdown_timeout_ms / 1000
+            log.info("controlled shutdown: asking the controller to move leaderships away")
+            ok = await channel.controlled_shutdown(timeout_s)
+            if ok:
+                log.info("controlled shutdown acknowledged by the controller")
+            else:
+                log.warning(
+                    "controlled shutdown not acknowledged within %.1fs; stopping anyway",
+                    timeout_s,
+                )
+        if channel is not None:
+            channel.stop_loops()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for server in self.listeners:
+            await server.close()
+        if self.replica_manager is not None:
+            await self.replica_manager.shutdown()
+        if self.log_manager is not None and self._logs_loaded:
+            try:
+                await asyncio.to_thread(self.log_manager.shutdown)
+            except (StorageError, OSError) as exc:
+                log.error("log shutdown failed: %s", exc)
+                self.exit_code = self.exit_code or 1
+        if channel is not None:
+            await channel.close()
+        log.info("broker %d stopped", self.node_id)

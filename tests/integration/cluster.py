@@ -1,0 +1,304 @@
+"""Start real controller and broker processes for integration tests, the way a user
+does (`python -m controller`, `python -m broker` with flags), on 127.0.0.1 in a temp
+directory, and talk to them over real sockets.
+
+- every process writes its log to `<tmp>/<name>.log` (appended across restarts);
+- readiness is a log line (`controller N listening on H:P`, `broker N started ...`),
+  polled with a bounded timeout; a process that exits early fails the wait with the
+  tail of its log;
+- `Cluster.stop_all()` (call it in a `finally`, the `cluster` fixtures do) terminates
+  everything and SIGKILLs what does not exit in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from protocol.connection import ClientConnection, Response
+from protocol.errors import ErrorCode
+from protocol.messages import Message
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+_CONTROLLER_READY = re.compile(r"controller (\d+) listening on ([\w.:-]+):(\d+)")
+_BROKER_READY = re.compile(r"broker (\d+) started: listeners \w+://([\w.-]+):(\d+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Process:
+    name: str
+    args: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    popen: subprocess.Popen[bytes] | None = None
+    _log_start: int = 0
+
+    def start(self) -> None:
+        assert self.popen is None or self.popen.poll() is not None, f"{self.name} is running"
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as out:
+            self.popen = subprocess.Popen(
+                self.args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+            )
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def log_text(self, *, since_start: bool = True) -> str:
+        if not self.log_path.exists():
+            return ""
+        data = self.log_path.read_bytes()
+        return data[self._log_start if since_start else 0 :].decode(errors="replace")
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def wait_for(
+        self, pattern: re.Pattern[str] | str, timeout: float = START_TIMEOUT_S
+    ) -> re.Match[str]:
+        """Poll this run's log until `pattern` appears."""
+        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        deadline = time.monotonic() + timeout
+        while True:
+            match = regex.search(self.log_text())
+            if match:
+                return match
+            if not self.alive:
+                raise AssertionError(
+                    f"{self.name} exited with {self.popen.returncode if self.popen else None} "
+                    f"before logging {regex.pattern!r}:\n{self.tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{self.name} did not log {regex.pattern!r} within {timeout}s:\n{self.tail()}"
+                )
+            time.sleep(0.05)
+
+    def wait_exit(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        assert self.popen is not None
+        return self.popen.wait(timeout)
+
+    def terminate(self, timeout: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM and wait; SIGKILL if it does not exit in time. The exit code."""
+        if self.popen is None:
+            return None
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                return self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        """kill -9."""
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(STOP_TIMEOUT_S)
+
+
+@dataclass
+class ControllerProcess(Process):
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass
+class BrokerProcess(Process):
+    node_id: int = 0
+    data_dir: Path = Path()
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+
+class Cluster:
+    """One controller and any number of brokers under `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.controller: ControllerProcess | None = None
+        self.brokers: dict[int, BrokerProcess] = {}
+
+    def start_controller(self, *extra: str, session_timeout_ms: int = 3000) -> ControllerProcess:
+        port = self.controller.port if self.controller is not None else 0
+        proc = ControllerProcess(
+            name="controller",
+            args=[
+                sys.executable,
+                "-m",
+                "controller",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--data-dir",
+                str(self.root / "controller"),
+                "--session-timeout-ms",
+                str(session_timeout_ms),
+                *extra,
+            ],
+            log_path=self.root / "controller.log",
+        )
+        proc.start()
+        self.controller = proc
+        match = proc.wait_for(_CONTROLLER_READY)
+        proc.host, proc.port = match[2], int(match[3])
+        return proc
+
+    def broker_args(self, node_id: int, port: int, *extra: str) -> list[str]:
+        assert self.controller is not None, "start the controller first"
+        return [
+            sys.executable,
+            "-m",
+            "broker",
+            "--node-id",
+            str(node_id),
+            "--listeners",
+            f"PLAINTEXT://127.0.0.1:{port}",
+            "--controller",
+            self.controller.address,
+            "--data-dir",
+            str(self.root / f"broker-{node_id}"),
+            "--heartbeat-interval-ms",
+            "200",
+            "--controller-connect-timeout-ms",
+            "20000",
+            *extra,
+        ]
+
+    def start_broker(self, node_id: int, *extra: str, wait: bool = True) -> BrokerProcess:
+        """Start (or restart, on the same port and data dir) broker `node_id`."""
+        old = self.brokers.get(node_id)
+        port = old.port if old is not None else 0
+        proc = BrokerProcess(
+            name=f"broker-{node_id}",
+            args=self.broker_args(node_id, port, *extra),
+            log_path=self.root / f"broker-{node_id}.log",
+            node_id=node_id,
+            data_dir=self.root / f"broker-{node_id}",
+            port=port,
+        )
+        proc.start()
+        self.brokers[node_id] = proc
+        if wait:
+            match = proc.wait_for(_BROKER_READY)
+            proc.host, proc.port = match[2], int(match[3])
+        return proc
+
+    def stop_all(self) -> None:
+        """Brokers first (their controlled shutdown needs the controller), then the
+        controller; whatever does not exit in time is killed."""
+        groups: list[list[Process]] = [list(self.brokers.values())]
+        if self.controller is not None:
+            groups.append([self.controller])
+        for procs in groups:
+            for proc in procs:
+                if proc.alive:
+                    assert proc.popen is not None
+                    proc.popen.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            for proc in procs:
+                if proc.popen is None:
+                    continue
+                try:
+                    proc.popen.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+class TestClient:
+    """A raw protocol client: one connection, pipelining allowed."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.conn = ClientConnection("integration-test")
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self._ready: dict[int, Response] = {}
+
+    async def __aenter__(self) -> TestClient:
+        self.reader, self.writer = await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.port), 5
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await self.writer.wait_closed()
+
+    def send(self, body: Message, *, api_version: int | None = None) -> int:
+        assert self.writer is not None
+        correlation_id, data = self.conn.send_request(body, api_version=api_version)
+        self.writer.write(data)
+        return correlation_id
+
+    async def receive(self, correlation_id: int, timeout: float = 10.0) -> Response:
+        assert self.reader is not None
+        deadline = time.monotonic() + timeout
+        while correlation_id not in self._ready:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no response to correlation id {correlation_id}")
+            data = await asyncio.wait_for(self.reader.read(1 << 20), remaining)
+            if not data:
+                raise ConnectionError("the broker closed the connection")
+            for response in self.conn.receive_data(data):
+                self._ready[response.correlation_id] = response
+        return self._ready.pop(correlation_id)
+
+    async def request(
+        self, body: Message, *, api_version: int | None = None, timeout: float = 10.0
+    ) -> Response:
+        return await self.receive(self.send(body, api_version=api_version), timeout)
+
+    async def call(self, body: Message, *, timeout: float = 10.0) -> Message:
+        """A request that must succeed at the header level; returns the body."""
+        response = await self.request(body, timeout=timeout)
+        assert response.error_code == ErrorCode.NONE, (
+            f"{type(body).__name__}: {response.error_code.name} {response.error_message}"
+        )
+        assert response.body is not None
+        return response.body

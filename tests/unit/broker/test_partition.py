@@ -1,0 +1,79 @@
+"""Partition: the leader-epoch check matrix and the high-watermark invariants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.metadata_image import PartitionState
+from broker.partition import Partition, Role
+from broker.storage.log import Log, LogConfig
+from protocol.errors import ErrorCode
+from protocol.record_batch import encode_batch
+
+
+def state(leader: int, epoch: int, *, replicas=(1, 2), isr=(1, 2), pe: int | None = None):
+    return PartitionState(
+        topic="t",
+        topic_id="T",
+        partition=0,
+        replicas=tuple(replicas),
+        isr=tuple(isr),
+        leader=leader,
+        leader_epoch=epoch,
+        partition_epoch=epoch if pe is None else pe,
+    )
+
+
+@pytest.fixture
+def partition(tmp_path: Path):
+    log = Log.open(tmp_path / "t-0", LogConfig(), had_clean_shutdown=True)
+    p = Partition("t", 0, "T", log, node_id=1, high_watermark=99)
+    yield p
+    log.close()
+
+
+def test_checkpointed_hw_is_capped_by_the_log(partition: Partition) -> None:
+    assert partition.high_watermark == 0
+
+
+def test_epoch_checks(partition: Partition) -> None:
+    p = partition
+    assert p.check_leader_epoch(-1) == ErrorCode.NOT_LEADER_OR_FOLLOWER  # offline
+    p.make_leader(state(1, 5), now_ms=0)
+    assert p.check_leader_epoch(-1) == ErrorCode.NONE
+    assert p.check_leader_epoch(5) == ErrorCode.NONE
+    assert p.check_leader_epoch(4) == ErrorCode.FENCED_LEADER_EPOCH
+    assert p.check_leader_epoch(6) == ErrorCode.UNKNOWN_LEADER_EPOCH
+    p.make_follower(state(2, 6))
+    assert p.check_leader_epoch(6) == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert p.check_leader_epoch(6, require_leader=False) == ErrorCode.NONE
+    assert p.check_leader_epoch(5) == ErrorCode.FENCED_LEADER_EPOCH
+    p.stop()
+    assert p.check_leader_epoch(-1) == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert p.role is Role.STOPPED
+
+
+def test_epochs_never_go_back(partition: Partition) -> None:
+    partition.make_leader(state(1, 5), now_ms=0)
+    with pytest.raises(AssertionError):
+        partition.make_follower(state(2, 4))
+
+
+def test_high_watermark_is_min_leo_over_the_isr(partition: Partition) -> None:
+    p = partition
+    p.make_leader(state(1, 0), now_ms=0)
+    for _ in range(3):
+        p.append_as_leader(encode_batch([(None, b"v")]))
+    assert p.high_watermark == 0  # follower 2 has not fetched in this epoch
+    assert p.update_follower_fetch_state(2, 10, 2, now_ms=1)
+    assert p.high_watermark == 2
+    assert not p.update_follower_fetch_state(2, 10, 1, now_ms=2)  # never back
+    assert p.high_watermark == 2
+    with pytest.raises(AssertionError):
+        p._set_high_watermark(1)
+    # The ISR shrinks to the leader alone: HW = LEO.
+    p.make_leader(state(1, 0, isr=(1,), pe=1), now_ms=3)
+    assert p.high_watermark == 3
+    assert p.replica_states[2].log_end_offset == 1  # kept within the same term

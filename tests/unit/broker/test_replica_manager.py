@@ -1,0 +1,489 @@
+"""ReplicaManager over a real storage engine: the leader-side rules of CONTRACT.md."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from broker_harness import Harness, batch
+
+from broker.partition import Role
+from protocol.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    FetchPartition,
+    FetchRequest,
+    FetchTopic,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsTopic,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderPartition,
+    OffsetForLeaderTopic,
+    ProducePartition,
+    ProduceRequest,
+    ProduceTopic,
+)
+from protocol.record_batch import iter_headers, iter_records
+
+
+def produce_req(
+    topic: str,
+    records: bytes,
+    *,
+    index: int = 0,
+    acks: int = 1,
+    epoch: int = -1,
+    timeout_ms: int = 1000,
+) -> ProduceRequest:
+    return ProduceRequest(
+        acks=acks,
+        timeout_ms=timeout_ms,
+        topics=[
+            ProduceTopic(
+                name=topic,
+                partitions=[
+                    ProducePartition(index=index, current_leader_epoch=epoch, records=records)
+                ],
+            )
+        ],
+    )
+
+
+async def produce(h: Harness, topic: str, records: bytes, **kw: object):
+    resp = await h.rm.produce(produce_req(topic, records, **kw))  # type: ignore[arg-type]
+    return resp.topics[0].partitions[0]
+
+
+def fetch_req(
+    topic: str,
+    offset: int,
+    *,
+    index: int = 0,
+    epoch: int = -1,
+    last_epoch: int = -1,
+    replica_id: int = -1,
+    max_wait_ms: int = 0,
+    min_bytes: int = 1,
+    max_bytes: int = 1 << 20,
+    partition_max_bytes: int = 1 << 20,
+) -> FetchRequest:
+    return FetchRequest(
+        replica_id=replica_id,
+        max_wait_ms=max_wait_ms,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        topics=[
+            FetchTopic(
+                topic=topic,
+                partitions=[
+                    FetchPartition(
+                        partition=index,
+                        current_leader_epoch=epoch,
+                        fetch_offset=offset,
+                        last_fetched_epoch=last_epoch,
+                        partition_max_bytes=partition_max_bytes,
+                    )
+                ],
+            )
+        ],
+    )
+
+
+async def fetch(h: Harness, topic: str, offset: int, **kw: object):
+    resp = await h.rm.fetch(fetch_req(topic, offset, **kw))  # type: ignore[arg-type]
+    return resp.responses[0].partitions[0]
+
+
+def list_offsets(h: Harness, topic: str, ts: int, *, epoch: int = -1):
+    resp = h.rm.list_offsets(
+        ListOffsetsRequest(
+            topics=[
+                ListOffsetsTopic(
+                    name=topic,
+                    partitions=[
+                        ListOffsetsPartition(
+                            partition_index=0, current_leader_epoch=epoch, timestamp=ts
+                        )
+                    ],
+                )
+            ]
+        )
+    )
+    return resp.topics[0].partitions[0]
+
+
+def ofle(h: Harness, topic: str, leader_epoch: int, *, epoch: int = -1):
+    resp = h.rm.offsets_for_leader_epoch(
+        OffsetForLeaderEpochRequest(
+            topics=[
+                OffsetForLeaderTopic(
+                    topic=topic,
+                    partitions=[
+                        OffsetForLeaderPartition(
+                            partition=0, current_leader_epoch=epoch, leader_epoch=leader_epoch
+                        )
+                    ],
+                )
+            ]
+        )
+    )
+    return resp.topics[0].partitions[0]
+
+
+async def test_produce_then_fetch_stamps_offsets_and_epoch(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("t")
+    await h.set_partition("t", 0, leader=1, leader_epoch=3)
+    r1 = await produce(h, "t", batch(b"a", b"b"))
+    r2 = await produce(h, "t", batch(b"c"), epoch=3)
+    assert (r1.error_code, r1.base_offset, r2.base_offset) == (0, 0, 2)
+    assert r1.current_leader.leader_id == 1 and r1.current_leader.leader_epoch == 3
+    f = await fetch(h, "t", 0)
+    assert f.error_code == 0 and f.high_watermark == 3 and f.log_start_offset == 0
+    headers = [hd for _, hd in iter_headers(f.records)]
+    assert [(hd.base_offset, hd.partition_leader_epoch) for hd in headers] == [(0, 3), (2, 3)]
+    values = [rec.value for _, rec in iter_records(f.records)]
+    assert values == [b"a", b"b", b"c"]
+    # Epoch 0 wrote nothing, so its entry gave way to epoch 3 at the same offset.
+    assert h.rm.partitions[("t", 0)].log.epoch_cache.entries == [(3, 0)]
+
+
+@pytest.mark.parametrize(
+    ("client_epoch", "expected"),
+    [
+        (-1, ErrorCode.NONE),
+        (2, ErrorCode.NONE),
+        (1, ErrorCode.FENCED_LEADER_EPOCH),
+        (3, ErrorCode.UNKNOWN_LEADER_EPOCH),
+    ],
+)
+async def test_current_leader_epoch_checks(harness: Harness, client_epoch: int, expected) -> None:
+    h = harness
+    await h.create_topic("t")
+    await h.set_partition("t", 0, leader=1, leader_epoch=2)
+    await produce(h, "t", batch(b"x"))
+    assert (await produce(h, "t", batch(b"y"), epoch=client_epoch)).error_code == expected
+    assert (await fetch(h, "t", 0, epoch=client_epoch)).error_code == expected
+    assert list_offsets(h, "t", LATEST_TIMESTAMP, epoch=client_epoch).error_code == expected
+    assert ofle(h, "t", 2, epoch=client_epoch).error_code == expected
+
+
+async def test_not_leader_unknown_and_follower(harness: Harness) -> None:
+    h = harness
+    r = await produce(h, "nope", batch(b"x"))
+    assert r.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    await h.create_topic("elsewhere", leader=2, replicas=[2])
+    r = await produce(h, "elsewhere", batch(b"x"))
+    assert r.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert (r.current_leader.leader_id, r.current_leader.leader_epoch) == (2, 0)
+    assert ("elsewhere", 0) not in h.rm.partitions
+    await h.create_topic("f", leader=2, replicas=[2, 1])
+    assert h.rm.partitions[("f", 0)].role is Role.FOLLOWER
+    assert (await produce(h, "f", batch(b"x"))).error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert (await fetch(h, "f", 0)).error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    # A client that already knows a newer epoch than this replica: UNKNOWN, not NOT_LEADER.
+    assert (await fetch(h, "f", 0, epoch=5)).error_code == ErrorCode.UNKNOWN_LEADER_EPOCH
+    await h.create_topic("off", leader=-1, replicas=[1])
+    assert h.rm.partitions[("off", 0)].role is Role.OFFLINE
+    assert (await produce(h, "off", batch(b"x"))).error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+async def test_produce_validation(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("t", configs={"max.message.bytes": "200"})
+    bad = bytearray(batch(b"hello"))
+    bad[-1] ^= 0xFF
+    r = await produce(h, "t", bytes(bad))
+    assert r.error_code == ErrorCode.CORRUPT_MESSAGE and "CRC" in r.error_message
+    r = await produce(h, "t", b"\x00" * 10)
+    assert r.error_code == ErrorCode.CORRUPT_MESSAGE and r.error_message
+    r = await produce(h, "t", batch(b"x" * 500))
+    assert r.error_code == ErrorCode.MESSAGE_TOO_LARGE and "max.message.bytes" in r.error_message
+    r = await produce(h, "t", batch(b"ok"), acks=2)
+    assert r.error_code == ErrorCode.INVALID_REQUIRED_ACKS
+    assert h.rm.partitions[("t", 0)].log_end_offset == 0  # nothing was appended
+    r = await produce(h, "t", batch(b"ok"), acks=0)
+    assert r.error_code == 0 and r.base_offset == 0
+
+
+async def test_acks_all(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("one")
+    r = await produce(h, "one", batch(b"x"), acks=-1)
+    assert r.error_code == 0 and r.base_offset == 0
+    # ISR with a follower that never fetches: the HW cannot pass the batch.
+    await h.create_topic("two", replicas=[1, 2])
+    start = time.monotonic()
+    r = await produce(h, "two", batch(b"x"), acks=-1, timeout_ms=100)
+    assert r.error_code == ErrorCode.REQUEST_TIMED_OUT
+    assert time.monotonic() - start < 2
+    # min.insync.replicas larger than the ISR: refused before appending.
+    await h.create_topic("strict", replicas=[1], configs={"min.insync.replicas": "2"})
+    r = await produce(h, "strict", batch(b"x"), acks=-1)
+    assert r.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
+    assert (await produce(h, "strict", batch(b"x"), acks=1)).error_code == 0
+
+
+async def test_acks_all_completes_when_the_follower_catches_up(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("two", replicas=[1, 2])
+    task = asyncio.create_task(produce(h, "two", batch(b"x"), acks=-1, timeout_ms=5000))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    # The follower fetches past the batch: HW moves, the produce completes.
+    f = await fetch(h, "two", 1, replica_id=2)
+    assert f.error_code == 0 and f.high_watermark == 1
+    r = await asyncio.wait_for(task, 2)
+    assert r.error_code == 0
+
+
+async def test_acks_all_fails_when_leadership_moves(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("two", replicas=[1, 2])
+    task = asyncio.create_task(produce(h, "two", batch(b"x"), acks=-1, timeout_ms=5000))
+    await asyncio.sleep(0.05)
+    await h.set_partition("two", 0, leader=2, leader_epoch=1, replicas=[1, 2])
+    r = await asyncio.wait_for(task, 2)
+    assert r.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert r.current_leader.leader_id == 2
+
+
+async def test_consumers_read_below_the_high_watermark(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("two", replicas=[1, 2])
+    await produce(h, "two", batch(b"a"), acks=1)
+    await produce(h, "two", batch(b"b"), acks=1)
+    f = await fetch(h, "two", 0)
+    assert f.high_watermark == 0 and f.records == b""
+    f = await fetch(h, "two", 0, replica_id=2)  # followers read to the LEO
+    assert len(list(iter_headers(f.records))) == 2
+    await fetch(h, "two", 1, replica_id=2)  # the follower holds offset 0 now
+    f = await fetch(h, "two", 0)
+    assert f.high_watermark == 1
+    assert [hd.base_offset for _, hd in iter_headers(f.records)] == [0]
+    assert list_offsets(h, "two", LATEST_TIMESTAMP).offset == 1
+
+
+async def test_fetch_long_poll_wakes_on_append(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("t")
+    start = time.monotonic()
+    task = asyncio.create_task(fetch(h, "t", 0, max_wait_ms=5000))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    await produce(h, "t", batch(b"late"))
+    f = await asyncio.wait_for(task, 2)
+    assert [rec.value for _, rec in iter_records(f.records)] == [b"late"]
+    assert time.monotonic() - start < 2
+    # Nothing arrives: the wait ends at max_wait_ms with no records.
+    start = time.monotonic()
+    f = await fetch(h, "t", 1, max_wait_ms=100)
+    assert f.error_code == 0 and f.records == b""
+    assert 0.09 < time.monotonic() - start < 2
+
+
+async def test_fetch_long_poll_min_bytes(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("t")
+    task = asyncio.create_task(fetch(h, "t", 0, max_wait_ms=5000, min_bytes=500))
+    await produce(h, "t", batch(b"x"))  # ~70 bytes: not enough
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    await produce(h, "t", batch(b"y" * 600))
+    f = await asyncio.wait_for(task, 2)
+    assert len(list(iter_headers(f.records))) == 2
+
+
+async def test_fetch_long_poll_answers_on_leadership_change(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("t")
+    task = asyncio.create_task(fetch(h, "t", 0, max_wait_ms=5000))
+    await asyncio.sleep(0.05)
+    await h.set_partition("t", 0, leader=2, leader_epoch=1, replicas=[1, 2])
+    f = await asyncio.wait_for(task, 2)
+    assert f.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert f.current_leader.leader_id == 2
+
+
+async def test_fetch_size_limits_keep_one_whole_batch(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("t", partitions=2)
+    for i in range(3):
+        for index in (0, 1):
+            await h.rm.produce(produce_req("t", batch(bytes([65 + i]) * 100), index=index))
+    req = fetch_req("t", 0, partition_max_bytes=10, max_bytes=10)
+    req.topics[0].partitions.append(
+        FetchPartition(partition=1, fetch_offset=0, partition_max_bytes=10)
+    )
+    resp = await h.rm.fetch(req)
+    p0, p1 = resp.responses[0].partitions
+    assert len(list(iter_headers(p0.records))) == 1  # over the limit, but one batch
+    assert p1.records == b"" and p1.error_code == 0 and p1.high_watermark == 3
+    one = len(p0.records)
+    req = fetch_req("t", 0, max_bytes=one * 2 + 1)
+    req.topics[0].partitions.append(FetchPartition(partition=1, fetch_offset=0))
+    resp = await h.rm.fetch(req)
+    p0, p1 = resp.responses[0].partitions
+    assert len(p0.records) + len(p1.records) <= one * 2 + 1
+    assert len(list(iter_headers(p0.records))) == 2
+
+
+async def test_fetch_out_of_range(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("t")
+    await produce(h, "t", batch(b"a"))
+    assert (await fetch(h, "t", 1)).error_code == 0  # the LEO itself is fine
+    f = await fetch(h, "t", 2)
+    assert f.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert (f.high_watermark, f.log_start_offset) == (1, 0)
+    assert (await fetch(h, "t", -1)).error_code == ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+async def test_diverging_epoch(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("t")  # epoch 0
+    await produce(h, "t", batch(b"a", b"b"))  # offsets 0-1 in epoch 0
+    await h.set_partition("t", 0, leader=1, leader_epoch=2)
+    await produce(h, "t", batch(b"c"))  # offset 2 in epoch 2
+    # A fetcher that read epoch 1 up to offset 3 (a divergent lineage).
+    f = await fetch(h, "t", 3, last_epoch=1)
+    assert (f.diverging_epoch.epoch, f.diverging_epoch.end_offset) == (0, 2)
+    assert f.records == b""
+    # Same epoch but past its end.
+    f = await fetch(h, "t", 3, last_epoch=0)
+    assert (f.diverging_epoch.epoch, f.diverging_epoch.end_offset) == (0, 2)
+    # Consistent: no divergence.
+    f = await fetch(h, "t", 2, last_epoch=0)
+    assert f.diverging_epoch.epoch == -1 and f.records
+    f = await fetch(h, "t", 3, last_epoch=2)
+    assert f.diverging_epoch.epoch == -1 and f.error_code == 0
+
+
+async def test_list_offsets_and_offsets_for_leader_epoch(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("t")
+    await produce(h, "t", batch(b"a", timestamp=1000))
+    await produce(h, "t", batch(b"b", timestamp=2000))
+    await h.set_partition("t", 0, leader=1, leader_epoch=4)
+    await produce(h, "t", batch(b"c", timestamp=3000))
+    earliest = list_offsets(h, "t", EARLIEST_TIMESTAMP)
+    assert (earliest.offset, earliest.leader_epoch) == (0, 0)
+    latest = list_offsets(h, "t", LATEST_TIMESTAMP, epoch=4)
+    assert (latest.offset, latest.leader_epoch) == (3, 4)
+    by_ts = list_offsets(h, "t", 1500)
+    assert (by_ts.offset, by_ts.timestamp, by_ts.leader_epoch) == (1, 2000, 0)
+    by_ts = list_offsets(h, "t", 2500)
+    assert (by_ts.offset, by_ts.timestamp, by_ts.leader_epoch) == (2, 3000, 4)
+    assert list_offsets(h, "t", 99_999).offset == -1
+    assert list_offsets(h, "t", -7).error_code == ErrorCode.INVALID_REQUEST
+    r = ofle(h, "t", 0, epoch=4)
+    assert (r.error_code, r.leader_epoch, r.end_offset) == (0, 0, 2)
+    r = ofle(h, "t", 4)
+    assert (r.leader_epoch, r.end_offset) == (4, 3)
+    r = ofle(h, "t", 2)  # unknown epoch between: the largest known below it
+    assert (r.leader_epoch, r.end_offset) == (0, 2)
+
+
+async def test_leader_epoch_checkpoint_lists_each_term(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("t")
+    await produce(h, "t", batch(b"a"))
+    await h.set_partition("t", 0, leader=1, leader_epoch=1)
+    # The same epoch again (an ISR change only) adds nothing.
+    await h.set_partition("t", 0, leader=1, leader_epoch=1, partition_epoch=2)
+    await produce(h, "t", batch(b"b"))
+    path = h.rm.partitions[("t", 0)].log.dir / "leader-epoch-checkpoint"
+    assert path.read_text() == "0\n2\n0 0\n1 1\n"
+
+
+async def test_delete_topic_and_recreate(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("t")
+    await produce(h, "t", batch(b"old"))
+    log_dir = h.rm.partitions[("t", 0)].log.dir
+    await h.delete_topic("t")
+    assert ("t", 0) not in h.rm.partitions
+    assert not log_dir.exists()
+    await h.create_topic("t", topic_id="new-id")
+    assert h.rm.partitions[("t", 0)].log_end_offset == 0
+    assert (await produce(h, "t", batch(b"new"))).base_offset == 0
+
+
+async def test_stray_logs_are_deleted(harness: Harness) -> None:
+    h = harness
+    h.log_manager.get_or_create_log(("gone", 0))
+    h.log_manager.get_or_create_log(("gone", 1))
+    await h.create_topic("kept")
+    await h.rm.delete_stray_logs()
+    assert sorted(lg.topic_partition for lg in h.log_manager.all_logs()) == [("kept", 0)]
+    assert not (h.config.data_dir / "gone-0").exists()
+
+
+async def test_checkpoints_and_flush_messages(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "b", flush_messages=1)
+    await h.create_topic("t")
+    await produce(h, "t", batch(b"a"))
+    p = h.rm.partitions[("t", 0)]
+    assert p.log.recovery_point == p.log_end_offset == 1  # fsynced before the ack
+    await produce(h, "t", batch(b"b"))
+    await h.rm.checkpoint()
+    assert h.log_manager.read_high_watermarks() == {("t", 0): 2}
+    await h.close()
+    # Restart: the HW comes back from the checkpoint.
+    h2 = Harness(tmp_path / "b")
+    assert h2.log_manager.had_clean_shutdown
+    await h2.create_topic("t", topic_id="t-id-0", leader=-1)
+    assert h2.rm.partitions[("t", 0)].high_watermark == 2
+    await h2.close()
+
+
+async def test_retention_deletes_old_segments(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "b", segment_bytes=1024, retention_ms=1000)
+    await h.create_topic("t")
+    old = int(time.time() * 1000) - 3_600_000
+    for _ in range(5):
+        await produce(h, "t", batch(b"z" * 600, timestamp=old))
+    p = h.rm.partitions[("t", 0)]
+    assert len(p.log.segments) == 5
+    h.rm._retention()
+    assert p.log_start_offset == 4  # every segment but the active one
+    assert len(p.log.segments) == 1
+    f = await fetch(h, "t", 0)
+    assert f.error_code == ErrorCode.OFFSET_OUT_OF_RANGE and f.log_start_offset == 4
+    await h.close()
+
+
+async def test_flush_ms_flushes_in_the_background(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "b", flush_check_interval_ms=10)
+    await h.create_topic("timed", configs={"flush.ms": "20"})
+    await h.create_topic("never")
+    h.rm.start_background()
+    await produce(h, "timed", batch(b"a"))
+    await produce(h, "never", batch(b"a"))
+    timed = h.rm.partitions[("timed", 0)]
+    async with asyncio.timeout(5):
+        while timed.log.recovery_point < 1:
+            await asyncio.sleep(0.01)
+    assert h.rm.partitions[("never", 0)].log.recovery_point == 0
+    await h.close()
+
+
+async def test_replica_fetch_from_outside_the_replica_set(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("t")
+    await produce(h, "t", batch(b"a"))
+    f = await fetch(h, "t", 0, replica_id=7)
+    assert f.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER and f.records == b""
+
+
+async def test_acks_all_with_one_partition_twice(harness: Harness) -> None:
+    h = harness
+    await h.create_topic("two", replicas=[1, 2])
+    req = produce_req("two", batch(b"x"), acks=-1, timeout_ms=50)
+    req.topics[0].partitions.append(req.topics[0].partitions[0])
+    resp = await h.rm.produce(req)
+    codes = [p.error_code for p in resp.topics[0].partitions]
+    assert codes == [ErrorCode.REQUEST_TIMED_OUT, ErrorCode.REQUEST_TIMED_OUT]
