@@ -91,6 +91,20 @@ class BrokerConfig:
     controlled_shutdown_timeout_ms: int = 10_000
     retention_check_interval_ms: int = 300_000
     hw_checkpoint_interval_ms: int = 5_000
+    # Follower fetcher (Kafka's replica.fetch.* settings).
+    replica_fetch_wait_max_ms: int = 500
+    replica_fetch_max_bytes: int = 1_048_576
+    replica_fetch_response_max_bytes: int = 10_485_760
+    replica_fetch_backoff_ms: int = 200
+    # Test-only switches (refused unless MINIBROKER_ENABLE_TEST_FAULTS=1, logged loudly):
+    # each turns one protection off so a scenario test can show the failure it guards.
+    enable_test_faults: bool = False
+    # Follower truncates to its high watermark (pre-KIP-101) instead of asking the leader.
+    unsafe_truncate_to_high_watermark: bool = False
+    # Leader ignores current_leader_epoch in Produce/Fetch/ListOffsets/OffsetsForLeaderEpoch.
+    unsafe_ignore_leader_epoch: bool = False
+    # Logs are never fsynced (a crash may lose what the page cache held).
+    unsafe_skip_fsync: bool = False
     # Not flags: internal bounds with Kafka-like values.
     request_timeout_ms: int = 30_000
     metadata_max_wait_ms: int = 1_000
