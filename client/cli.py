@@ -1,0 +1,885 @@
+"""The `minibroker` command line (entry point `client.cli:main`).
+
+    minibroker dev                      a local cluster in the foreground
+    minibroker controller|broker ARGS   run a server (`python -m controller|broker ARGS`)
+    minibroker topic create|list|describe|delete
+    minibroker produce TOPIC            stdin lines -> records
+    minibroker consume TOPIC            records -> stdout
+    minibroker cluster                  brokers and controller
+
+Client commands take -b/--bootstrap-server (also before the command: `minibroker -b
+HOST:PORT topic list`; env MINIBROKER_BOOTSTRAP_SERVERS; default 127.0.0.1:9092).
+Errors print one line on stderr and exit 1; --debug shows the traceback and the
+client's debug log. The servers are started as subprocesses by module name, never
+imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import concurrent.futures
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+import uvloop
+
+from client.admin import AsyncAdmin, TopicDescription
+from client.consumer import AsyncConsumer
+from client.dev_cluster import DevCluster, DevClusterError
+from client.errors import MinibrokerError
+from client.producer import AsyncProducer, parse_acks
+from client.types import ConsumerRecord, RecordMetadata, TopicPartition
+
+T = TypeVar("T")
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+BOOTSTRAP_ENV = "MINIBROKER_BOOTSTRAP_SERVERS"
+# How long produce/consume wait for a topic to show up (a new one takes milliseconds).
+TOPIC_WAIT_MS = 10_000
+LOG_FORMAT = "%(asctime)s %(levelname)s [client] %(name)s: %(message)s"
+
+
+# ------------------------------------------------------------------ plumbing
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(dict)["debug"] = True
+        logging.getLogger().setLevel(logging.DEBUG)
+
+
+def _debug_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--debug",
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_set_debug,
+        help="Show tracebacks and the client's debug log.",
+    )(f)
+
+
+def _resolve_bootstrap(ctx: click.Context, _param: click.Parameter, value: str | None) -> str:
+    # The command's own -b wins, then `minibroker -b ...`, then the env var, then the default.
+    if value:
+        return value
+    root = ctx.find_root().obj or {}
+    return root.get("bootstrap") or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP
+
+
+def client_command(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options every command that talks to a cluster has."""
+    f = click.option(
+        "-b",
+        "--bootstrap-server",
+        "bootstrap",
+        default=None,
+        callback=_resolve_bootstrap,
+        help="Brokers to bootstrap from, HOST:PORT[,HOST:PORT...] (`minibroker dev` "
+        f"prints this list).  [default: `minibroker -b`, else env {BOOTSTRAP_ENV}, "
+        f"else {DEFAULT_BOOTSTRAP}]",
+    )(f)
+    return _debug_option(f)
+
+
+def _is_debug() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.find_root().obj and ctx.find_root().obj.get("debug"))
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+def run(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    """Run a coroutine on uvloop, turning errors into one line and exit code 1."""
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(fn(*args, **kwargs))
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit:
+        raise
+    except (MinibrokerError, ValueError, OSError) as exc:
+        if _is_debug():
+            raise
+        _fail(str(exc))
+    except Exception as exc:
+        if _is_debug():
+            raise
+        _fail(f"unexpected {type(exc).__name__}: {exc} (run again with --debug for details)")
+
+
+def _parse_configs(pairs: tuple[str, ...]) -> dict[str, str]:
+    configs: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--config")
+        configs[key.strip()] = value.strip()
+    return configs
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    lines = [
+        "  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _nodes(ids: tuple[int, ...]) -> str:
+    return "[" + " ".join(map(str, ids)) + "]"
+
+
+# ------------------------------------------------------------------ the group
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="MINIBROKER_DEBUG",
+    help="Show tracebacks and the client's debug log.",
+)
+@click.option(
+    "-b",
+    "--bootstrap-server",
+    "bootstrap",
+    default=None,
+    help="Brokers for every client command, HOST:PORT[,HOST:PORT...]  "
+    f"[default: env {BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP}]",
+)
+@click.version_option(package_name="minibroker", message="%(prog)s %(version)s")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool, bootstrap: str | None) -> None:
+    """minibroker: a replicated, Kafka-style log broker with leader epochs.
+
+    Start a local cluster with `minibroker dev`, then in another terminal:
+
+    \b
+      minibroker topic create t --partitions 3
+      seq 1 10 | minibroker produce t
+      minibroker consume t --from-beginning -n 10
+    """
+    obj = ctx.ensure_object(dict)
+    obj["debug"] = obj.get("debug", False) or debug
+    obj["bootstrap"] = bootstrap
+    logging.basicConfig(
+        level=logging.DEBUG if obj["debug"] else logging.WARNING,
+        format=LOG_FORMAT,
+        stream=sys.stderr,
+    )
+
+
+# ------------------------------------------------------------------ servers
+
+
+def _exec_module(module: str, args: tuple[str, ...]) -> NoReturn:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # exec: signals and the exit code are the server's own.
+    os.execve(sys.executable, [sys.executable, "-m", module, *args], env)
+
+
+_PASSTHROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+
+
+@cli.command(context_settings=_PASSTHROUGH, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def controller(args: tuple[str, ...]) -> None:
+    """Run the controller: `python -m controller ARGS` (try `minibroker controller --help`)."""
+    _exec_module("controller", args)
+
+
+@cli.command(context_settings=_PASSTHROUGH, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def broker(args: tuple[str, ...]) -> None:
+    """Run a broker: `python -m broker ARGS` (try `minibroker broker --help`)."""
+    _exec_module("broker", args)
+
+
+@cli.command()
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("minibroker-data"),
+    show_default=True,
+    help="Where the controller (controller/), the brokers (broker-N/) and the logs "
+    "(logs/) live. Reused across runs.",
+)
+@click.option(
+    "--brokers",
+    type=click.IntRange(1, 32),
+    default=3,
+    show_default=True,
+    help="Number of brokers (node ids 1..N).",
+)
+@click.option(
+    "--base-port",
+    type=click.IntRange(1, 65535),
+    default=9092,
+    show_default=True,
+    help="Port of broker 1; broker N listens on base-port + 2*(N-1) (9092, 9094, 9096).",
+)
+@click.option(
+    "--controller-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Controller port.  [default: base-port + 1, i.e. 9093]",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--startup-timeout",
+    type=click.FloatRange(1, 600),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the controller and every broker to be up.",
+)
+@click.option(
+    "--stop-timeout",
+    type=click.FloatRange(1, 600),
+    default=20.0,
+    show_default=True,
+    help="Seconds to wait for each group (brokers, then controller) after SIGTERM "
+    "before killing it.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="Log level of the servers (their logs go to DATA_DIR/logs/).",
+)
+def dev(
+    data_dir: Path,
+    brokers: int,
+    base_port: int,
+    controller_port: int | None,
+    host: str,
+    startup_timeout: float,
+    stop_timeout: float,
+    log_level: str,
+) -> None:
+    """Run a local cluster in the foreground: one controller and N brokers.
+
+    Prints the bootstrap address once every broker is up; Ctrl-C (or SIGTERM) stops
+    the brokers, then the controller, and exits 0 when all stopped cleanly. If a
+    server dies or a port is busy it exits 1 and shows that server's last log lines.
+    """
+    try:
+        cluster = DevCluster(
+            data_dir=data_dir,
+            brokers=brokers,
+            base_port=base_port,
+            controller_port=controller_port,
+            host=host,
+            startup_timeout=startup_timeout,
+            stop_timeout=stop_timeout,
+            log_level=log_level.upper(),
+        )
+    except DevClusterError as exc:
+        _fail(str(exc))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        code = runner.run(cluster.run())
+    sys.exit(code)
+
+
+# ------------------------------------------------------------------ cluster and topics
+
+
+@cli.command("cluster")
+@client_command
+def cluster_cmd(bootstrap: str) -> None:
+    """Show the cluster id, the controller and the brokers."""
+
+    async def go() -> None:
+        async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
+            desc = await admin.describe_cluster()
+        click.echo(f"cluster id: {desc.cluster_id}  controller: {desc.controller_id}")
+        rows = [
+            [
+                str(b.node_id),
+                f"{b.host}:{b.port}",
+                "fenced" if b.is_fenced else "active",
+                str(b.broker_epoch),
+            ]
+            for b in desc.brokers
+        ]
+        click.echo(_table(["ID", "ADDRESS", "STATE", "BROKER-EPOCH"], rows))
+
+    run(go)
+
+
+@cli.group()
+def topic() -> None:
+    """Create, list, describe and delete topics."""
+
+
+@topic.command("create")
+@click.argument("name")
+@click.option(
+    "-p",
+    "--partitions",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Number of partitions.  [default: the controller's --default-partitions]",
+)
+@click.option(
+    "-r",
+    "--replication-factor",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replicas per partition.  [default: the controller's --default-replication-factor]",
+)
+@click.option(
+    "-c",
+    "--config",
+    "configs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Topic config, repeatable (Kafka names: retention.ms, min.insync.replicas, "
+    "unclean.leader.election.enable, ...).",
+)
+@client_command
+def topic_create(
+    name: str,
+    partitions: int | None,
+    replication_factor: int | None,
+    configs: tuple[str, ...],
+    bootstrap: str,
+) -> None:
+    """Create topic NAME."""
+    parsed = _parse_configs(configs)
+
+    async def go() -> None:
+        async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
+            created = await admin.create_topic(
+                name,
+                partitions if partitions is not None else -1,
+                replication_factor if replication_factor is not None else -1,
+                parsed,
+            )
+        click.echo(
+            f"created topic {created.name}: {_plural(created.num_partitions, 'partition')}, "
+            f"replication factor {created.replication_factor}"
+        )
+
+    run(go)
+
+
+@topic.command("list")
+@client_command
+def topic_list(bootstrap: str) -> None:
+    """List topics with their partition count and replication factor."""
+
+    async def go() -> list[TopicDescription]:
+        async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
+            return await admin.describe_topics(include_offsets=False)
+
+    topics = run(go)
+    rows = [[t.name, str(len(t.partitions)), str(t.replication_factor)] for t in topics]
+    click.echo(_table(["NAME", "PARTITIONS", "REPLICAS"], rows))
+
+
+@topic.command("describe")
+@click.argument("names", nargs=-1)
+@client_command
+def topic_describe(names: tuple[str, ...], bootstrap: str) -> None:
+    """Describe topics (all when no NAME): per partition its leader, leader epoch,
+    replicas, ISR, log start offset and high watermark (as the leader reports them)."""
+
+    async def go() -> list[TopicDescription]:
+        async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
+            return await admin.describe_topics(list(names) or None)
+
+    topics = run(go)
+    blocks = []
+    for t in topics:
+        rows = [
+            [
+                str(p.partition),
+                str(p.leader) if p.leader >= 0 else "none",
+                str(p.leader_epoch),
+                _nodes(p.replicas),
+                _nodes(p.isr),
+                str(p.log_start_offset) if p.log_start_offset >= 0 else "-",
+                str(p.high_watermark) if p.high_watermark >= 0 else "-",
+            ]
+            + ([p.error] if any(q.error for q in t.partitions) else [])
+            for p in t.partitions
+        ]
+        header = [
+            "PARTITION",
+            "LEADER",
+            "EPOCH",
+            "REPLICAS",
+            "ISR",
+            "LOG-START-OFFSET",
+            "HIGH-WATERMARK",
+        ]
+        if any(q.error for q in t.partitions):
+            header.append("ERROR")
+        summary = (
+            f"{t.name}  ({_plural(len(t.partitions), 'partition')}, replication factor "
+            f"{t.replication_factor}, id {t.topic_id or '-'})"
+        )
+        blocks.append(summary + "\n" + _table(header, [[c or "" for c in r] for r in rows]))
+    click.echo("\n\n".join(blocks))
+
+
+@topic.command("delete")
+@click.argument("names", nargs=-1, required=True)
+@client_command
+def topic_delete(names: tuple[str, ...], bootstrap: str) -> None:
+    """Delete topics."""
+
+    async def go() -> None:
+        async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
+            await admin.delete_topics(names)
+
+    run(go)
+    for name in names:
+        click.echo(f"deleted topic {name}")
+
+
+# ------------------------------------------------------------------ produce
+
+
+@cli.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.option(
+    "-k",
+    "--key-separator",
+    default=None,
+    metavar="SEP",
+    help="Split each line at the first SEP into key and value (a line without SEP "
+    "is an error). Default: no key.",
+)
+@click.option(
+    "--acks",
+    type=click.Choice(["0", "1", "all", "-1"]),
+    default="all",
+    show_default=True,
+    help="0: do not wait; 1: the leader wrote it; all: every in-sync replica has it.",
+)
+@click.option(
+    "-p",
+    "--partition",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Write every record to this partition. Default: murmur2 of the key, or "
+    "sticky batches across partitions without a key.",
+)
+@click.option(
+    "-z",
+    "--compression",
+    type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]),
+    default="none",
+    show_default=True,
+    help="Batch compression.",
+)
+@click.option(
+    "--linger-ms",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="How long a batch waits for more records.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=16_384,
+    show_default=True,
+    help="Bytes per partition batch.",
+)
+@click.option(
+    "--delivery-timeout-ms",
+    type=click.IntRange(min=1),
+    default=30_000,
+    show_default=True,
+    help="Give up on a record (retrying included) after this long.",
+)
+@client_command
+def produce(
+    topic_name: str,
+    key_separator: str | None,
+    acks: str,
+    partition: int | None,
+    compression: str,
+    linger_ms: int,
+    batch_size: int,
+    delivery_timeout_ms: int,
+    bootstrap: str,
+) -> None:
+    """Produce stdin lines to TOPIC, one record per line (the newline stripped).
+
+    A summary goes to stderr; the exit code is 1 if any record was not delivered."""
+    if key_separator == "":
+        raise click.BadParameter("must not be empty", param_hint="--key-separator")
+    sep = key_separator.encode() if key_separator is not None else None
+    stats = run(
+        _produce,
+        bootstrap,
+        topic_name,
+        sep,
+        parse_acks(acks),
+        partition,
+        compression,
+        linger_ms,
+        batch_size,
+        delivery_timeout_ms,
+    )
+    ok, failed, first_error, per_partition, seconds = stats
+    parts = ", ".join(f"{p}: {n}" for p, n in sorted(per_partition.items()))
+    click.echo(
+        f"produced {ok} records to {topic_name} in {seconds:.2f} s"
+        + (f" (partition {parts})" if parts else ""),
+        err=True,
+    )
+    if failed:
+        _fail(f"{failed} records were not delivered; first error: {first_error}")
+
+
+async def _produce(
+    bootstrap: str,
+    topic_name: str,
+    sep: bytes | None,
+    acks: int,
+    partition: int | None,
+    compression: str,
+    linger_ms: int,
+    batch_size: int,
+    delivery_timeout_ms: int,
+) -> tuple[int, int, BaseException | None, Counter[int], float]:
+    started = time.monotonic()
+    per_partition: Counter[int] = Counter()
+    failures: list[BaseException] = []
+
+    def tally(future: asyncio.Future[RecordMetadata]) -> None:
+        if future.cancelled():
+            failures.append(asyncio.CancelledError())
+            return
+        exc = future.exception()
+        if exc is not None:
+            failures.append(exc)
+        else:
+            per_partition[future.result().partition] += 1
+
+    producer = AsyncProducer(
+        bootstrap,
+        client_id="minibroker-cli",
+        acks=acks,
+        compression_type=compression,
+        linger_ms=linger_ms,
+        batch_size=batch_size,
+        delivery_timeout_ms=delivery_timeout_ms,
+        request_timeout_ms=min(delivery_timeout_ms, 30_000),
+        max_block_ms=TOPIC_WAIT_MS,
+    )
+    async with producer:
+        await producer.partitions_for(topic_name)  # fail fast on a missing topic
+        chunks = _stdin_chunks()
+        tail = b""
+        lineno = 0
+        while True:
+            chunk = await chunks.get()
+            if not chunk:
+                break
+            lines = (tail + chunk).split(b"\n")
+            tail = lines.pop()
+            for line in lines:
+                lineno += 1
+                await _send_line(producer, topic_name, line, sep, partition, lineno, tally)
+        if tail:
+            lineno += 1
+            await _send_line(producer, topic_name, tail, sep, partition, lineno, tally)
+        await producer.flush()
+    first = failures[0] if failures else None
+    ok = sum(per_partition.values())
+    return ok, len(failures), first, per_partition, time.monotonic() - started
+
+
+def _stdin_chunks(max_chunks: int = 16) -> asyncio.Queue[bytes]:
+    """Chunks of stdin (b"" at the end) from a daemon thread: a read blocked on a
+    terminal must not keep the process alive after Ctrl-C, as an executor thread would."""
+    loop = asyncio.get_running_loop()
+    chunks: asyncio.Queue[bytes] = asyncio.Queue(max_chunks)
+    # The raw fd, not sys.stdin.buffer: a daemon thread blocked inside the buffered
+    # reader holds its lock, which aborts the interpreter at exit.
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, ValueError, OSError):  # no stdin at all: nothing to send
+        chunks.put_nowait(b"")
+        return chunks
+
+    def pump() -> None:
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            try:
+                asyncio.run_coroutine_threadsafe(chunks.put(chunk), loop).result()
+            except (RuntimeError, concurrent.futures.CancelledError):
+                return  # the loop is gone
+            if not chunk:
+                return
+
+    threading.Thread(target=pump, name="minibroker-stdin", daemon=True).start()
+    return chunks
+
+
+async def _send_line(
+    producer: AsyncProducer,
+    topic_name: str,
+    line: bytes,
+    sep: bytes | None,
+    partition: int | None,
+    lineno: int,
+    tally: Callable[[asyncio.Future[RecordMetadata]], None],
+) -> None:
+    key = None
+    if sep is not None:
+        key, found, value = line.partition(sep)
+        if not found:
+            raise ValueError(
+                f"line {lineno} has no key separator {sep.decode()!r} (records before it were sent)"
+            )
+    else:
+        value = line
+    future = await producer.send(topic_name, value, key=key, partition=partition)
+    future.add_done_callback(tally)
+
+
+# ------------------------------------------------------------------ consume
+
+_FORMATS = ("value", "full", "json")
+
+
+def _text(data: bytes | None) -> str:
+    return "null" if data is None else data.decode(errors="backslashreplace")
+
+
+def _formatter(fmt: str) -> Callable[[ConsumerRecord], bytes]:
+    if fmt == "value":
+        return lambda r: (r.value or b"") + b"\n"
+    if fmt == "full":
+        return lambda r: (
+            f"partition={r.partition} offset={r.offset} leader_epoch={r.leader_epoch} "
+            f"timestamp={r.timestamp} key={_text(r.key)} value={_text(r.value)}\n"
+        ).encode()
+    if fmt == "json":
+        return lambda r: (
+            json.dumps(
+                {
+                    "topic": r.topic,
+                    "partition": r.partition,
+                    "offset": r.offset,
+                    "leader_epoch": r.leader_epoch,
+                    "timestamp": r.timestamp,
+                    "key": None if r.key is None else _text(r.key),
+                    "value": None if r.value is None else _text(r.value),
+                    "headers": {k: _text(v) for k, v in r.headers},
+                }
+            )
+            + "\n"
+        ).encode()
+    template = codecs.decode(fmt, "unicode_escape")  # "\n", "\t" as typed in a shell
+
+    def render(r: ConsumerRecord) -> bytes:
+        fields = {
+            "t": r.topic,
+            "p": str(r.partition),
+            "o": str(r.offset),
+            "e": str(r.leader_epoch),
+            "T": str(r.timestamp),
+            "k": _text(r.key),
+            "v": _text(r.value),
+            "%": "%",
+        }
+        out: list[str] = []
+        i = 0
+        while i < len(template):
+            c = template[i]
+            if c == "%" and i + 1 < len(template) and template[i + 1] in fields:
+                out.append(fields[template[i + 1]])
+                i += 2
+            else:
+                out.append(c)
+                i += 1
+        return "".join(out).encode()
+
+    return render
+
+
+@cli.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.option(
+    "--from-beginning",
+    is_flag=True,
+    help="Start at the log start offset. Default: only new records.",
+)
+@click.option(
+    "-o",
+    "--offset",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Start at this offset (in every consumed partition).",
+)
+@click.option(
+    "-p",
+    "--partition",
+    "partitions",
+    type=click.IntRange(min=0),
+    multiple=True,
+    help="Consume only this partition (repeatable). Default: all partitions.",
+)
+@click.option(
+    "-n", "--num", type=click.IntRange(min=1), default=None, help="Exit after this many records."
+)
+@click.option(
+    "-f",
+    "--format",
+    "fmt",
+    default="value",
+    show_default=True,
+    help="value (the value and a newline), full (partition, offset, leader epoch, "
+    "timestamp, key, value), json (one object per line), or a template with "
+    "%t topic, %p partition, %o offset, %e leader epoch, %T timestamp, %k key, "
+    "%v value, and \\n, \\t escapes.",
+)
+@click.option(
+    "--timeout-ms",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Exit when no record arrived for this long. Default: wait forever.",
+)
+@client_command
+def consume(
+    topic_name: str,
+    from_beginning: bool,
+    offset: int | None,
+    partitions: tuple[int, ...],
+    num: int | None,
+    fmt: str,
+    timeout_ms: int | None,
+    bootstrap: str,
+) -> None:
+    """Print records of TOPIC to stdout (Ctrl-C to stop)."""
+    if offset is not None and from_beginning:
+        raise click.UsageError("--offset and --from-beginning exclude each other")
+    render = _formatter(fmt)
+    count = run(
+        _consume,
+        bootstrap,
+        topic_name,
+        from_beginning,
+        offset,
+        partitions,
+        num,
+        render,
+        timeout_ms,
+    )
+    if num is not None and count < num:
+        _fail(f"only {count} of {num} records arrived before --timeout-ms {timeout_ms} passed")
+
+
+async def _consume(
+    bootstrap: str,
+    topic_name: str,
+    from_beginning: bool,
+    offset: int | None,
+    partitions: tuple[int, ...],
+    num: int | None,
+    render: Callable[[ConsumerRecord], bytes],
+    timeout_ms: int | None,
+) -> int:
+    out = sys.stdout.buffer
+    count = 0
+    consumer = AsyncConsumer(
+        bootstrap,
+        client_id="minibroker-cli",
+        auto_offset_reset="earliest" if from_beginning else "latest",
+    )
+    async with consumer:
+        existing = await consumer.partitions_for_topic(topic_name, timeout_ms=TOPIC_WAIT_MS)
+        wanted = sorted(partitions) if partitions else sorted(existing)
+        missing = [p for p in wanted if p not in existing]
+        if missing:
+            raise ValueError(
+                f"topic {topic_name} has no partition {missing[0]} (it has {len(existing)})"
+            )
+        tps = [TopicPartition(topic_name, p) for p in wanted]
+        consumer.assign(tps)
+        for tp in tps:
+            if offset is not None:
+                consumer.seek(tp, offset)
+        if offset is None:
+            if from_beginning:
+                consumer.seek_to_beginning(*tps)
+            else:
+                consumer.seek_to_end(*tps)
+        last_record = time.monotonic()
+        try:
+            while num is None or count < num:
+                wait_ms = 1_000
+                if timeout_ms is not None:
+                    left = timeout_ms - (time.monotonic() - last_record) * 1000
+                    if left <= 0:
+                        break
+                    wait_ms = int(min(wait_ms, left)) + 1
+                limit = None if num is None else num - count
+                batches = await consumer.poll(timeout_ms=wait_ms, max_records=limit)
+                if not batches:
+                    continue
+                last_record = time.monotonic()
+                for records in batches.values():
+                    for record in records:
+                        out.write(render(record))
+                        count += 1
+                out.flush()
+        except BrokenPipeError:
+            # `consume ... | head`: the reader is gone; stop quietly.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+    return count
+
+
+def _reserve_std_fds() -> None:
+    # With stdin/stdout/stderr closed (`<&-`), sockets would get fds 0-2, which uvloop
+    # refuses to close; park /dev/null there (open() takes the lowest free fd).
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
+
+
+def main() -> None:
+    _reserve_std_fds()
+    cli(prog_name="minibroker")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,656 @@
+"""AsyncConsumer: manual assignment, positions with leader epochs, batched fetching.
+
+`poll()` sends one Fetch request per leader for all of that leader's assigned
+partitions (at most one in flight per broker), each partition carrying the cached
+current_leader_epoch (a stale or newer leader answers FENCED_LEADER_EPOCH /
+UNKNOWN_LEADER_EPOCH instead of serving a different lineage, KIP-320) and
+last_fetched_epoch, the leader epoch of the record just before the position. Records
+are decoded with `protocol.record_batch.iter_records`; those below the position (the
+start of the first batch) are skipped. A position is (offset, leader epoch of the
+last consumed record), as `OffsetAndMetadata` carries it.
+
+Retriable errors refresh metadata and back off the partition; OFFSET_OUT_OF_RANGE
+resets per `auto_offset_reset` ('earliest', 'latest' or 'none' to raise).
+
+Truncation detection with OffsetsForLeaderEpoch after a leader change is a later
+issue: see `_validate_position`. A diverging_epoch in a Fetch answer is already
+handled (LogTruncationError with 'none', else resume at the divergence point).
+Consumer groups (subscribe, commit) are a later issue too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any
+
+from client.cluster import ClusterClient
+from client.errors import (
+    BrokerResponseError,
+    IllegalStateError,
+    LogTruncationError,
+    MinibrokerError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+    error_for,
+)
+from client.offsets import list_offsets
+from client.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
+from protocol.api import CONSUMER_REPLICA_ID, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NO_EPOCH
+from protocol.errors import CorruptRecordError as ProtocolCorruptRecordError
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    FetchPartition,
+    FetchPartitionResponse,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
+)
+from protocol.record_batch import iter_records
+
+log = logging.getLogger(__name__)
+
+_RESET_TIMESTAMPS = {"earliest": EARLIEST_TIMESTAMP, "latest": LATEST_TIMESTAMP}
+_ISOLATION = {"read_uncommitted": 0, "read_committed": 1}
+
+
+class _PartitionState:
+    __slots__ = (
+        "backoff_until",
+        "high_watermark",
+        "leader_epoch_seen",
+        "log_start_offset",
+        "paused",
+        "position",
+        "position_epoch",
+        "reset",
+    )
+
+    def __init__(self) -> None:
+        self.position: int | None = None
+        # Leader epoch of the record just before `position` (-1: unknown).
+        self.position_epoch = NO_EPOCH
+        self.reset: str | None = None  # pending 'earliest' / 'latest'
+        self.paused = False
+        self.high_watermark = -1
+        self.log_start_offset = -1
+        self.backoff_until = 0.0
+        # Leader epoch of the metadata we last fetched with, to notice leader changes.
+        self.leader_epoch_seen = NO_EPOCH
+
+
+class _Fetched:
+    """Decoded records of one partition not yet returned by poll()."""
+
+    __slots__ = ("fetch_offset", "index", "next_epoch", "next_offset", "records")
+
+    def __init__(
+        self, fetch_offset: int, records: list[ConsumerRecord], next_offset: int, next_epoch: int
+    ) -> None:
+        self.fetch_offset = fetch_offset
+        self.records = records
+        self.index = 0
+        self.next_offset = next_offset
+        self.next_epoch = next_epoch
+
+
+class AsyncConsumer:
+    """Asynchronous consumer with manual assignment (`assign`, `seek`, `poll`)."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str | Iterable[str] = "127.0.0.1:9092",
+        *,
+        client_id: str = "minibroker-consumer",
+        auto_offset_reset: str = "latest",
+        fetch_max_wait_ms: int = 500,
+        fetch_min_bytes: int = 1,
+        fetch_max_bytes: int = 50 * 1024 * 1024,
+        max_partition_fetch_bytes: int = 1024 * 1024,
+        max_poll_records: int = 500,
+        request_timeout_ms: int = 30_000,
+        retry_backoff_ms: int = 100,
+        check_crcs: bool = True,
+        isolation_level: str = "read_uncommitted",
+        key_deserializer: Callable[[bytes], Any] | None = None,
+        value_deserializer: Callable[[bytes], Any] | None = None,
+    ) -> None:
+        if auto_offset_reset not in ("earliest", "latest", "none"):
+            raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
+        if isolation_level not in _ISOLATION:
+            raise ValueError("isolation_level must be 'read_uncommitted' or 'read_committed'")
+        self.auto_offset_reset = auto_offset_reset
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_min_bytes = fetch_min_bytes
+        self.fetch_max_bytes = fetch_max_bytes
+        self.max_partition_fetch_bytes = max_partition_fetch_bytes
+        self.max_poll_records = max_poll_records
+        self.request_timeout_ms = request_timeout_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self.check_crcs = check_crcs
+        self.isolation_level = _ISOLATION[isolation_level]
+        self._key_deserializer = key_deserializer
+        self._value_deserializer = value_deserializer
+        self._cluster = ClusterClient(
+            bootstrap_servers,
+            client_id=client_id,
+            request_timeout_ms=request_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms,
+        )
+        self._states: dict[TopicPartition, _PartitionState] = {}
+        self._buffer: dict[TopicPartition, _Fetched] = {}
+        self._fetching: dict[int, asyncio.Task[None]] = {}  # node id -> its fetch
+        self._fetch_done = asyncio.Event()
+        self._pending_error: BaseException | None = None
+        self._last_metadata_wait = 0.0
+        self._started = False
+        self._closed = False
+
+    @property
+    def cluster(self) -> ClusterClient:
+        return self._cluster
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self._cluster.bootstrap()
+        self._started = True
+
+    async def close(self) -> None:
+        self._closed = True
+        self._started = False
+        tasks = list(self._fetching.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._fetching.clear()
+        await self._cluster.close()
+
+    async def __aenter__(self) -> AsyncConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _check(self) -> None:
+        if not self._started:
+            raise IllegalStateError("the consumer is not started (await start()) or is closed")
+
+    # ------------------------------------------------------------ assignment and positions
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Consume exactly these partitions (replacing the previous assignment)."""
+        wanted = {TopicPartition(*tp) for tp in partitions}
+        for tp in list(self._states):
+            if tp not in wanted:
+                del self._states[tp]
+                self._buffer.pop(tp, None)
+        for tp in wanted:
+            self._states.setdefault(tp, _PartitionState())
+        self._cluster.add_topics({tp.topic for tp in wanted})
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._states)
+
+    def _state(self, tp: TopicPartition) -> _PartitionState:
+        state = self._states.get(tp)
+        if state is None:
+            raise IllegalStateError(f"partition {tp} is not assigned to this consumer")
+        return state
+
+    def seek(self, partition: TopicPartition, offset: int | OffsetAndMetadata) -> None:
+        """Fetch from `offset` next. An OffsetAndMetadata with a leader_epoch (stored
+        from an earlier position) arms the truncation check for that epoch."""
+        state = self._state(partition)
+        if isinstance(offset, OffsetAndMetadata):
+            position, epoch = offset.offset, offset.leader_epoch
+        else:
+            position, epoch = int(offset), NO_EPOCH
+        if position < 0:
+            raise ValueError(f"offset must be >= 0, not {position}")
+        state.position = position
+        state.position_epoch = epoch
+        state.reset = None
+        self._buffer.pop(partition, None)
+
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        """Move to the log start offset (resolved lazily at the next poll/position)."""
+        self._seek_reset(partitions, "earliest")
+
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
+        """Move to the high watermark (resolved lazily at the next poll/position)."""
+        self._seek_reset(partitions, "latest")
+
+    def _seek_reset(self, partitions: tuple[TopicPartition, ...], strategy: str) -> None:
+        for tp in partitions or tuple(self._states):
+            state = self._state(tp)
+            state.position = None
+            state.position_epoch = NO_EPOCH
+            state.reset = strategy
+            self._buffer.pop(tp, None)
+
+    async def position(self, partition: TopicPartition) -> int:
+        """Offset of the next record poll() returns for this partition."""
+        return (await self.position_with_epoch(partition)).offset
+
+    async def position_with_epoch(self, partition: TopicPartition) -> OffsetAndMetadata:
+        """The position with the leader epoch of the last consumed record: store both
+        and pass them back to seek() to resume safely (KIP-320)."""
+        self._check()
+        state = self._state(partition)
+        if state.position is None:
+            await self._update_positions([partition])
+        assert state.position is not None
+        return OffsetAndMetadata(state.position, "", state.position_epoch)
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        for tp in partitions:
+            self._state(tp).paused = True
+            self._buffer.pop(tp, None)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        for tp in partitions:
+            self._state(tp).paused = False
+
+    def paused(self) -> set[TopicPartition]:
+        return {tp for tp, s in self._states.items() if s.paused}
+
+    def highwater(self, partition: TopicPartition) -> int | None:
+        """High watermark from the last fetch of this partition (None: not fetched)."""
+        hw = self._state(partition).high_watermark
+        return hw if hw >= 0 else None
+
+    async def partitions_for_topic(self, topic: str, timeout_ms: int | None = None) -> set[int]:
+        """Partition ids of `topic`, waiting up to `timeout_ms` (default
+        request_timeout_ms) for it to appear; UnknownTopicOrPartitionError if it does not."""
+        self._check()
+        wait = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        await self._cluster.wait_for_topics([topic], timeout_ms=wait)
+        return set(self._cluster.metadata.partitions_for_topic(topic) or ())
+
+    async def topics(self) -> set[str]:
+        self._check()
+        response, _ = await self._cluster.fetch_metadata(all_topics=True)
+        return {t.name for t in response.topics if t.error_code == ErrorCode.NONE}
+
+    async def beginning_offsets(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        return await self._offsets(partitions, EARLIEST_TIMESTAMP)
+
+    async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """High watermarks: the offset the next produced record will get."""
+        return await self._offsets(partitions, LATEST_TIMESTAMP)
+
+    async def _offsets(
+        self, partitions: Iterable[TopicPartition], timestamp: int
+    ) -> dict[TopicPartition, int]:
+        self._check()
+        tps = list(partitions)
+        await self._cluster.wait_for_topics(
+            {tp.topic for tp in tps}, timeout_ms=self.request_timeout_ms
+        )
+        results, errors = await list_offsets(
+            self._cluster, dict.fromkeys(tps, timestamp), isolation_level=self.isolation_level
+        )
+        if errors:
+            raise next(iter(errors.values()))
+        return {tp: r.offset for tp, r in results.items()}
+
+    async def _update_positions(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        """Resolve pending resets (and missing positions per auto_offset_reset)."""
+        todo: dict[TopicPartition, int] = {}
+        no_offset: list[TopicPartition] = []
+        for tp in self._states if partitions is None else partitions:
+            state = self._states[tp]
+            if state.position is not None:
+                continue
+            strategy = state.reset or self.auto_offset_reset
+            if strategy == "none":
+                no_offset.append(tp)
+            else:
+                todo[tp] = _RESET_TIMESTAMPS[strategy]
+        if no_offset:
+            raise NoOffsetForPartitionError(no_offset)
+        if not todo:
+            return
+        if any(self._cluster.metadata.partition(tp) is None for tp in todo):
+            await self._cluster.wait_for_topics(
+                {tp.topic for tp in todo}, timeout_ms=self.request_timeout_ms
+            )
+        results, errors = await list_offsets(
+            self._cluster, todo, isolation_level=self.isolation_level
+        )
+        for tp, found in results.items():
+            state = self._states.get(tp)
+            if state is None or state.position is not None:
+                continue  # unassigned or seeked meanwhile
+            state.position = found.offset
+            state.position_epoch = found.leader_epoch
+            state.reset = None
+            log.info(
+                "%s: reset position to %d (%s, leader epoch %d)",
+                tp,
+                found.offset,
+                "earliest" if todo[tp] == EARLIEST_TIMESTAMP else "latest",
+                found.leader_epoch,
+            )
+        fatal = [e for e in errors.values() if not e.retriable]
+        if fatal:
+            raise fatal[0]
+        for tp, exc in errors.items():
+            log.info("%s: cannot reset its position yet: %s", tp, exc)
+
+    # ------------------------------------------------------------ polling
+
+    async def poll(
+        self, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Records fetched for the assigned partitions, at most `max_records`
+        (default max_poll_records), waiting up to `timeout_ms` for some."""
+        self._check()
+        if self._pending_error is not None:
+            error, self._pending_error = self._pending_error, None
+            raise error
+        limit = max_records or self.max_poll_records
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            await self._ensure_metadata()
+            await self._update_positions()
+            drained = self._drain(limit)
+            if drained:
+                return drained
+            if self._pending_error is not None:
+                error, self._pending_error = self._pending_error, None
+                raise error
+            self._fetch_done.clear()
+            self._send_fetches()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return {}
+            # Wake on a finished fetch; re-check at least every backoff, for
+            # partitions waiting out a backoff or for a leader.
+            wait = min(remaining, max(self.retry_backoff_ms / 1000, 0.01))
+            if self._fetching:
+                wait = remaining
+            try:
+                async with asyncio.timeout(wait):
+                    await self._fetch_done.wait()
+            except TimeoutError:
+                pass
+
+    async def _ensure_metadata(self) -> None:
+        """Fetch metadata now for assigned partitions the cache does not know yet (the
+        first poll after assign), at most once per retry backoff."""
+        meta = self._cluster.metadata
+        if all(meta.partition(tp) is not None for tp in self._states):
+            return
+        now = time.monotonic()
+        if now - self._last_metadata_wait < self.retry_backoff_ms / 1000:
+            return
+        self._last_metadata_wait = now
+        try:
+            await self._cluster.refresh_metadata()
+        except MinibrokerError as exc:
+            log.debug("metadata refresh failed: %s", exc)
+
+    def _drain(self, limit: int) -> dict[TopicPartition, list[ConsumerRecord]]:
+        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        for tp in list(self._buffer):
+            if limit <= 0:
+                break
+            fetched = self._buffer[tp]
+            state = self._states.get(tp)
+            if state is None or state.paused or state.position != fetched.fetch_offset:
+                del self._buffer[tp]  # unassigned, paused or seeked since the fetch
+                continue
+            chunk = fetched.records[fetched.index : fetched.index + limit]
+            fetched.index += len(chunk)
+            limit -= len(chunk)
+            if chunk:
+                out[tp] = chunk
+                last = chunk[-1]
+                state.position = last.offset + 1
+                state.position_epoch = last.leader_epoch
+            if fetched.index >= len(fetched.records):
+                # Past the last batch even if its tail records were compacted away.
+                del self._buffer[tp]
+                if fetched.next_offset > state.position:
+                    state.position = fetched.next_offset
+                    state.position_epoch = fetched.next_epoch
+            else:
+                fetched.fetch_offset = state.position
+        return out
+
+    def _send_fetches(self) -> None:
+        now = time.monotonic()
+        by_leader: dict[int, list[tuple[TopicPartition, int, int, int]]] = defaultdict(list)
+        for tp, state in self._states.items():
+            if state.paused or state.position is None or tp in self._buffer:
+                continue
+            if state.backoff_until > now:
+                continue
+            try:
+                leader, epoch = self._cluster.leader_for(tp)
+            except BrokerResponseError:
+                self._cluster.request_refresh()
+                state.backoff_until = now + self.retry_backoff_ms / 1000
+                continue
+            if leader in self._fetching:
+                continue
+            if epoch != state.leader_epoch_seen:
+                self._validate_position(tp, state, epoch)
+            by_leader[leader].append((tp, state.position, epoch, state.position_epoch))
+        for node, parts in by_leader.items():
+            task = asyncio.get_running_loop().create_task(
+                self._fetch(node, parts), name=f"minibroker-fetch-{node}"
+            )
+            self._fetching[node] = task
+
+    def _validate_position(self, tp: TopicPartition, state: _PartitionState, epoch: int) -> None:
+        """Called when the partition's leader epoch differs from the one we fetched with
+        last (a leader change, or the first fetch).
+
+        TODO(KIP-320 consumer truncation detection, a later issue): send
+        OffsetsForLeaderEpoch(current_leader_epoch=epoch, leader_epoch=
+        state.position_epoch) to the new leader and hold fetching for this partition
+        until it answers; if the returned end offset is below state.position the log
+        was truncated: raise LogTruncationError (auto_offset_reset='none') or seek to
+        the end offset and log a warning. Until then the broker's diverging_epoch
+        answer to last_fetched_epoch (handled in `_handle_partition`) is the check."""
+        if state.leader_epoch_seen != NO_EPOCH:
+            log.info(
+                "%s: leader epoch changed %d -> %d at position %s (epoch %d)",
+                tp,
+                state.leader_epoch_seen,
+                epoch,
+                state.position,
+                state.position_epoch,
+            )
+        state.leader_epoch_seen = epoch
+
+    async def _fetch(self, node: int, parts: list[tuple[TopicPartition, int, int, int]]) -> None:
+        by_topic: dict[str, list[FetchPartition]] = defaultdict(list)
+        for tp, offset, epoch, last_epoch in parts:
+            by_topic[tp.topic].append(
+                FetchPartition(
+                    partition=tp.partition,
+                    current_leader_epoch=epoch,
+                    fetch_offset=offset,
+                    last_fetched_epoch=last_epoch,
+                    partition_max_bytes=self.max_partition_fetch_bytes,
+                )
+            )
+        request = FetchRequest(
+            replica_id=CONSUMER_REPLICA_ID,
+            max_wait_ms=self.fetch_max_wait_ms,
+            min_bytes=self.fetch_min_bytes,
+            max_bytes=self.fetch_max_bytes,
+            isolation_level=self.isolation_level,
+            topics=[FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
+        )
+        offsets = {tp: offset for tp, offset, _, _ in parts}
+        try:
+            response = await self._cluster.send(
+                node, request, timeout_ms=self.request_timeout_ms + self.fetch_max_wait_ms
+            )
+            assert isinstance(response, FetchResponse)
+            if response.error_code != ErrorCode.NONE:
+                raise error_for(response.error_code, f"Fetch refused by broker {node}")
+            for topic in response.responses:
+                for p in topic.partitions:
+                    tp = TopicPartition(topic.topic, p.partition_index)
+                    if tp in offsets:
+                        self._handle_partition(tp, offsets[tp], p)
+        except MinibrokerError as exc:
+            if not exc.retriable:
+                self._pending_error = exc
+            else:
+                log.info("fetch from broker %d failed: %s; backing off", node, exc)
+                until = time.monotonic() + self.retry_backoff_ms / 1000
+                for tp in offsets:
+                    state = self._states.get(tp)
+                    if state is not None:
+                        state.backoff_until = until
+                if exc.invalid_metadata:
+                    self._cluster.request_refresh()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug or corrupt data: surface it from poll()
+            log.exception("fetch from broker %d failed", node)
+            self._pending_error = exc
+        finally:
+            self._fetching.pop(node, None)
+            self._fetch_done.set()
+
+    def _handle_partition(
+        self, tp: TopicPartition, fetch_offset: int, p: FetchPartitionResponse
+    ) -> None:
+        state = self._states.get(tp)
+        if state is None or state.position != fetch_offset or state.paused:
+            return  # unassigned, seeked or paused while the fetch was out
+        code = p.error_code
+        if code == ErrorCode.NONE:
+            if p.high_watermark >= 0:
+                state.high_watermark = p.high_watermark
+            if p.log_start_offset >= 0:
+                state.log_start_offset = p.log_start_offset
+            if p.diverging_epoch.epoch >= 0:
+                self._handle_diverging(
+                    tp, state, p.diverging_epoch.epoch, p.diverging_epoch.end_offset
+                )
+                return
+            self._buffer_records(tp, state, fetch_offset, p.records)
+            return
+        error = error_for(code, topic=tp.topic, partition=tp.partition)
+        if code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            if self.auto_offset_reset == "none":
+                self._pending_error = OffsetOutOfRangeError(
+                    f"offset {fetch_offset} is out of range (log start {p.log_start_offset}, "
+                    f"high watermark {p.high_watermark}) and auto_offset_reset='none'",
+                    offsets={tp: fetch_offset},
+                    topic=tp.topic,
+                    partition=tp.partition,
+                )
+                return
+            log.warning(
+                "%s: fetch offset %d is out of range; resetting to %s",
+                tp,
+                fetch_offset,
+                self.auto_offset_reset,
+            )
+            state.position = None
+            state.position_epoch = NO_EPOCH
+            state.reset = self.auto_offset_reset
+            return
+        if error.retriable:
+            log.info("%s: %s; refreshing metadata and retrying", tp, error)
+            state.backoff_until = time.monotonic() + self.retry_backoff_ms / 1000
+            if error.invalid_metadata:
+                self._cluster.request_refresh()
+            return
+        self._pending_error = error
+
+    def _buffer_records(
+        self, tp: TopicPartition, state: _PartitionState, fetch_offset: int, data: bytes
+    ) -> None:
+        if not data:
+            return
+        records: list[ConsumerRecord] = []
+        next_offset, next_epoch = fetch_offset, state.position_epoch
+        kd, vd = self._key_deserializer, self._value_deserializer
+        try:
+            for header, r in iter_records(
+                data, min_offset=fetch_offset, verify_crc=self.check_crcs
+            ):
+                if header.next_offset > next_offset:
+                    next_offset = header.next_offset
+                    next_epoch = header.partition_leader_epoch
+                if header.is_control:
+                    continue
+                key = kd(r.key) if kd is not None and r.key is not None else r.key
+                value = vd(r.value) if vd is not None and r.value is not None else r.value
+                records.append(
+                    ConsumerRecord(
+                        tp.topic,
+                        tp.partition,
+                        r.offset,
+                        header.partition_leader_epoch,
+                        r.timestamp,
+                        key,
+                        value,
+                        r.headers,
+                    )
+                )
+        except ProtocolCorruptRecordError as exc:
+            # Records decoded before the bad batch are still good: return them first.
+            if not records:
+                self._pending_error = error_for(
+                    ErrorCode.CORRUPT_MESSAGE,
+                    f"at offset {next_offset}: {exc}",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                )
+                return
+        self._buffer[tp] = _Fetched(fetch_offset, records, next_offset, next_epoch)
+
+    def _handle_diverging(
+        self, tp: TopicPartition, state: _PartitionState, epoch: int, end_offset: int
+    ) -> None:
+        """The leader's log diverges from ours after `end_offset` for `epoch`."""
+        position = state.position
+        assert position is not None
+        if end_offset >= position:
+            # Our lineage is intact up to the position; only our epoch was unknown.
+            state.position_epoch = epoch
+            return
+        if self.auto_offset_reset == "none":
+            self._pending_error = LogTruncationError(
+                f"{tp}: the log was truncated: leader epoch {epoch} ends at offset "
+                f"{end_offset}, below the position {position} (epoch {state.position_epoch}); "
+                "records from there on were lost. seek() to the divergent offset to go on",
+                {tp: end_offset},
+                {tp: position},
+            )
+            return
+        log.warning(
+            "%s: log truncation detected: leader epoch %d ends at %d, below the position %d; "
+            "resuming from %d",
+            tp,
+            epoch,
+            end_offset,
+            position,
+            end_offset,
+        )
+        state.position = end_offset
+        state.position_epoch = epoch

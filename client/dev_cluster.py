@@ -1,0 +1,479 @@
+"""`minibroker dev`: a local cluster (one controller, N brokers) in the foreground.
+
+Each server is a subprocess started by module name (`python -m controller`,
+`python -m broker`): the client never imports them. Ports: brokers on base_port,
+base_port+2, base_port+4, ...; the controller on base_port+1 unless given (so the
+defaults, 9092 and 9093, match `python -m broker` / `python -m controller`).
+
+Layout under the data dir::
+
+    controller/            the controller's metadata log (its --data-dir)
+    broker-<id>/           each broker's log dirs (its --data-dir)
+    logs/controller.log    each child's stdout and stderr, appended across runs
+    logs/broker-<id>.log
+    dev.lock               flock held while a `minibroker dev` runs here (text: its pid)
+
+Stopping (Ctrl-C or SIGTERM): SIGTERM to every broker (controlled shutdown needs the
+controller, so it goes last), bounded wait, SIGKILL what is left; then the same for
+the controller. A second Ctrl-C kills everything at once. Children run in their own
+session, so a terminal's Ctrl-C reaches only this process, which stops them in order;
+on Linux they also get SIGTERM if this process dies without cleaning up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import IO, TextIO
+
+from client.connection import BrokerConnection
+from client.errors import MinibrokerError
+from protocol.messages import (
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
+
+CONTROLLER_ID = 0
+POLL_INTERVAL = 0.1
+LOG_TAIL_LINES = 20
+
+
+class DevClusterError(Exception):
+    """Startup or shutdown failed; the message says what and where to look."""
+
+
+def broker_ports(base_port: int, count: int) -> list[int]:
+    return [base_port + 2 * i for i in range(count)]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # Same option the servers use, so a TIME_WAIT leftover is not "busy".
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+# Resolved here, not in the child: between fork and exec only a plain C call is safe.
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class _Child:
+    def __init__(self, name: str, node_id: int, cmd: list[str], log_path: Path) -> None:
+        self.name = name
+        self.node_id = node_id
+        self.cmd = cmd
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
+        self._log_file: IO[bytes] | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self._log_start = self._log_file.tell()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self._log_file.write(f"=== minibroker dev: {self.name} started {stamp} ===\n".encode())
+        self._log_file.flush()
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+
+    def close_log(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                data = f.read()
+        except OSError:
+            return "(no log)"
+        text = data.decode(errors="replace").rstrip("\n").splitlines()
+        return "\n".join("    " + line for line in text[-lines:]) or "    (empty)"
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class DevCluster:
+    def __init__(
+        self,
+        *,
+        data_dir: Path,
+        brokers: int = 3,
+        base_port: int = 9092,
+        controller_port: int | None = None,
+        host: str = "127.0.0.1",
+        startup_timeout: float = 60.0,
+        stop_timeout: float = 20.0,
+        log_level: str = "INFO",
+        out: TextIO = sys.stdout,
+        err: TextIO = sys.stderr,
+    ) -> None:
+        if brokers < 1:
+            raise DevClusterError("--brokers must be at least 1")
+        self.data_dir = data_dir.absolute()
+        self.host = host
+        self.broker_ports = broker_ports(base_port, brokers)
+        self.controller_port = base_port + 1 if controller_port is None else controller_port
+        if self.controller_port in self.broker_ports:
+            raise DevClusterError(
+                f"--controller-port {self.controller_port} clashes with a broker port "
+                f"({', '.join(map(str, self.broker_ports))})"
+            )
+        if max([*self.broker_ports, self.controller_port]) > 65535 or base_port < 1:
+            raise DevClusterError("ports must be between 1 and 65535")
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.log_level = log_level
+        self.out = out
+        self.err = err
+        python = sys.executable
+        logs = self.data_dir / "logs"
+        self.controller = _Child(
+            "controller",
+            CONTROLLER_ID,
+            [
+                python,
+                "-m",
+                "controller",
+                "--node-id",
+                str(CONTROLLER_ID),
+                "--listen",
+                f"{host}:{self.controller_port}",
+                "--data-dir",
+                str(self.data_dir / "controller"),
+                "--log-level",
+                log_level,
+            ],
+            logs / "controller.log",
+        )
+        self.brokers: list[_Child] = []
+        for i, port in enumerate(self.broker_ports):
+            node_id = i + 1
+            self.brokers.append(
+                _Child(
+                    f"broker {node_id}",
+                    node_id,
+                    [
+                        python,
+                        "-m",
+                        "broker",
+                        "--node-id",
+                        str(node_id),
+                        "--listeners",
+                        f"PLAINTEXT://{host}:{port}",
+                        "--controller",
+                        f"{host}:{self.controller_port}",
+                        "--data-dir",
+                        str(self.data_dir / f"broker-{node_id}"),
+                        "--log-level",
+                        log_level,
+                    ],
+                    logs / f"broker-{node_id}.log",
+                )
+            )
+        self._stop = asyncio.Event()
+        self._kill_now = False
+        self._lock_file: IO[str] | None = None
+
+    @property
+    def children(self) -> list[_Child]:
+        return [self.controller, *self.brokers]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"{self.host}:{p}" for p in self.broker_ports)
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # The servers must be importable even when this project is not installed.
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    # ------------------------------------------------------------ run
+
+    async def run(self) -> int:
+        """Start, wait for a signal or a dead child, stop. Returns the exit code."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            busy = [
+                p
+                for p in [self.controller_port, *self.broker_ports]
+                if not port_is_free(self.host, p)
+            ]
+            if busy:
+                raise DevClusterError(
+                    f"port {', '.join(map(str, busy))} on {self.host} is already in use "
+                    "(another `minibroker dev`, or a Kafka broker?): stop it, or choose "
+                    "other ports with --base-port / --controller-port"
+                )
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._lock_data_dir()
+            started = time.monotonic()
+            await self._start_all()
+            if self._stop.is_set():
+                return await self._shutdown(reason="interrupted during startup")
+            self._say(
+                f"cluster ready in {time.monotonic() - started:.1f} s: controller "
+                f"{self.host}:{self.controller_port}, brokers "
+                + ", ".join(
+                    f"{b.node_id}={self.host}:{p}"
+                    for b, p in zip(self.brokers, self.broker_ports, strict=True)
+                )
+            )
+            self._say(f"data: {self.data_dir}  logs: {self.data_dir / 'logs'}")
+            self._say(f"bootstrap: {self.bootstrap}")
+            self._say("Press Ctrl-C to stop.")
+            dead = await self._watch()
+            if dead is not None:
+                code = dead.returncode
+                assert code is not None
+                print(
+                    f"error: {dead.name} exited unexpectedly ({describe_exit(code)}); "
+                    f"last lines of {dead.log_path}:\n{dead.tail()}",
+                    file=self.err,
+                    flush=True,
+                )
+                await self._shutdown(reason=f"{dead.name} died")
+                return 1
+            return await self._shutdown(reason="signal")
+        except DevClusterError as exc:
+            print(f"error: {exc}", file=self.err, flush=True)
+            await self._shutdown(reason="startup failed", quiet=True)
+            return 1
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            for child in self.children:
+                child.close_log()
+            if self._lock_file is not None:
+                self._lock_file.close()  # releases the flock
+
+    def _lock_data_dir(self) -> None:
+        path = self.data_dir / "dev.lock"
+        self._lock_file = open(path, "a+")  # noqa: SIM115 - held until this process exits
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.seek(0)
+            owner = self._lock_file.read().strip() or "?"
+            raise DevClusterError(
+                f"another `minibroker dev` (pid {owner}) is using {self.data_dir}: stop it, "
+                "or pass a different --data-dir"
+            ) from None
+        self._lock_file.truncate(0)
+        self._lock_file.write(str(os.getpid()))
+        self._lock_file.flush()
+
+    def _on_signal(self, sig: int) -> None:
+        if self._stop.is_set():
+            print("second signal: killing everything now", file=self.err, flush=True)
+            self._kill_now = True
+            for child in self.children:
+                child.signal(signal.SIGKILL)
+        self._stop.set()
+
+    async def _start_all(self) -> None:
+        env = self._env()
+        self._say(
+            f"starting controller {CONTROLLER_ID} on {self.host}:{self.controller_port} "
+            f"(log: {self.controller.log_path})"
+        )
+        self.controller.start(env)
+        deadline = time.monotonic() + self.startup_timeout
+        await self._wait_until(
+            self._controller_ready, deadline, [self.controller], "the controller to listen"
+        )
+        if self._stop.is_set():
+            return
+        for broker, port in zip(self.brokers, self.broker_ports, strict=True):
+            self._say(
+                f"starting broker {broker.node_id} on {self.host}:{port} (log: {broker.log_path})"
+            )
+            broker.start(env)
+        await self._wait_until(
+            self._brokers_ready, deadline, self.children, "every broker to register"
+        )
+
+    async def _wait_until(
+        self,
+        check: Callable[[], Awaitable[bool]],
+        deadline: float,
+        watched: list[_Child],
+        what: str,
+    ) -> None:
+        last_error = ""
+        while not self._stop.is_set():
+            for child in watched:
+                code = child.returncode
+                if code is not None:
+                    raise DevClusterError(
+                        f"{child.name} exited during startup ({describe_exit(code)}); "
+                        f"last lines of {child.log_path}:\n{child.tail()}"
+                    )
+            try:
+                if await check():
+                    return
+            except (MinibrokerError, OSError) as exc:
+                last_error = str(exc)
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"  {c.name} ({c.log_path}):\n{c.tail(8)}" for c in watched)
+                raise DevClusterError(
+                    f"timed out after {self.startup_timeout:.0f} s waiting for {what}"
+                    + (f" (last error: {last_error})" if last_error else "")
+                    + f"; recent log lines:\n{tails}"
+                )
+            await asyncio.sleep(POLL_INTERVAL)
+
+    async def _ask(self, port: int, request: object) -> object:
+        conn = BrokerConnection(
+            self.host,
+            port,
+            client_id="minibroker-dev",
+            request_timeout_ms=2_000,
+            connect_timeout_ms=1_000,
+        )
+        try:
+            await conn.connect()
+            return await conn.send(request)  # type: ignore[arg-type]
+        finally:
+            await conn.close()
+
+    async def _controller_ready(self) -> bool:
+        response = await self._ask(self.controller_port, DescribeClusterRequest())
+        return isinstance(response, DescribeClusterResponse)
+
+    async def _brokers_ready(self) -> bool:
+        expected = {b.node_id for b in self.brokers}
+        for port in self.broker_ports:
+            response = await self._ask(port, MetadataRequest(topics=[]))
+            if not isinstance(response, MetadataResponse):
+                return False
+            if not expected <= {b.node_id for b in response.brokers}:
+                return False
+        return True
+
+    async def _watch(self) -> _Child | None:
+        """Until a signal (None) or a child exits (that child)."""
+        while not self._stop.is_set():
+            for child in self.children:
+                if child.returncode is not None:
+                    return child
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await self._stop.wait()
+        return None
+
+    # ------------------------------------------------------------ stop
+
+    async def _shutdown(self, *, reason: str, quiet: bool = False) -> int:
+        """Brokers first (SIGTERM, bounded wait, SIGKILL), then the controller.
+        Returns 0 when every child exited cleanly (code 0)."""
+        running = [c for c in self.children if c.proc is not None]
+        if not running:
+            return 0
+        # Those already dead were reported by the caller; they still make it unclean.
+        dead_before = {c.name for c in running if c.returncode is not None}
+        clean = not dead_before
+        if not quiet:
+            self._say(f"stopping ({reason}): brokers first, then the controller")
+        for group in (self.brokers, [self.controller]):
+            procs = [c for c in group if c.proc is not None]
+            for child in procs:
+                child.signal(signal.SIGTERM)
+            deadline = time.monotonic() + self.stop_timeout
+            while any(c.returncode is None for c in procs):
+                if time.monotonic() > deadline or self._kill_now:
+                    for child in procs:
+                        if child.returncode is None:
+                            print(
+                                f"{child.name} did not stop within {self.stop_timeout:.0f} s: "
+                                f"killing it (log: {child.log_path})",
+                                file=self.err,
+                                flush=True,
+                            )
+                            child.signal(signal.SIGKILL)
+                    clean = False
+                    for child in procs:
+                        assert child.proc is not None
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            await asyncio.to_thread(child.proc.wait, 5)
+                    break
+                await asyncio.sleep(POLL_INTERVAL)
+            for child in procs:
+                code = child.returncode
+                if code not in (0, None):
+                    clean = False
+                    if not quiet and child.name not in dead_before:
+                        print(
+                            f"{child.name} exited with {describe_exit(code)}; "
+                            f"last lines of {child.log_path}:\n{child.tail(10)}",
+                            file=self.err,
+                            flush=True,
+                        )
+        if not quiet:
+            self._say("stopped" if clean else "stopped, not cleanly (see above)")
+        return 0 if clean else 1

@@ -1,0 +1,137 @@
+"""ListOffsets against each partition's leader, fenced by the cached leader epoch.
+
+Shared by the admin (log start offset and high watermark in `describe_topics`) and
+the consumer (auto_offset_reset, seek_to_beginning/end). One request per leader for
+all of its partitions; each carries current_leader_epoch (KIP-320), so a deposed
+leader answers FENCED_LEADER_EPOCH instead of an offset from a log that is no longer
+the partition's. Retriable answers refresh metadata and retry, a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Mapping
+
+from client.cluster import ClusterClient
+from client.errors import (
+    BrokerResponseError,
+    ConnectionFailedError,
+    MinibrokerError,
+    RequestTimedOutError,
+    UnknownTopicOrPartitionError,
+    error_for,
+)
+from client.types import OffsetAndTimestamp, TopicPartition
+from protocol.api import CONSUMER_REPLICA_ID
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsTopic,
+)
+
+log = logging.getLogger(__name__)
+
+
+async def list_offsets(
+    cluster: ClusterClient,
+    timestamps: Mapping[TopicPartition, int],
+    *,
+    max_attempts: int = 5,
+    isolation_level: int = 0,
+) -> tuple[dict[TopicPartition, OffsetAndTimestamp], dict[TopicPartition, MinibrokerError]]:
+    """Resolve `timestamps` (-2 earliest, -1 latest, else ms) to offsets.
+
+    Returns (results, errors): a partition is in exactly one of them. Retriable
+    errors are retried up to `max_attempts` times; what is left is reported."""
+    results: dict[TopicPartition, OffsetAndTimestamp] = {}
+    errors: dict[TopicPartition, MinibrokerError] = {}
+    remaining = dict(timestamps)
+    backoff = cluster.retry_backoff_ms / 1000
+    for attempt in range(max_attempts):
+        retry: dict[TopicPartition, MinibrokerError] = {}
+        by_leader: dict[int, list[tuple[TopicPartition, int]]] = defaultdict(list)
+        for tp in remaining:
+            try:
+                leader, epoch = cluster.leader_for(tp)
+            except BrokerResponseError as exc:
+                retry[tp] = exc
+                continue
+            by_leader[leader].append((tp, epoch))
+        answers = await asyncio.gather(
+            *(
+                _send(cluster, node, parts, remaining, isolation_level)
+                for node, parts in by_leader.items()
+            )
+        )
+        for answer in answers:
+            for tp, outcome in answer.items():
+                if isinstance(outcome, OffsetAndTimestamp):
+                    results[tp] = outcome
+                elif outcome.retriable:
+                    retry[tp] = outcome
+                else:
+                    errors[tp] = outcome
+        remaining = {tp: remaining[tp] for tp in retry}
+        if not remaining:
+            break
+        if attempt + 1 == max_attempts:
+            errors.update(retry)
+            break
+        log.debug("ListOffsets retry for %s: %s", list(retry), list(retry.values())[:1])
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, 1.0)
+        try:
+            await cluster.refresh_metadata({tp.topic for tp in remaining})
+        except MinibrokerError as exc:
+            log.debug("metadata refresh failed: %s", exc)
+    return results, errors
+
+
+async def _send(
+    cluster: ClusterClient,
+    node: int,
+    parts: list[tuple[TopicPartition, int]],
+    timestamps: Mapping[TopicPartition, int],
+    isolation_level: int,
+) -> dict[TopicPartition, OffsetAndTimestamp | MinibrokerError]:
+    by_topic: dict[str, list[ListOffsetsPartition]] = defaultdict(list)
+    for tp, epoch in parts:
+        by_topic[tp.topic].append(
+            ListOffsetsPartition(
+                partition_index=tp.partition,
+                current_leader_epoch=epoch,
+                timestamp=timestamps[tp],
+            )
+        )
+    request = ListOffsetsRequest(
+        replica_id=CONSUMER_REPLICA_ID,
+        isolation_level=isolation_level,
+        topics=[ListOffsetsTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
+    )
+    out: dict[TopicPartition, OffsetAndTimestamp | MinibrokerError] = {}
+    try:
+        response = await cluster.send(node, request)
+    except (ConnectionFailedError, RequestTimedOutError) as exc:
+        return {tp: exc for tp, _ in parts}
+    except BrokerResponseError as exc:
+        return {tp: exc for tp, _ in parts}
+    assert isinstance(response, ListOffsetsResponse)
+    for topic in response.topics:
+        for p in topic.partitions:
+            tp = TopicPartition(topic.name, p.partition_index)
+            if p.error_code == ErrorCode.NONE:
+                out[tp] = OffsetAndTimestamp(p.offset, p.timestamp, p.leader_epoch)
+            else:
+                out[tp] = error_for(p.error_code, topic=tp.topic, partition=tp.partition)
+    for tp, _ in parts:
+        if tp not in out:
+            out[tp] = UnknownTopicOrPartitionError(
+                f"broker {node} did not answer for this partition",
+                topic=tp.topic,
+                partition=tp.partition,
+            )
+    return out

@@ -1,0 +1,592 @@
+"""AsyncProducer: batches records per partition and sends them to the leaders.
+
+aiokafka's shape: `fut = await producer.send(...)` queues a record (waiting only when
+`buffer_memory` is full) and returns a future of its RecordMetadata;
+`send_and_wait` does both. Records are appended to a per-partition RecordBatch v2
+(`protocol.record_batch.BatchBuilder`) that is sent when it reaches `batch_size` or
+has waited `linger_ms`; one Produce request per leader carries a batch for each of its
+ready partitions.
+
+Every partition in a Produce request carries the leader epoch this producer has
+cached (KIP-359): a deposed leader that has not heard of its deposition refuses the
+write, and a leader newer than our metadata answers UNKNOWN_LEADER_EPOCH. On those,
+NOT_LEADER_OR_FOLLOWER and the other retriable errors the batch goes back to the front
+of its partition's queue, metadata is refreshed, and it is retried with a bounded
+exponential backoff until `delivery_timeout_ms` after it was created.
+
+Ordering: at most one batch per partition is in flight, so a retry never overtakes
+a later batch. Without idempotence (a later issue) a retry after a lost answer may
+write a batch twice, as with Kafka's producer when enable.idempotence=false.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+from client.cluster import ClusterClient
+from client.errors import (
+    BrokerResponseError,
+    IllegalStateError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    MinibrokerError,
+    UnknownTopicOrPartitionError,
+    error_for,
+)
+from client.partitioner import DefaultPartitioner
+from client.types import Header, RecordMetadata, TopicPartition
+from protocol.errors import ErrorCode
+from protocol.messages import ProducePartition, ProduceRequest, ProduceResponse, ProduceTopic
+from protocol.record_batch import HEADER_SIZE, BatchBuilder, Compression
+
+log = logging.getLogger(__name__)
+
+# Per-record overhead in a batch besides key, value and headers (varints, attributes).
+_RECORD_OVERHEAD = 24
+
+
+def parse_acks(acks: int | str) -> int:
+    """'all' / -1 / 0 / 1 (also as strings) -> -1, 0 or 1."""
+    text = str(acks).strip().lower()
+    if text in ("all", "-1"):
+        return -1
+    if text in ("0", "1"):
+        return int(text)
+    raise ValueError(f"acks must be 0, 1 or all (-1), not {acks!r}")
+
+
+class _Batch:
+    __slots__ = (
+        "attempts",
+        "builder",
+        "created",
+        "done",
+        "is_full",
+        "leader_epoch",
+        "payload",
+        "records",
+        "retry_at",
+        "size",
+        "tp",
+    )
+
+    def __init__(self, tp: TopicPartition, builder: BatchBuilder, now: float) -> None:
+        self.tp = tp
+        self.builder: BatchBuilder | None = builder
+        self.payload: bytes | None = None
+        # (future, offset delta, timestamp, key size, value size) per record
+        self.records: list[tuple[asyncio.Future[RecordMetadata], int, int, int, int]] = []
+        self.created = now
+        self.attempts = 0
+        self.retry_at = 0.0
+        self.size = 0
+        self.is_full = False
+        self.leader_epoch = -1
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
+class AsyncProducer:
+    """Asynchronous producer. `async with AsyncProducer(...) as p:` or start()/close()."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str | Iterable[str] = "127.0.0.1:9092",
+        *,
+        client_id: str = "minibroker-producer",
+        acks: int | str = "all",
+        compression_type: str | None = None,
+        batch_size: int = 16_384,
+        linger_ms: int = 5,
+        max_request_size: int = 1_048_576,
+        buffer_memory: int = 32 * 1024 * 1024,
+        max_block_ms: int = 60_000,
+        request_timeout_ms: int = 30_000,
+        delivery_timeout_ms: int = 120_000,
+        retry_backoff_ms: int = 100,
+        retry_backoff_max_ms: int = 1_000,
+        metadata_max_age_ms: int = 300_000,
+        key_serializer: Callable[[Any], bytes] | None = None,
+        value_serializer: Callable[[Any], bytes] | None = None,
+        partitioner: DefaultPartitioner | None = None,
+    ) -> None:
+        self.acks = parse_acks(acks)
+        self.compression = Compression.from_name(compression_type)
+        if batch_size < 1 or linger_ms < 0 or max_request_size <= HEADER_SIZE:
+            raise ValueError("batch_size >= 1, linger_ms >= 0 and max_request_size > 61 needed")
+        self.batch_size = batch_size
+        self.linger_ms = linger_ms
+        self.max_request_size = max_request_size
+        self.buffer_memory = buffer_memory
+        self.max_block_ms = max_block_ms
+        self.request_timeout_ms = request_timeout_ms
+        self.delivery_timeout_ms = delivery_timeout_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self.retry_backoff_max_ms = retry_backoff_max_ms
+        self.metadata_max_age_ms = metadata_max_age_ms
+        self._key_serializer = key_serializer
+        self._value_serializer = value_serializer
+        self._partitioner = partitioner or DefaultPartitioner()
+        self._cluster = ClusterClient(
+            bootstrap_servers,
+            client_id=client_id,
+            request_timeout_ms=request_timeout_ms + 5_000,  # the broker waits timeout_ms
+            retry_backoff_ms=retry_backoff_ms,
+        )
+        self._batches: dict[TopicPartition, deque[_Batch]] = defaultdict(deque)
+        self._in_flight: set[TopicPartition] = set()
+        self._incomplete: set[_Batch] = set()
+        self._buffered = 0
+        self._buffer_freed = asyncio.Event()
+        self._wakeup = asyncio.Event()
+        self._flushing = 0
+        self._closing = False
+        self._started = False
+        self._sender: asyncio.Task[None] | None = None
+        self._sender_error: BaseException | None = None
+        self._request_tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def cluster(self) -> ClusterClient:
+        return self._cluster
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self._cluster.bootstrap()
+        self._sender = asyncio.get_running_loop().create_task(
+            self._run_sender(), name="minibroker-producer-sender"
+        )
+        self._started = True
+
+    async def __aenter__(self) -> AsyncProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def flush(self, timeout_ms: int | None = None) -> None:
+        """Send everything buffered now and wait until each batch is acknowledged or
+        failed (bounded by delivery_timeout_ms, or `timeout_ms`)."""
+        self._check_open()
+        pending = [b.done for b in self._incomplete]
+        if not pending:
+            return
+        self._flushing += 1
+        self._wakeup.set()
+        try:
+            timeout = None if timeout_ms is None else timeout_ms / 1000
+            _, not_done = await asyncio.wait(pending, timeout=timeout)
+            if not_done:
+                raise KafkaTimeoutError(
+                    f"flush: {len(not_done)} batches still unacknowledged after {timeout_ms} ms"
+                )
+        finally:
+            self._flushing -= 1
+
+    async def close(self, timeout_ms: int | None = None) -> None:
+        """Flush, then stop. Records not delivered by then fail."""
+        if not self._started:
+            await self._cluster.close()
+            return
+        try:
+            if self._sender_error is None:
+                await self.flush(timeout_ms)
+        except MinibrokerError as exc:
+            log.warning("closing producer with undelivered records: %s", exc)
+        finally:
+            self._closing = True
+            self._started = False
+            if self._sender is not None:
+                self._sender.cancel()
+                await asyncio.gather(self._sender, return_exceptions=True)
+            for task in list(self._request_tasks):
+                task.cancel()
+            await asyncio.gather(*self._request_tasks, return_exceptions=True)
+            closed = IllegalStateError("the producer was closed before the record was delivered")
+            for batch in list(self._incomplete):
+                self._fail(batch, closed)
+            await self._cluster.close()
+
+    def _check_open(self) -> None:
+        if self._sender_error is not None:
+            raise IllegalStateError(f"the producer's sender failed: {self._sender_error}")
+        if not self._started or self._closing:
+            raise IllegalStateError("the producer is not started (await start()) or is closed")
+
+    # ------------------------------------------------------------ sending
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        self._check_open()
+        await self._wait_for_topic(topic)
+        return set(self._cluster.metadata.partitions_for_topic(topic) or ())
+
+    async def send(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        headers: Sequence[Header] | None = None,
+    ) -> asyncio.Future[RecordMetadata]:
+        """Queue one record; returns a future of its RecordMetadata."""
+        self._check_open()
+        key_bytes = self._key_serializer(key) if self._key_serializer and key is not None else key
+        value_bytes = (
+            self._value_serializer(value) if self._value_serializer and value is not None else value
+        )
+        if not isinstance(key_bytes, bytes | None) or not isinstance(value_bytes, bytes | None):
+            raise TypeError("key and value must be bytes or None (or pass serializers)")
+        headers = tuple(headers or ())
+        size = _RECORD_OVERHEAD + len(key_bytes or b"") + len(value_bytes or b"")
+        size += sum(len(k) + len(v or b"") + 8 for k, v in headers)
+        if size + HEADER_SIZE > self.max_request_size:
+            raise MessageSizeTooLargeError(
+                f"a record of about {size} bytes is larger than max_request_size "
+                f"{self.max_request_size}",
+                topic=topic,
+            )
+        meta = self._cluster.metadata
+        count = meta.partition_count(topic)
+        if count is None:
+            await self._wait_for_topic(topic)
+            count = meta.partition_count(topic) or 0
+        if partition is None:
+            partition = self._partitioner.partition(
+                topic, key_bytes, count, lambda: meta.available_partitions_for_topic(topic)
+            )
+        elif not 0 <= partition < count:
+            raise UnknownTopicOrPartitionError(
+                f"partition {partition} does not exist (the topic has {count})", topic=topic
+            )
+        if self._buffered + size > self.buffer_memory:
+            await self._wait_for_buffer(size)
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        return self._append(
+            TopicPartition(topic, partition), key_bytes, value_bytes, headers, timestamp_ms, size
+        )
+
+    async def send_and_wait(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        headers: Sequence[Header] | None = None,
+    ) -> RecordMetadata:
+        future = await self.send(topic, value, key, partition, timestamp_ms, headers)
+        return await future
+
+    async def _wait_for_topic(self, topic: str) -> None:
+        await self._cluster.wait_for_topics([topic], timeout_ms=self.max_block_ms)
+
+    async def _wait_for_buffer(self, size: int) -> None:
+        deadline = time.monotonic() + self.max_block_ms / 1000
+        while self._buffered + size > self.buffer_memory and self._buffered > 0:
+            self._buffer_freed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KafkaTimeoutError(
+                    f"buffer_memory ({self.buffer_memory} bytes) still full after "
+                    f"max_block_ms {self.max_block_ms}: the cluster is not keeping up"
+                )
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._buffer_freed.wait()
+            except TimeoutError:
+                continue
+            self._check_open()
+
+    def _append(
+        self,
+        tp: TopicPartition,
+        key: bytes | None,
+        value: bytes | None,
+        headers: tuple[Header, ...],
+        timestamp: int,
+        size: int,
+    ) -> asyncio.Future[RecordMetadata]:
+        queue = self._batches[tp]
+        batch = queue[-1] if queue else None
+        if (
+            batch is None
+            or batch.builder is None
+            or batch.is_full
+            or (batch.records and batch.builder.estimated_size + size > self.batch_size)
+        ):
+            if batch is not None and batch.builder is not None and not batch.is_full:
+                batch.is_full = True
+                self._partitioner.on_batch_closed(tp.topic, tp.partition)
+            batch = _Batch(tp, BatchBuilder(compression=self.compression), time.monotonic())
+            queue.append(batch)
+            self._incomplete.add(batch)
+        assert batch.builder is not None
+        delta = batch.builder.append(value, key, headers, timestamp)
+        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        batch.records.append(
+            (
+                future,
+                delta,
+                timestamp,
+                -1 if key is None else len(key),
+                -1 if value is None else len(value),
+            )
+        )
+        batch.size += size
+        self._buffered += size
+        if batch.builder.estimated_size >= self.batch_size:
+            batch.is_full = True
+            self._partitioner.on_batch_closed(tp.topic, tp.partition)
+            self._wakeup.set()
+        elif self.linger_ms == 0 or (len(queue) == 1 and len(batch.records) == 1):
+            # A new batch: the sender must learn its linger deadline.
+            self._wakeup.set()
+        return future
+
+    # ------------------------------------------------------------ the sender
+
+    async def _run_sender(self) -> None:
+        try:
+            while True:
+                self._wakeup.clear()
+                delay = self._send_ready(time.monotonic())
+                try:
+                    async with asyncio.timeout(delay):
+                        await self._wakeup.wait()
+                except TimeoutError:
+                    pass
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug: fail loudly rather than hang callers
+            log.exception("producer sender crashed")
+            self._sender_error = exc
+            for batch in list(self._incomplete):
+                self._fail(batch, IllegalStateError(f"the producer's sender failed: {exc}"))
+            raise
+
+    def _send_ready(self, now: float) -> float | None:
+        """Send every ready batch; return seconds until the next batch may be ready
+        (None: nothing pending)."""
+        meta = self._cluster.metadata
+        if now * 1000 - meta.last_refresh_ms > self.metadata_max_age_ms:
+            self._cluster.request_refresh()
+        linger = self.linger_ms / 1000
+        delivery_timeout = self.delivery_timeout_ms / 1000
+        next_check: float | None = None
+        by_leader: dict[int, list[_Batch]] = defaultdict(list)
+        request_bytes: dict[int, int] = defaultdict(int)
+        urgent = self._flushing > 0 or self._closing
+        for tp, queue in list(self._batches.items()):
+            if tp in self._in_flight:
+                continue
+            while queue and now - queue[0].created > delivery_timeout:
+                expired = queue.popleft()
+                self._fail(
+                    expired,
+                    KafkaTimeoutError(
+                        f"expiring {len(expired.records)} record(s) for {tp}: "
+                        f"{self.delivery_timeout_ms} ms passed since the batch was created "
+                        f"({expired.attempts} attempts)"
+                    ),
+                )
+            if not queue:
+                continue
+            batch = queue[0]
+            if batch.retry_at > now:
+                next_check = _earliest(next_check, batch.retry_at - now)
+                continue
+            ready = batch.is_full or len(queue) > 1 or urgent or now - batch.created >= linger
+            if not ready:
+                next_check = _earliest(next_check, batch.created + linger - now)
+                continue
+            try:
+                leader, epoch = self._cluster.leader_for(tp)
+            except BrokerResponseError as exc:
+                log.debug("no leader for %s yet (%s); refreshing metadata", tp, exc)
+                self._cluster.add_topics([tp.topic])
+                self._cluster.request_refresh()
+                batch.retry_at = now + self.retry_backoff_ms / 1000
+                next_check = _earliest(next_check, batch.retry_at - now)
+                continue
+            if batch.payload is None:
+                if not batch.is_full:
+                    self._partitioner.on_batch_closed(tp.topic, tp.partition)
+                assert batch.builder is not None
+                batch.payload = batch.builder.build()
+                batch.builder = None
+                batch.is_full = True
+            size = len(batch.payload)
+            if by_leader[leader] and request_bytes[leader] + size > self.max_request_size:
+                next_check = 0.0  # the next request to this leader takes it
+                continue
+            queue.popleft()
+            batch.leader_epoch = epoch
+            by_leader[leader].append(batch)
+            request_bytes[leader] += size
+            self._in_flight.add(tp)
+        for leader, batches in by_leader.items():
+            task = asyncio.get_running_loop().create_task(self._produce(leader, batches))
+            self._request_tasks.add(task)
+            task.add_done_callback(self._request_tasks.discard)
+        return next_check
+
+    async def _produce(self, node: int, batches: list[_Batch]) -> None:
+        by_topic: dict[str, list[ProducePartition]] = defaultdict(list)
+        for batch in batches:
+            assert batch.payload is not None
+            by_topic[batch.tp.topic].append(
+                ProducePartition(
+                    index=batch.tp.partition,
+                    current_leader_epoch=batch.leader_epoch,
+                    records=batch.payload,
+                )
+            )
+        request = ProduceRequest(
+            acks=self.acks,
+            timeout_ms=self.request_timeout_ms,
+            topics=[ProduceTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
+        )
+        try:
+            if self.acks == 0:
+                await self._cluster.send(node, request, expect_response=False)
+                for batch in batches:
+                    self._complete(batch, -1, -1, -1)
+                return
+            response = await self._cluster.send(node, request)
+        except MinibrokerError as exc:
+            for batch in batches:
+                self._retry_or_fail(batch, exc)
+            return
+        finally:
+            for batch in batches:
+                self._in_flight.discard(batch.tp)
+            self._wakeup.set()
+        assert isinstance(response, ProduceResponse)
+        answers = {(t.name, p.index): p for t in response.topics for p in t.partitions}
+        for batch in batches:
+            answer = answers.get(batch.tp)
+            if answer is None:
+                self._retry_or_fail(
+                    batch,
+                    UnknownTopicOrPartitionError(
+                        f"broker {node} did not answer for this partition",
+                        topic=batch.tp.topic,
+                        partition=batch.tp.partition,
+                    ),
+                )
+            elif answer.error_code == ErrorCode.NONE:
+                self._complete(
+                    batch, answer.base_offset, answer.log_append_time_ms, answer.log_start_offset
+                )
+            else:
+                error = error_for(
+                    answer.error_code,
+                    answer.error_message,
+                    topic=batch.tp.topic,
+                    partition=batch.tp.partition,
+                )
+                if answer.current_leader.leader_epoch > batch.leader_epoch:
+                    log.info(
+                        "%s: leader %d at epoch %d answered %s; the current leader is %d "
+                        "at epoch %d",
+                        batch.tp,
+                        node,
+                        batch.leader_epoch,
+                        error.error_code.name,
+                        answer.current_leader.leader_id,
+                        answer.current_leader.leader_epoch,
+                    )
+                self._retry_or_fail(batch, error)
+
+    def _retry_or_fail(self, batch: _Batch, error: MinibrokerError) -> None:
+        now = time.monotonic()
+        deadline = batch.created + self.delivery_timeout_ms / 1000
+        backoff = (
+            min(self.retry_backoff_ms * 2**batch.attempts, self.retry_backoff_max_ms)
+            * random.uniform(0.8, 1.2)
+            / 1000
+        )
+        if not error.retriable or self._closing:
+            self._fail(batch, error)
+            return
+        if now + backoff >= deadline:
+            timeout = KafkaTimeoutError(
+                f"delivery_timeout_ms {self.delivery_timeout_ms} expired for {batch.tp} "
+                f"after {batch.attempts + 1} attempts; last error: {error}"
+            )
+            timeout.__cause__ = error
+            self._fail(batch, timeout)
+            return
+        batch.attempts += 1
+        batch.retry_at = now + backoff
+        log.info(
+            "retrying %d record(s) for %s in %d ms (attempt %d, sent with leader epoch %d): %s",
+            len(batch.records),
+            batch.tp,
+            backoff * 1000,
+            batch.attempts,
+            batch.leader_epoch,
+            error,
+        )
+        self._batches[batch.tp].appendleft(batch)  # keeps the partition's order
+        if error.invalid_metadata:
+            self._cluster.request_refresh()
+
+    def _complete(
+        self, batch: _Batch, base_offset: int, log_append_time: int, log_start_offset: int
+    ) -> None:
+        tp = batch.tp
+        for future, delta, timestamp, key_size, value_size in batch.records:
+            if future.done():
+                continue
+            future.set_result(
+                RecordMetadata(
+                    tp.topic,
+                    tp.partition,
+                    base_offset + delta if base_offset >= 0 else -1,
+                    log_append_time if log_append_time >= 0 else timestamp,
+                    batch.leader_epoch,
+                    log_start_offset,
+                    key_size,
+                    value_size,
+                )
+            )
+        self._release(batch)
+
+    def _fail(self, batch: _Batch, error: BaseException) -> None:
+        for future, *_ in batch.records:
+            if not future.done():
+                future.set_exception(error)
+        self._release(batch)
+
+    def _release(self, batch: _Batch) -> None:
+        if batch not in self._incomplete:
+            return
+        self._incomplete.discard(batch)
+        self._buffered -= batch.size
+        self._buffer_freed.set()
+        queue = self._batches.get(batch.tp)
+        if queue is not None and not queue and batch.tp not in self._in_flight:
+            del self._batches[batch.tp]
+        if not batch.done.done():
+            batch.done.set_result(None)
+
+
+def _earliest(current: float | None, candidate: float) -> float:
+    candidate = max(candidate, 0.0)
+    return candidate if current is None else min(current, candidate)

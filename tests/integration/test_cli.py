@@ -1,0 +1,347 @@
+"""The `minibroker` CLI as a user runs it: `minibroker dev` in the foreground, topic
+commands, `seq 1 1000 | minibroker produce`, `minibroker consume`, Ctrl-C.
+
+The CLI runs as `python -m client.cli` (the console script `minibroker` is the same
+`client.cli:main`); the servers are whatever `python -m controller` / `python -m
+broker` are."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "client.cli"]
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+    "PYTHONUNBUFFERED": "1",
+}
+ENV.pop("MINIBROKER_BOOTSTRAP_SERVERS", None)
+STARTUP_TIMEOUT_S = 90
+COMMAND_TIMEOUT_S = 60
+
+pytestmark = pytest.mark.integration
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base_port(brokers: int) -> int:
+    """A base port whose broker ports (base + 2i) and controller port (base + 1) are free."""
+    for _ in range(200):
+        base = random.randrange(20_000, 32_000, 2)  # below Linux's ephemeral range
+        if all(_port_free(base + i) for i in range(2 * brokers)):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+def mb(*args: str, stdin: str | None = None, timeout: float = COMMAND_TIMEOUT_S):
+    return subprocess.run(
+        [*CLI, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        cwd=REPO,
+    )
+
+
+def pids_mentioning(text: str) -> set[int]:
+    """Processes whose command line contains `text` (our children name the data dir)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        if text in cmdline and "State:\tZ" not in status:
+            found.add(int(entry.name))
+    return found
+
+
+class DevProcess:
+    def __init__(self, data_dir: Path, brokers: int) -> None:
+        self.data_dir = data_dir
+        self.base_port = free_base_port(brokers)
+        self.proc = subprocess.Popen(
+            [
+                *CLI,
+                "dev",
+                "--data-dir",
+                str(data_dir),
+                "--brokers",
+                str(brokers),
+                "--base-port",
+                str(self.base_port),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+            cwd=REPO,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr)):
+            threading.Thread(target=self._pump, args=(stream, sink), daemon=True).start()
+
+    def _pump(self, stream, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line)
+            self.lines.put(line)
+
+    def output(self) -> str:
+        return "".join(self.stdout) + "".join(self.stderr)
+
+    def wait_for_bootstrap(self) -> str:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    break
+                continue
+            if line.startswith("bootstrap: "):
+                return line.split(" ", 1)[1].strip()
+        logs = ""
+        for log in sorted((self.data_dir / "logs").glob("*.log")):
+            logs += f"\n--- {log.name}\n" + log.read_text(errors="replace")[-3000:]
+        pytest.fail(f"`minibroker dev` did not become ready:\n{self.output()}{logs}")
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 90) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            for pid in pids_mentioning(str(self.data_dir)):
+                os.kill(pid, signal.SIGKILL)
+            raise
+
+
+@pytest.fixture
+def dev(tmp_path: Path) -> Iterator[DevProcess]:
+    process = DevProcess(tmp_path / "data", brokers=3)
+    try:
+        yield process
+    finally:
+        if process.proc.poll() is None:
+            process.proc.send_signal(signal.SIGINT)
+            try:
+                process.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                process.proc.kill()
+        for pid in pids_mentioning(str(process.data_dir)):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_dev_topic_produce_consume_and_ctrl_c(dev: DevProcess) -> None:
+    bootstrap = dev.wait_for_bootstrap()
+    assert bootstrap == ",".join(f"127.0.0.1:{dev.base_port + 2 * i}" for i in range(3))
+    children = pids_mentioning(str(dev.data_dir)) - {dev.proc.pid}
+    assert len(children) == 4, dev.output()  # the controller and 3 brokers
+
+    created = mb(
+        "topic", "create", "t", "--partitions", "3", "--replication-factor", "1", "-b", bootstrap
+    )
+    assert created.returncode == 0, created.stderr
+    assert "created topic t: 3 partitions, replication factor 1" in created.stdout
+
+    listed = mb("topic", "list", "-b", bootstrap)
+    assert listed.returncode == 0, listed.stderr
+    assert any(line.split() == ["t", "3", "1"] for line in listed.stdout.splitlines())
+
+    seq = subprocess.run(["seq", "1", "1000"], capture_output=True, text=True, check=True).stdout
+    produced = mb("produce", "t", "-b", bootstrap, stdin=seq)
+    assert produced.returncode == 0, produced.stderr
+    assert "produced 1000 records to t" in produced.stderr
+
+    consumed = mb(
+        "consume", "t", "--from-beginning", "-n", "1000", "--timeout-ms", "30000", "-b", bootstrap
+    )
+    assert consumed.returncode == 0, consumed.stderr
+    lines = consumed.stdout.splitlines()
+    assert len(lines) == 1000
+    assert set(lines) == {str(i) for i in range(1, 1001)}
+
+    # Per partition: offsets 0.. without gaps, values in the order they were produced.
+    full = mb(
+        "consume",
+        "t",
+        "--from-beginning",
+        "-n",
+        "1000",
+        "--format",
+        "json",
+        "--timeout-ms",
+        "30000",
+        "-b",
+        bootstrap,
+    )
+    assert full.returncode == 0, full.stderr
+    records = [json.loads(line) for line in full.stdout.splitlines()]
+    by_partition: dict[int, list[dict]] = {}
+    for r in records:
+        by_partition.setdefault(r["partition"], []).append(r)
+    assert sum(len(v) for v in by_partition.values()) == 1000
+    for rs in by_partition.values():
+        assert [r["offset"] for r in rs] == list(range(len(rs)))
+        values = [int(r["value"]) for r in rs]
+        assert values == sorted(values)
+        assert all(r["leader_epoch"] >= 0 for r in rs)
+
+    described = mb("topic", "describe", "t", "-b", bootstrap)
+    assert described.returncode == 0, described.stderr
+    rows = [line.split() for line in described.stdout.splitlines() if line[:1].isdigit()]
+    assert [int(r[0]) for r in rows] == [0, 1, 2]
+    # PARTITION LEADER EPOCH REPLICAS ISR LOG-START-OFFSET HIGH-WATERMARK
+    assert sum(int(r[-1]) for r in rows) == 1000
+    assert {int(r[-1]) for r in rows} == {len(v) for v in by_partition.values()} | (
+        {0} if len(by_partition) < 3 else set()
+    )
+
+    code = dev.stop(signal.SIGINT)
+    assert code == 0, dev.output()
+    assert "stopped" in dev.output()
+    deadline = time.monotonic() + 10
+    while pids_mentioning(str(dev.data_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not pids_mentioning(str(dev.data_dir)), "stray server processes"
+    assert (dev.data_dir / "logs" / "controller.log").exists()
+    assert (dev.data_dir / "logs" / "broker-3.log").exists()
+
+
+# ------------------------------------------------------------------ no cluster needed
+
+
+def test_dev_refuses_a_busy_port(tmp_path: Path) -> None:
+    base = free_base_port(1)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", base))
+        busy.listen()
+        result = mb(
+            "dev",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--brokers",
+            "1",
+            "--base-port",
+            str(base),
+            timeout=30,
+        )
+    assert result.returncode == 1
+    assert f"port {base}" in result.stderr and "already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not pids_mentioning(str(tmp_path / "d"))
+
+
+def test_dev_reports_a_server_that_dies_at_startup(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "controller").write_text("not a directory")
+    result = mb(
+        "dev",
+        "--data-dir",
+        str(data),
+        "--brokers",
+        "1",
+        "--base-port",
+        str(free_base_port(1)),
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "controller exited during startup" in result.stderr
+    assert str(data / "logs" / "controller.log") in result.stderr  # where to look
+    assert "Traceback" not in result.stderr
+    assert not pids_mentioning(str(data))
+
+
+def test_unreachable_cluster_is_one_clear_line() -> None:
+    port = free_base_port(1)
+    for args in (["topic", "list"], ["consume", "t"], ["produce", "t"]):
+        result = mb(*args, "-b", f"127.0.0.1:{port}", stdin="", timeout=60)
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        err = result.stderr.strip().splitlines()
+        assert len(err) == 1, result.stderr
+        assert err[0].startswith("error: no broker reachable at 127.0.0.1:")
+        assert "minibroker dev" in err[0]
+
+
+def test_bootstrap_from_the_environment() -> None:
+    port = free_base_port(1)
+    result = subprocess.run(
+        [*CLI, "topic", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**ENV, "MINIBROKER_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"},
+    )
+    assert result.returncode == 1
+    assert f"127.0.0.1:{port}" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["dev"],
+        ["topic"],
+        ["topic", "create"],
+        ["topic", "list"],
+        ["topic", "describe"],
+        ["topic", "delete"],
+        ["produce"],
+        ["consume"],
+        ["cluster"],
+    ],
+)
+def test_help_everywhere(args: list[str]) -> None:
+    result = mb(*args, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "Usage: minibroker" in result.stdout
+
+
+def test_server_commands_pass_arguments_through() -> None:
+    for module in ("controller", "broker"):
+        result = mb(module, "--help")
+        assert result.returncode == 0, result.stderr
+        assert f"python -m {module}" in result.stdout
+        assert "--data-dir" in result.stdout
+
+
+def test_console_script() -> None:
+    script = shutil.which("minibroker", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("console script not installed (pip install -e .)")
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0
+    assert "topic" in result.stdout and "dev" in result.stdout

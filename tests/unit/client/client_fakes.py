@@ -1,0 +1,310 @@
+"""An in-test broker for the client's unit tests: a real asyncio TCP server around
+`protocol.connection.ServerConnection`, with an in-memory partition state machine
+(leader epochs, logs of batches, fencing by current_leader_epoch) and hooks to
+script answers (stale metadata, fenced epochs, silence)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from protocol.connection import RejectedRequest, Request, ServerConnection
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    DescribeClusterBroker,
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    FetchPartitionResponse,
+    FetchRequest,
+    FetchResponse,
+    FetchTopicResponse,
+    LeaderIdAndEpoch,
+    ListOffsetsPartitionResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsTopicResponse,
+    Message,
+    MetadataBroker,
+    MetadataPartition,
+    MetadataRequest,
+    MetadataResponse,
+    MetadataTopic,
+    ProducePartitionResponse,
+    ProduceRequest,
+    ProduceResponse,
+    ProduceTopicResponse,
+)
+from protocol.record_batch import stamp, validate_batches
+
+Handler = Callable[[Message], Awaitable[Message | None] | Message | None]
+
+
+@dataclass
+class FakePartition:
+    leader_epoch: int = 0
+    # What Metadata reports; None: the real epoch (set it to simulate a lagging image).
+    metadata_epoch: int | None = None
+    batches: list[tuple[int, bytes]] = field(default_factory=list)  # (base offset, bytes)
+    log_end: int = 0
+    log_start: int = 0
+
+    def check_epoch(self, current: int) -> ErrorCode:
+        if current == -1 or current == self.leader_epoch:
+            return ErrorCode.NONE
+        if current < self.leader_epoch:
+            return ErrorCode.FENCED_LEADER_EPOCH
+        return ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+class FakeBroker:
+    """One node that leads every partition of every topic it knows."""
+
+    def __init__(self, node_id: int = 1) -> None:
+        self.node_id = node_id
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.topics: dict[str, list[FakePartition]] = {}
+        self.requests: list[Message] = []
+        # Scripted answers: a handler returning None falls through to the default.
+        self.overrides: dict[type, Handler] = {}
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.Transport] = set()
+
+    def create_topic(self, name: str, partitions: int, leader_epoch: int = 0) -> None:
+        self.topics[name] = [FakePartition(leader_epoch=leader_epoch) for _ in range(partitions)]
+
+    def requests_of(self, kind: type) -> list[Message]:
+        return [r for r in self.requests if isinstance(r, kind)]
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Proto(self), self.host, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        for t in list(self._writers):
+            t.abort()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    # ------------------------------------------------------------ dispatch
+
+    async def handle(self, body: Message) -> Message | None:
+        self.requests.append(body)
+        override = self.overrides.get(type(body))
+        if override is not None:
+            result = override(body)
+            if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+                result = await result  # type: ignore[misc]
+            if result is not None:
+                return result  # type: ignore[return-value]
+        if isinstance(body, MetadataRequest):
+            return self.metadata(body)
+        if isinstance(body, ProduceRequest):
+            return self.produce(body)
+        if isinstance(body, FetchRequest):
+            return self.fetch(body)
+        if isinstance(body, ListOffsetsRequest):
+            return self.list_offsets(body)
+        if isinstance(body, DescribeClusterRequest):
+            return DescribeClusterResponse(
+                cluster_id="fake",
+                controller_id=0,
+                brokers=[
+                    DescribeClusterBroker(broker_id=self.node_id, host=self.host, port=self.port)
+                ],
+            )
+        raise NotImplementedError(type(body).__name__)
+
+    def metadata(self, req: MetadataRequest) -> MetadataResponse:
+        names = list(self.topics) if req.topics is None else req.topics
+        topics = []
+        for name in names:
+            parts = self.topics.get(name)
+            if parts is None:
+                topics.append(
+                    MetadataTopic(name=name, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                )
+                continue
+            topics.append(
+                MetadataTopic(
+                    name=name,
+                    topic_id=f"id-{name}",
+                    partitions=[
+                        MetadataPartition(
+                            partition_index=i,
+                            leader_id=self.node_id,
+                            leader_epoch=p.leader_epoch
+                            if p.metadata_epoch is None
+                            else p.metadata_epoch,
+                            replica_nodes=[self.node_id],
+                            isr_nodes=[self.node_id],
+                        )
+                        for i, p in enumerate(parts)
+                    ],
+                )
+            )
+        return MetadataResponse(
+            brokers=[MetadataBroker(node_id=self.node_id, host=self.host, port=self.port)],
+            cluster_id="fake",
+            controller_id=0,
+            topics=topics,
+        )
+
+    def _partition(self, topic: str, index: int) -> FakePartition | None:
+        parts = self.topics.get(topic)
+        if parts is None or not 0 <= index < len(parts):
+            return None
+        return parts[index]
+
+    def produce(self, req: ProduceRequest) -> ProduceResponse:
+        out = []
+        for t in req.topics:
+            results = []
+            for p in t.partitions:
+                part = self._partition(t.name, p.index)
+                if part is None:
+                    results.append(
+                        ProducePartitionResponse(
+                            index=p.index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                        )
+                    )
+                    continue
+                code = part.check_epoch(p.current_leader_epoch)
+                if code != ErrorCode.NONE:
+                    results.append(
+                        ProducePartitionResponse(
+                            index=p.index,
+                            error_code=code,
+                            current_leader=LeaderIdAndEpoch(
+                                leader_id=self.node_id, leader_epoch=part.leader_epoch
+                            ),
+                        )
+                    )
+                    continue
+                data = bytearray(p.records)
+                base = part.log_end
+                for pos, header in validate_batches(data):
+                    stamp(data, pos, part.log_end, part.leader_epoch)
+                    part.batches.append((part.log_end, bytes(data[pos : pos + header.size])))
+                    part.log_end += header.last_offset_delta + 1
+                results.append(
+                    ProducePartitionResponse(index=p.index, base_offset=base, log_start_offset=0)
+                )
+            out.append(ProduceTopicResponse(name=t.name, partitions=results))
+        return ProduceResponse(topics=out)
+
+    def fetch(self, req: FetchRequest) -> FetchResponse:
+        out = []
+        for t in req.topics:
+            results = []
+            for p in t.partitions:
+                part = self._partition(t.topic, p.partition)
+                if part is None:
+                    results.append(
+                        FetchPartitionResponse(
+                            partition_index=p.partition,
+                            error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        )
+                    )
+                    continue
+                code = part.check_epoch(p.current_leader_epoch)
+                if code == ErrorCode.NONE and not part.log_start <= p.fetch_offset <= part.log_end:
+                    code = ErrorCode.OFFSET_OUT_OF_RANGE
+                if code != ErrorCode.NONE:
+                    results.append(
+                        FetchPartitionResponse(partition_index=p.partition, error_code=code)
+                    )
+                    continue
+                data = b"".join(
+                    b for base, b in part.batches if base + _last_delta(b) >= p.fetch_offset
+                )[: max(p.partition_max_bytes, 1)]
+                results.append(
+                    FetchPartitionResponse(
+                        partition_index=p.partition,
+                        high_watermark=part.log_end,
+                        log_start_offset=part.log_start,
+                        records=data,
+                    )
+                )
+            out.append(FetchTopicResponse(topic=t.topic, partitions=results))
+        return FetchResponse(responses=out)
+
+    def list_offsets(self, req: ListOffsetsRequest) -> ListOffsetsResponse:
+        out = []
+        for t in req.topics:
+            results = []
+            for p in t.partitions:
+                part = self._partition(t.name, p.partition_index)
+                if part is None:
+                    results.append(
+                        ListOffsetsPartitionResponse(
+                            partition_index=p.partition_index,
+                            error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        )
+                    )
+                    continue
+                code = part.check_epoch(p.current_leader_epoch)
+                if code != ErrorCode.NONE:
+                    results.append(
+                        ListOffsetsPartitionResponse(
+                            partition_index=p.partition_index, error_code=code
+                        )
+                    )
+                    continue
+                offset = part.log_start if p.timestamp == -2 else part.log_end
+                results.append(
+                    ListOffsetsPartitionResponse(
+                        partition_index=p.partition_index,
+                        offset=offset,
+                        leader_epoch=part.leader_epoch,
+                    )
+                )
+            out.append(ListOffsetsTopicResponse(name=t.name, partitions=results))
+        return ListOffsetsResponse(topics=out)
+
+
+def _last_delta(batch: bytes) -> int:
+    return int.from_bytes(batch[23:27], "big", signed=True)
+
+
+class _Proto(asyncio.Protocol):
+    def __init__(self, broker: FakeBroker) -> None:
+        self.broker = broker
+        self.conn = ServerConnection()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.broker._writers.add(self.transport)  # type: ignore[arg-type]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.broker._writers.discard(self.transport)  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.receive_data(data)
+        while (event := self.conn.next_event()) is not None:
+            if isinstance(event, RejectedRequest):
+                self._write(self.conn.send_rejection(event))
+            else:
+                asyncio.get_running_loop().create_task(self._serve(event))
+
+    async def _serve(self, request: Request) -> None:
+        try:
+            body = await self.broker.handle(request.body)
+        except Exception as exc:
+            self._write(self.conn.send_error(request, ErrorCode.UNKNOWN_SERVER_ERROR, str(exc)))
+            return
+        if body is None:
+            return  # scripted silence
+        self._write(self.conn.send_response(request, body))
+
+    def _write(self, data: bytes) -> None:
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
