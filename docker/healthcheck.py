@@ -1,0 +1,254 @@
+"""Container health probe: does this container's minibroker server answer requests?
+
+Run by the image's HEALTHCHECK, without arguments. It finds the server process in the
+container (`python -m controller|broker ...`, or `minibroker controller|broker ...`),
+works out the addresses it listens on the way the server does (flag > `MINIBROKER_*`
+environment > `--config` TOML file > default), connects to each on loopback and sends
+an ApiVersions request. Exit 0 when every listener answers with a valid ApiVersions
+response, else 1; either way one line on stdout says why (`docker inspect` shows it).
+
+    python healthcheck.py [--timeout SECONDS] [HOST:PORT ...]
+
+Explicit HOST:PORT arguments skip the discovery. A broker accepts connections only
+once it is registered and caught up with the metadata log, so "healthy" means it
+serves clients; a controller answers as soon as it listens.
+
+Imports `protocol` only (the sans-I/O codec), like every client of the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import NamedTuple
+
+from protocol.api import ApiKey
+from protocol.connection import ClientConnection
+from protocol.errors import DecodeError, ErrorCode
+from protocol.messages import ApiVersionsRequest, ApiVersionsResponse
+
+# The servers' own defaults (CONTRACT.md, "Process configuration").
+_DEFAULTS = {"controller": "127.0.0.1:9093", "broker": "PLAINTEXT://127.0.0.1:9092"}
+# The option (and its environment variable / TOML key) that holds the listen addresses.
+_OPTION = {"controller": "listen", "broker": "listeners"}
+_WILDCARD = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+_MAX_RESPONSE = 1 << 20  # an ApiVersions answer is a few hundred bytes
+
+
+class ProbeError(Exception):
+    """The probe failed; the message says what was wrong."""
+
+
+class Server(NamedTuple):
+    pid: int
+    role: str  # "controller" | "broker"
+    args: list[str]  # the server's own arguments (after the module / subcommand name)
+    env: dict[str, str]
+    cwd: Path
+
+
+def _server_args(argv: list[str]) -> tuple[str, list[str]] | None:
+    """(role, arguments) when argv runs a minibroker server, else None."""
+    # Only the interpreter itself: an init (docker run --init) or a wrapper carries the
+    # same words in its command line.
+    if not argv or not os.path.basename(argv[0]).startswith("python"):
+        return None
+    for i, arg in enumerate(argv):
+        if arg.startswith("-m") and arg[2:] in _OPTION:  # python -mbroker
+            return arg[2:], argv[i + 1 :]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if nxt in _OPTION and (arg == "-m" or os.path.basename(arg) == "minibroker"):
+            return nxt, argv[i + 2 :]
+    return None
+
+
+def _read_environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return dict(os.environ)  # same container, same environment unless changed
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def find_server() -> Server | None:
+    """The first (lowest pid) minibroker server process visible in /proc."""
+    me = os.getpid()
+    pids = sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue  # gone, or a kernel thread
+        argv = [a.decode(errors="replace") for a in raw.split(b"\0")]
+        if argv and argv[-1] == "":
+            argv.pop()
+        found = _server_args(argv)
+        if found is None:
+            continue
+        try:
+            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:
+            cwd = Path("/")
+        return Server(pid, found[0], found[1], _read_environ(pid), cwd)
+    return None
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    """The value of `--name VALUE` / `--name=VALUE` (the last one wins, as in click)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == f"--{name}" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _from_config_file(server: Server, key: str) -> str | None:
+    path_text = _flag(server.args, "config") or server.env.get("MINIBROKER_CONFIG")
+    if not path_text:
+        return None
+    path = server.cwd / path_text
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ProbeError(f"cannot read the server's config file {path}: {exc}") from None
+    value = data.get(key)
+    return None if value is None else str(value)
+
+
+def listen_setting(server: Server) -> str:
+    """The server's listen address(es) as it would resolve them."""
+    key = _OPTION[server.role]
+    return (
+        _flag(server.args, key)
+        or server.env.get(f"MINIBROKER_{key.upper()}")
+        or _from_config_file(server, key)
+        or _DEFAULTS[server.role]
+    )
+
+
+def _split_host_port(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ProbeError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port_text)
+
+
+def probe_addresses(role: str, setting: str) -> list[tuple[str, int]]:
+    """Loopback-reachable (host, port) for each listen address of the setting."""
+    items = [setting] if role == "controller" else [s for s in setting.split(",") if s.strip()]
+    out: list[tuple[str, int]] = []
+    for item in items:
+        host, port = _split_host_port(item.split("://", 1)[-1])
+        if port == 0:
+            raise ProbeError(
+                f"the {role} listens on port 0 (a port picked at start): "
+                "give this probe HOST:PORT arguments"
+            )
+        out.append((_WILDCARD.get(host, host), port))
+    if not out:
+        raise ProbeError(f"no listen address in {setting!r}")
+    return out
+
+
+def probe(host: str, port: int, deadline: float) -> int:
+    """Send ApiVersions to host:port; return the number of APIs it announces."""
+    conn = ClientConnection("minibroker-healthcheck")
+    _cid, request = conn.send_request(
+        ApiVersionsRequest(client_software_name="minibroker-healthcheck")
+    )
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise ProbeError(f"{host}:{port}: no time left")
+    try:
+        with socket.create_connection((host, port), timeout=remaining) as sock:
+            sock.sendall(request)
+            received = 0
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                sock.settimeout(remaining)
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ProbeError(f"{host}:{port} closed the connection without answering")
+                received += len(chunk)
+                if received > _MAX_RESPONSE:
+                    raise ProbeError(f"{host}:{port} sent more than {_MAX_RESPONSE} bytes")
+                responses = conn.receive_data(chunk)
+                if responses:
+                    break
+    except TimeoutError:
+        raise ProbeError(f"{host}:{port} did not answer ApiVersions in time") from None
+    except OSError as exc:
+        raise ProbeError(f"cannot reach {host}:{port}: {exc.strerror or exc}") from None
+    except DecodeError as exc:
+        raise ProbeError(f"{host}:{port} sent a malformed answer: {exc}") from None
+    response = responses[0]
+    if response.error_code != ErrorCode.NONE:
+        raise ProbeError(
+            f"{host}:{port} answered ApiVersions with {response.error_code.name}: "
+            f"{response.error_message}"
+        )
+    body = response.body
+    if not isinstance(body, ApiVersionsResponse) or body.error_code != 0:
+        raise ProbeError(f"{host}:{port} answered ApiVersions with {body!r}")
+    if not any(k.api_key == ApiKey.API_VERSIONS for k in body.api_keys):
+        raise ProbeError(f"{host}:{port} does not announce ApiVersions itself")
+    return len(body.api_keys)
+
+
+def main(argv: list[str]) -> int:
+    timeout = 2.0
+    targets: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg in ("-h", "--help"):
+            print(__doc__)
+            return 0
+        if arg == "--timeout" or arg.startswith("--timeout="):
+            text = arg.split("=", 1)[1] if "=" in arg else next(args, "")
+            try:
+                timeout = float(text)
+            except ValueError:
+                print(f"unhealthy: --timeout {text!r} is not a number of seconds")
+                return 1
+        else:
+            targets.append(arg)
+    deadline = time.monotonic() + timeout
+    try:
+        if targets:
+            what = "server"
+            addresses = [_split_host_port(t) for t in targets]
+        else:
+            server = find_server()
+            if server is None:
+                print("unhealthy: no minibroker controller or broker process in this container")
+                return 1
+            what = f"{server.role} (pid {server.pid})"
+            addresses = probe_addresses(server.role, listen_setting(server))
+        answers = [f"{h}:{p} ({probe(h, p, deadline)} APIs)" for h, p in addresses]
+    except ProbeError as exc:
+        print(f"unhealthy: {exc}")
+        return 1
+    except Exception as exc:  # exit 1, never 2 (reserved by Docker) or a traceback
+        print(f"unhealthy: probe failed: {type(exc).__name__}: {exc}")
+        return 1
+    print(f"healthy: {what} answered ApiVersions on {', '.join(answers)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
