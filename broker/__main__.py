@@ -3,12 +3,14 @@
 Configuration precedence: flags > environment (MINIBROKER_*) > TOML file given with
 --config (keys are the option names with dashes, e.g. `node-id = 1`) > defaults.
 Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 1 when start-up or the broker
-fails (one `error: ...` line on stderr says what and what to do), 2 for bad flags.
+fails (one `error: ...` line on stderr says what and what to do), 2 for bad flags
+(including an --unsafe-* switch without --enable-test-faults).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 import tomllib
@@ -54,6 +56,18 @@ def _load_toml(ctx: click.Context, _param: click.Parameter, value: str | None) -
 
 def _opt(name: str, env: str, **kwargs: Any) -> Any:
     return click.option(name, envvar=f"MINIBROKER_{env}", show_envvar=True, **kwargs)
+
+
+def _default(field: str) -> Any:
+    """The BrokerConfig default of `field`, so --help and the config never disagree."""
+    return {f.name: f.default for f in dataclasses.fields(BrokerConfig)}[field]
+
+
+_UNSAFE_FLAGS = (
+    "unsafe_truncate_to_high_watermark",
+    "unsafe_ignore_leader_epoch",
+    "unsafe_skip_fsync",
+)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -200,6 +214,75 @@ def _opt(name: str, env: str, **kwargs: Any) -> Any:
     help="How often high watermarks and recovery points are checkpointed.",
 )
 @_opt(
+    "--replica-fetch-wait-max-ms",
+    "REPLICA_FETCH_WAIT_MAX_MS",
+    type=click.IntRange(min=0),
+    default=_default("replica_fetch_wait_max_ms"),
+    show_default=True,
+    help="Longest a follower's fetch waits at the leader for new data (replica.fetch.wait.max.ms).",
+)
+@_opt(
+    "--replica-fetch-max-bytes",
+    "REPLICA_FETCH_MAX_BYTES",
+    type=click.IntRange(min=1),
+    default=_default("replica_fetch_max_bytes"),
+    show_default=True,
+    help="Bytes a follower asks for per partition and fetch (replica.fetch.max.bytes).",
+)
+@_opt(
+    "--replica-fetch-response-max-bytes",
+    "REPLICA_FETCH_RESPONSE_MAX_BYTES",
+    type=click.IntRange(min=1),
+    default=_default("replica_fetch_response_max_bytes"),
+    show_default=True,
+    help="Bytes a follower asks for per fetch, all partitions together "
+    "(replica.fetch.response.max.bytes).",
+)
+@_opt(
+    "--replica-fetch-backoff-ms",
+    "REPLICA_FETCH_BACKOFF_MS",
+    type=click.IntRange(min=0),
+    default=_default("replica_fetch_backoff_ms"),
+    show_default=True,
+    help="Pause of a follower's fetcher after a failed fetch (replica.fetch.backoff.ms).",
+)
+@_opt(
+    "--enable-test-faults",
+    "ENABLE_TEST_FAULTS",
+    is_flag=True,
+    default=False,
+    show_default=True,
+    help="TEST ONLY: serve the FaultControl API (delay, drop or hold chosen RPCs) and allow "
+    "the --unsafe-* switches. Logged loudly; never in production. [default: off]",
+)
+@_opt(
+    "--unsafe-truncate-to-high-watermark",
+    "UNSAFE_TRUNCATE_TO_HIGH_WATERMARK",
+    is_flag=True,
+    default=False,
+    show_default=True,
+    help="TEST ONLY (needs --enable-test-faults): a follower truncates to its high watermark "
+    "instead of reconciling by leader epoch (KIP-101 protection off). [default: off]",
+)
+@_opt(
+    "--unsafe-ignore-leader-epoch",
+    "UNSAFE_IGNORE_LEADER_EPOCH",
+    is_flag=True,
+    default=False,
+    show_default=True,
+    help="TEST ONLY (needs --enable-test-faults): the leader ignores current_leader_epoch in "
+    "requests (KIP-320/KIP-359 protection off). [default: off]",
+)
+@_opt(
+    "--unsafe-skip-fsync",
+    "UNSAFE_SKIP_FSYNC",
+    is_flag=True,
+    default=False,
+    show_default=True,
+    help="TEST ONLY (needs --enable-test-faults): never fsync log data (flush.messages and "
+    "flush.ms do nothing; the recovery point stays put). [default: off]",
+)
+@_opt(
     "--log-level",
     "LOG_LEVEL",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
@@ -211,6 +294,14 @@ def main(**options: Any) -> None:
     """Run a minibroker broker: registers with the controller, leads and follows the
     partitions assigned to it, and serves clients."""
     node_id = options["node_id"]
+    unsafe = [name for name in _UNSAFE_FLAGS if options[name]]
+    if unsafe and not options["enable_test_faults"]:
+        flags = ", ".join("--" + name.replace("_", "-") for name in unsafe)
+        raise click.UsageError(
+            f"{flags}: test-only switch(es) that turn a protection off; they are refused "
+            "unless --enable-test-faults (or MINIBROKER_ENABLE_TEST_FAULTS=1) is given too. "
+            "Never use them in production."
+        )
     try:
         listeners = parse_listeners(options["listeners"])
         advertised = (
@@ -239,6 +330,14 @@ def main(**options: Any) -> None:
             controlled_shutdown_timeout_ms=options["controlled_shutdown_timeout_ms"],
             retention_check_interval_ms=options["retention_check_interval_ms"],
             hw_checkpoint_interval_ms=options["hw_checkpoint_interval_ms"],
+            replica_fetch_wait_max_ms=options["replica_fetch_wait_max_ms"],
+            replica_fetch_max_bytes=options["replica_fetch_max_bytes"],
+            replica_fetch_response_max_bytes=options["replica_fetch_response_max_bytes"],
+            replica_fetch_backoff_ms=options["replica_fetch_backoff_ms"],
+            enable_test_faults=options["enable_test_faults"],
+            unsafe_truncate_to_high_watermark=options["unsafe_truncate_to_high_watermark"],
+            unsafe_ignore_leader_epoch=options["unsafe_ignore_leader_epoch"],
+            unsafe_skip_fsync=options["unsafe_skip_fsync"],
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -23,6 +23,7 @@ from broker.config import BrokerConfig
 from broker.faults import NO_FAULTS, Faults
 from broker.rpc import RpcClient, RpcError, RpcErrorResponse
 from protocol.errors import ErrorCode
+from protocol.fault_plan import CONTROLLER_PEER_ID
 from protocol.messages import (
     AlterPartitionRequest,
     AlterPartitionResponse,
@@ -86,6 +87,9 @@ class ControllerChannel:
                 request_timeout_s=timeout_s,
                 connect_timeout_s=min(5.0, timeout_s),
                 faults=faults,
+                # Test fault rules name the controller by this id (its --node-id is
+                # not known here).
+                peer_id=CONTROLLER_PEER_ID,
             )
 
         self._lifecycle = client("lifecycle")

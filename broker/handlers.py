@@ -1,6 +1,7 @@
 """One function per API the broker serves. The table `Handlers.table()` is also the
 served API set: anything else (the controller's APIs, and the group / producer-id
-APIs until issue 4) is rejected by ServerConnection with INVALID_REQUEST.
+APIs until issue 4) is rejected by ServerConnection with INVALID_REQUEST. FaultControl
+is in the table only when the broker runs with --enable-test-faults.
 
 Metadata and DescribeCluster answer from this broker's own image, which may lag the
 controller (KIP-232: clients keep their fresher view). CreateTopics and DeleteTopics
@@ -17,10 +18,13 @@ import re
 from collections.abc import Callable
 
 from broker.controller_channel import ControllerChannel
+from broker.faults import NO_FAULTS, Faults
 from broker.metadata_image import MetadataImage
 from broker.network import Handler, RequestContext
+from broker.partition import Role
 from broker.replica_manager import ReplicaManager
 from broker.rpc import RpcError, RpcErrorResponse
+from broker.storage.errors import StorageError
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -37,6 +41,11 @@ from protocol.messages import (
     DescribeClusterBroker,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    DescribeReplicaLogRequest,
+    DescribeReplicaLogResponse,
+    EpochStartOffset,
+    FaultControlRequest,
+    FaultControlResponse,
     FetchRequest,
     ListOffsetsRequest,
     Message,
@@ -47,12 +56,15 @@ from protocol.messages import (
     MetadataTopic,
     OffsetForLeaderEpochRequest,
     ProduceRequest,
+    ReplicaBatchInfo,
 )
 from protocol.metadata_records import NO_LEADER
 
 log = logging.getLogger(__name__)
 
 _TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+# DescribeReplicaLog lists at most this many batches, whatever the request asks.
+MAX_DESCRIBED_BATCHES = 100_000
 
 
 def valid_topic_name(name: str) -> bool:
@@ -69,6 +81,7 @@ class Handlers:
         controller: ControllerChannel,
         image_updated: asyncio.Condition,
         max_forward_wait_s: float = 30.0,
+        faults: Faults = NO_FAULTS,
     ) -> None:
         self.node_id = node_id
         self.image = image
@@ -76,6 +89,7 @@ class Handlers:
         self.controller = controller
         self.image_updated = image_updated
         self.max_forward_wait_s = max_forward_wait_s
+        self.faults = faults
 
     def table(self) -> dict[int, Handler]:
         table: dict[int, Handler] = {
@@ -88,7 +102,10 @@ class Handlers:
             ApiKey.CREATE_TOPICS: self.create_topics,
             ApiKey.DELETE_TOPICS: self.delete_topics,
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
+            ApiKey.DESCRIBE_REPLICA_LOG: self.describe_replica_log,
         }
+        if self.faults.enabled:
+            table[ApiKey.FAULT_CONTROL] = self.fault_control
         return {int(k): v for k, v in table.items()}  # type: ignore[misc]
 
     # ------------------------------------------------------------------ cluster info
@@ -204,6 +221,73 @@ class Handlers:
         self, ctx: RequestContext, req: OffsetForLeaderEpochRequest
     ) -> Message:
         return self.replicas.offsets_for_leader_epoch(req)
+
+    # ------------------------------------------------------------------ inspection
+
+    async def describe_replica_log(
+        self, ctx: RequestContext, req: DescribeReplicaLogRequest
+    ) -> DescribeReplicaLogResponse:
+        """An inspection API in the manner of kafka-dump-log, read-only and always
+        served: this broker's replica of one partition as it stands, including its
+        epoch cache and, per batch, base/last offset, partition leader epoch, CRC and
+        size, read from the segment files' batch headers (records are never decoded).
+
+        Runs on the event loop on purpose: appends, truncations and retention run
+        there too, so the walk sees one consistent log without locks. Bounded by
+        `max_batches` (at most MAX_DESCRIBED_BATCHES)."""
+        p = self.replicas.partitions.get((req.topic, req.partition))
+        if p is None or p.role is Role.STOPPED:
+            return DescribeReplicaLogResponse(
+                error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                error_message=f"broker {self.node_id} hosts no replica of "
+                f"{req.topic}-{req.partition}",
+            )
+        log_ = p.log
+        resp = DescribeReplicaLogResponse(
+            log_start_offset=log_.log_start_offset,
+            log_end_offset=log_.log_end_offset,
+            high_watermark=p.high_watermark,
+            leader_id=p.leader_id,
+            leader_epoch=p.leader_epoch,
+            partition_epoch=p.partition_epoch,
+            isr=list(p.isr),
+            epoch_entries=[
+                EpochStartOffset(epoch=e.epoch, start_offset=e.start_offset)
+                for e in log_.epoch_cache.entries
+            ],
+        )
+        if not req.include_batches:
+            return resp
+        limit = max(0, min(req.max_batches, MAX_DESCRIBED_BATCHES))
+        batches: list[ReplicaBatchInfo] = []
+        try:
+            for segment in log_.segments:
+                if len(batches) >= limit:
+                    break
+                for _position, header in segment.iter_batches():
+                    if len(batches) >= limit:
+                        break
+                    batches.append(
+                        ReplicaBatchInfo(
+                            base_offset=header.base_offset,
+                            last_offset=header.last_offset,
+                            leader_epoch=header.partition_leader_epoch,
+                            crc=header.crc,
+                            size=header.size,
+                        )
+                    )
+        except (StorageError, OSError) as exc:
+            log.error("DescribeReplicaLog of %s failed: %s", p.name, exc)
+            resp.error_code = int(ErrorCode.KAFKA_STORAGE_ERROR)
+            resp.error_message = f"cannot read the log of {p.name}: {exc}"
+        resp.batches = batches
+        return resp
+
+    async def fault_control(
+        self, ctx: RequestContext, req: FaultControlRequest
+    ) -> FaultControlResponse:
+        """Test only (served with --enable-test-faults): see broker/faults.py."""
+        return self.faults.control(req)
 
     # ------------------------------------------------------------------ forwarded
 

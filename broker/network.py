@@ -11,6 +11,10 @@ connections per process.
 Bad input never takes the server down: an unknown API or version gets its error
 response (ServerConnection builds it), a malformed frame closes only its connection
 with a log line, and a handler that raises answers UNKNOWN_SERVER_ERROR.
+
+Test faults (broker/faults.py, only with --enable-test-faults) act before a handler
+runs: they may delay or park the request, drop it (the connection is closed without
+an answer), or let it run and close the connection instead of answering.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from broker.faults import NO_FAULTS, Faults
+from broker.faults import DROP, DROP_RESPONSE, NO_FAULTS, Faults
 from protocol.api import ApiKey
 from protocol.connection import RejectedRequest, Request, ServerConnection
 from protocol.errors import DecodeError, ErrorCode
@@ -148,11 +152,18 @@ class _Connection(asyncio.Protocol):
         header = request.header
         server = self._server
         try:
+            fault = None
             if server.faults.enabled:
-                await server.faults.before_answer(server.name, header.api_key)
+                fault = await server.faults.before_answer(server.name, header.api_key, request.body)
+                if fault == DROP:
+                    self.close()  # the request is lost: the sender sees the connection go
+                    return
             handler = server.handlers[header.api_key]
             ctx = RequestContext(server.name, self._peer, header.client_id, header.api_version)
             body = await handler(ctx, request.body)
+            if fault == DROP_RESPONSE:
+                self.close()  # served, but the answer is lost
+                return
             out = self._conn.send_response(request, body)
         except asyncio.CancelledError:
             raise

@@ -6,7 +6,10 @@ around protocol.connection.ClientConnection.
   does, because every later response on it would queue behind the lost one;
 - reconnect on the next request, no sooner than a bounded exponential backoff (with
   jitter) after the last failure;
-- `request_with_retry` retries connection failures and timeouts until a deadline.
+- `request_with_retry` retries connection failures and timeouts until a deadline;
+- test faults (broker/faults.py) act before a request is written; their waits count
+  against the request timeout, and `peer_id` (the destination's node id, or
+  CONTROLLER_PEER_ID) is what fault rules match.
 
 A response with a non-zero header error code (the peer could not serve the request
 at all) raises RpcErrorResponse; per-partition error codes are the caller's business.
@@ -20,7 +23,7 @@ import logging
 import random
 import time
 
-from broker.faults import NO_FAULTS, Faults
+from broker.faults import DROP_RESPONSE, NO_FAULTS, Faults, InjectedDrop
 from protocol.connection import ClientConnection, Response
 from protocol.errors import DecodeError, ErrorCode
 from protocol.messages import API_BY_REQUEST_TYPE, Message
@@ -85,6 +88,7 @@ class RpcClient:
         connect_timeout_s: float = 5.0,
         max_in_flight: int = 100,
         faults: Faults = NO_FAULTS,
+        peer_id: int = -1,
     ) -> None:
         self.host = host
         self.port = port
@@ -93,6 +97,7 @@ class RpcClient:
         self.connect_timeout_s = connect_timeout_s
         self._client_id = client_id
         self._faults = faults
+        self.peer_id = peer_id  # what test fault rules match (-1: unknown)
         self._slots = asyncio.Semaphore(max_in_flight)
         self._connect_lock = asyncio.Lock()
         self._proto: _Protocol | None = None
@@ -113,20 +118,26 @@ class RpcClient:
     async def request(self, body: Message, *, timeout_s: float | None = None) -> Message:
         """Send one request and return the response body."""
         spec = API_BY_REQUEST_TYPE[type(body)]
+        timeout = self.request_timeout_s if timeout_s is None else timeout_s
+        loop = asyncio.get_running_loop()
         async with self._slots:
+            fault = None
+            fault_s = 0.0  # time a test fault held the request: part of its timeout
             if self._faults.enabled:
-                await self._faults.before_send(self.name, int(spec.key))
+                started = loop.time()
+                fault = await self._injected_fault(int(spec.key), spec.key.name, timeout)
+                fault_s = loop.time() - started
             proto, conn = await self._ensure_connected()
+            deadline = loop.time() + max(0.0, timeout - fault_s)
             correlation_id, data = conn.send_request(body)
-            fut: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[Response] = loop.create_future()
             self._pending[correlation_id] = fut
             assert proto.transport is not None
             proto.transport.write(data)
-            timeout = self.request_timeout_s if timeout_s is None else timeout_s
             try:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation
                 # that races with the response, and a cancelled loop would run on.
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout_at(deadline):
                     response = await fut
             except TimeoutError:
                 self._pending.pop(correlation_id, None)
@@ -143,10 +154,31 @@ class RpcClient:
                 ) from None
             finally:
                 self._pending.pop(correlation_id, None)
+            if fault == DROP_RESPONSE:
+                self._drop(proto)
+                raise RpcConnectionError(
+                    f"test fault: the answer to {spec.key.name} from {self.name} at "
+                    f"{self.peer} was dropped"
+                )
         if response.error_code != ErrorCode.NONE:
             raise RpcErrorResponse(response.error_code, response.error_message)
         assert response.body is not None
         return response.body
+
+    async def _injected_fault(self, api_key: int, api: str, timeout: float) -> str | None:
+        """Carry out a test fault before sending; its wait counts against the timeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._faults.before_send(
+                    self.peer_id, api_key, f"{self.name} at {self.peer}"
+                )
+        except TimeoutError:
+            raise RpcTimeoutError(
+                f"{api} to {self.name} at {self.peer} timed out after {timeout:.1f}s "
+                "(held or delayed by a test fault)"
+            ) from None
+        except InjectedDrop as exc:
+            raise RpcConnectionError(str(exc)) from None
 
     async def request_with_retry(
         self, body: Message, *, deadline: float, timeout_s: float | None = None

@@ -159,6 +159,19 @@ def _env(name: str) -> str:
     help="Logging threshold (logs go to stderr).",
 )
 @click.option(
+    "--enable-test-faults",
+    type=click.BOOL,
+    is_flag=False,
+    flag_value=True,
+    default=False,
+    show_default=True,
+    envvar=_env("ENABLE_TEST_FAULTS"),
+    show_envvar=True,
+    help="TEST ONLY: serve the FaultControl API (delay, drop or hold chosen requests, e.g. an "
+    "AlterPartition until released) and allow the --unsafe-* switches. Logged loudly; never "
+    "in production (bare flag = true).",
+)
+@click.option(
     "--unsafe-ignore-broker-epochs",
     type=click.BOOL,
     is_flag=False,
@@ -168,7 +181,21 @@ def _env(name: str) -> str:
     envvar=_env("UNSAFE_IGNORE_BROKER_EPOCHS"),
     show_envvar=True,
     help="TEST ONLY: accept AlterPartition ISR members with a stale broker epoch (turns the "
-    "KIP-903 protection off). Refused unless MINIBROKER_ENABLE_TEST_FAULTS=1.",
+    "KIP-903 protection off). Refused unless --enable-test-faults "
+    "(MINIBROKER_ENABLE_TEST_FAULTS=1).",
+)
+@click.option(
+    "--unsafe-keep-restarted-replicas-in-isr",
+    type=click.BOOL,
+    is_flag=False,
+    flag_value=True,
+    default=False,
+    show_default=True,
+    envvar=_env("UNSAFE_KEEP_RESTARTED_REPLICAS_IN_ISR"),
+    show_envvar=True,
+    help="TEST ONLY: a broker that registers again stays in the ISRs it was in (the "
+    "ZooKeeper-era behaviour of KIP-101 scenario 1); only its leaderships move. Refused "
+    "unless --enable-test-faults (MINIBROKER_ENABLE_TEST_FAULTS=1).",
 )
 def main(
     node_id: int,
@@ -181,7 +208,9 @@ def main(
     default_unclean_leader_election: bool,
     snapshot_every: int,
     log_level: str,
+    enable_test_faults: bool,
     unsafe_ignore_broker_epochs: bool,
+    unsafe_keep_restarted_replicas_in_isr: bool,
 ) -> None:
     """Run the minibroker controller: the cluster's metadata log, broker liveness and
     leader elections."""
@@ -199,7 +228,9 @@ def main(
             default_unclean_leader_election=default_unclean_leader_election,
             snapshot_every=snapshot_every,
             log_level=log_level.upper(),
+            enable_test_faults=enable_test_faults,
             unsafe_ignore_broker_epochs=unsafe_ignore_broker_epochs,
+            unsafe_keep_restarted_replicas_in_isr=unsafe_keep_restarted_replicas_in_isr,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-# Test-only fault switches are refused unless this environment variable is "1", so a
-# production deployment cannot turn a protection off by accident.
+# Test-only fault switches are refused unless test faults are enabled (--enable-test-faults,
+# or this environment variable is "1"), so a production deployment cannot turn a
+# protection off by accident.
 TEST_FAULTS_ENV = "MINIBROKER_ENABLE_TEST_FAULTS"
+
+
+def _test_faults_env() -> bool:
+    return os.environ.get(TEST_FAULTS_ENV) == "1"
+
 
 DEFAULT_LISTEN = "127.0.0.1:9093"
 DEFAULT_DATA_DIR = "./minibroker-data/controller"
@@ -61,10 +67,17 @@ class ControllerConfig:
     max_metadata_records: int = 10_000  # cap on entries per FetchMetadata answer
     max_partitions_per_topic: int = 10_000
 
+    # TEST ONLY: serve FaultControl (controller/faults.py) and allow the unsafe switches
+    # below. Built directly (tests), it follows MINIBROKER_ENABLE_TEST_FAULTS.
+    enable_test_faults: bool = field(default_factory=_test_faults_env)
     # TEST ONLY (KIP-903 scenario): skip the check that each new ISR member's broker
     # epoch in AlterPartition equals its registered epoch, so a test can show the
-    # data loss the check prevents. Refused unless MINIBROKER_ENABLE_TEST_FAULTS=1.
+    # data loss the check prevents.
     unsafe_ignore_broker_epochs: bool = False
+    # TEST ONLY (KIP-101 scenario 1): a broker that registers again (a restart) stays in
+    # the ISRs it was in, as under ZooKeeper when it came back within the lag time; only
+    # its leaderships move. Without it the new incarnation leaves every ISR (KIP-903).
+    unsafe_keep_restarted_replicas_in_isr: bool = False
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -90,13 +103,24 @@ class ControllerConfig:
             logging.CRITICAL,
         ):
             problems.append(f"log level {self.log_level!r} is not DEBUG/INFO/WARNING/ERROR")
-        if self.unsafe_ignore_broker_epochs and os.environ.get(TEST_FAULTS_ENV) != "1":
-            problems.append(
-                f"unsafe-ignore-broker-epochs is a test-only fault; set {TEST_FAULTS_ENV}=1 "
-                "to allow it (never in production)"
-            )
+        for name in self.protections_off:
+            if not self.enable_test_faults:
+                problems.append(
+                    f"--{name} is a test-only switch that turns a protection off; it is refused "
+                    f"unless --enable-test-faults (or {TEST_FAULTS_ENV}=1) is given too "
+                    "(never in production)"
+                )
         if problems:
             raise ValueError("; ".join(problems))
+
+    @property
+    def protections_off(self) -> tuple[str, ...]:
+        """The unsafe switches that are on, by flag name."""
+        return tuple(
+            name.replace("_", "-")
+            for name in ("unsafe_ignore_broker_epochs", "unsafe_keep_restarted_replicas_in_isr")
+            if getattr(self, name)
+        )
 
     @property
     def session_timeout_s(self) -> float:

@@ -13,7 +13,9 @@ PartitionRecord with the epochs bumped) or None when nothing changes. Rules:
 - a broker that goes away (fenced, shutting down, replaced by a new incarnation)
   leaves every ISR except where it is the last member (KIP-903's exception: there is
   no better replica to keep), and if it led the partition a new leader is elected;
-  when nobody can lead, the leader is NO_LEADER and the ISR is unchanged.
+  when nobody can lead, the leader is NO_LEADER and the ISR is unchanged. (Test-only
+  `keep_in_isr`: the broker stays in every ISR and only its leaderships move, as a
+  restarted ZooKeeper-era replica did; KIP-101 scenario 1 needs it.)
 """
 
 from __future__ import annotations
@@ -78,11 +80,17 @@ def change_partition(
 
 
 def remove_broker(
-    partition: PartitionRecord, broker_id: int, is_usable: IsUsable, *, unclean_allowed: bool
+    partition: PartitionRecord,
+    broker_id: int,
+    is_usable: IsUsable,
+    *,
+    unclean_allowed: bool,
+    keep_in_isr: bool = False,
 ) -> PartitionRecord | None:
     """`broker_id` is going away (fenced, shutting down, or its incarnation replaced):
-    take it out of the ISR (unless it is the last member) and elect another leader if
-    it led. `is_usable` must already answer False for `broker_id`."""
+    take it out of the ISR (unless it is the last member, or `keep_in_isr`, test only)
+    and elect another leader if it led. `is_usable` must already answer False for
+    `broker_id`."""
     if broker_id not in partition.replicas:
         return None
     others = [b for b in partition.isr if b != broker_id]
@@ -101,7 +109,10 @@ def remove_broker(
                 isr=[election.leader],
                 leader_recovery_state=LEADER_RECOVERING,
             )
-        return change_partition(partition, leader=election.leader, isr=others)
+        isr = partition.isr if keep_in_isr else others
+        return change_partition(partition, leader=election.leader, isr=isr)
+    if keep_in_isr:
+        return None
     if broker_id in partition.isr and others:
         return change_partition(partition, isr=others)
     return None

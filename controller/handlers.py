@@ -17,6 +17,7 @@ from typing import Any
 
 from controller.config import ControllerConfig
 from controller.election import elect_if_leaderless, remove_broker
+from controller.faults import NO_FAULTS, Faults, TestFaults
 from controller.liveness import BrokerSessions
 from controller.meta_properties import new_uuid_string
 from controller.metadata_writer import MetadataWriter
@@ -55,6 +56,8 @@ from protocol.messages import (
     DescribeClusterBroker,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    FaultControlRequest,
+    FaultControlResponse,
     FetchMetadataRequest,
     FetchMetadataResponse,
     Message,
@@ -83,8 +86,8 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[Any], Awaitable[Message]]
 
-# The APIs a controller serves; everything else is answered INVALID_REQUEST by the
-# connection layer ("unknown or unserved API key").
+# The APIs a controller serves (plus FaultControl with --enable-test-faults); everything
+# else is answered INVALID_REQUEST by the connection layer ("unknown or unserved API key").
 CONTROLLER_APIS = (
     ApiKey.API_VERSIONS,
     ApiKey.METADATA,
@@ -112,8 +115,16 @@ class ControllerHandlers:
         cluster_id: str,
         *,
         rng: random.Random | None = None,
+        faults: Faults | None = None,
     ) -> None:
         self.config = config
+        if faults is None:
+            faults = (
+                TestFaults(node_id=config.node_id, protections_off=config.protections_off)
+                if config.enable_test_faults
+                else NO_FAULTS
+            )
+        self.faults = faults
         self.writer = writer
         self.sessions = sessions
         self.cluster_id = cluster_id
@@ -133,6 +144,20 @@ class ControllerHandlers:
             ApiKey.BROKER_HEARTBEAT: self.broker_heartbeat,
             ApiKey.FETCH_METADATA: self.fetch_metadata,
         }
+        if self.faults.enabled:
+            self.handlers[ApiKey.FAULT_CONTROL] = self.fault_control
+        if config.enable_test_faults:
+            log.warning(
+                "TEST FAULTS ENABLED: never use this in production (controller %d)",
+                config.node_id,
+            )
+        if config.unsafe_keep_restarted_replicas_in_isr:
+            log.warning(
+                "UNSAFE TEST SWITCH --unsafe-keep-restarted-replicas-in-isr is ON: a broker that "
+                "registers again stays in the ISRs it was in (ZooKeeper-era behaviour, KIP-101 "
+                "scenario 1); a restarted replica that lost data can be elected. Never run this "
+                "in production."
+            )
         if config.unsafe_ignore_broker_epochs:
             log.warning(
                 "UNSAFE TEST FAULT ON: AlterPartition does NOT check ISR members' broker epochs "
@@ -147,10 +172,11 @@ class ControllerHandlers:
     # ------------------------------------------------------------------ shared rules
 
     def _broker_gone_records(
-        self, image: MetadataImage, gone: set[int], why: str
+        self, image: MetadataImage, gone: set[int], why: str, *, keep_in_isr: bool = False
     ) -> list[MetadataRecord]:
         """Partition changes for brokers that go away (fenced, shutting down, replaced
-        by a new incarnation): out of the ISRs, leaderships moved (election.py)."""
+        by a new incarnation): out of the ISRs (unless `keep_in_isr`, a test-only
+        switch), leaderships moved (election.py)."""
 
         def usable(broker_id: int) -> bool:
             return broker_id not in gone and image.is_unfenced(broker_id)
@@ -162,7 +188,9 @@ class ControllerHandlers:
             unclean = unclean_election_enabled(topic.configs)
             current = partition
             for broker_id in sorted(gone):
-                changed = remove_broker(current, broker_id, usable, unclean_allowed=unclean)
+                changed = remove_broker(
+                    current, broker_id, usable, unclean_allowed=unclean, keep_in_isr=keep_in_isr
+                )
                 if changed is not None:
                     current = changed
             if current is partition:
@@ -250,6 +278,7 @@ class ControllerHandlers:
     # ------------------------------------------------------------------ ApiVersions
 
     async def api_versions(self, request: ApiVersionsRequest) -> ApiVersionsResponse:
+        served = [*CONTROLLER_APIS, *([ApiKey.FAULT_CONTROL] if self.faults.enabled else [])]
         return ApiVersionsResponse(
             api_keys=[
                 ApiVersionRange(
@@ -257,9 +286,15 @@ class ControllerHandlers:
                     min_version=API_SPECS[key].min_version,
                     max_version=API_SPECS[key].max_version,
                 )
-                for key in CONTROLLER_APIS
+                for key in served
             ]
         )
+
+    # ------------------------------------------------------------------ test faults
+
+    async def fault_control(self, request: FaultControlRequest) -> FaultControlResponse:
+        """Test only (served with --enable-test-faults): see controller/faults.py."""
+        return self.faults.control(request)
 
     # ------------------------------------------------------------------ registration
 
@@ -307,12 +342,20 @@ class ControllerHandlers:
                             broker_id=existing.broker_id, broker_epoch=existing.broker_epoch
                         )
                     )
+                keep = self.config.unsafe_keep_restarted_replicas_in_isr
+                if keep:
+                    log.warning(
+                        "UNSAFE TEST SWITCH: broker %d registers again and stays in its ISRs "
+                        "(--unsafe-keep-restarted-replicas-in-isr)",
+                        existing.broker_id,
+                    )
                 records.extend(
                     self._broker_gone_records(
                         image,
                         {existing.broker_id},
                         f"broker {existing.broker_id} epoch {existing.broker_epoch} replaced "
                         "by a new incarnation",
+                        keep_in_isr=keep,
                     )
                 )
             epoch = image.next_offset + len(records)

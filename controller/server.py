@@ -12,6 +12,9 @@ the server down:
   metadata log failed) and a log line with the traceback;
 - at most `max_in_flight_per_connection` requests per connection are in progress:
   past that the connection is not read until responses go out.
+
+With --enable-test-faults, controller/faults.py may delay or park a request before its
+handler runs, drop it (the connection is closed unanswered) or drop its answer.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 
 from controller.config import ControllerConfig
 from controller.errors import MetadataLogWriteError
+from controller.faults import DROP, DROP_RESPONSE
 from controller.handlers import ControllerHandlers
 from protocol.api import ApiKey
 from protocol.connection import RejectedRequest, Request, ServerConnection
@@ -112,8 +116,18 @@ class _Client:
     async def _serve(self, request: Request) -> None:
         api = request.header.api_key
         handler = self.server.handlers.handlers[api]
+        faults = self.server.handlers.faults
         try:
+            fault = None
+            if faults.enabled:
+                fault = await faults.before_answer(api, request.body)
+                if fault == DROP:
+                    self._abort()  # the request is lost: the sender sees the connection go
+                    return
             body = await handler(request.body)
+            if fault == DROP_RESPONSE:
+                self._abort()  # served, but the answer is lost
+                return
             out = self.conn.send_response(request, body)
         except MetadataLogWriteError as exc:
             out = self.conn.send_error(request, ErrorCode.KAFKA_STORAGE_ERROR, str(exc))
@@ -130,6 +144,13 @@ class _Client:
             )
         self._write(out)
         self.progress.set()
+
+    def _abort(self) -> None:
+        """Close the connection at once (test faults); `run` then cleans up."""
+        transport = self.writer.transport
+        if not transport.is_closing():
+            transport.abort()
+        self.progress.set()  # a reader parked on the in-flight bound must see it
 
     async def close(self) -> None:
         tasks = list(self.tasks)
