@@ -1,23 +1,40 @@
 """One partition replica on this broker: its role, epochs, replica set, ISR, high
-watermark, and the leader-side rules that do not need the network.
+watermark, and the replication rules that do not need the network.
 
 All leader-epoch checks of Produce / Fetch / ListOffsets / OffsetsForLeaderEpoch go
 through `check_leader_epoch`, so the KIP-320/KIP-359 rule lives in one place.
 
-The high watermark only moves forward (asserted): it is the minimum log end offset
-over the ISR, computed by the leader. With replication factor 1 the ISR is the leader
-alone, so it is the log end offset after every append. Followers' progress
-(`ReplicaState`) is recorded by the leader from their Fetch requests; issue 3 adds
-the ISR shrink/expand decisions on top of it.
+Leader side: followers' progress (`ReplicaState`, from their Fetch requests), the
+high watermark (the minimum LEO over the maximal ISR, counted only once every member
+fetched in this leader epoch; it never moves back), the ISR shrink/expand decisions
+(broker/isr.py) and the pending AlterPartition (`pending_isr`), which counts in the
+high watermark until the controller answers or the metadata log supersedes it.
+
+Follower side (driven by broker/fetcher.py): truncation, appends of the leader's
+batches, and the leader's high watermark applied as min(leader HW, our LEO), only
+after truncation and never backwards. The single exception: a truncation below the
+high watermark (only possible after an unclean election or with an unsafe test
+switch) lowers it to the new log end, with a warning.
+
+Invariants asserted here: the high watermark never moves back (except that logged
+truncation) and never passes the LEO; leader and partition epochs never decrease.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from broker.isr import (
+    EXPAND,
+    SHRINK,
+    PendingIsr,
+    ReplicaState,
+    caught_up_for_expand,
+    high_watermark_candidate,
+    out_of_sync_replicas,
+)
 from protocol.api import NO_EPOCH
 from protocol.errors import ErrorCode
 from protocol.messages import LeaderIdAndEpoch
@@ -31,23 +48,16 @@ log = logging.getLogger(__name__)
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 
+__all__ = ["MIN_INSYNC_REPLICAS", "Partition", "PendingIsr", "ReplicaState", "Role"]
+
+_warned_ignore_epoch = False
+
 
 class Role(enum.Enum):
     LEADER = "leader"
     FOLLOWER = "follower"
     OFFLINE = "offline"  # a replica here, but the partition has no leader
     STOPPED = "stopped"  # removed from this broker; in-flight requests must give up
-
-
-@dataclass
-class ReplicaState:
-    """A follower's progress as the leader sees it (filled from its Fetch requests)."""
-
-    broker_id: int
-    broker_epoch: int = -1
-    log_end_offset: int = -1  # -1: unknown since this broker became leader
-    last_fetch_time_ms: int = 0
-    last_caught_up_time_ms: int = 0
 
 
 class Partition:
@@ -61,6 +71,7 @@ class Partition:
         node_id: int,
         high_watermark: int = 0,
         min_insync_replicas: int = 1,
+        ignore_leader_epoch: bool = False,
     ) -> None:
         self.topic = topic
         self.index = index
@@ -75,8 +86,16 @@ class Partition:
         self.replicas: tuple[int, ...] = ()
         self.isr: tuple[int, ...] = ()
         self.min_insync_replicas = min_insync_replicas
-        # Followers' progress, keyed by broker id (leader side only).
+        # Test-only switch (unsafe_ignore_leader_epoch): skip the KIP-320 comparison.
+        self.ignore_leader_epoch = ignore_leader_epoch
+        # Leader side: followers' progress keyed by broker id, the offset where this
+        # leader epoch started, and the ISR change in flight.
         self.replica_states: dict[int, ReplicaState] = {}
+        self.leader_epoch_start_offset = -1
+        self.pending_isr: PendingIsr | None = None
+        # Counts the times this replica took leadership from another role: a waiting
+        # acks=all produce is answered only by the leadership that appended it.
+        self.leader_generation = 0
         # Bytes appended since this object exists: lets a waiting fetch estimate how
         # much became available without reading.
         self.appended_bytes = 0
@@ -107,6 +126,14 @@ class Partition:
     def log_start_offset(self) -> int:
         return self.log.log_start_offset
 
+    @property
+    def maximal_isr(self) -> tuple[int, ...]:
+        """The committed ISR plus the members a pending change would add: what the
+        high watermark and acks=all count (a pending shrink still counts the member
+        it removes)."""
+        pending = self.pending_isr
+        return self.isr if pending is None else pending.maximal_isr
+
     # ------------------------------------------------------------------ epoch checks
 
     def check_leader_epoch(
@@ -115,13 +142,18 @@ class Partition:
         """KIP-320 / KIP-359: -1 skips the comparison; an older epoch than ours is
         FENCED_LEADER_EPOCH (the client's metadata is stale), a newer one
         UNKNOWN_LEADER_EPOCH (ours is). Then, when `require_leader`, a replica that is
-        not the leader answers NOT_LEADER_OR_FOLLOWER."""
+        not the leader answers NOT_LEADER_OR_FOLLOWER.
+
+        With the test-only `ignore_leader_epoch` the comparison is skipped (as before
+        KIP-320); the role check stays, as pre-KIP-320 brokers had it."""
         if self.role is Role.STOPPED:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         if current_leader_epoch != NO_EPOCH:
-            if current_leader_epoch < self.leader_epoch:
+            if self.ignore_leader_epoch:
+                _warn_ignore_epoch_once(self.name)
+            elif current_leader_epoch < self.leader_epoch:
                 return ErrorCode.FENCED_LEADER_EPOCH
-            if current_leader_epoch > self.leader_epoch:
+            elif current_leader_epoch > self.leader_epoch:
                 return ErrorCode.UNKNOWN_LEADER_EPOCH
         if require_leader and self.role is not Role.LEADER:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -150,14 +182,27 @@ class Partition:
         a new leadership or a new epoch (the epoch cache got an entry)."""
         assert state.leader == self.node_id
         new_term = self.role is not Role.LEADER or state.leader_epoch != self.leader_epoch
+        if not new_term and state.partition_epoch < self.partition_epoch:
+            # An AlterPartition answer already gave us a newer state of this term.
+            return False
         self._accept_state(state)
+        if self.role is not Role.LEADER:
+            self.leader_generation += 1
         self.role = Role.LEADER
+        pending = self.pending_isr
+        if new_term or (pending is not None and state.partition_epoch > pending.partition_epoch):
+            # The metadata log has the partition's newer state: the proposal is moot
+            # (it was committed, and this is it, or it will be refused).
+            self.pending_isr = None
         if new_term:
             # KIP-101: the new epoch starts at our log end offset; every batch we
             # append from now on is stamped with it.
             self.log.epoch_cache.assign(self.leader_epoch, self.log.log_end_offset)
+            self.leader_epoch_start_offset = self.log.log_end_offset
+            # Every follower's LEO is unknown until it fetches in this epoch, so the
+            # high watermark waits for all of them (KIP-320's fencing argument).
             self.replica_states = {
-                r: ReplicaState(r, last_caught_up_time_ms=now_ms)
+                r: ReplicaState(r, last_caught_up_time_ms=now_ms if r in self.isr else 0)
                 for r in self.replicas
                 if r != self.node_id
             }
@@ -181,8 +226,8 @@ class Partition:
         return new_term
 
     def make_follower(self, state: PartitionState) -> bool:
-        """Follow `state.leader`. Returns True on a leader or epoch change (issue 3:
-        the fetcher must then reconcile with OffsetsForLeaderEpoch before fetching)."""
+        """Follow `state.leader`. Returns True on a leader or epoch change (the fetcher
+        must then reconcile with OffsetsForLeaderEpoch before fetching)."""
         assert state.leader != self.node_id and state.leader != NO_LEADER
         changed = (
             self.role is not Role.FOLLOWER
@@ -191,7 +236,7 @@ class Partition:
         )
         self._accept_state(state)
         self.role = Role.FOLLOWER
-        self.replica_states = {}
+        self._drop_leader_state()
         if changed:
             log.info(
                 "%s: became follower of broker %d at leader epoch %d (LEO %d, HW %d)",
@@ -208,7 +253,7 @@ class Partition:
         changed = self.role is not Role.OFFLINE or state.leader_epoch != self.leader_epoch
         self._accept_state(state)
         self.role = Role.OFFLINE
-        self.replica_states = {}
+        self._drop_leader_state()
         if changed:
             log.info(
                 "%s: no leader (leader epoch %d); replica kept (LEO %d, HW %d)",
@@ -220,7 +265,12 @@ class Partition:
 
     def stop(self) -> None:
         self.role = Role.STOPPED
+        self._drop_leader_state()
+
+    def _drop_leader_state(self) -> None:
         self.replica_states = {}
+        self.pending_isr = None
+        self.leader_epoch_start_offset = -1
 
     # ------------------------------------------------------------------ leader work
 
@@ -228,7 +278,11 @@ class Partition:
         """Append a Produce payload stamped with our epoch. The caller has checked the
         epoch and the role. Storage validates the batches and may raise."""
         assert self.role is Role.LEADER
+        before = self.log.log_end_offset
         info = self.log.append_as_leader(records, self.leader_epoch)
+        assert info.first_offset == before and info.last_offset >= before, (
+            f"{self.name}: appended offsets must strictly increase ({before} -> {info})"
+        )
         self.appended_bytes += info.valid_bytes
         self.maybe_increment_high_watermark()
         return info
@@ -236,31 +290,34 @@ class Partition:
     def update_follower_fetch_state(
         self, replica_id: int, broker_epoch: int, fetch_offset: int, now_ms: int
     ) -> bool:
-        """A follower fetched from `fetch_offset`: it holds everything before it.
-        Returns True when the high watermark moved."""
+        """A follower fetched from `fetch_offset` (it holds everything before it) in
+        our current epoch (the fetch passed the epoch check). Returns True when the
+        high watermark moved."""
         state = self.replica_states.get(replica_id)
-        if state is None:
+        if state is None or self.role is not Role.LEADER:
             return False
-        state.broker_epoch = broker_epoch
-        state.log_end_offset = fetch_offset
-        state.last_fetch_time_ms = now_ms
-        if fetch_offset >= self.log.log_end_offset:
-            state.last_caught_up_time_ms = now_ms
+        state.update(
+            broker_epoch=broker_epoch,
+            fetch_offset=fetch_offset,
+            leader_epoch=self.leader_epoch,
+            leader_leo=self.log.log_end_offset,
+            now_ms=now_ms,
+        )
         return self.maybe_increment_high_watermark()
 
     def maybe_increment_high_watermark(self) -> bool:
-        """HW = min LEO over the ISR; moves only forward. True when it moved."""
+        """HW = min LEO over the maximal ISR once every member fetched in this epoch;
+        moves only forward. True when it moved."""
         if self.role is not Role.LEADER:
             return False
-        new_hw = self.log.log_end_offset
-        for replica in self.isr:
-            if replica == self.node_id:
-                continue
-            state = self.replica_states.get(replica)
-            if state is None or state.log_end_offset < 0:
-                return False  # an ISR member we have not heard from in this epoch
-            new_hw = min(new_hw, state.log_end_offset)
-        if new_hw > self.high_watermark:
+        new_hw = high_watermark_candidate(
+            self.log.log_end_offset,
+            self.maximal_isr,
+            self.node_id,
+            self.replica_states,
+            self.leader_epoch,
+        )
+        if new_hw is not None and new_hw > self.high_watermark:
             self._set_high_watermark(new_hw)
             return True
         return False
@@ -278,3 +335,196 @@ class Partition:
         """Retention moved the log start past the HW (a follower far behind)."""
         if self.high_watermark < self.log.log_start_offset:
             self.high_watermark = self.log.log_start_offset
+
+    # ------------------------------------------------------------------ ISR decisions
+
+    def out_of_sync_replicas(self, now_ms: int, lag_ms: int) -> list[int]:
+        return out_of_sync_replicas(
+            self.isr, self.node_id, self.replica_states, self.log.log_end_offset, now_ms, lag_ms
+        )
+
+    def wants_to_add(self, replica_id: int) -> bool:
+        """`replica_id`, outside the ISR, has caught up enough to join it (eligibility
+        by broker epoch and fencing is the caller's check, against the image)."""
+        if self.role is not Role.LEADER or replica_id in self.isr:
+            return False
+        if replica_id not in self.replicas or replica_id == self.node_id:
+            return False
+        state = self.replica_states.get(replica_id)
+        return state is not None and caught_up_for_expand(
+            state,
+            leader_epoch=self.leader_epoch,
+            high_watermark=self.high_watermark,
+            epoch_start_offset=self.leader_epoch_start_offset,
+        )
+
+    def propose_isr(self, kind: str, new_isr: tuple[int, ...], now_ms: int) -> PendingIsr:
+        """Record an ISR change about to be sent (one at a time)."""
+        assert self.role is Role.LEADER and self.pending_isr is None
+        assert kind in (EXPAND, SHRINK) and self.node_id in new_isr
+        pending = PendingIsr(
+            kind=kind,
+            isr=tuple(new_isr),
+            committed_isr=self.isr,
+            leader_epoch=self.leader_epoch,
+            partition_epoch=self.partition_epoch,
+            created_ms=now_ms,
+        )
+        self.pending_isr = pending
+        log.info(
+            "%s: %s ISR %s -> %s (leader epoch %d, partition epoch %d)",
+            self.name,
+            "expanding" if kind == EXPAND else "shrinking",
+            list(self.isr),
+            list(new_isr),
+            self.leader_epoch,
+            self.partition_epoch,
+        )
+        return pending
+
+    def isr_change_committed(
+        self, pending: PendingIsr, *, isr: tuple[int, ...], leader_epoch: int, partition_epoch: int
+    ) -> bool:
+        """The controller accepted `pending`: adopt its ISR and partition epoch (the
+        metadata log will bring the same state later: a no-op then). Returns True when
+        the high watermark moved. A stale answer is ignored."""
+        if self.pending_isr is not pending or self.role is not Role.LEADER:
+            return False
+        if pending.refused_ms is not None:
+            return False  # already answered (refused): a duplicate answer changes nothing
+        if leader_epoch != self.leader_epoch or partition_epoch < self.partition_epoch:
+            log.info(
+                "%s: ignoring an AlterPartition answer for leader epoch %d, partition epoch "
+                "%d (we are at %d, %d)",
+                self.name,
+                leader_epoch,
+                partition_epoch,
+                self.leader_epoch,
+                self.partition_epoch,
+            )
+            return False
+        self.pending_isr = None
+        old = self.isr
+        self.isr = tuple(isr)
+        self.partition_epoch = partition_epoch
+        log.info(
+            "%s: ISR %s -> %s committed (partition epoch %d)%s",
+            self.name,
+            list(old),
+            list(self.isr),
+            partition_epoch,
+            " (under min ISR)" if len(self.isr) < self.min_insync_replicas else "",
+        )
+        return self.maybe_increment_high_watermark()
+
+    def isr_change_failed(self, pending: PendingIsr, *, await_metadata: bool, now_ms: int) -> bool:
+        """The controller refused `pending` (or it was abandoned). With
+        `await_metadata` its members keep counting in the high watermark until the
+        metadata log brings the partition's state; otherwise the partition goes back
+        to the committed ISR. Returns True when the high watermark moved."""
+        if self.pending_isr is not pending:
+            return False
+        if await_metadata:
+            pending.refused_ms = now_ms
+            return False
+        self.pending_isr = None
+        return self.maybe_increment_high_watermark()
+
+    def abandon_refused_isr_change(self, now_ms: int, timeout_ms: int) -> bool:
+        """A refused change whose metadata never came: give up on it after `timeout_ms`
+        (bounded wait). True when the high watermark moved."""
+        pending = self.pending_isr
+        if pending is None or pending.refused_ms is None:
+            return False
+        if now_ms - pending.refused_ms < timeout_ms:
+            return False
+        log.warning(
+            "%s: no metadata superseded the refused ISR change %s -> %s within %d ms; dropping it",
+            self.name,
+            list(pending.committed_isr),
+            list(pending.isr),
+            timeout_ms,
+        )
+        return self.isr_change_failed(pending, await_metadata=False, now_ms=now_ms)
+
+    # ------------------------------------------------------------------ follower work
+
+    def append_as_follower(self, records: bytes) -> AppendInfo:
+        """Append the leader's batches as they are (fetcher, after truncation)."""
+        assert self.role is Role.FOLLOWER
+        before = self.log.log_end_offset
+        info = self.log.append_as_follower(records)
+        if info.batch_count:
+            assert info.first_offset >= before and info.last_offset >= info.first_offset, (
+                f"{self.name}: appended offsets must strictly increase ({before} -> {info})"
+            )
+        self.appended_bytes += info.valid_bytes
+        return info
+
+    def update_follower_high_watermark(self, leader_high_watermark: int) -> bool:
+        """Apply the leader's high watermark: min(leader HW, our LEO), never backwards.
+        Only after truncation (the fetcher's FETCHING phase). True when it moved."""
+        assert self.role is Role.FOLLOWER
+        new_hw = min(leader_high_watermark, self.log.log_end_offset)
+        if new_hw <= self.high_watermark:
+            return False
+        self._set_high_watermark(new_hw)
+        return True
+
+    def truncate_to(self, offset: int, *, reason: str) -> None:
+        """Follower truncation (by epoch, or the leader's LEO after an out-of-range)."""
+        assert self.role is not Role.LEADER, f"{self.name}: a leader never truncates"
+        before = self.log.log_end_offset
+        self.log.truncate_to(offset)
+        after = self.log.log_end_offset
+        if after != before:
+            log.info(
+                "%s: truncated log %d -> %d (%s); latest epoch now %d",
+                self.name,
+                before,
+                after,
+                reason,
+                self.log.latest_epoch,
+            )
+        self._hw_after_truncation()
+
+    def truncate_fully_and_start_at(self, offset: int, *, reason: str) -> None:
+        assert self.role is not Role.LEADER, f"{self.name}: a leader never truncates"
+        before = (self.log.log_start_offset, self.log.log_end_offset)
+        self.log.truncate_fully_and_start_at(offset)
+        log.info(
+            "%s: log [%d, %d) dropped, restarting empty at %d (%s)",
+            self.name,
+            before[0],
+            before[1],
+            offset,
+            reason,
+        )
+        self._hw_after_truncation()
+        if self.high_watermark < self.log.log_start_offset:
+            self.high_watermark = self.log.log_start_offset
+
+    def _hw_after_truncation(self) -> None:
+        leo = self.log.log_end_offset
+        if self.high_watermark > leo:
+            # Data below the high watermark was committed: only an unclean election or
+            # an unsafe test switch gets here.
+            log.warning(
+                "%s: truncated below the high watermark %d to %d: committed records were "
+                "lost (unclean leader election?)",
+                self.name,
+                self.high_watermark,
+                leo,
+            )
+            self.high_watermark = max(self.log.log_start_offset, leo)
+
+
+def _warn_ignore_epoch_once(name: str) -> None:
+    global _warned_ignore_epoch
+    if not _warned_ignore_epoch:
+        _warned_ignore_epoch = True
+        log.warning(
+            "UNSAFE TEST SWITCH: current_leader_epoch is NOT checked (first seen on %s); "
+            "stale leaders and zombie replicas are not fenced",
+            name,
+        )

@@ -1,11 +1,24 @@
 """The partitions this broker holds, and the data path over them.
 
 - applies the local part of each metadata delta: lead (new epoch in the epoch cache,
-  stamped on every append), follow (state only until issue 3's fetcher), go offline,
+  stamped on every append; the follower fetcher lets go of the partition), follow
+  (the fetcher reconciles by epoch, then replicates: broker/fetcher.py), go offline,
   or stop and delete;
-- Produce with acks 0/1/all, Fetch with long-poll, ListOffsets, OffsetsForLeaderEpoch;
+- Produce with acks 0/1/all (acks=all: NOT_ENOUGH_REPLICAS before the append when the
+  ISR is below min.insync.replicas, then a delayed produce answered when the high
+  watermark passes the batch, NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank
+  below the minimum meanwhile, REQUEST_TIMED_OUT after timeout_ms), Fetch with
+  long-poll (consumers below the high watermark, followers up to the LEO; a follower's
+  fetch records its progress, may move the high watermark and wakes delayed produces,
+  and may expand the ISR), ListOffsets, OffsetsForLeaderEpoch;
+- ISR changes through AlterPartition (broker/alter_partition.py, KIP-903): expand on
+  a follower's fetch, shrink on a periodic check every replica.lag.time.max.ms / 2;
 - background jobs: high-watermark (and recovery point / log start) checkpoints,
   the flush.ms policy, and retention.
+
+The controller channel (our broker epoch, AlterPartition) is attached by the server
+with `attach_controller`; until then the broker epoch comes from the metadata image
+and AlterPartition goes through a channel of our own.
 
 The broker never decodes a record: storage validates batch headers and CRCs and
 stamps offsets and the leader epoch in place; Fetch returns file slices as bytes.
@@ -21,8 +34,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from broker.alter_partition import AlterPartitionManager, IsrChange, SendAlterPartition
 from broker.config import BrokerConfig
+from broker.controller_channel import ControllerChannel
 from broker.delayed import DelayedOperation, Purgatory
+from broker.faults import NO_FAULTS, Faults
+from broker.fetcher import ClientFactory, FetcherManager
+from broker.isr import EXPAND, SHRINK, PendingIsr, ineligibility, isr_with_epochs
 from broker.metadata_image import MetadataDelta, MetadataImage, PartitionState, TopicPartition
 from broker.partition import MIN_INSYNC_REPLICAS, Partition, Role
 from broker.storage.errors import (
@@ -36,6 +54,9 @@ from broker.storage.log_manager import LogManager
 from protocol.api import DEBUGGING_REPLICA_ID, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NO_EPOCH
 from protocol.errors import CorruptRecordError, DecodeError, ErrorCode
 from protocol.messages import (
+    AlterPartitionPartitionResult,
+    AlterPartitionRequest,
+    AlterPartitionResponse,
     EpochEndOffset,
     EpochEndOffsetResult,
     FetchPartition,
@@ -56,12 +77,34 @@ from protocol.messages import (
     ProduceResponse,
     ProduceTopicResponse,
 )
+from protocol.metadata_records import LEADER_RECOVERED
 
 log = logging.getLogger(__name__)
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def mono_ms() -> int:
+    """Clock of the replication timers (lag, ISR retries): never jumps."""
+    return int(time.monotonic() * 1000)
+
+
+# AlterPartition refusals after which the leader waits for the metadata log (its view
+# of the partition or of itself is stale); the pending change keeps counting in the
+# high watermark meanwhile, as Kafka keeps it in flight.
+_AWAIT_METADATA = frozenset(
+    {
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.INVALID_UPDATE_VERSION,
+        ErrorCode.STALE_BROKER_EPOCH,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.NEW_LEADER_ELECTED,
+    }
+)
 
 
 # ---------------------------------------------------------------------- delayed ops
@@ -109,18 +152,38 @@ class DelayedFetch(DelayedOperation):
 
 
 class DelayedProduce(DelayedOperation):
-    """acks=all: completes when the high watermark passed every appended batch, or
-    a partition lost its leadership (the answer then carries the error)."""
+    """acks=all: completes when, for every appended batch, the high watermark passed
+    it or the partition lost its leadership. Each partition's outcome is fixed the
+    moment it is decided (a leader that is deposed and re-elected meanwhile must not
+    count a batch it may have truncated): NONE, NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    (the maximal ISR shrank below min.insync.replicas, as Kafka counts it) or
+    NOT_LEADER_OR_FOLLOWER. Undecided at the timeout: REQUEST_TIMED_OUT.
+
+    A leader epoch bump without a change of leader (the controller re-elected us)
+    keeps the wait going, as in Kafka: the batch stays in our log, and the high
+    watermark of the new epoch passing it means the ISR has it."""
 
     def __init__(self, waits: list[tuple[Partition, int, int]]) -> None:
         super().__init__(p.tp for p, _, _ in waits)
-        self.waits = waits  # (partition, required high watermark, leader epoch)
+        self.waits = waits  # (partition, required high watermark, leader generation)
+        self.outcomes: list[ErrorCode | None] = [None] * len(waits)
 
     def try_complete(self) -> bool:
-        for p, required, epoch in self.waits:
-            if p.role is Role.LEADER and p.leader_epoch == epoch and p.high_watermark < required:
-                return False
-        return True
+        done = True
+        for i, (p, required, generation) in enumerate(self.waits):
+            if self.outcomes[i] is not None:
+                continue
+            if p.role is not Role.LEADER or p.leader_generation != generation:
+                self.outcomes[i] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+            elif p.high_watermark >= required:
+                self.outcomes[i] = (
+                    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+                    if len(p.maximal_isr) < p.min_insync_replicas
+                    else ErrorCode.NONE
+                )
+            else:
+                done = False
+        return done
 
 
 # ---------------------------------------------------------------------- the manager
@@ -135,7 +198,11 @@ class ReplicaManager:
         *,
         base_log_config: LogConfig,
         checkpointed_high_watermarks: dict[TopicPartition, int] | None = None,
+        fetcher_client_factory: ClientFactory | None = None,
+        send_alter_partition: SendAlterPartition | None = None,
     ) -> None:
+        """`fetcher_client_factory` and `send_alter_partition` replace the network
+        (tests): connections to leaders, and AlterPartition to the controller."""
         self.config = config
         self.node_id = config.node_id
         self.log_manager = log_manager
@@ -153,16 +220,66 @@ class ReplicaManager:
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="broker-io")
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
-        # Issue 3 hooks: called after a role change (the follower fetcher subscribes).
-        self.on_become_follower: list[Callable[[Partition], None]] = []
-        self.on_stop_follower: list[Callable[[Partition], None]] = []
+        self._controller: ControllerChannel | None = None
+        self._own_channel: ControllerChannel | None = None  # until one is attached
+        # How long an ISR change refused for stale state waits for the metadata log.
+        self._refused_isr_timeout_ms = config.request_timeout_ms
+        # After INELIGIBLE_REPLICA, the partition waits this long before proposing again.
+        self._isr_retry_ms = max(
+            config.replica_fetch_backoff_ms, min(1000, config.replica_lag_time_max_ms // 2)
+        )
+        self._isr_retry_after: dict[TopicPartition, int] = {}
+        self.fetchers = FetcherManager(
+            config,
+            image,
+            broker_epoch=self.broker_epoch,
+            notify=self._notify,
+            after_append=self._after_follower_append,
+            client_factory=fetcher_client_factory,
+        )
+        self.alter_partitions = AlterPartitionManager(
+            node_id=self.node_id,
+            broker_epoch=self.broker_epoch,
+            send=send_alter_partition or self._send_alter_partition,
+        )
+
+    # ------------------------------------------------------------------ wiring
+
+    def attach_controller(
+        self, controller: ControllerChannel, *, faults: Faults = NO_FAULTS
+    ) -> None:
+        """Use the server's controller channel for our broker epoch and AlterPartition,
+        and its test faults for the connections to leaders. Call it before the first
+        metadata is published."""
+        self._controller = controller
+        self.fetchers.set_faults(faults)
+
+    def broker_epoch(self) -> int:
+        """Our broker epoch: the controller channel's, else the metadata image's record
+        of our registration (the broker publishes only once it has seen it)."""
+        if self._controller is not None:
+            return self._controller.broker_epoch
+        me = self.image.brokers.get(self.node_id)
+        return me.broker_epoch if me is not None else -1
+
+    async def _send_alter_partition(self, request: AlterPartitionRequest) -> AlterPartitionResponse:
+        channel = self._controller
+        if channel is None:
+            if self._own_channel is None:
+                self._own_channel = ControllerChannel(
+                    self.config,
+                    incarnation_id=f"broker-{self.node_id}-isr",
+                    metadata_offset=lambda: self.image.offset,
+                )
+            channel = self._own_channel
+        return await channel.alter_partition(request)
 
     # ------------------------------------------------------------------ metadata
 
     async def apply_delta(self, delta: MetadataDelta) -> None:
         """Act on the part of a metadata delta that concerns this broker."""
         changes = delta.local_changes(self.node_id)
-        ts = now_ms()
+        ts = mono_ms()
         for tp, topic_id in changes.deletes.items():
             current = self.partitions.get(tp)
             # A replica of a newer topic with the same name is not the one to delete.
@@ -171,24 +288,28 @@ class ReplicaManager:
         for tp, state in changes.leaders.items():
             p = await self._get_or_create(state)
             if p is not None:
+                # Stop fetching first: no fetched batch may land once we lead.
+                self.fetchers.remove_partition(tp)
                 p.make_leader(state, ts)
+                self._isr_retry_after.pop(tp, None)
                 self._notify(tp)
         for tp, state in changes.followers.items():
             p = await self._get_or_create(state)
             if p is not None:
                 was_leader = p.is_leader
+                # A deposed leader's waiting produces fail with NOT_LEADER_OR_FOLLOWER
+                # (the notify below); the fetcher reconciles by epoch before fetching.
                 if p.make_follower(state) or was_leader:
-                    for hook in self.on_become_follower:
-                        hook(p)
+                    self.fetchers.add_partition(p)
                 self._notify(tp)
         for tp, state in changes.offline.items():
             p = await self._get_or_create(state)
             if p is not None:
-                if p.role is Role.FOLLOWER:
-                    for hook in self.on_stop_follower:
-                        hook(p)
+                self.fetchers.remove_partition(tp)
                 p.make_offline(state)
                 self._notify(tp)
+        if delta.brokers_changed:
+            self.fetchers.on_brokers_changed()
         for topic, configs in delta.topic_configs.items():
             self._apply_topic_configs(topic, configs)
 
@@ -244,6 +365,7 @@ class ReplicaManager:
             node_id=self.node_id,
             high_watermark=hw,
             min_insync_replicas=self._min_isr_for(state.topic),
+            ignore_leader_epoch=self.config.unsafe_ignore_leader_epoch,
         )
         self.partitions[tp] = p
         if log_.config.flush_ms is not None:
@@ -266,10 +388,9 @@ class ReplicaManager:
     async def _delete_replica(self, tp: TopicPartition, *, reason: str) -> None:
         p = self.partitions.pop(tp, None)
         self._timed_flush.discard(tp)
+        self.fetchers.remove_partition(tp)
+        self._isr_retry_after.pop(tp, None)
         if p is not None:
-            if p.role is Role.FOLLOWER:
-                for hook in self.on_stop_follower:
-                    hook(p)
             p.stop()
             self._notify(tp)
         lock = self._flush_locks.pop(tp, None)
@@ -367,7 +488,7 @@ class ReplicaManager:
                 if flush_messages is not None and p.log.unflushed_messages >= flush_messages:
                     flushes.append(p)
                 if acks == -1:
-                    waits.append((p, info.last_offset + 1, p.leader_epoch))
+                    waits.append((p, info.last_offset + 1, p.leader_generation))
                     pending.append(r)
         # flush.messages: as in Kafka, the append that crosses the threshold flushes
         # before it is acknowledged (in a worker thread, never on the loop).
@@ -376,19 +497,23 @@ class ReplicaManager:
         if waits:
             op = DelayedProduce(waits)
             await self.produce_purgatory.wait(op, max(0, request.timeout_ms) / 1000)
-            for (p, required, epoch), r in zip(waits, pending, strict=True):
-                if p.high_watermark >= required and p.leader_epoch == epoch:
-                    if len(p.isr) < p.min_insync_replicas:
-                        r.error_code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
-                elif p.role is not Role.LEADER or p.leader_epoch != epoch:
-                    r.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
-                    r.current_leader = self._current_leader(*p.tp)
-                else:
+            op.try_complete()  # what was decided by now (nothing changes without a notify)
+            for (p, required, _), r, outcome in zip(waits, pending, op.outcomes, strict=True):
+                if outcome is None:
                     r.error_code = ErrorCode.REQUEST_TIMED_OUT
                     r.error_message = (
                         f"high watermark {p.high_watermark} did not reach {required} "
                         f"within {request.timeout_ms} ms"
                     )
+                elif outcome == ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+                    r.error_code = outcome
+                    r.error_message = (
+                        f"written, but the ISR {list(p.isr)} shrank below "
+                        f"min.insync.replicas={p.min_insync_replicas}"
+                    )
+                elif outcome == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                    r.error_code = outcome
+                    r.current_leader = self._current_leader(*p.tp)
         return ProduceResponse(topics=topics_out)
 
     # ------------------------------------------------------------------ fetch
@@ -417,7 +542,7 @@ class ReplicaManager:
         total = 0
         answer_now = False
         watches: list[_FetchWatch] = []
-        ts = now_ms()
+        ts = mono_ms()
         out: list[FetchTopicResponse] = []
         for topic in request.topics:
             parts: list[FetchPartitionResponse] = []
@@ -433,14 +558,8 @@ class ReplicaManager:
                     r.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
                     answer_now = True
                     continue
-                if (
-                    is_follower
-                    and first
-                    and p.update_follower_fetch_state(
-                        replica_id, request.replica_epoch, fp.fetch_offset, ts
-                    )
-                ):
-                    self._notify(p.tp)
+                if is_follower and first:
+                    self._record_follower_fetch(p, replica_id, request.replica_epoch, fp, ts)
                 r.high_watermark = p.high_watermark
                 r.last_stable_offset = p.high_watermark
                 max_offset = p.log_end_offset if to_leo else p.high_watermark
@@ -488,8 +607,13 @@ class ReplicaManager:
             return r, None
         leo = p.log_end_offset
         if fp.last_fetched_epoch != NO_EPOCH and fp.last_fetched_epoch >= 0:
+            # Kafka's order (Partition.readRecords): an epoch we cannot place, or an
+            # offset below our log start, is out of range whatever the epochs say.
             epoch, end_offset = p.log.epoch_cache.end_offset_for(fp.last_fetched_epoch, leo)
-            if epoch != fp.last_fetched_epoch or end_offset < fp.fetch_offset:
+            if epoch == NO_EPOCH or end_offset < 0 or fp.fetch_offset < p.log_start_offset:
+                r.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+                return r, None
+            if epoch < fp.last_fetched_epoch or end_offset < fp.fetch_offset:
                 # KIP-320/595: the fetcher's log diverges from ours; it truncates to
                 # this point (or reports LogTruncation) before fetching again.
                 r.diverging_epoch = EpochEndOffset(epoch=epoch, end_offset=end_offset)
@@ -498,6 +622,122 @@ class ReplicaManager:
             r.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
             return r, None
         return r, p
+
+    # ------------------------------------------------------------------ ISR
+
+    def _record_follower_fetch(
+        self, p: Partition, replica_id: int, broker_epoch: int, fp: FetchPartition, ts: int
+    ) -> None:
+        """A follower's fetch passed the checks: its progress may move the high
+        watermark (waking delayed produces) and let it join the ISR."""
+        if p.update_follower_fetch_state(replica_id, broker_epoch, fp.fetch_offset, ts):
+            self._notify(p.tp)
+        self._maybe_expand_isr(p, replica_id, ts)
+
+    def _maybe_expand_isr(self, p: Partition, replica_id: int, ts: int) -> None:
+        if p.pending_isr is not None or self.node_id not in p.isr:
+            return
+        if not p.wants_to_add(replica_id):
+            return
+        if ts < self._isr_retry_after.get(p.tp, 0):
+            return
+        state = p.replica_states[replica_id]
+        why = ineligibility(replica_id, state.broker_epoch, self.image.brokers.get(replica_id))
+        if why is not None:
+            log.debug(
+                "%s: broker %d caught up but may not join the ISR: %s", p.name, replica_id, why
+            )
+            return
+        new_isr = tuple(r for r in p.replicas if r in p.isr or r == replica_id)
+        self._propose(p, EXPAND, new_isr, ts)
+
+    def _check_isr(self) -> None:
+        """Periodic (every replica.lag.time.max.ms / 2): shrink the ISR of the
+        partitions we lead by the followers that lag; give up on refused changes the
+        metadata log never superseded."""
+        ts = mono_ms()
+        lag_ms = self.config.replica_lag_time_max_ms
+        for p in list(self.partitions.values()):
+            if p.role is not Role.LEADER or self.node_id not in p.isr:
+                continue
+            if p.abandon_refused_isr_change(ts, self._refused_isr_timeout_ms):
+                self._notify(p.tp)
+            if p.pending_isr is not None or ts < self._isr_retry_after.get(p.tp, 0):
+                continue
+            lagging = p.out_of_sync_replicas(ts, lag_ms)
+            if not lagging:
+                continue
+            for r in lagging:
+                st = p.replica_states.get(r)
+                log.info(
+                    "%s: follower %d is out of sync (LEO %s, leader LEO %d, last caught up "
+                    "%s ms ago, lag limit %d ms)",
+                    p.name,
+                    r,
+                    st.log_end_offset if st is not None else "unknown",
+                    p.log_end_offset,
+                    ts - st.last_caught_up_time_ms if st is not None else "never",
+                    lag_ms,
+                )
+            new_isr = tuple(r for r in p.isr if r not in lagging)
+            self._propose(p, SHRINK, new_isr, ts)
+
+    def _propose(self, p: Partition, kind: str, new_isr: tuple[int, ...], ts: int) -> None:
+        pending = p.propose_isr(kind, new_isr, ts)
+        # Growing the ISR ends an unclean leader's recovery (KIP-704: the controller
+        # refuses a larger ISR while RECOVERING); a shrink keeps the current state.
+        recovery = LEADER_RECOVERED if kind == EXPAND else p.leader_recovery_state
+        change = IsrChange(
+            tp=p.tp,
+            leader_epoch=pending.leader_epoch,
+            partition_epoch=pending.partition_epoch,
+            new_isr_with_epochs=isr_with_epochs(
+                new_isr, self.node_id, self.broker_epoch(), p.replica_states
+            ),
+            leader_recovery_state=recovery,
+            on_result=lambda error, result: self._on_isr_result(p, pending, error, result),
+            is_current=lambda: p.pending_isr is pending and p.role is Role.LEADER,
+        )
+        if not self.alter_partitions.submit(change):
+            # Only when the manager is closed (or a stale change for this partition is
+            # still in flight): forget the proposal.
+            p.isr_change_failed(pending, await_metadata=False, now_ms=ts)
+        # A pending expand counts the new member at once (maximal ISR).
+        self._notify(p.tp)
+
+    def _on_isr_result(
+        self,
+        p: Partition,
+        pending: PendingIsr,
+        error: ErrorCode,
+        result: AlterPartitionPartitionResult | None,
+    ) -> None:
+        ts = mono_ms()
+        if error == ErrorCode.NONE and result is not None:
+            moved = p.isr_change_committed(
+                pending,
+                isr=tuple(result.isr),
+                leader_epoch=result.leader_epoch,
+                partition_epoch=result.partition_epoch,
+            )
+        else:
+            await_metadata = error in _AWAIT_METADATA
+            if p.pending_isr is pending:
+                log.info(
+                    "%s: ISR change %s -> %s refused: %s%s",
+                    p.name,
+                    list(pending.committed_isr),
+                    list(pending.isr),
+                    error.name,
+                    "; waiting for the metadata log" if await_metadata else "; will retry later",
+                )
+            moved = p.isr_change_failed(pending, await_metadata=await_metadata, now_ms=ts)
+            if not await_metadata:
+                # INELIGIBLE_REPLICA (KIP-903) or an unexpected answer: back to the
+                # committed ISR; a later fetch or check may propose again.
+                self._isr_retry_after[p.tp] = ts + self._isr_retry_ms
+        if moved or p.pending_isr is None:
+            self._notify(p.tp)
 
     # ------------------------------------------------------------------ offsets
 
@@ -561,7 +801,12 @@ class ReplicaManager:
     # ------------------------------------------------------------------ background
 
     def start_background(self) -> None:
+        self.fetchers.start()
+        self.alter_partitions.start()
         self._tasks = [
+            asyncio.create_task(
+                self._every(max(1, self.config.replica_lag_time_max_ms // 2), self._check_isr)
+            ),
             asyncio.create_task(
                 self._every(self.config.hw_checkpoint_interval_ms, self.checkpoint)
             ),
@@ -615,6 +860,14 @@ class ReplicaManager:
                 return  # a concurrent flush already covered it
             await asyncio.get_running_loop().run_in_executor(self._executor, p.log.flush, target)
 
+    async def _after_follower_append(self, p: Partition) -> None:
+        """flush.messages holds on followers too (Kafka flushes on any append)."""
+        flush_messages = p.log.config.flush_messages
+        if flush_messages is not None and p.log.unflushed_messages >= flush_messages:
+            # Shielded: a fetcher stopped meanwhile must not release the flush lock
+            # while the fsync still runs in its thread.
+            await asyncio.shield(self.flush_partition(p))
+
     async def _flush_by_time(self) -> None:
         ts = now_ms()
         # Most topics have no flush.ms: look only at those that do.
@@ -652,6 +905,11 @@ class ReplicaManager:
         if self._closed:
             return
         self._closed = True
+        # Replication stops first, so no fetched batch lands during the checkpoints.
+        await self.fetchers.shutdown()
+        await self.alter_partitions.close()
+        if self._own_channel is not None:
+            await self._own_channel.close()
         self.fetch_purgatory.close()
         self.produce_purgatory.close()
         for task in self._tasks:

@@ -15,6 +15,9 @@ Start-up:
 Shutdown (SIGTERM/SIGINT): stop accepting, ask the controller to move leaderships
 away (bounded), stop following metadata, drop connections, release waiting
 requests, checkpoint, LogManager.shutdown() (which writes the clean-shutdown marker).
+
+Test-only switches (--enable-test-faults and the --unsafe-* protections it allows) are
+checked and announced at WARNING before anything else; see broker/faults.py.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 
 from broker.config import BrokerConfig
 from broker.controller_channel import ControllerChannel, ControllerError
-from broker.faults import NO_FAULTS, Faults
+from broker.faults import NO_FAULTS, Faults, NoFsyncLogManager, TestFaults
 from broker.handlers import Handlers
 from broker.metadata_image import MetadataDelta, MetadataImage
 from broker.network import ListenerServer
@@ -70,6 +73,40 @@ def base_log_config(config: BrokerConfig) -> LogConfig:
     )
 
 
+# The unsafe switches of BrokerConfig, by flag name: each turns one protection off.
+UNSAFE_SWITCHES = {
+    "unsafe-truncate-to-high-watermark": (
+        "unsafe_truncate_to_high_watermark",
+        "followers truncate to their high watermark instead of asking the leader "
+        "(pre-KIP-101); acknowledged records can be lost and replicas can diverge",
+    ),
+    "unsafe-ignore-leader-epoch": (
+        "unsafe_ignore_leader_epoch",
+        "current_leader_epoch is not checked in Produce/Fetch/ListOffsets/"
+        "OffsetsForLeaderEpoch (KIP-320/KIP-359 off); a deposed leader accepts writes",
+    ),
+    "unsafe-skip-fsync": (
+        "unsafe_skip_fsync",
+        "logs are never fsynced; a machine crash loses whatever the page cache held",
+    ),
+}
+
+
+def protections_off(config: BrokerConfig) -> tuple[str, ...]:
+    """The unsafe switches that are on (their flag names)."""
+    return tuple(name for name, (field, _) in UNSAFE_SWITCHES.items() if getattr(config, field))
+
+
+def check_test_switches(config: BrokerConfig) -> None:
+    """Refuse an unsafe switch without --enable-test-faults (StartupError)."""
+    on = protections_off(config)
+    if on and not config.enable_test_faults:
+        raise StartupError(
+            f"--{', --'.join(on)} turn(s) a protection off and need(s) --enable-test-faults "
+            "(MINIBROKER_ENABLE_TEST_FAULTS=1); these switches are for tests, never production"
+        )
+
+
 def full_delta(image: MetadataImage) -> MetadataDelta:
     """The whole image as one delta: what a broker does on its first catch-up."""
     delta = MetadataDelta(brokers_changed=True)
@@ -81,8 +118,14 @@ def full_delta(image: MetadataImage) -> MetadataDelta:
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig, *, faults: Faults = NO_FAULTS) -> None:
+    def __init__(self, config: BrokerConfig, *, faults: Faults | None = None) -> None:
         self.config = config
+        if faults is None:
+            faults = (
+                TestFaults(node_id=config.node_id, protections_off=protections_off(config))
+                if config.enable_test_faults
+                else NO_FAULTS
+            )
         self.faults = faults
         self.node_id = config.node_id
         self.incarnation_id = uuid.uuid4().hex
@@ -103,8 +146,18 @@ class Broker:
 
     # ------------------------------------------------------------------ start-up
 
+    def _announce_test_switches(self) -> None:
+        check_test_switches(self.config)
+        if not self.config.enable_test_faults:
+            return
+        log.warning("TEST FAULTS ENABLED: never use this in production (broker %d)", self.node_id)
+        for name, (field, what) in UNSAFE_SWITCHES.items():
+            if getattr(self.config, field):
+                log.warning("UNSAFE TEST SWITCH --%s is ON: %s", name, what)
+
     async def start(self) -> None:
         config = self.config
+        self._announce_test_switches()
         try:
             config.data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -120,13 +173,16 @@ class Broker:
         except (StorageError, OSError) as exc:
             raise StartupError(str(exc)) from exc
         await self._bind_listeners()
-        assert self.log_manager is not None
+        assert self.log_manager is not None and self.replica_manager is not None
         self.controller = ControllerChannel(
             self.config,
             incarnation_id=self.incarnation_id,
             metadata_offset=lambda: self.image.offset,
             faults=self.faults,
         )
+        # Our broker epoch and AlterPartition go through this channel; the follower
+        # fetchers' connections to leaders get the test faults.
+        self.replica_manager.attach_controller(self.controller, faults=self.faults)
         advertised = self.config.advertised()
         listeners = [Listener(name=s.name, host=s.host, port=s.port) for s in advertised.values()]
         try:
@@ -210,7 +266,8 @@ class Broker:
             raise StartupError(f"cannot record the cluster id: {exc}") from exc
 
     async def _load_logs(self) -> None:
-        self.log_manager = LogManager(self.config.data_dir, base_log_config(self.config))
+        manager = NoFsyncLogManager if self.config.unsafe_skip_fsync else LogManager
+        self.log_manager = manager(self.config.data_dir, base_log_config(self.config))
         try:
             loaded = await asyncio.to_thread(self.log_manager.startup)
             hws = self.log_manager.read_high_watermarks()
@@ -267,6 +324,7 @@ class Broker:
             controller=self.controller,
             image_updated=self._image_updated,
             max_forward_wait_s=self.config.request_timeout_ms / 1000,
+            faults=self.faults,
         )
         table = handlers.table()
         for server in self.listeners:

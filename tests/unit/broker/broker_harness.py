@@ -17,7 +17,14 @@ from protocol.record_batch import encode_batch
 
 
 class Harness:
-    def __init__(self, data_dir: Path, node_id: int = 1, **overrides: object) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        node_id: int = 1,
+        *,
+        rm_kwargs: dict[str, object] | None = None,
+        **overrides: object,
+    ) -> None:
         self.config = BrokerConfig(node_id=node_id, data_dir=data_dir, **overrides)  # type: ignore[arg-type]
         self.log_manager = LogManager(data_dir, base_log_config(self.config))
         self.log_manager.startup()
@@ -28,6 +35,7 @@ class Harness:
             self.image,
             base_log_config=base_log_config(self.config),
             checkpointed_high_watermarks=self.log_manager.read_high_watermarks(),
+            **(rm_kwargs or {}),  # type: ignore[arg-type]
         )
         self._offsets = itertools.count()
         self._topic_ids: dict[str, str] = {}

@@ -77,3 +77,23 @@ def test_high_watermark_is_min_leo_over_the_isr(partition: Partition) -> None:
     p.make_leader(state(1, 0, isr=(1,), pe=1), now_ms=3)
     assert p.high_watermark == 3
     assert p.replica_states[2].log_end_offset == 1  # kept within the same term
+
+
+def test_unsafe_ignore_leader_epoch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The test-only switch skips the KIP-320 comparison (a stale leader accepts a
+    newer epoch), loudly; the role check stays."""
+    import broker.partition as partition_module
+
+    log = Log.open(tmp_path / "t-0", LogConfig(), had_clean_shutdown=True)
+    try:
+        p = Partition("t", 0, "T", log, node_id=1, ignore_leader_epoch=True)
+        p.make_leader(state(1, 5), now_ms=0)
+        partition_module._warned_ignore_epoch = False
+        with caplog.at_level("WARNING"):
+            assert p.check_leader_epoch(4) == ErrorCode.NONE
+            assert p.check_leader_epoch(9) == ErrorCode.NONE
+        assert caplog.text.count("UNSAFE TEST SWITCH") == 1
+        p.make_follower(state(2, 6))
+        assert p.check_leader_epoch(9) == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    finally:
+        log.close()

@@ -1,0 +1,768 @@
+"""The follower fetcher: replicates the partitions this broker follows from their
+leaders, in the manner of Kafka's ReplicaFetcherManager / AbstractFetcherThread.
+
+One `SourceFetcher` task per leader broker (its address from the metadata image,
+the listener with the name of our own first listener), each with one RpcClient
+connection and ONE Fetch request for all the partitions it follows from that leader
+(replica_id = our node id, replica_epoch = our broker epoch, per partition
+current_leader_epoch, fetch_offset = LEO, last_fetched_epoch = the latest epoch of
+our epoch cache, log_start_offset).
+
+Each partition moves through two phases:
+
+- TRUNCATING, on becoming follower at epoch E (and whenever the leader or the epoch
+  changes): OffsetsForLeaderEpoch(current_leader_epoch=E, leader_epoch=our latest
+  epoch), then truncate log and epoch cache as `offset_truncation_state` says
+  (Kafka's getOffsetTruncationState: to min(our LEO, the leader's end offset) when
+  the leader knows our epoch; when it answers an older epoch, truncate to our end
+  of that epoch and ask again with the next lower epoch we have, until the largest
+  common epoch: KIP-101 / KIP-279). A log without epochs is empty: nothing to do.
+- FETCHING: append the leader's batches as they are (append_as_follower), then apply
+  the leader's high watermark as min(leader HW, our LEO), never backwards. A
+  diverging_epoch answer truncates the same way (KIP-595 style) before going on.
+
+Never to the high watermark: except with the test-only switch
+`unsafe_truncate_to_high_watermark`, which restores pre-KIP-101 behaviour (truncate
+to the checkpointed HW on becoming follower, no OffsetsForLeaderEpoch, no
+last_fetched_epoch, and the leader's LEO on an out-of-range answer), logged loudly.
+
+Errors: FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER and the
+like back the partition off (replica_fetch_backoff_ms with jitter) and retry; the
+metadata log brings the new state. OFFSET_OUT_OF_RANGE below the leader's log start
+restarts the log empty at the leader's log start (Kafka's rule); above the leader's
+LEO it cannot happen after epoch truncation, so it is logged as an error and the
+partition reconciles again, and if that does not help Kafka's last resort applies
+(ListOffsets: truncate to the leader's LEO). Connection failures back the whole
+source off; the RpcClient reconnects. Everything is bounded: request timeouts, one
+request in flight per source, backoffs, truncation rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from broker.faults import NO_FAULTS, Faults
+from broker.partition import Partition, Role
+from broker.rpc import RpcClient, RpcError
+from broker.storage.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+from broker.storage.errors import InvalidAppendError, StorageError
+from protocol.api import LATEST_TIMESTAMP
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    FetchPartition,
+    FetchPartitionResponse,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsTopic,
+    Message,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+    OffsetForLeaderPartition,
+    OffsetForLeaderTopic,
+)
+
+if TYPE_CHECKING:
+    from broker.config import BrokerConfig
+    from broker.metadata_image import MetadataImage
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+
+# A partition that keeps failing waits at most this many backoffs between attempts.
+MAX_BACKOFF_FACTOR = 8
+# Truncation rounds (OffsetsForLeaderEpoch answers) one partition may take before it
+# backs off: each round drops at least one epoch, so this is never reached normally.
+MAX_TRUNCATION_ROUNDS = 1000
+# A source with nothing to do re-checks at least this often.
+IDLE_WAKE_S = 1.0
+
+
+# ---------------------------------------------------------------------- the rule
+
+
+class TruncationState(NamedTuple):
+    """Where to truncate, and whether the reconciliation is complete (False: ask the
+    leader again with our new latest epoch)."""
+
+    offset: int
+    completed: bool
+
+
+def offset_truncation_state(
+    leader_epoch: int,
+    leader_end_offset: int,
+    *,
+    follower_end_offset_for: Callable[[int], tuple[int, int]],
+    follower_leo: int,
+    fetch_offset: int,
+) -> TruncationState:
+    """Kafka's AbstractFetcherThread.getOffsetTruncationState, case for case.
+
+    (`leader_epoch`, `leader_end_offset`) is the leader's OffsetsForLeaderEpoch answer
+    (or a Fetch diverging_epoch); `follower_end_offset_for(epoch)` is our own epoch
+    cache's answer to the same question: (largest epoch <= it, its end offset)."""
+    if leader_end_offset == UNDEFINED_EPOCH_OFFSET:
+        # The leader cannot say: keep our log and fetch from where we are.
+        return TruncationState(fetch_offset, True)
+    if leader_epoch == UNDEFINED_EPOCH:
+        # An answer without an epoch: its end offset is all we have.
+        return TruncationState(min(leader_end_offset, follower_leo), True)
+    follower_epoch, follower_end = follower_end_offset_for(leader_epoch)
+    if follower_end == UNDEFINED_EPOCH_OFFSET:
+        # We know no epoch <= the leader's (we were not tracking then): the leader's
+        # end offset it is.
+        return TruncationState(min(leader_end_offset, follower_leo), True)
+    if follower_epoch != leader_epoch:
+        # We do not have the epoch the leader answered with: cut our epochs above it
+        # and ask again with the largest epoch below it that we have.
+        return TruncationState(min(follower_end, follower_leo), False)
+    return TruncationState(min(follower_end, leader_end_offset, follower_leo), True)
+
+
+# ---------------------------------------------------------------------- per partition
+
+
+class Phase(enum.Enum):
+    TRUNCATING = "truncating"
+    FETCHING = "fetching"
+
+
+@dataclass(eq=False)
+class PartitionFetchState:
+    partition: Partition
+    leader_id: int
+    leader_epoch: int
+    phase: Phase = Phase.TRUNCATING
+    ready_at: float = 0.0  # loop time before which the partition waits (backoff)
+    failures: int = 0  # consecutive failures, for the backoff
+    truncation_rounds: int = 0
+    out_of_range: int = 0  # consecutive OFFSET_OUT_OF_RANGE above the leader's log start
+
+    @property
+    def tp(self) -> TopicPartition:
+        return self.partition.tp
+
+    def still_valid(self) -> bool:
+        """The partition still follows this leader at this epoch."""
+        p = self.partition
+        return (
+            p.role is Role.FOLLOWER
+            and p.leader_id == self.leader_id
+            and p.leader_epoch == self.leader_epoch
+        )
+
+
+class Client(Protocol):
+    async def request(self, body: Message, *, timeout_s: float | None = None) -> Message: ...
+
+    async def close(self) -> None: ...
+
+
+ClientFactory = Callable[[int, str, int], Client]
+
+
+# ---------------------------------------------------------------------- the manager
+
+
+class FetcherManager:
+    """Which partitions follow which leader; one SourceFetcher per leader address."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        image: MetadataImage,
+        *,
+        broker_epoch: Callable[[], int],
+        notify: Callable[[TopicPartition], None] = lambda tp: None,
+        after_append: Callable[[Partition], Awaitable[None]] | None = None,
+        client_factory: ClientFactory | None = None,
+        faults: Faults = NO_FAULTS,
+    ) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.image = image
+        self.broker_epoch = broker_epoch
+        self.notify = notify
+        self.after_append = after_append
+        self.faults = faults
+        self._client_factory = client_factory or self._rpc_client
+        self._listener_name = config.listeners[0].name if config.listeners else "PLAINTEXT"
+        self.sources: dict[tuple[int, str, int], SourceFetcher] = {}
+        # Followers whose leader has no known address yet (retried on broker changes).
+        self._unresolved: dict[TopicPartition, Partition] = {}
+        self._started = False
+        self._closed = False
+        if config.unsafe_truncate_to_high_watermark:
+            log.warning(
+                "UNSAFE TEST SWITCH: followers truncate to their high watermark instead of "
+                "reconciling by leader epoch (pre-KIP-101); acknowledged records can be lost"
+            )
+
+    def set_faults(self, faults: Faults) -> None:
+        """Test faults for connections made from now on."""
+        self.faults = faults
+
+    def _rpc_client(self, leader_id: int, host: str, port: int) -> Client:
+        return RpcClient(
+            host,
+            port,
+            name=f"broker {leader_id}",
+            client_id=f"broker-{self.node_id}-fetcher",
+            request_timeout_s=self.config.request_timeout_ms / 1000,
+            connect_timeout_s=min(5.0, self.config.request_timeout_ms / 1000),
+            faults=self.faults,
+            peer_id=leader_id,
+        )
+
+    def _address(self, leader_id: int) -> tuple[str, int] | None:
+        broker = self.image.brokers.get(leader_id)
+        if broker is None or not broker.listeners:
+            return None
+        listener = broker.listener(self._listener_name) or broker.listeners[0]
+        return listener.host, listener.port
+
+    # ------------------------------------------------------------------ membership
+
+    def add_partition(self, p: Partition) -> None:
+        """(Re)start following `p.leader_id` at `p.leader_epoch`: TRUNCATING first."""
+        self.remove_partition(p.tp)
+        address = self._address(p.leader_id)
+        if address is None:
+            log.warning(
+                "%s: leader %d has no known address yet; will fetch once it is registered",
+                p.name,
+                p.leader_id,
+            )
+            self._unresolved[p.tp] = p
+            return
+        key = (p.leader_id, *address)
+        source = self.sources.get(key)
+        if source is None:
+            client = self._client_factory(p.leader_id, *address)
+            source = self.sources[key] = SourceFetcher(self, p.leader_id, address, client)
+            if self._started:
+                source.start()
+        source.add(PartitionFetchState(p, p.leader_id, p.leader_epoch))
+
+    def remove_partition(self, tp: TopicPartition) -> None:
+        self._unresolved.pop(tp, None)
+        for key, source in list(self.sources.items()):
+            if source.remove(tp) and not source.states:
+                # An idle source goes away (its task may be stuck on a dead leader).
+                del self.sources[key]
+                source.stop()
+
+    def on_brokers_changed(self) -> None:
+        for tp, p in list(self._unresolved.items()):
+            if p.role is Role.FOLLOWER and self._address(p.leader_id) is not None:
+                self.add_partition(p)
+            elif p.role is not Role.FOLLOWER:
+                del self._unresolved[tp]
+
+    def state_of(self, tp: TopicPartition) -> PartitionFetchState | None:
+        for source in self.sources.values():
+            state = source.states.get(tp)
+            if state is not None:
+                return state
+        return None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._started or self._closed:
+            return
+        self._started = True
+        for source in self.sources.values():
+            source.start()
+
+    async def shutdown(self) -> None:
+        self._closed = True
+        sources = list(self.sources.values())
+        self.sources.clear()
+        self._unresolved.clear()
+        for source in sources:
+            source.stop()
+        for source in sources:
+            await source.wait_stopped()
+
+
+class SourceFetcher:
+    """The partitions followed from one leader, and the task that replicates them."""
+
+    def __init__(
+        self,
+        manager: FetcherManager,
+        leader_id: int,
+        address: tuple[str, int],
+        client: Client,
+    ) -> None:
+        self.manager = manager
+        self.config = manager.config
+        self.leader_id = leader_id
+        self.address = address
+        self.client = client
+        self.states: dict[TopicPartition, PartitionFetchState] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._failures = 0
+        cfg = self.config
+        self.backoff_s = max(0.001, cfg.replica_fetch_backoff_ms / 1000)
+        self.unsafe_hw = cfg.unsafe_truncate_to_high_watermark
+        # A Fetch long-polls up to replica_fetch_wait_max_ms: wait that plus a margin,
+        # so a leader that stopped answering is noticed in seconds, not minutes.
+        self.fetch_timeout_s = cfg.replica_fetch_wait_max_ms / 1000 + min(
+            10.0, cfg.request_timeout_ms / 1000
+        )
+        self.rpc_timeout_s = min(30.0, cfg.request_timeout_ms / 1000)
+
+    @property
+    def name(self) -> str:
+        return f"fetcher to broker {self.leader_id} at {self.address[0]}:{self.address[1]}"
+
+    def add(self, state: PartitionFetchState) -> None:
+        self.states[state.tp] = state
+        self._wake.set()
+
+    def remove(self, tp: TopicPartition) -> bool:
+        return self.states.pop(tp, None) is not None
+
+    def start(self) -> None:
+        if self._task is None and not self._stopped:
+            self._task = asyncio.create_task(self._run(), name=self.name)
+
+    def stop(self) -> None:
+        """Cancel the task; it closes the connection on its way out. A source that
+        never started never connected (RpcClient connects on the first request)."""
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+
+    async def wait_stopped(self) -> None:
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._stopped:
+                now = loop.time()
+                ready = [s for s in self.states.values() if s.ready_at <= now]
+                truncating = [s for s in ready if s.phase is Phase.TRUNCATING]
+                fetching = [s for s in ready if s.phase is Phase.FETCHING]
+                try:
+                    if truncating:
+                        await self._truncate(truncating)
+                    elif fetching:
+                        await self._fetch(fetching)
+                    else:
+                        await self._idle(now)
+                        continue
+                    self._failures = 0
+                    # Let the loop run even when the leader answered without waiting
+                    # (e.g. a leader shutting down answers every long-poll at once).
+                    await asyncio.sleep(0)
+                except RpcError as exc:
+                    self._failures += 1
+                    if self._failures in (1, 10) or self._failures % 100 == 0:
+                        log.warning(
+                            "%s: %s (%d in a row); backing off", self.name, exc, self._failures
+                        )
+                    await asyncio.sleep(self._backoff(self._failures))
+                except (StorageError, OSError) as exc:
+                    log.error("%s: storage error: %s; backing off", self.name, exc)
+                    await asyncio.sleep(self._backoff(MAX_BACKOFF_FACTOR))
+                except Exception:
+                    # A bug (or a broken invariant): loud, but replication goes on.
+                    log.exception("%s: unexpected failure; backing off", self.name)
+                    await asyncio.sleep(self._backoff(MAX_BACKOFF_FACTOR))
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await self.client.close()
+
+    async def _idle(self, now: float) -> None:
+        self._wake.clear()
+        next_at = min((s.ready_at for s in self.states.values()), default=now + IDLE_WAKE_S)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(IDLE_WAKE_S, max(0.0, next_at - now))):
+                await self._wake.wait()
+
+    def _backoff(self, failures: int) -> float:
+        factor = min(MAX_BACKOFF_FACTOR, 2 ** max(0, failures - 1))
+        return self.backoff_s * factor * random.uniform(0.8, 1.2)
+
+    def _back_off(self, state: PartitionFetchState, why: str) -> None:
+        state.failures += 1
+        state.ready_at = asyncio.get_running_loop().time() + self._backoff(state.failures)
+        if state.failures in (1, 10) or state.failures % 100 == 0:  # not every retry
+            log.info(
+                "%s: fetch from broker %d at leader epoch %d: %s (%d in a row); backing off",
+                state.partition.name,
+                self.leader_id,
+                state.leader_epoch,
+                why,
+                state.failures,
+            )
+
+    def _prune(self, state: PartitionFetchState) -> None:
+        """Forget a state whose partition no longer follows this leader at its epoch
+        (the replica manager re-adds the partition when it follows again)."""
+        if self.states.get(state.tp) is state:
+            del self.states[state.tp]
+
+    def _current(self, state: PartitionFetchState) -> bool:
+        """`state` is still this source's state for its partition, and valid."""
+        return self.states.get(state.tp) is state and state.still_valid()
+
+    # ------------------------------------------------------------------ truncation
+
+    async def _truncate(self, states: list[PartitionFetchState]) -> None:
+        ask: list[PartitionFetchState] = []
+        for s in states:
+            if not self._current(s):
+                self._prune(s)
+                continue
+            p = s.partition
+            if self.unsafe_hw:
+                hw = p.high_watermark
+                log.warning(
+                    "%s: UNSAFE: truncating to the high watermark %d (LEO %d) instead of "
+                    "asking leader %d for the end of epoch %d (pre-KIP-101)",
+                    p.name,
+                    hw,
+                    p.log_end_offset,
+                    self.leader_id,
+                    p.log.latest_epoch,
+                )
+                p.truncate_to(hw, reason="UNSAFE truncate to high watermark")
+                self._start_fetching(s)
+            elif p.log.latest_epoch == UNDEFINED_EPOCH:
+                # No epochs: the log holds no batches (every batch carries one), so
+                # there is nothing to reconcile.
+                self._start_fetching(s)
+            else:
+                ask.append(s)
+        if not ask:
+            return
+        topics: dict[str, list[OffsetForLeaderPartition]] = {}
+        for s in ask:
+            topics.setdefault(s.partition.topic, []).append(
+                OffsetForLeaderPartition(
+                    partition=s.partition.index,
+                    current_leader_epoch=s.leader_epoch,
+                    leader_epoch=s.partition.log.latest_epoch,
+                )
+            )
+        request = OffsetForLeaderEpochRequest(
+            replica_id=self.manager.node_id,
+            topics=[OffsetForLeaderTopic(topic=t, partitions=ps) for t, ps in topics.items()],
+        )
+        by_tp = {s.tp: (s, s.partition.log.latest_epoch) for s in ask}
+        try:
+            resp = await self.client.request(request, timeout_s=self.rpc_timeout_s)
+        except RpcError:
+            for s in ask:
+                s.ready_at = asyncio.get_running_loop().time() + self._backoff(s.failures + 1)
+            raise
+        assert isinstance(resp, OffsetForLeaderEpochResponse)
+        answered: set[TopicPartition] = set()
+        for topic in resp.topics:
+            for r in topic.partitions:
+                tp = (topic.topic, r.partition)
+                entry = by_tp.get(tp)
+                if entry is None or tp in answered:
+                    continue
+                answered.add(tp)
+                s, asked_epoch = entry
+                if not self._current(s) or s.phase is not Phase.TRUNCATING:
+                    continue
+                if s.partition.log.latest_epoch != asked_epoch:
+                    continue  # the log changed meanwhile: ask again
+                code = _code(r.error_code)
+                if code != ErrorCode.NONE:
+                    self._back_off(s, f"OffsetsForLeaderEpoch answered {code.name}")
+                    continue
+                self._apply_truncation(s, r.leader_epoch, r.end_offset, asked_epoch)
+        for tp, (s, _) in by_tp.items():
+            if tp not in answered and self._current(s):
+                self._back_off(s, "no OffsetsForLeaderEpoch answer for the partition")
+
+    def _apply_truncation(
+        self, s: PartitionFetchState, leader_epoch: int, end_offset: int, asked_epoch: int
+    ) -> None:
+        p = s.partition
+        leo = p.log_end_offset
+        decision = offset_truncation_state(
+            leader_epoch,
+            end_offset,
+            follower_end_offset_for=lambda e: p.log.epoch_cache.end_offset_for(e, leo),
+            follower_leo=leo,
+            fetch_offset=leo,
+        )
+        log.info(
+            "%s: leader %d at epoch %d has epoch %d ending at %d for our epoch %d; "
+            "truncating to %d (LEO %d)%s",
+            p.name,
+            self.leader_id,
+            s.leader_epoch,
+            leader_epoch,
+            end_offset,
+            asked_epoch,
+            decision.offset,
+            leo,
+            "" if decision.completed else ", then asking again with our next lower epoch",
+        )
+        p.truncate_to(decision.offset, reason=f"reconciled by epoch with leader {self.leader_id}")
+        self.manager.notify(p.tp)
+        if decision.completed:
+            self._start_fetching(s)
+            return
+        s.truncation_rounds += 1
+        if s.truncation_rounds >= MAX_TRUNCATION_ROUNDS:
+            s.truncation_rounds = 0
+            self._back_off(s, "truncation does not converge")
+
+    def _start_fetching(self, s: PartitionFetchState) -> None:
+        s.phase = Phase.FETCHING
+        s.failures = 0
+        s.truncation_rounds = 0
+        log.info(
+            "%s: fetching from broker %d at leader epoch %d from offset %d (latest epoch %d, "
+            "HW %d)",
+            s.partition.name,
+            self.leader_id,
+            s.leader_epoch,
+            s.partition.log_end_offset,
+            s.partition.log.latest_epoch,
+            s.partition.high_watermark,
+        )
+
+    # ------------------------------------------------------------------ fetching
+
+    async def _fetch(self, states: list[PartitionFetchState]) -> None:
+        cfg = self.config
+        topics: dict[str, list[FetchPartition]] = {}
+        sent: dict[TopicPartition, tuple[PartitionFetchState, int]] = {}
+        for s in states:
+            if not self._current(s):
+                self._prune(s)
+                continue
+            p = s.partition
+            fetch_offset = p.log_end_offset
+            topics.setdefault(p.topic, []).append(
+                FetchPartition(
+                    partition=p.index,
+                    current_leader_epoch=s.leader_epoch,
+                    fetch_offset=fetch_offset,
+                    last_fetched_epoch=-1 if self.unsafe_hw else p.log.latest_epoch,
+                    log_start_offset=p.log_start_offset,
+                    partition_max_bytes=cfg.replica_fetch_max_bytes,
+                )
+            )
+            sent[s.tp] = (s, fetch_offset)
+        if not sent:
+            return
+        request = FetchRequest(
+            replica_id=self.manager.node_id,
+            replica_epoch=self.manager.broker_epoch(),
+            max_wait_ms=cfg.replica_fetch_wait_max_ms,
+            min_bytes=1,
+            max_bytes=cfg.replica_fetch_response_max_bytes,
+            topics=[FetchTopic(topic=t, partitions=ps) for t, ps in topics.items()],
+        )
+        resp = await self.client.request(request, timeout_s=self.fetch_timeout_s)
+        assert isinstance(resp, FetchResponse)
+        if resp.error_code != ErrorCode.NONE:
+            for s, _ in sent.values():
+                self._back_off(s, f"Fetch answered {_code(resp.error_code).name}")
+            return
+        reset: list[PartitionFetchState] = []
+        for topic in resp.responses:
+            for r in topic.partitions:
+                entry = sent.pop((topic.topic, r.partition_index), None)
+                if entry is None:
+                    continue
+                s, fetch_offset = entry
+                if (
+                    not self._current(s)
+                    or s.phase is not Phase.FETCHING
+                    or s.partition.log_end_offset != fetch_offset
+                ):
+                    continue  # the partition moved on while the fetch was out
+                if r.records and self.states.get(s.tp) is s:
+                    # Kafka's fairness: who got data goes to the back, so a partition
+                    # whose next batch is larger than its share gets the "at least
+                    # one batch" turn (KIP-74) soon.
+                    self.states[s.tp] = self.states.pop(s.tp)
+                if await self._process_partition(s, fetch_offset, r):
+                    reset.append(s)
+        for s, _ in sent.values():
+            if self._current(s):
+                self._back_off(s, "no Fetch answer for the partition")
+        if reset:
+            await self._reset_to_leader_end(reset)
+
+    async def _process_partition(
+        self, s: PartitionFetchState, fetch_offset: int, r: FetchPartitionResponse
+    ) -> bool:
+        """Apply one partition's Fetch answer. True when it needs Kafka's out-of-range
+        last resort (ListOffsets to the leader)."""
+        p = s.partition
+        code = _code(r.error_code)
+        if code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            return self._out_of_range(s, fetch_offset, r)
+        if code != ErrorCode.NONE:
+            self._back_off(s, code.name)
+            return False
+        diverging = r.diverging_epoch
+        if not self.unsafe_hw and (diverging.epoch >= 0 or diverging.end_offset >= 0):
+            log.info(
+                "%s: leader %d reports our log diverges after epoch %d offset %d (fetch offset "
+                "%d, our latest epoch %d)",
+                p.name,
+                self.leader_id,
+                diverging.epoch,
+                diverging.end_offset,
+                fetch_offset,
+                p.log.latest_epoch,
+            )
+            leo = p.log_end_offset
+            decision = offset_truncation_state(
+                diverging.epoch,
+                diverging.end_offset,
+                follower_end_offset_for=lambda e: p.log.epoch_cache.end_offset_for(e, leo),
+                follower_leo=leo,
+                fetch_offset=fetch_offset,
+            )
+            # Not complete: the next Fetch carries our new latest epoch and the leader
+            # answers again (KIP-595), as Kafka's fetcher does.
+            p.truncate_to(decision.offset, reason=f"diverging epoch from leader {self.leader_id}")
+            self.manager.notify(p.tp)
+            return False
+        s.failures = 0
+        s.out_of_range = 0
+        if r.records:
+            try:
+                p.append_as_follower(r.records)
+            except InvalidAppendError as exc:
+                log.error("%s: cannot append the leader's batches: %s", p.name, exc)
+                self._back_off(s, "invalid batches")
+                return False
+            after = self.manager.after_append
+            if after is not None:
+                await after(p)
+                if not self._current(s):
+                    return False
+        if r.high_watermark >= 0:
+            p.update_follower_high_watermark(r.high_watermark)
+        self.manager.notify(p.tp)
+        return False
+
+    def _out_of_range(
+        self, s: PartitionFetchState, fetch_offset: int, r: FetchPartitionResponse
+    ) -> bool:
+        p = s.partition
+        if r.log_start_offset >= 0 and fetch_offset < r.log_start_offset:
+            # Kafka's rule: the leader deleted what we would need; start over at its
+            # log start offset.
+            log.warning(
+                "%s: fetch offset %d is below leader %d's log start %d",
+                p.name,
+                fetch_offset,
+                self.leader_id,
+                r.log_start_offset,
+            )
+            p.truncate_fully_and_start_at(
+                r.log_start_offset, reason=f"below leader {self.leader_id}'s log start"
+            )
+            self.manager.notify(p.tp)
+            return False
+        s.out_of_range += 1
+        if p.log_end_offset == p.log_start_offset and r.log_start_offset >= 0:
+            # An empty log past the leader's end: nothing to lose, start at its start.
+            p.truncate_fully_and_start_at(
+                r.log_start_offset, reason=f"empty log ahead of leader {self.leader_id}"
+            )
+            self.manager.notify(p.tp)
+            return False
+        if not self.unsafe_hw and s.out_of_range == 1 and p.log.latest_epoch >= 0:
+            log.error(
+                "%s: fetch offset %d is past leader %d's log end (epoch %d) after epoch "
+                "truncation; reconciling again",
+                p.name,
+                fetch_offset,
+                self.leader_id,
+                s.leader_epoch,
+            )
+            s.phase = Phase.TRUNCATING
+            return False
+        return True
+
+    async def _reset_to_leader_end(self, states: list[PartitionFetchState]) -> None:
+        """Kafka's fetchOffsetAndTruncate: ask the leader for its LEO (ListOffsets as a
+        replica) and truncate to it when we are past it."""
+        topics: dict[str, list[ListOffsetsPartition]] = {}
+        for s in states:
+            topics.setdefault(s.partition.topic, []).append(
+                ListOffsetsPartition(
+                    partition_index=s.partition.index,
+                    current_leader_epoch=s.leader_epoch,
+                    timestamp=LATEST_TIMESTAMP,
+                )
+            )
+        request = ListOffsetsRequest(
+            replica_id=self.manager.node_id,
+            topics=[ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()],
+        )
+        by_tp = {s.tp: s for s in states}
+        resp = await self.client.request(request, timeout_s=self.rpc_timeout_s)
+        assert isinstance(resp, ListOffsetsResponse)
+        for topic in resp.topics:
+            for r in topic.partitions:
+                s = by_tp.pop((topic.name, r.partition_index), None)
+                if s is None or not self._current(s) or s.phase is not Phase.FETCHING:
+                    continue
+                code = _code(r.error_code)
+                p = s.partition
+                if code != ErrorCode.NONE or r.offset < 0:
+                    self._back_off(s, f"ListOffsets answered {code.name}")
+                    continue
+                if r.offset < p.log_end_offset:
+                    log.error(
+                        "%s: our LEO %d is past leader %d's log end %d; truncating to it "
+                        "(the logs may have diverged: an unclean election or an unsafe switch)",
+                        p.name,
+                        p.log_end_offset,
+                        self.leader_id,
+                        r.offset,
+                    )
+                    p.truncate_to(r.offset, reason=f"leader {self.leader_id}'s log end")
+                    self.manager.notify(p.tp)
+                else:
+                    self._back_off(s, "out of range, but the leader has grown since")
+        for s in by_tp.values():
+            if self._current(s):
+                self._back_off(s, "no ListOffsets answer for the partition")
+
+
+def _code(value: int) -> ErrorCode:
+    try:
+        return ErrorCode(value)
+    except ValueError:
+        return ErrorCode.UNKNOWN_SERVER_ERROR
