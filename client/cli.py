@@ -6,6 +6,8 @@
     minibroker produce TOPIC            stdin lines -> records
     minibroker consume TOPIC            records -> stdout
     minibroker cluster                  brokers and controller
+    minibroker cluster health           healthy or not, and why (exit code 1 when not)
+    minibroker debug replica-log T P    one broker's replica of a partition, batch by batch
 
 Client commands take -b/--bootstrap-server (also before the command: `minibroker -b
 HOST:PORT topic list`; env MINIBROKER_BOOTSTRAP_SERVERS; default 127.0.0.1:9092).
@@ -33,10 +35,19 @@ from typing import Any, NoReturn, TypeVar
 import click
 import uvloop
 
-from client.admin import AsyncAdmin, TopicDescription
+from client.admin import (
+    DEFAULT_CONTROLLER_PORT,
+    DEFAULT_MAX_BATCHES,
+    AsyncAdmin,
+    PartitionDescription,
+    ReplicaLogDescription,
+    TopicDescription,
+    parse_address,
+)
 from client.consumer import AsyncConsumer
 from client.dev_cluster import DevCluster, DevClusterError
 from client.errors import MinibrokerError
+from client.health import ClusterHealth, is_leaderless, is_under_replicated, render_text
 from client.producer import AsyncProducer, parse_acks
 from client.types import ConsumerRecord, RecordMetadata, TopicPartition
 
@@ -69,7 +80,9 @@ def _debug_option(f: Callable[..., Any]) -> Callable[..., Any]:
     )(f)
 
 
-def _resolve_bootstrap(ctx: click.Context, _param: click.Parameter, value: str | None) -> str:
+def _resolve_bootstrap(
+    ctx: click.Context, _param: click.Parameter | None, value: str | None
+) -> str:
     # The command's own -b wins, then `minibroker -b ...`, then the env var, then the default.
     if value:
         return value
@@ -308,13 +321,29 @@ def dev(
 # ------------------------------------------------------------------ cluster and topics
 
 
-@cli.command("cluster")
-@client_command
-def cluster_cmd(bootstrap: str) -> None:
-    """Show the cluster id, the controller and the brokers."""
+@cli.group("cluster", invoke_without_command=True)
+@click.option(
+    "-b",
+    "--bootstrap-server",
+    "bootstrap",
+    default=None,
+    help="Brokers to bootstrap from, HOST:PORT[,HOST:PORT...] (also for the subcommands).  "
+    f"[default: `minibroker -b`, else env {BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP}]",
+)
+@_debug_option
+@click.pass_context
+def cluster_cmd(ctx: click.Context, bootstrap: str | None) -> None:
+    """Show the cluster id, the controller and the brokers (`minibroker cluster`),
+    or check the cluster's health (`minibroker cluster health`)."""
+    if bootstrap:
+        # `minibroker cluster -b X health`: the subcommand's default comes from the root.
+        ctx.find_root().ensure_object(dict)["bootstrap"] = bootstrap
+    if ctx.invoked_subcommand is not None:
+        return
+    address = _resolve_bootstrap(ctx, None, bootstrap)
 
     async def go() -> None:
-        async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
+        async with AsyncAdmin(address, client_id="minibroker-cli") as admin:
             desc = await admin.describe_cluster()
         click.echo(f"cluster id: {desc.cluster_id}  controller: {desc.controller_id}")
         rows = [
@@ -329,6 +358,184 @@ def cluster_cmd(bootstrap: str) -> None:
         click.echo(_table(["ID", "ADDRESS", "STATE", "BROKER-EPOCH"], rows))
 
     run(go)
+
+
+def _check_address(
+    _ctx: click.Context,
+    _param: click.Parameter,
+    value: str | None,
+    *,
+    default_port: int | None = DEFAULT_CONTROLLER_PORT,
+) -> str | None:
+    if value is None:
+        return None
+    try:
+        parse_address(value, default_port)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+@cluster_cmd.command("health")
+@click.option(
+    "--controller",
+    "controller",
+    default=None,
+    metavar="HOST:PORT",
+    envvar="MINIBROKER_CONTROLLER",
+    callback=_check_address,
+    help="Also ask the controller (port 9093 if left out): its metadata is then the one "
+    "evaluated, and an unreachable controller makes the cluster unhealthy. Without it "
+    "the verdict rests on a broker's metadata image and the controller's reachability "
+    "is unknown.  [env MINIBROKER_CONTROLLER; default: do not ask the controller]",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "-w",
+    "--watch",
+    is_flag=True,
+    help="Keep checking every --interval and print the report whenever it changes "
+    "(with --json: one object per line); Ctrl-C or --timeout to stop.",
+)
+@click.option(
+    "-e",
+    "--exit-when-healthy",
+    is_flag=True,
+    help="Keep checking (as --watch) until the cluster is healthy, then exit 0.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="With --watch / --exit-when-healthy: stop after this long; the exit code is "
+    "then that of the last check (1 when unhealthy).  [default: no limit]",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Time between checks with --watch / --exit-when-healthy.",
+)
+@click.option(
+    "--probe/--no-probe",
+    default=True,
+    show_default=True,
+    help="Check that every broker the metadata calls live answers (ApiVersions); a "
+    "killed broker stays unfenced until the controller's session timeout.",
+)
+@click.option(
+    "--request-timeout-ms",
+    type=click.IntRange(min=1),
+    default=5_000,
+    show_default=True,
+    help="Time limit of each request (and connection attempt) of a check.",
+)
+@client_command
+def cluster_health(
+    controller: str | None,
+    as_json: bool,
+    watch: bool,
+    exit_when_healthy: bool,
+    timeout: float | None,
+    interval: float,
+    probe: bool,
+    request_timeout_ms: int,
+    bootstrap: str,
+) -> None:
+    """Is the cluster healthy? In the manner of `rpk cluster health`.
+
+    \b
+    Unhealthy reasons:
+      no_broker_reachable          no bootstrap broker answered
+      controller_unreachable       --controller did not answer
+      no_controller                the metadata names no controller
+      no_live_brokers              no broker is registered and unfenced
+      brokers_down                 a broker is fenced or does not answer
+      leaderless_partitions        a partition has no leader (-1)
+      under_replicated_partitions  a partition's ISR is smaller than its replicas
+
+    Exit code 0 when healthy, 1 when not (or when --timeout passed first).
+    For scripts and container health checks:
+    `minibroker cluster health --exit-when-healthy --timeout 30`.
+    """
+    watching = watch or exit_when_healthy
+    code = run(
+        _cluster_health,
+        bootstrap,
+        controller,
+        as_json,
+        watching,
+        exit_when_healthy,
+        timeout if watching else None,
+        interval,
+        probe,
+        request_timeout_ms,
+    )
+    sys.exit(code)
+
+
+async def _cluster_health(
+    bootstrap: str,
+    controller: str | None,
+    as_json: bool,
+    watching: bool,
+    exit_when_healthy: bool,
+    timeout: float | None,
+    interval: float,
+    probe: bool,
+    request_timeout_ms: int,
+) -> int:
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    admin = AsyncAdmin(
+        bootstrap,
+        client_id="minibroker-cli",
+        request_timeout_ms=request_timeout_ms,
+        bootstrap_retries=1 if watching else 2,
+    )
+    last_key: tuple[Any, ...] | None = None
+    try:
+        while True:
+            health = await admin.cluster_health(
+                controller=controller,
+                probe_brokers=probe,
+                probe_timeout_ms=min(request_timeout_ms, 3_000),
+            )
+            if not watching:
+                _print_health(health, as_json, one_line=False)
+                return 0 if health.healthy else 1
+            if health.state_key() != last_key:
+                if last_key is not None and not as_json:
+                    click.echo()
+                _print_health(health, as_json, one_line=True)
+                last_key = health.state_key()
+            if health.healthy and exit_when_healthy:
+                return 0
+            if deadline is not None and loop.time() + interval > deadline:
+                if deadline - loop.time() > 0:
+                    await asyncio.sleep(deadline - loop.time())
+                    continue  # one last check right at the deadline
+                if not as_json:
+                    click.echo(f"timed out after {timeout:g} s", err=True)
+                return 0 if health.healthy else 1
+            await asyncio.sleep(interval)
+    finally:
+        await admin.close()
+
+
+def _print_health(health: ClusterHealth, as_json: bool, *, one_line: bool) -> None:
+    if as_json:
+        if one_line:
+            click.echo(json.dumps({"time": round(time.time(), 3), **health.to_dict()}))
+        else:
+            click.echo(json.dumps(health.to_dict(), indent=2))
+        return
+    if one_line:
+        click.echo(time.strftime("%Y-%m-%d %H:%M:%S"))
+    click.echo(render_text(health))
 
 
 @cli.group()
@@ -404,18 +611,48 @@ def topic_list(bootstrap: str) -> None:
 
 @topic.command("describe")
 @click.argument("names", nargs=-1)
+@click.option(
+    "--under-replicated",
+    "--under-replicated-partitions",
+    "under_replicated",
+    is_flag=True,
+    help="Only partitions whose ISR is smaller than their replica set.",
+)
+@click.option(
+    "--unavailable",
+    "--unavailable-partitions",
+    "unavailable",
+    is_flag=True,
+    help="Only partitions without a leader. With --under-replicated: partitions that are either.",
+)
 @client_command
-def topic_describe(names: tuple[str, ...], bootstrap: str) -> None:
+def topic_describe(
+    names: tuple[str, ...], under_replicated: bool, unavailable: bool, bootstrap: str
+) -> None:
     """Describe topics (all when no NAME): per partition its leader, leader epoch,
-    replicas, ISR, log start offset and high watermark (as the leader reports them)."""
+    replicas, ISR, status, log start offset and high watermark (as the leader reports
+    them). STATUS is `ok`, or `under-replicated` (ISR smaller than the replicas)
+    and/or `leaderless` (no leader: unavailable until an ISR member returns)."""
 
     async def go() -> list[TopicDescription]:
         async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
             return await admin.describe_topics(list(names) or None)
 
     topics = run(go)
+
+    def wanted(p: PartitionDescription) -> bool:
+        if not (under_replicated or unavailable):
+            return True
+        return (under_replicated and is_under_replicated(p.replicas, p.isr)) or (
+            unavailable and is_leaderless(p.leader)
+        )
+
     blocks = []
     for t in topics:
+        shown = [p for p in t.partitions if wanted(p)]
+        if not shown and (under_replicated or unavailable):
+            continue
+        with_error = any(q.error for q in shown)
         rows = [
             [
                 str(p.partition),
@@ -423,11 +660,12 @@ def topic_describe(names: tuple[str, ...], bootstrap: str) -> None:
                 str(p.leader_epoch),
                 _nodes(p.replicas),
                 _nodes(p.isr),
+                _partition_status(p),
                 str(p.log_start_offset) if p.log_start_offset >= 0 else "-",
                 str(p.high_watermark) if p.high_watermark >= 0 else "-",
             ]
-            + ([p.error] if any(q.error for q in t.partitions) else [])
-            for p in t.partitions
+            + ([p.error or ""] if with_error else [])
+            for p in shown
         ]
         header = [
             "PARTITION",
@@ -435,17 +673,41 @@ def topic_describe(names: tuple[str, ...], bootstrap: str) -> None:
             "EPOCH",
             "REPLICAS",
             "ISR",
+            "STATUS",
             "LOG-START-OFFSET",
             "HIGH-WATERMARK",
         ]
-        if any(q.error for q in t.partitions):
+        if with_error:
             header.append("ERROR")
+        n_under = sum(is_under_replicated(p.replicas, p.isr) for p in t.partitions)
+        n_leaderless = sum(is_leaderless(p.leader) for p in t.partitions)
+        notes = [f"{n_under} under-replicated"] if n_under else []
+        notes += [f"{n_leaderless} leaderless"] if n_leaderless else []
         summary = (
             f"{t.name}  ({_plural(len(t.partitions), 'partition')}, replication factor "
-            f"{t.replication_factor}, id {t.topic_id or '-'})"
+            f"{t.replication_factor}, id {t.topic_id or '-'}"
+            + "".join(f", {n}" for n in notes)
+            + ")"
         )
-        blocks.append(summary + "\n" + _table(header, [[c or "" for c in r] for r in rows]))
-    click.echo("\n\n".join(blocks))
+        blocks.append(summary + "\n" + _table(header, rows))
+    if blocks:
+        click.echo("\n\n".join(blocks))
+    elif under_replicated or unavailable:
+        which = " or ".join(
+            w
+            for w, on in (("under-replicated", under_replicated), ("leaderless", unavailable))
+            if on
+        )
+        click.echo(f"no {which} partitions", err=True)
+
+
+def _partition_status(p: PartitionDescription) -> str:
+    states = []
+    if is_leaderless(p.leader):
+        states.append("leaderless")
+    if is_under_replicated(p.replicas, p.isr):
+        states.append("under-replicated")
+    return ",".join(states) or "ok"
 
 
 @topic.command("delete")
@@ -461,6 +723,136 @@ def topic_delete(names: tuple[str, ...], bootstrap: str) -> None:
     run(go)
     for name in names:
         click.echo(f"deleted topic {name}")
+
+
+# ------------------------------------------------------------------ debug
+
+
+@cli.group("debug")
+def debug_group() -> None:
+    """Inspect the internals of a running cluster (read-only)."""
+
+
+@debug_group.command("replica-log")
+@click.argument("topic_name", metavar="TOPIC")
+@click.argument("partition", type=click.IntRange(min=0))
+@click.option(
+    "--broker",
+    "broker_id",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="ID",
+    help="The broker whose replica to show (its address comes from the cluster "
+    "metadata; fenced brokers that still run can be inspected too).",
+)
+@click.option(
+    "--at",
+    "address",
+    default=None,
+    metavar="HOST:PORT",
+    help="Ask the broker at this address instead (no bootstrap needed).",
+    callback=lambda _ctx, _param, value: _check_address(_ctx, _param, value, default_port=None),
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for tools).")
+@click.option(
+    "--no-batches",
+    is_flag=True,
+    help="Leave out the batch list (offsets, epochs and the epoch cache only).",
+)
+@click.option(
+    "--max-batches",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_BATCHES,
+    show_default=True,
+    help="List at most this many batches, from the log start (the broker caps it too).",
+)
+@client_command
+def debug_replica_log(
+    topic_name: str,
+    partition: int,
+    broker_id: int | None,
+    address: str | None,
+    as_json: bool,
+    no_batches: bool,
+    max_batches: int,
+    bootstrap: str,
+) -> None:
+    """One broker's replica of TOPIC PARTITION, as it is on that broker's disk (in the
+    manner of kafka-dump-log): log start offset, log end offset, high watermark, the
+    leader, leader epoch, partition epoch and ISR that broker knows, its leader-epoch
+    cache, and a table of batches (base offset, last offset, leader epoch, CRC, size).
+
+    Pass --broker ID or --at HOST:PORT."""
+    if (broker_id is None) == (address is None):
+        raise click.UsageError("pass exactly one of --broker ID and --at HOST:PORT")
+
+    async def go() -> ReplicaLogDescription:
+        admin = AsyncAdmin(bootstrap, client_id="minibroker-cli")
+        try:
+            if broker_id is not None:
+                await admin.start()
+            return await admin.describe_replica_log(
+                broker_id if broker_id is not None else str(address),
+                topic_name,
+                partition,
+                include_batches=not no_batches,
+                max_batches=max_batches,
+            )
+        finally:
+            await admin.close()
+
+    replica = run(go)
+    if as_json:
+        click.echo(json.dumps(replica.to_dict()))
+        return
+    click.echo(render_replica_log(replica, batches=not no_batches))
+
+
+def render_replica_log(r: ReplicaLogDescription, *, batches: bool = True) -> str:
+    where = f"broker {r.broker_id} at " if r.broker_id >= 0 else ""
+    leader = str(r.leader_id) if r.leader_id >= 0 else "none"
+    lines = [
+        f"replica of {r.topic}-{r.partition} on {where}{r.host}:{r.port}",
+        f"log start offset:  {r.log_start_offset}",
+        f"log end offset:    {r.log_end_offset}",
+        f"high watermark:    {r.high_watermark}",
+        f"leader:            {leader} (leader epoch {r.leader_epoch}, "
+        f"partition epoch {r.partition_epoch})",
+        f"ISR:               {_nodes(r.isr)}",
+        "",
+        f"leader-epoch cache ({len(r.epoch_entries)} "
+        f"{'entry' if len(r.epoch_entries) == 1 else 'entries'}):",
+    ]
+    if r.epoch_entries:
+        lines.append(
+            _table(
+                ["EPOCH", "START-OFFSET"],
+                [[str(e.epoch), str(e.start_offset)] for e in r.epoch_entries],
+            )
+        )
+    if batches:
+        listed_to = r.batches[-1].last_offset + 1 if r.batches else r.log_start_offset
+        more = (
+            ", the first ones only: more with --max-batches" if listed_to < r.log_end_offset else ""
+        )
+        lines += ["", f"batches ({len(r.batches)}{more}):"]
+        if r.batches:
+            lines.append(
+                _table(
+                    ["BASE-OFFSET", "LAST-OFFSET", "EPOCH", "CRC", "SIZE"],
+                    [
+                        [
+                            str(b.base_offset),
+                            str(b.last_offset),
+                            str(b.leader_epoch),
+                            f"{b.crc:08x}",
+                            str(b.size),
+                        ]
+                        for b in r.batches
+                    ],
+                )
+            )
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ produce

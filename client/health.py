@@ -1,0 +1,267 @@
+"""Cluster health, in the manner of `rpk cluster health`: a pure evaluation over a
+cluster description and topic descriptions, and its text and JSON renderings.
+
+`evaluate_health` does no I/O (AsyncAdmin.cluster_health gathers the inputs): it
+says which brokers are down (fenced by the controller, or registered and unfenced
+but not answering a probe), which partitions have no leader (leader -1) and which
+are under-replicated (ISR smaller than the replica set), and turns each finding into
+an unhealthy reason. The cluster is healthy when there is no reason.
+
+Reasons (stable names, scripts match on them):
+
+    no_broker_reachable          no bootstrap broker answered
+    controller_unreachable       --controller was given and did not answer
+    no_controller                the metadata names no controller (-1)
+    no_live_brokers              every registered broker is fenced, or none registered
+    brokers_down                 some broker is fenced or does not answer
+    leaderless_partitions        some partition has no leader
+    under_replicated_partitions  some partition's ISR is smaller than its replicas
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # admin.py imports this module; the types are only annotations here
+    from client.admin import ClusterDescription, TopicDescription
+
+NO_BROKER_REACHABLE = "no_broker_reachable"
+CONTROLLER_UNREACHABLE = "controller_unreachable"
+NO_CONTROLLER = "no_controller"
+NO_LIVE_BROKERS = "no_live_brokers"
+BROKERS_DOWN = "brokers_down"
+LEADERLESS_PARTITIONS = "leaderless_partitions"
+UNDER_REPLICATED_PARTITIONS = "under_replicated_partitions"
+
+# The order reasons are reported in: the most fundamental first.
+REASONS = (
+    NO_BROKER_REACHABLE,
+    CONTROLLER_UNREACHABLE,
+    NO_CONTROLLER,
+    NO_LIVE_BROKERS,
+    BROKERS_DOWN,
+    LEADERLESS_PARTITIONS,
+    UNDER_REPLICATED_PARTITIONS,
+)
+
+SOURCE_CONTROLLER = "controller"
+SOURCE_BROKER = "broker"
+SOURCE_NONE = "none"
+
+
+class PartitionHealth(NamedTuple):
+    """A partition named in a health report, with the state that put it there."""
+
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "leader": self.leader,
+            "leader_epoch": self.leader_epoch,
+            "replicas": list(self.replicas),
+            "isr": list(self.isr),
+        }
+
+
+class ClusterHealth(NamedTuple):
+    """The verdict and what it is based on.
+
+    `source` says whose metadata was evaluated: the controller's (authoritative, when
+    --controller answered), a broker's image (may lag the controller by a moment), or
+    none (nothing answered). `controller_reachable` is None when the controller was
+    not asked: a broker's answer cannot tell whether the controller is up."""
+
+    healthy: bool
+    unhealthy_reasons: tuple[str, ...]
+    source: str
+    cluster_id: str
+    controller_id: int
+    controller_address: str | None
+    controller_reachable: bool | None
+    metadata_offset: int
+    brokers: tuple[int, ...]  # every registered broker
+    live_brokers: tuple[int, ...]  # unfenced and answering
+    fenced_brokers: tuple[int, ...]
+    unreachable_brokers: tuple[int, ...]  # unfenced, but did not answer the probe
+    topic_count: int
+    partition_count: int
+    leaderless_partitions: tuple[PartitionHealth, ...]
+    under_replicated_partitions: tuple[PartitionHealth, ...]
+    errors: tuple[str, ...] = ()  # why an answer is missing, one line each
+
+    @property
+    def down_brokers(self) -> tuple[int, ...]:
+        return tuple(sorted({*self.fenced_brokers, *self.unreachable_brokers}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "healthy": self.healthy,
+            "unhealthy_reasons": list(self.unhealthy_reasons),
+            "source": self.source,
+            "cluster_id": self.cluster_id,
+            "controller_id": self.controller_id,
+            "controller_address": self.controller_address,
+            "controller_reachable": self.controller_reachable,
+            "metadata_offset": self.metadata_offset,
+            "brokers": list(self.brokers),
+            "live_brokers": list(self.live_brokers),
+            "down_brokers": list(self.down_brokers),
+            "fenced_brokers": list(self.fenced_brokers),
+            "unreachable_brokers": list(self.unreachable_brokers),
+            "topic_count": self.topic_count,
+            "partition_count": self.partition_count,
+            "leaderless_partitions": [p.to_dict() for p in self.leaderless_partitions],
+            "under_replicated_partitions": [p.to_dict() for p in self.under_replicated_partitions],
+            "errors": list(self.errors),
+        }
+
+    def state_key(self) -> tuple[Any, ...]:
+        """What `--watch` compares to decide the state changed (the metadata offset
+        alone moving is not a change worth printing)."""
+        d = self.to_dict()
+        d.pop("metadata_offset")
+        d.pop("errors")  # their wording carries timings and addresses
+        return tuple(sorted((k, repr(v)) for k, v in d.items()))
+
+
+def is_under_replicated(replicas: Sequence[int], isr: Sequence[int]) -> bool:
+    """Kafka's definition: fewer in-sync replicas than replicas."""
+    return len(isr) < len(replicas)
+
+
+def is_leaderless(leader: int) -> bool:
+    return leader < 0
+
+
+def evaluate_health(
+    cluster: ClusterDescription | None,
+    topics: Iterable[TopicDescription],
+    *,
+    source: str = SOURCE_BROKER,
+    brokers_reachable: bool = True,
+    controller_address: str | None = None,
+    controller_reachable: bool | None = None,
+    unreachable_brokers: Iterable[int] = (),
+    errors: Iterable[str] = (),
+) -> ClusterHealth:
+    """The health verdict over one view of the cluster.
+
+    `cluster` None: nothing answered (no broker, no controller). `brokers_reachable`
+    False: no bootstrap broker answered (the view may still be the controller's).
+    `unreachable_brokers`: unfenced brokers that did not answer a probe."""
+    reasons: set[str] = set()
+    if not brokers_reachable:
+        reasons.add(NO_BROKER_REACHABLE)
+    if controller_reachable is False:
+        reasons.add(CONTROLLER_UNREACHABLE)
+    all_ids: tuple[int, ...] = ()
+    fenced: tuple[int, ...] = ()
+    unreachable: tuple[int, ...] = ()
+    live: tuple[int, ...] = ()
+    if cluster is not None:
+        all_ids = tuple(sorted(b.node_id for b in cluster.brokers))
+        fenced = tuple(sorted(b.node_id for b in cluster.brokers if b.is_fenced))
+        unfenced = set(all_ids) - set(fenced)
+        unreachable = tuple(sorted(set(unreachable_brokers) & unfenced))
+        live = tuple(sorted(unfenced - set(unreachable)))
+        if cluster.controller_id < 0:
+            reasons.add(NO_CONTROLLER)
+        if not live:
+            reasons.add(NO_LIVE_BROKERS)
+        if fenced or unreachable:
+            reasons.add(BROKERS_DOWN)
+    leaderless: list[PartitionHealth] = []
+    under: list[PartitionHealth] = []
+    topic_count = partition_count = 0
+    for t in sorted(topics, key=lambda t: t.name):
+        topic_count += 1
+        for p in sorted(t.partitions, key=lambda p: p.partition):
+            partition_count += 1
+            entry = PartitionHealth(
+                t.name, p.partition, p.leader, p.leader_epoch, tuple(p.replicas), tuple(p.isr)
+            )
+            if is_leaderless(p.leader):
+                leaderless.append(entry)
+            if is_under_replicated(p.replicas, p.isr):
+                under.append(entry)
+    if leaderless:
+        reasons.add(LEADERLESS_PARTITIONS)
+    if under:
+        reasons.add(UNDER_REPLICATED_PARTITIONS)
+    ordered = tuple(r for r in REASONS if r in reasons)
+    return ClusterHealth(
+        healthy=not ordered,
+        unhealthy_reasons=ordered,
+        source=source if cluster is not None else SOURCE_NONE,
+        cluster_id=cluster.cluster_id if cluster is not None else "",
+        controller_id=cluster.controller_id if cluster is not None else -1,
+        controller_address=controller_address,
+        controller_reachable=controller_reachable,
+        metadata_offset=cluster.metadata_offset if cluster is not None else -1,
+        brokers=all_ids,
+        live_brokers=live,
+        fenced_brokers=fenced,
+        unreachable_brokers=unreachable,
+        topic_count=topic_count,
+        partition_count=partition_count,
+        leaderless_partitions=tuple(leaderless),
+        under_replicated_partitions=tuple(under),
+        errors=tuple(errors),
+    )
+
+
+# ------------------------------------------------------------------ rendering
+
+
+def _ids(ids: Iterable[object]) -> str:
+    return "[" + " ".join(map(str, ids)) + "]"
+
+
+def render_text(health: ClusterHealth) -> str:
+    """The `rpk cluster health` layout: one `Label: value` line per finding."""
+    if health.controller_reachable is None:
+        reachable = "unknown (pass --controller HOST:PORT to check)"
+    elif health.controller_reachable:
+        reachable = f"true ({health.controller_address})"
+    else:
+        reachable = f"false ({health.controller_address})"
+    if health.source == SOURCE_CONTROLLER:
+        source = f"controller (metadata offset {health.metadata_offset})"
+    elif health.source == SOURCE_BROKER:
+        source = f"a broker's image (metadata offset {health.metadata_offset})"
+    else:
+        source = "none: nothing answered"
+    leaderless = health.leaderless_partitions
+    under = health.under_replicated_partitions
+    rows = [
+        ("Healthy:", str(health.healthy).lower()),
+        ("Unhealthy reasons:", _ids(health.unhealthy_reasons)),
+        ("Cluster ID:", health.cluster_id or "-"),
+        ("Controller ID:", str(health.controller_id)),
+        ("Controller reachable:", reachable),
+        ("Metadata from:", source),
+        ("All brokers:", _ids(health.brokers)),
+        ("Live brokers:", _ids(health.live_brokers)),
+        ("Brokers down:", _ids(health.down_brokers)),
+        ("Fenced brokers:", _ids(health.fenced_brokers)),
+        ("Unreachable brokers:", _ids(health.unreachable_brokers)),
+        ("Topics / partitions:", f"{health.topic_count} / {health.partition_count}"),
+        (f"Leaderless partitions ({len(leaderless)}):", _ids(leaderless)),
+        (f"Under-replicated partitions ({len(under)}):", _ids(under)),
+    ]
+    width = max(len(label) for label, _ in rows) + 2
+    lines = ["CLUSTER HEALTH OVERVIEW", "======================="]
+    lines += [label.ljust(width) + value for label, value in rows]
+    lines += [f"Error: {e}" for e in health.errors]
+    return "\n".join(lines)

@@ -1,0 +1,264 @@
+"""The health verdict (client/health.py) as a pure function over a cluster description
+and topic descriptions, its renderings, and the helpers the CLI leans on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from client.admin import (
+    BrokerDescription,
+    ClusterDescription,
+    PartitionDescription,
+    TopicDescription,
+    parse_address,
+    topics_from_metadata,
+)
+from client.health import (
+    BROKERS_DOWN,
+    CONTROLLER_UNREACHABLE,
+    LEADERLESS_PARTITIONS,
+    NO_BROKER_REACHABLE,
+    NO_CONTROLLER,
+    NO_LIVE_BROKERS,
+    SOURCE_CONTROLLER,
+    SOURCE_NONE,
+    UNDER_REPLICATED_PARTITIONS,
+    evaluate_health,
+    is_under_replicated,
+    render_text,
+)
+from protocol.errors import ErrorCode
+from protocol.messages import MetadataPartition, MetadataResponse, MetadataTopic
+
+
+def cluster(*fenced: int, ids: tuple[int, ...] = (1, 2, 3), controller: int = 0):
+    return ClusterDescription(
+        "cid",
+        controller,
+        [BrokerDescription(i, "127.0.0.1", 9090 + i, None, i in fenced, 10 + i) for i in ids],
+        42,
+    )
+
+
+def part(index: int, leader: int, replicas: tuple[int, ...], isr: tuple[int, ...]):
+    return PartitionDescription(index, leader, 3, replicas, isr)
+
+
+def topic(name: str, *partitions: PartitionDescription) -> TopicDescription:
+    return TopicDescription(name, f"id-{name}", list(partitions))
+
+
+HEALTHY_TOPICS = [
+    topic("a", part(0, 1, (1, 2, 3), (1, 2, 3)), part(1, 2, (2, 3, 1), (2, 3, 1))),
+    topic("b", part(0, 3, (3,), (3,))),
+]
+
+
+def test_a_healthy_cluster() -> None:
+    h = evaluate_health(cluster(), HEALTHY_TOPICS)
+    assert h.healthy and h.unhealthy_reasons == ()
+    assert h.brokers == h.live_brokers == (1, 2, 3)
+    assert h.down_brokers == h.fenced_brokers == h.unreachable_brokers == ()
+    assert (h.topic_count, h.partition_count) == (2, 3)
+    assert h.leaderless_partitions == h.under_replicated_partitions == ()
+    assert (h.cluster_id, h.controller_id, h.metadata_offset) == ("cid", 0, 42)
+    assert h.controller_reachable is None  # not asked: not a reason either way
+
+
+def test_a_fenced_broker_is_down() -> None:
+    h = evaluate_health(cluster(3), HEALTHY_TOPICS)
+    assert not h.healthy and h.unhealthy_reasons == (BROKERS_DOWN,)
+    assert h.fenced_brokers == h.down_brokers == (3,)
+    assert h.live_brokers == (1, 2) and h.brokers == (1, 2, 3)
+
+
+def test_an_unreachable_unfenced_broker_is_down() -> None:
+    # Killed, but the controller's session timeout has not passed yet.
+    h = evaluate_health(cluster(1), HEALTHY_TOPICS, unreachable_brokers=[2, 1, 9])
+    assert h.unhealthy_reasons == (BROKERS_DOWN,)
+    assert h.unreachable_brokers == (2,)  # 1 is fenced already, 9 is not registered
+    assert h.fenced_brokers == (1,) and h.down_brokers == (1, 2)
+    assert h.live_brokers == (3,)
+
+
+def test_leaderless_partitions() -> None:
+    # RF=1 led by a fenced broker: no leader, but its ISR still equals its replicas.
+    topics = [*HEALTHY_TOPICS, topic("solo", part(0, -1, (3,), (3,)), part(1, 1, (1,), (1,)))]
+    h = evaluate_health(cluster(3), topics)
+    assert h.unhealthy_reasons == (BROKERS_DOWN, LEADERLESS_PARTITIONS)
+    assert [str(p) for p in h.leaderless_partitions] == ["solo-0"]
+    assert h.leaderless_partitions[0].leader == -1
+    assert h.under_replicated_partitions == ()
+
+
+def test_under_replicated_partitions() -> None:
+    topics = [
+        topic("t", part(1, 2, (3, 2, 1), (2, 1)), part(0, 1, (1, 2, 3), (1, 2, 3))),
+        topic("all-down", part(0, -1, (1, 2, 3), (3,))),
+    ]
+    h = evaluate_health(cluster(), topics)
+    assert h.unhealthy_reasons == (LEADERLESS_PARTITIONS, UNDER_REPLICATED_PARTITIONS)
+    # Sorted by topic, then partition; a partition can be both.
+    assert [str(p) for p in h.under_replicated_partitions] == ["all-down-0", "t-1"]
+    assert [str(p) for p in h.leaderless_partitions] == ["all-down-0"]
+    assert h.under_replicated_partitions[1].isr == (2, 1)
+
+
+def test_under_replicated_is_isr_smaller_than_replicas() -> None:
+    assert is_under_replicated((1, 2, 3), (1, 2))
+    assert not is_under_replicated((1, 2, 3), (3, 1, 2))
+    assert not is_under_replicated((1,), (1,))
+
+
+def test_controller_unreachable_and_no_controller() -> None:
+    h = evaluate_health(
+        cluster(controller=-1),
+        HEALTHY_TOPICS,
+        controller_address="127.0.0.1:9093",
+        controller_reachable=False,
+    )
+    assert h.unhealthy_reasons == (CONTROLLER_UNREACHABLE, NO_CONTROLLER)
+    ok = evaluate_health(
+        cluster(),
+        HEALTHY_TOPICS,
+        source=SOURCE_CONTROLLER,
+        controller_address="127.0.0.1:9093",
+        controller_reachable=True,
+    )
+    assert ok.healthy and ok.source == SOURCE_CONTROLLER and ok.controller_reachable
+
+
+def test_nothing_answered() -> None:
+    h = evaluate_health(
+        None,
+        [],
+        brokers_reachable=False,
+        controller_reachable=False,
+        controller_address="h:1",
+        errors=["brokers: refused"],
+    )
+    assert h.unhealthy_reasons == (NO_BROKER_REACHABLE, CONTROLLER_UNREACHABLE)
+    assert h.source == SOURCE_NONE and h.controller_id == -1 and h.brokers == ()
+    assert h.errors == ("brokers: refused",)
+
+
+def test_the_controller_answers_but_no_broker_does() -> None:
+    h = evaluate_health(
+        cluster(),
+        HEALTHY_TOPICS,
+        source=SOURCE_CONTROLLER,
+        brokers_reachable=False,
+        controller_reachable=True,
+        unreachable_brokers=[1, 2, 3],
+    )
+    assert h.unhealthy_reasons == (NO_BROKER_REACHABLE, NO_LIVE_BROKERS, BROKERS_DOWN)
+    assert h.unreachable_brokers == (1, 2, 3) and h.live_brokers == ()
+
+
+def test_every_broker_fenced_or_none_registered() -> None:
+    assert evaluate_health(cluster(1, 2, 3), []).unhealthy_reasons == (
+        NO_LIVE_BROKERS,
+        BROKERS_DOWN,
+    )
+    assert evaluate_health(cluster(ids=()), []).unhealthy_reasons == (NO_LIVE_BROKERS,)
+
+
+def test_json_form() -> None:
+    topics = [topic("solo", part(0, -1, (3,), (3,))), topic("t", part(0, 1, (1, 3), (1,)))]
+    h = evaluate_health(cluster(3), topics, unreachable_brokers=[2])
+    d = json.loads(json.dumps(h.to_dict()))
+    assert d["healthy"] is False
+    assert d["unhealthy_reasons"] == [
+        BROKERS_DOWN,
+        LEADERLESS_PARTITIONS,
+        UNDER_REPLICATED_PARTITIONS,
+    ]
+    assert d["down_brokers"] == [2, 3] and d["fenced_brokers"] == [3]
+    assert d["leaderless_partitions"] == [
+        {
+            "topic": "solo",
+            "partition": 0,
+            "leader": -1,
+            "leader_epoch": 3,
+            "replicas": [3],
+            "isr": [3],
+        }
+    ]
+    assert d["under_replicated_partitions"][0]["isr"] == [1]
+    assert d["controller_reachable"] is None
+
+
+def test_state_key_ignores_the_metadata_offset_only() -> None:
+    a = evaluate_health(cluster(), HEALTHY_TOPICS)
+    moved = evaluate_health(cluster()._replace(metadata_offset=99), HEALTHY_TOPICS)
+    assert a.state_key() == moved.state_key()
+    assert a.state_key() != evaluate_health(cluster(2), HEALTHY_TOPICS).state_key()
+
+
+def test_text_form_reads_like_rpk() -> None:
+    topics = [topic("solo", part(0, -1, (3,), (3,))), topic("t", part(0, 1, (1, 3), (1,)))]
+    text = render_text(
+        evaluate_health(
+            cluster(3),
+            topics,
+            source=SOURCE_CONTROLLER,
+            controller_address="127.0.0.1:9093",
+            controller_reachable=True,
+        )
+    )
+    lines = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in text.splitlines()[2:]}
+    assert text.startswith("CLUSTER HEALTH OVERVIEW\n")
+    assert lines["Healthy"] == "false"
+    assert lines["Unhealthy reasons"] == (
+        "[brokers_down leaderless_partitions under_replicated_partitions]"
+    )
+    assert lines["Controller ID"] == "0"
+    assert lines["Controller reachable"] == "true (127.0.0.1:9093)"
+    assert lines["All brokers"] == "[1 2 3]"
+    assert lines["Brokers down"] == "[3]"
+    assert lines["Leaderless partitions (1)"] == "[solo-0]"
+    assert lines["Under-replicated partitions (1)"] == "[t-0]"
+    unknown = render_text(evaluate_health(cluster(), []))
+    assert "Controller reachable:" in unknown and "unknown" in unknown
+
+
+def test_parse_address() -> None:
+    assert parse_address("h:1") == ("h", 1)
+    assert parse_address("h", 9093) == ("h", 9093)
+    assert parse_address("[::1]", 9093) == ("::1", 9093)
+    assert parse_address("[::1]:5") == ("::1", 5)
+    for bad in ("h", "h:x", "a:1,b:2", "::1:5", ""):
+        with pytest.raises(ValueError):
+            parse_address(bad)
+
+
+def test_topics_from_metadata() -> None:
+    response = MetadataResponse(
+        topics=[
+            MetadataTopic(
+                name="z",
+                topic_id="idz",
+                partitions=[
+                    MetadataPartition(
+                        partition_index=1, leader_id=-1, replica_nodes=[2], isr_nodes=[2]
+                    ),
+                    MetadataPartition(
+                        partition_index=0,
+                        leader_id=1,
+                        leader_epoch=4,
+                        replica_nodes=[1, 2],
+                        isr_nodes=[1],
+                    ),
+                ],
+            ),
+            MetadataTopic(name="gone", error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)),
+        ]
+    )
+    (z,) = topics_from_metadata(response)
+    assert (z.name, z.topic_id, z.replication_factor) == ("z", "idz", 2)
+    assert [(p.partition, p.leader, p.leader_epoch, p.replicas, p.isr) for p in z.partitions] == [
+        (0, 1, 4, (1, 2), (1,)),
+        (1, -1, -1, (2,), (2,)),
+    ]
