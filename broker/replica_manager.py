@@ -548,7 +548,10 @@ class ReplicaManager:
             parts: list[FetchPartitionResponse] = []
             out.append(FetchTopicResponse(topic=topic.topic, partitions=parts))
             for fp in topic.partitions:
-                r, p = self._fetch_partition_checks(topic.topic, fp)
+                # Kafka lets a debugging consumer read any replica, not only the leader.
+                r, p = self._fetch_partition_checks(
+                    topic.topic, fp, require_leader=replica_id != DEBUGGING_REPLICA_ID
+                )
                 parts.append(r)
                 if p is None:
                     answer_now = True
@@ -589,7 +592,7 @@ class ReplicaManager:
         return out, total, watches, answer_now
 
     def _fetch_partition_checks(
-        self, topic: str, fp: FetchPartition
+        self, topic: str, fp: FetchPartition, *, require_leader: bool = True
     ) -> tuple[FetchPartitionResponse, Partition | None]:
         r = FetchPartitionResponse(partition_index=fp.partition)
         p, err = self._lookup(topic, fp.partition)
@@ -601,7 +604,7 @@ class ReplicaManager:
         r.high_watermark = p.high_watermark
         r.last_stable_offset = p.high_watermark
         r.log_start_offset = p.log_start_offset
-        err = p.check_leader_epoch(fp.current_leader_epoch)
+        err = p.check_leader_epoch(fp.current_leader_epoch, require_leader=require_leader)
         if err != ErrorCode.NONE:
             r.error_code = err
             return r, None

@@ -1,0 +1,241 @@
+"""A real cluster for the seed scenarios, with the verbs the proposals speak in.
+
+Wraps `tests/integration/cluster.py` (real `python -m controller` / `python -m broker`
+processes on 127.0.0.1) with typed helpers for one-partition topics: create, produce
+with a chosen current_leader_epoch and acks, read a replica's log and epoch cache over
+the wire (DescribeReplicaLog), inject faults (FaultControl), wait for a leader or an ISR.
+Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    CreatableTopic,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DescribeReplicaLogRequest,
+    DescribeReplicaLogResponse,
+    FaultControlRequest,
+    FaultControlResponse,
+    FaultRule,
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
+    MetadataPartition,
+    MetadataRequest,
+    MetadataResponse,
+    ProducePartition,
+    ProducePartitionResponse,
+    ProduceRequest,
+    ProduceTopic,
+)
+from protocol.record_batch import encode_batch, iter_records
+from tests.integration.cluster import Cluster, TestClient
+
+__all__ = ["FaultRule", "ScenarioCluster", "scenario_cluster"]
+
+
+@contextmanager
+def scenario_cluster(root: Path) -> Iterator[ScenarioCluster]:
+    """A cluster that is always torn down, stopped processes included."""
+    c = ScenarioCluster(root)
+    try:
+        yield c
+    finally:
+        for proc in c.brokers.values():  # a SIGSTOPped process cannot handle SIGTERM
+            if proc.alive:
+                os.kill(proc.pid, signal.SIGCONT)
+        c.stop_all()
+
+
+class ScenarioCluster(Cluster):
+    # ------------------------------------------------------------ addresses
+
+    def live_broker(self, but: int | None = None) -> tuple[str, int]:
+        for node, proc in sorted(self.brokers.items()):
+            if proc.alive and node != but:
+                return proc.address
+        raise AssertionError("no live broker")
+
+    def client(self, node: int) -> TestClient:
+        return TestClient(*self.brokers[node].address)
+
+    def controller_client(self) -> TestClient:
+        assert self.controller is not None
+        return TestClient(self.controller.host, self.controller.port)
+
+    # ------------------------------------------------------------ topics and metadata
+
+    async def create_topic(
+        self,
+        name: str,
+        *,
+        replicas: list[int] | None = None,
+        replication_factor: int = 3,
+        configs: dict[str, str] | None = None,
+    ) -> None:
+        """One partition; `replicas` fixes the assignment (first = preferred leader)."""
+        from protocol.messages import CreatableReplicaAssignment
+
+        topic = CreatableTopic(name=name, configs=configs or {})
+        if replicas is not None:
+            topic.assignments = [CreatableReplicaAssignment(partition_index=0, broker_ids=replicas)]
+        else:
+            topic.num_partitions = 1
+            topic.replication_factor = replication_factor
+        async with TestClient(*self.live_broker()) as client:
+            resp = await client.call(CreateTopicsRequest(topics=[topic]))
+        assert isinstance(resp, CreateTopicsResponse)
+        assert resp.topics[0].error_code == 0, resp.topics[0].error_message
+
+    async def partition(self, topic: str, *, via: int | None = None) -> MetadataPartition:
+        address = self.brokers[via].address if via is not None else self.live_broker()
+        async with TestClient(*address) as client:
+            md = await client.call(MetadataRequest(topics=[topic]))
+        assert isinstance(md, MetadataResponse)
+        return md.topics[0].partitions[0]
+
+    async def wait_partition(
+        self,
+        topic: str,
+        predicate: Callable[[MetadataPartition], bool],
+        *,
+        what: str,
+        timeout: float = 30.0,
+        via: int | None = None,
+    ) -> MetadataPartition:
+        """Poll Metadata until `predicate` holds (via one broker, or any live one)."""
+        deadline = time.monotonic() + timeout
+        last: MetadataPartition | None = None
+        while time.monotonic() < deadline:
+            try:
+                last = await self.partition(topic, via=via)
+                if predicate(last):
+                    return last
+            except (ConnectionError, OSError, TimeoutError, AssertionError, IndexError):
+                pass
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}; last state {last}")
+
+    async def wait_isr(
+        self, topic: str, isr: set[int], *, timeout: float = 30.0
+    ) -> MetadataPartition:
+        return await self.wait_partition(
+            topic, lambda p: set(p.isr_nodes) == isr, what=f"ISR {sorted(isr)}", timeout=timeout
+        )
+
+    async def wait_leader(
+        self, topic: str, leader: int | None = None, *, min_epoch: int = 0, timeout: float = 30.0
+    ) -> MetadataPartition:
+        def ok(p: MetadataPartition) -> bool:
+            if p.leader_id < 0 or p.leader_epoch < min_epoch:
+                return False
+            return leader is None or p.leader_id == leader
+
+        return await self.wait_partition(
+            topic, ok, what=f"leader {leader} at epoch >= {min_epoch}", timeout=timeout
+        )
+
+    # ------------------------------------------------------------ data path
+
+    async def produce(
+        self,
+        node: int,
+        topic: str,
+        values: list[bytes],
+        *,
+        acks: int = -1,
+        current_leader_epoch: int = -1,
+        timeout_ms: int = 5000,
+    ) -> ProducePartitionResponse:
+        """One batch of `values` to broker `node`; the partition-level answer."""
+        batch = encode_batch([(None, v, (), None) for v in values])
+        request = ProduceRequest(
+            acks=acks,
+            timeout_ms=timeout_ms,
+            topics=[
+                ProduceTopic(
+                    name=topic,
+                    partitions=[
+                        ProducePartition(
+                            index=0, current_leader_epoch=current_leader_epoch, records=batch
+                        )
+                    ],
+                )
+            ],
+        )
+        async with self.client(node) as client:
+            resp = await client.call(request, timeout=timeout_ms / 1000 + 10)
+        return resp.topics[0].partitions[0]  # type: ignore[attr-defined]
+
+    async def read_values(self, node: int, topic: str, *, replica: bool = True) -> list[bytes]:
+        """Every value in broker `node`'s replica, from its log start (as a debugging
+        replica when `replica`, so past the high watermark; else as a consumer)."""
+        values: list[bytes] = []
+        offset = 0
+        async with self.client(node) as client:
+            while True:
+                resp = await client.call(
+                    FetchRequest(
+                        replica_id=-2 if replica else -1,
+                        max_wait_ms=0,
+                        topics=[
+                            FetchTopic(
+                                topic=topic,
+                                partitions=[FetchPartition(partition=0, fetch_offset=offset)],
+                            )
+                        ],
+                    )
+                )
+                assert isinstance(resp, FetchResponse)
+                part = resp.responses[0].partitions[0]
+                assert part.error_code == 0, ErrorCode(part.error_code).name
+                records = list(iter_records(part.records, min_offset=offset))
+                if not records:
+                    return values
+                for _, record in records:
+                    assert record.value is not None
+                    values.append(record.value)
+                    offset = record.offset + 1
+
+    async def replica_log(self, node: int, topic: str) -> DescribeReplicaLogResponse:
+        async with self.client(node) as client:
+            resp = await client.call(DescribeReplicaLogRequest(topic=topic, partition=0))
+        assert isinstance(resp, DescribeReplicaLogResponse)
+        assert resp.error_code == 0, resp.error_message
+        return resp
+
+    async def epoch_entries(self, node: int, topic: str) -> list[tuple[int, int]]:
+        log = await self.replica_log(node, topic)
+        return [(e.epoch, e.start_offset) for e in log.epoch_entries]
+
+    # ------------------------------------------------------------ faults
+
+    async def faults(
+        self, node: int | str, *rules: FaultRule, clear: bool = False, release: bool = False
+    ) -> FaultControlResponse:
+        """FaultControl at broker `node` or at "controller"."""
+        client = self.controller_client() if node == "controller" else self.client(int(node))
+        async with client:
+            resp = await client.call(
+                FaultControlRequest(clear=clear, add_rules=list(rules), release_held=release)
+            )
+        assert isinstance(resp, FaultControlResponse)
+        assert resp.error_code == 0, resp.error_message
+        return resp
+
+    def pause(self, node: int) -> None:
+        os.kill(self.brokers[node].pid, signal.SIGSTOP)
+
+    def resume(self, node: int) -> None:
+        os.kill(self.brokers[node].pid, signal.SIGCONT)
