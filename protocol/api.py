@@ -20,6 +20,7 @@ class ApiKey(IntEnum):
     OFFSET_FOR_LEADER_EPOCH = 23
     ALTER_PARTITION = 56
     DESCRIBE_CLUSTER = 60
+    ALLOCATE_PRODUCER_IDS = 67
     BROKER_REGISTRATION = 62
     BROKER_HEARTBEAT = 63
     # Kafka's brokers read the metadata log with Fetch against the KRaft quorum; we

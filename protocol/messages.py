@@ -540,6 +540,20 @@ class InitProducerIdResponse(Message, kw_only=True):
     producer_epoch: int = -1
 
 
+class AllocateProducerIdsRequest(Message, kw_only=True):
+    """Broker -> controller: a block of producer ids to hand out (KIP-730)."""
+
+    broker_id: int
+    broker_epoch: int = -1
+
+
+class AllocateProducerIdsResponse(Message, kw_only=True):
+    error_code: int = 0
+    error_message: str | None = None
+    producer_id_start: int = -1
+    producer_id_len: int = 0
+
+
 # ------------------------------------------------------------------ test-only fault controls
 
 
@@ -645,6 +659,9 @@ API_SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.BROKER_REGISTRATION, BrokerRegistrationRequest, BrokerRegistrationResponse),
         ApiSpec(ApiKey.BROKER_HEARTBEAT, BrokerHeartbeatRequest, BrokerHeartbeatResponse),
         ApiSpec(ApiKey.FETCH_METADATA, FetchMetadataRequest, FetchMetadataResponse),
+        ApiSpec(
+            ApiKey.ALLOCATE_PRODUCER_IDS, AllocateProducerIdsRequest, AllocateProducerIdsResponse
+        ),
         ApiSpec(ApiKey.FAULT_CONTROL, FaultControlRequest, FaultControlResponse),
         ApiSpec(ApiKey.DESCRIBE_REPLICA_LOG, DescribeReplicaLogRequest, DescribeReplicaLogResponse),
     )

@@ -65,6 +65,15 @@ class PartitionRecord(msgspec.Struct, kw_only=True, tag="partition"):
     leader_recovery_state: int = LEADER_RECOVERED
 
 
+class ProducerIdsRecord(msgspec.Struct, kw_only=True, tag="producer_ids"):
+    """A block of producer ids was handed to a broker; the next block starts at
+    `next_producer_id`, so ids are never handed out twice, even across restarts."""
+
+    broker_id: int
+    broker_epoch: int
+    next_producer_id: int
+
+
 MetadataRecord = (
     RegisterBrokerRecord
     | FenceBrokerRecord
@@ -72,4 +81,5 @@ MetadataRecord = (
     | TopicRecord
     | RemoveTopicRecord
     | PartitionRecord
+    | ProducerIdsRecord
 )

@@ -40,6 +40,7 @@ METADATA_RECORD_TYPES = [
     mr.TopicRecord,
     mr.RemoveTopicRecord,
     mr.PartitionRecord,
+    mr.ProducerIdsRecord,
 ]
 ROUND_TRIP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 client_ids = st.none() | st.text(max_size=20)
