@@ -182,6 +182,24 @@ _UNSAFE_FLAGS = (
     help="A follower that has not caught up for this long leaves the ISR.",
 )
 @_opt(
+    "--offsets-topic-num-partitions",
+    "OFFSETS_TOPIC_NUM_PARTITIONS",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Partitions of the internal topic __consumer_offsets when a broker creates it "
+    "(offsets.topic.num.partitions; Kafka's default is 50). Use the same value on every broker.",
+)
+@_opt(
+    "--offsets-topic-replication-factor",
+    "OFFSETS_TOPIC_REPLICATION_FACTOR",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Replication factor of __consumer_offsets (offsets.topic.replication.factor); "
+    "lowered to the number of live brokers, with a warning, when fewer are up.",
+)
+@_opt(
     "--controller-connect-timeout-ms",
     "CONTROLLER_CONNECT_TIMEOUT_MS",
     type=click.IntRange(min=1),
@@ -325,6 +343,8 @@ def main(**options: Any) -> None:
             flush_ms=options["flush_ms"],
             max_message_bytes=options["max_message_bytes"],
             replica_lag_time_max_ms=options["replica_lag_time_max_ms"],
+            offsets_topic_num_partitions=options["offsets_topic_num_partitions"],
+            offsets_topic_replication_factor=options["offsets_topic_replication_factor"],
             log_level=options["log_level"].upper(),
             controller_connect_timeout_ms=options["controller_connect_timeout_ms"],
             controlled_shutdown_timeout_ms=options["controlled_shutdown_timeout_ms"],

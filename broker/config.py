@@ -96,6 +96,10 @@ class BrokerConfig:
     replica_fetch_max_bytes: int = 1_048_576
     replica_fetch_response_max_bytes: int = 10_485_760
     replica_fetch_backoff_ms: int = 200
+    # The offsets coordinator's internal topic __consumer_offsets (Kafka's settings;
+    # Kafka defaults to 50 partitions, we default to 10: small clusters, cheap start).
+    offsets_topic_num_partitions: int = 10
+    offsets_topic_replication_factor: int = 3
     # Test-only switches (refused unless MINIBROKER_ENABLE_TEST_FAULTS=1, logged loudly):
     # each turns one protection off so a scenario test can show the failure it guards.
     enable_test_faults: bool = False
@@ -132,6 +136,10 @@ class BrokerConfig:
             raise ConfigError("--flush-ms must be > 0")
         if self.max_message_bytes <= 0:
             raise ConfigError("--max-message-bytes must be > 0")
+        if self.offsets_topic_num_partitions <= 0:
+            raise ConfigError("--offsets-topic-num-partitions must be > 0")
+        if self.offsets_topic_replication_factor <= 0:
+            raise ConfigError("--offsets-topic-replication-factor must be > 0")
         if self.replica_lag_time_max_ms <= 0:
             raise ConfigError("--replica-lag-time-max-ms must be > 0")
         for name in (

@@ -25,6 +25,8 @@ from broker.rpc import RpcClient, RpcError, RpcErrorResponse
 from protocol.errors import ErrorCode
 from protocol.fault_plan import CONTROLLER_PEER_ID
 from protocol.messages import (
+    AllocateProducerIdsRequest,
+    AllocateProducerIdsResponse,
     AlterPartitionRequest,
     AlterPartitionResponse,
     BrokerHeartbeatRequest,
@@ -327,6 +329,14 @@ class ControllerChannel:
         """Issue 3: the leader's ISR changes."""
         resp = await self._requests.request(request)
         assert isinstance(resp, AlterPartitionResponse)
+        return resp
+
+    async def allocate_producer_ids(self) -> AllocateProducerIdsResponse:
+        """KIP-730: a block of producer ids for InitProducerId (broker/producer_ids.py)."""
+        resp = await self._requests.request(
+            AllocateProducerIdsRequest(broker_id=self.node_id, broker_epoch=self.broker_epoch)
+        )
+        assert isinstance(resp, AllocateProducerIdsResponse)
         return resp
 
     def stop_loops(self) -> None:

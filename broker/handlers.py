@@ -1,6 +1,7 @@
 """One function per API the broker serves. The table `Handlers.table()` is also the
-served API set: anything else (the controller's APIs, and the group / producer-id
-APIs until issue 4) is rejected by ServerConnection with INVALID_REQUEST. FaultControl
+served API set: anything else (the controller's APIs) is rejected by
+ServerConnection with INVALID_REQUEST. InitProducerId hands out ids from a block the
+controller allocates (broker/producer_ids.py). FaultControl
 is in the table only when the broker runs with --enable-test-faults.
 
 Metadata and DescribeCluster answer from this broker's own image, which may lag the
@@ -19,9 +20,11 @@ from collections.abc import Callable
 
 from broker.controller_channel import ControllerChannel
 from broker.faults import NO_FAULTS, Faults
+from broker.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from broker.metadata_image import MetadataImage
 from broker.network import Handler, RequestContext
 from broker.partition import Role
+from broker.producer_ids import ProducerIdManager, ProducerIdUnavailableError
 from broker.replica_manager import ReplicaManager
 from broker.rpc import RpcError, RpcErrorResponse
 from broker.storage.errors import StorageError
@@ -47,6 +50,8 @@ from protocol.messages import (
     FaultControlRequest,
     FaultControlResponse,
     FetchRequest,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
     ListOffsetsRequest,
     Message,
     MetadataBroker,
@@ -82,6 +87,7 @@ class Handlers:
         image_updated: asyncio.Condition,
         max_forward_wait_s: float = 30.0,
         faults: Faults = NO_FAULTS,
+        coordinator: GroupCoordinator | None = None,
     ) -> None:
         self.node_id = node_id
         self.image = image
@@ -90,12 +96,15 @@ class Handlers:
         self.image_updated = image_updated
         self.max_forward_wait_s = max_forward_wait_s
         self.faults = faults
+        self.producer_ids = ProducerIdManager(lambda: self.controller.allocate_producer_ids())
+        self.coordinator = coordinator
 
     def table(self) -> dict[int, Handler]:
         table: dict[int, Handler] = {
             ApiKey.API_VERSIONS: self.api_versions,
             ApiKey.METADATA: self.metadata,
             ApiKey.PRODUCE: self.produce,
+            ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
             ApiKey.FETCH: self.fetch,
             ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
@@ -104,6 +113,11 @@ class Handlers:
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
             ApiKey.DESCRIBE_REPLICA_LOG: self.describe_replica_log,
         }
+        if self.coordinator is not None:
+            # Offsets coordinator (broker/group_coordinator.py).
+            table[ApiKey.FIND_COORDINATOR] = self.coordinator.find_coordinator
+            table[ApiKey.OFFSET_COMMIT] = self.coordinator.offset_commit
+            table[ApiKey.OFFSET_FETCH] = self.coordinator.offset_fetch
         if self.faults.enabled:
             table[ApiKey.FAULT_CONTROL] = self.fault_control
         return {int(k): v for k, v in table.items()}  # type: ignore[misc]
@@ -172,7 +186,14 @@ class Handlers:
                         offline_replicas=[r for r in state.replicas if r not in live_ids],
                     )
                 )
-            topics.append(MetadataTopic(name=name, topic_id=info.topic_id, partitions=partitions))
+            topics.append(
+                MetadataTopic(
+                    name=name,
+                    topic_id=info.topic_id,
+                    is_internal=name == OFFSETS_TOPIC,
+                    partitions=partitions,
+                )
+            )
         return MetadataResponse(
             brokers=brokers,
             cluster_id=image.cluster_id or self.controller.cluster_id,
@@ -210,6 +231,19 @@ class Handlers:
 
     async def produce(self, ctx: RequestContext, req: ProduceRequest) -> Message:
         return await self.replicas.produce(req)
+
+    async def init_producer_id(
+        self, ctx: RequestContext, req: InitProducerIdRequest
+    ) -> InitProducerIdResponse:
+        """Idempotent producers only (no transactions): a fresh id at epoch 0."""
+        if req.transactional_id is not None:
+            return InitProducerIdResponse(error_code=int(ErrorCode.INVALID_REQUEST))
+        try:
+            producer_id = await self.producer_ids.next_id()
+        except ProducerIdUnavailableError as exc:
+            log.warning("InitProducerId: %s", exc)
+            return InitProducerIdResponse(error_code=int(exc.error_code))
+        return InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
 
     async def fetch(self, ctx: RequestContext, req: FetchRequest) -> Message:
         return await self.replicas.fetch(req)

@@ -23,6 +23,7 @@ from protocol.metadata_records import (
     FenceBrokerRecord,
     ListenerInfo,
     PartitionRecord,
+    ProducerIdsRecord,
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
@@ -271,6 +272,8 @@ class MetadataImage:
                     fenced,
                 )
                 delta.brokers_changed = True
+        elif isinstance(record, ProducerIdsRecord):
+            pass  # the controller's bookkeeping: blocks are fetched by AllocateProducerIds
         else:
             log.warning("unknown metadata record %s ignored", type(record).__name__)
 

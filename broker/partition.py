@@ -276,10 +276,14 @@ class Partition:
 
     def append_as_leader(self, records: bytes | bytearray) -> AppendInfo:
         """Append a Produce payload stamped with our epoch. The caller has checked the
-        epoch and the role. Storage validates the batches and may raise."""
+        epoch and the role. Storage validates the batches and the idempotent-producer
+        sequences (ProducerStateError) and may raise; a duplicate is answered with the
+        original offsets (`info.duplicate`)."""
         assert self.role is Role.LEADER
         before = self.log.log_end_offset
         info = self.log.append_as_leader(records, self.leader_epoch)
+        if info.duplicate:
+            return info  # an idempotent retry: nothing written, the original offsets
         assert info.first_offset == before and info.last_offset >= before, (
             f"{self.name}: appended offsets must strictly increase ({before} -> {info})"
         )

@@ -51,6 +51,7 @@ from broker.storage.errors import (
 )
 from broker.storage.log import LogConfig
 from broker.storage.log_manager import LogManager
+from broker.storage.producer_state import ProducerStateError
 from protocol.api import DEBUGGING_REPLICA_ID, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NO_EPOCH
 from protocol.errors import CorruptRecordError, DecodeError, ErrorCode
 from protocol.messages import (
@@ -242,6 +243,10 @@ class ReplicaManager:
             broker_epoch=self.broker_epoch,
             send=send_alter_partition or self._send_alter_partition,
         )
+        # Called after each leadership change of a partition here (became leader, or
+        # stopped leading: follower, offline, deleted) with (partition, is_leader); the
+        # offsets coordinator loads / drops its cache on them. Must not raise.
+        self.leadership_listeners: list[Callable[[Partition, bool], None]] = []
 
     # ------------------------------------------------------------------ wiring
 
@@ -293,6 +298,7 @@ class ReplicaManager:
                 p.make_leader(state, ts)
                 self._isr_retry_after.pop(tp, None)
                 self._notify(tp)
+                self._leadership_changed(p, True)
         for tp, state in changes.followers.items():
             p = await self._get_or_create(state)
             if p is not None:
@@ -302,12 +308,14 @@ class ReplicaManager:
                 if p.make_follower(state) or was_leader:
                     self.fetchers.add_partition(p)
                 self._notify(tp)
+                self._leadership_changed(p, False)
         for tp, state in changes.offline.items():
             p = await self._get_or_create(state)
             if p is not None:
                 self.fetchers.remove_partition(tp)
                 p.make_offline(state)
                 self._notify(tp)
+                self._leadership_changed(p, False)
         if delta.brokers_changed:
             self.fetchers.on_brokers_changed()
         for topic, configs in delta.topic_configs.items():
@@ -393,6 +401,7 @@ class ReplicaManager:
         if p is not None:
             p.stop()
             self._notify(tp)
+            self._leadership_changed(p, False)
         lock = self._flush_locks.pop(tp, None)
         if lock is not None:
             async with lock:  # a flush in a worker thread must finish first
@@ -407,6 +416,13 @@ class ReplicaManager:
                 self.log_manager.delete_log(tp)
         except (StorageError, OSError) as exc:
             log.error("%s-%d: cannot delete the replica: %s", tp[0], tp[1], exc)
+
+    def _leadership_changed(self, p: Partition, is_leader: bool) -> None:
+        for listener in self.leadership_listeners:
+            try:
+                listener(p, is_leader)
+            except Exception:
+                log.exception("%s: a leadership listener failed", p.name)
 
     def _notify(self, tp: TopicPartition) -> None:
         self.fetch_purgatory.notify(tp)
@@ -475,6 +491,11 @@ class ReplicaManager:
                     r.error_code = ErrorCode.MESSAGE_TOO_LARGE
                     r.error_message = str(exc)
                     continue
+                except ProducerStateError as exc:
+                    r.error_code = exc.error_code
+                    r.error_message = str(exc)
+                    log.info("%s: refused an idempotent produce: %s", p.name, exc)
+                    continue
                 except StorageError as exc:
                     r.error_code = ErrorCode.KAFKA_STORAGE_ERROR
                     r.error_message = str(exc)
@@ -483,6 +504,13 @@ class ReplicaManager:
                 r.base_offset = info.first_offset
                 r.log_append_time_ms = info.log_append_time
                 r.log_start_offset = p.log_start_offset
+                if info.duplicate:
+                    log.debug("%s: duplicate batch answered with offset %d", p.name, r.base_offset)
+                    # acks=all still waits until the original is committed (Kafka).
+                    if acks == -1:
+                        waits.append((p, info.last_offset + 1, p.leader_generation))
+                        pending.append(r)
+                    continue
                 self._notify(p.tp)
                 flush_messages = p.log.config.flush_messages
                 if flush_messages is not None and p.log.unflushed_messages >= flush_messages:

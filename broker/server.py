@@ -35,6 +35,7 @@ from typing import Any
 from broker.config import BrokerConfig
 from broker.controller_channel import ControllerChannel, ControllerError
 from broker.faults import NO_FAULTS, Faults, NoFsyncLogManager, TestFaults
+from broker.group_coordinator import GroupCoordinator
 from broker.handlers import Handlers
 from broker.metadata_image import MetadataDelta, MetadataImage
 from broker.network import ListenerServer
@@ -133,6 +134,7 @@ class Broker:
         self.log_manager: LogManager | None = None
         self.replica_manager: ReplicaManager | None = None
         self.controller: ControllerChannel | None = None
+        self.coordinator: GroupCoordinator | None = None
         self.listeners: list[ListenerServer] = []
         self.started = asyncio.Event()
         self.stopping = asyncio.Event()
@@ -183,6 +185,13 @@ class Broker:
         # Our broker epoch and AlterPartition go through this channel; the follower
         # fetchers' connections to leaders get the test faults.
         self.replica_manager.attach_controller(self.controller, faults=self.faults)
+        # Registers its leadership listener before the first metadata is published.
+        self.coordinator = GroupCoordinator(
+            config=self.config,
+            image=self.image,
+            replica_manager=self.replica_manager,
+            controller=self.controller,
+        )
         advertised = self.config.advertised()
         listeners = [Listener(name=s.name, host=s.host, port=s.port) for s in advertised.values()]
         try:
@@ -325,6 +334,7 @@ class Broker:
             image_updated=self._image_updated,
             max_forward_wait_s=self.config.request_timeout_ms / 1000,
             faults=self.faults,
+            coordinator=self.coordinator,
         )
         table = handlers.table()
         for server in self.listeners:
@@ -441,6 +451,8 @@ class Broker:
                 await task
         for server in self.listeners:
             await server.close()
+        if self.coordinator is not None:
+            self.coordinator.close()  # no offsets load may read a closing log
         if self.replica_manager is not None:
             await self.replica_manager.shutdown()
         if self.log_manager is not None and self._logs_loaded:

@@ -34,6 +34,8 @@ from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import (
     API_SPECS,
+    AllocateProducerIdsRequest,
+    AllocateProducerIdsResponse,
     AlterPartitionPartition,
     AlterPartitionPartitionResult,
     AlterPartitionRequest,
@@ -76,6 +78,7 @@ from protocol.metadata_records import (
     ListenerInfo,
     MetadataRecord,
     PartitionRecord,
+    ProducerIdsRecord,
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
@@ -98,7 +101,11 @@ CONTROLLER_APIS = (
     ApiKey.BROKER_REGISTRATION,
     ApiKey.BROKER_HEARTBEAT,
     ApiKey.FETCH_METADATA,
+    ApiKey.ALLOCATE_PRODUCER_IDS,
 )
+
+# Producer ids handed to a broker per AllocateProducerIds (Kafka's block size).
+PRODUCER_ID_BLOCK_SIZE = 1000
 
 
 def _tp(image: MetadataImage, record: PartitionRecord) -> str:
@@ -143,6 +150,7 @@ class ControllerHandlers:
             ApiKey.BROKER_REGISTRATION: self.broker_registration,
             ApiKey.BROKER_HEARTBEAT: self.broker_heartbeat,
             ApiKey.FETCH_METADATA: self.fetch_metadata,
+            ApiKey.ALLOCATE_PRODUCER_IDS: self.allocate_producer_ids,
         }
         if self.faults.enabled:
             self.handlers[ApiKey.FAULT_CONTROL] = self.fault_control
@@ -471,6 +479,44 @@ class ControllerHandlers:
                 broker_id,
                 request.broker_epoch,
                 request.current_metadata_offset,
+            )
+        return response
+
+    async def allocate_producer_ids(
+        self, request: AllocateProducerIdsRequest
+    ) -> AllocateProducerIdsResponse:
+        """KIP-730: the next block of producer ids, made durable before it is answered,
+        so no id is handed out twice, even across a controller restart."""
+
+        def build(
+            image: MetadataImage,
+        ) -> tuple[list[MetadataRecord], AllocateProducerIdsResponse]:
+            broker = image.brokers.get(request.broker_id)
+            if broker is None or broker.broker_epoch != request.broker_epoch:
+                known = None if broker is None else broker.broker_epoch
+                return [], AllocateProducerIdsResponse(
+                    error_code=int(ErrorCode.STALE_BROKER_EPOCH),
+                    error_message=f"broker {request.broker_id} epoch {request.broker_epoch} "
+                    f"is not the registered epoch {known}",
+                )
+            start = image.next_producer_id
+            record = ProducerIdsRecord(
+                broker_id=request.broker_id,
+                broker_epoch=request.broker_epoch,
+                next_producer_id=start + PRODUCER_ID_BLOCK_SIZE,
+            )
+            return [record], AllocateProducerIdsResponse(
+                producer_id_start=start, producer_id_len=PRODUCER_ID_BLOCK_SIZE
+            )
+
+        response = await self.writer.commit(build)
+        if response.error_code == 0:
+            log.info(
+                "broker %d epoch %d: producer ids [%d, %d) allocated",
+                request.broker_id,
+                request.broker_epoch,
+                response.producer_id_start,
+                response.producer_id_start + response.producer_id_len,
             )
         return response
 

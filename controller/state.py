@@ -19,6 +19,7 @@ from protocol.metadata_records import (
     ListenerInfo,
     MetadataRecord,
     PartitionRecord,
+    ProducerIdsRecord,
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
@@ -65,6 +66,8 @@ class MetadataImage:
         self.topics: dict[str, TopicImage] = {}  # by topic id
         self.topic_ids: dict[str, str] = {}  # name -> topic id
         self.last_offset = -1
+        # The latest ProducerIdsRecord under the key "last" (a dict so `check` can undo).
+        self.producer_ids: dict[str, ProducerIdsRecord] = {}
         # While `check` runs: every dict write, to be undone (a dry run).
         self._undo: list[tuple[dict[Any, Any], Any, Any]] | None = None
 
@@ -73,6 +76,12 @@ class MetadataImage:
         return self.last_offset + 1
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def next_producer_id(self) -> int:
+        """The first producer id no broker has been given yet."""
+        last = self.producer_ids.get("last")
+        return 0 if last is None else last.next_producer_id
 
     def topic_by_name(self, name: str) -> TopicImage | None:
         topic_id = self.topic_ids.get(name)
@@ -133,7 +142,10 @@ class MetadataImage:
     def load_snapshot(self, last_offset: int, records: list[MetadataRecord]) -> None:
         """Rebuild from a snapshot: the image as of `last_offset`, as records."""
         invariant(
-            self.last_offset == -1 and not self.brokers and not self.topics,
+            self.last_offset == -1
+            and not self.brokers
+            and not self.topics
+            and not self.producer_ids,
             "a snapshot loads into an empty image",
         )
         for record in records:
@@ -148,6 +160,9 @@ class MetadataImage:
                 TopicRecord(name=topic.name, topic_id=topic.topic_id, configs=dict(topic.configs))
             )
             out.extend(topic.partitions[p] for p in sorted(topic.partitions))
+        last = self.producer_ids.get("last")
+        if last is not None:
+            out.append(last)
         return out
 
     def _apply(self, record: MetadataRecord, offset: int | None) -> None:
@@ -215,6 +230,14 @@ class MetadataImage:
             assert topic is not None
             _check_partition(topic, record)
             self._set(topic.partitions, record.partition_id, record)
+        elif isinstance(record, ProducerIdsRecord):
+            # Ids are handed out once ever: the next block only moves forward.
+            invariant(
+                record.next_producer_id > self.next_producer_id,
+                f"producer id block end {record.next_producer_id} does not pass "
+                f"{self.next_producer_id}",
+            )
+            self._set(self.producer_ids, "last", record)
         else:  # pragma: no cover - the union is closed
             raise TypeError(f"unknown metadata record {record!r}")
 

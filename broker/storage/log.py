@@ -15,6 +15,12 @@ Either way the epoch cache learns a new epoch BEFORE the batches that carry it r
 the segment, so the checkpoint on disk is never behind the log. The LEO only goes
 back through `truncate_to` / `truncate_fully_and_start_at`.
 
+Idempotent producers (producer_state.py): a leader append checks the batches that
+carry a producer id before anything is written (ProducerStateError, or a duplicate
+answered with the original offsets, `AppendInfo.duplicate`); follower appends feed the
+same state; truncation rolls it back (last snapshot at or below the new end, then the
+batch headers after it); a snapshot is written at every roll and at a clean close.
+
 Threading: everything runs on the event-loop thread except `flush`, which may run on
 a worker thread; the segment list, recovery point and log start offset change under
 `self._lock`, and the fsyncs themselves happen outside it.
@@ -28,7 +34,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,6 +50,7 @@ from broker.storage.errors import (
 from broker.storage.fileio import fsync_directory
 from broker.storage.log_loader import LogLoader
 from broker.storage.offset_index import INT32_MAX
+from broker.storage.producer_state import LeaderAppendCheck, ProducerStateManager
 from broker.storage.segment import LogSegment
 from protocol.errors import CorruptRecordError
 from protocol.record_batch import BatchHeader, stamp, validate_batches
@@ -134,6 +141,9 @@ class AppendInfo(NamedTuple):
     max_timestamp: int
     valid_bytes: int
     batch_count: int
+    # True: an idempotent producer's retry; nothing was written and the offsets are
+    # those of the original append.
+    duplicate: bool = False
 
 
 _EMPTY_APPEND = AppendInfo(-1, -1, -1, -1, 0, 0)
@@ -166,6 +176,7 @@ class Log:
         log_start_offset: int,
         recovery_point: int,
         now_ms: int,
+        producer_state: ProducerStateManager | None = None,
     ) -> None:
         self._dir = dir
         self._config = config
@@ -182,6 +193,10 @@ class Log:
         self._dir_dirty = False  # segments created or removed since the last flush
         self._closed = False
         self._check_invariants()
+        if producer_state is None:
+            producer_state = ProducerStateManager(dir, name=self._name)
+            producer_state.load(self._log_start_offset, self.log_end_offset, self._iter_headers)
+        self._producer_state = producer_state
 
     @classmethod
     def open(
@@ -218,6 +233,7 @@ class Log:
             recovery_point=loaded.recovery_point,
             now_ms=now,
         )
+        log._producer_state.remove_expired(now)
         logger.info(
             "[Log %s] opened: log start %d, log end %d, recovery point %d, %d segment(s), "
             "latest epoch %d",
@@ -263,6 +279,10 @@ class Log:
     @property
     def epoch_cache(self) -> LeaderEpochFileCache:
         return self._epoch_cache
+
+    @property
+    def producer_state(self) -> ProducerStateManager:
+        return self._producer_state
 
     @property
     def latest_epoch(self) -> int:
@@ -324,9 +344,30 @@ class Log:
                 (position, header._replace(base_offset=offset, partition_leader_epoch=leader_epoch))
             )
             offset += header.last_offset_delta + 1
+        # Idempotence (KIP-98): checked after offsets are assigned, before any write;
+        # raises ProducerStateError. A retried batch is answered, not written.
+        check: LeaderAppendCheck | None = None
+        if any(header.producer_id >= 0 for _, header in stamped):
+            check = self._producer_state.prepare_leader_append(h for _, h in stamped)
+            if check.duplicate is not None:
+                dup = check.duplicate
+                return AppendInfo(
+                    first_offset=dup.first_offset,
+                    last_offset=dup.last_offset,
+                    log_append_time=-1,
+                    max_timestamp=dup.timestamp,
+                    valid_bytes=0,
+                    batch_count=0,
+                    duplicate=True,
+                )
         # Normally a no-op: the leader assigned (epoch, LEO) when it took over.
         self._epoch_cache.assign(leader_epoch, first_offset)
-        return self._append(buf, stamped, _now_ms() if now_ms is None else now_ms)
+        info = self._append(buf, stamped, _now_ms() if now_ms is None else now_ms)
+        if check is not None:
+            self._producer_state.commit(check, self.log_end_offset)
+        else:
+            self._producer_state.map_end_offset = self.log_end_offset
+        return info
 
     def append_as_follower(
         self, records: bytes | bytearray | memoryview, *, now_ms: int | None = None
@@ -368,7 +409,10 @@ class Log:
             epoch = header.partition_leader_epoch
         for _, header in batches:
             self._learn_epoch(header.partition_leader_epoch, header.base_offset)
-        return self._append(memoryview(records), batches, _now_ms() if now_ms is None else now_ms)
+        info = self._append(memoryview(records), batches, _now_ms() if now_ms is None else now_ms)
+        # A new leader must deduplicate the retries of batches it only replicated.
+        self._producer_state.apply_replicated(h for _, h in batches)
+        return info
 
     def _learn_epoch(self, epoch: int, base_offset: int) -> None:
         """Record a follower batch's epoch in the cache before the batch lands."""
@@ -490,6 +534,7 @@ class Log:
             active.delete()
         else:
             active.on_become_inactive()
+            self._snapshot_producer_state()
         logger.info("[Log %s] rolled new segment at offset %d", self._name, base_offset)
         return segment
 
@@ -594,6 +639,9 @@ class Log:
             self._recovery_point = min(self._recovery_point, new_end)
             self._log_start_offset = min(self._log_start_offset, new_end)
         self._epoch_cache.truncate_from_end(new_end)
+        # Roll the producer state back: the last snapshot at or below the new end,
+        # then the batch headers after it.
+        self._producer_state.load(self._log_start_offset, new_end, self._iter_headers)
         logger.info(
             "[Log %s] truncated from log end %d to %d (asked for %d)",
             self._name,
@@ -628,6 +676,7 @@ class Log:
             self._truncations += 1
         fsync_directory(self._dir)
         self._epoch_cache.clear()
+        self._producer_state.clear(offset)
         logger.info("[Log %s] truncated fully, restarting at offset %d", self._name, offset)
         self._check_invariants()
 
@@ -673,6 +722,7 @@ class Log:
                 if n == count
             ]
             self._delete_prefix(count, reason=" and ".join(reasons))
+        self._producer_state.remove_expired(now_ms)
         return count
 
     def delete_records_before(self, offset: int, *, high_watermark: int | None = None) -> int:
@@ -692,6 +742,7 @@ class Log:
             self._log_start_offset = offset
             self._recovery_point = max(self._recovery_point, offset)
         self._epoch_cache.truncate_from_start(offset)
+        self._producer_state.delete_snapshots_before(offset)
         count = 0
         while count < len(self._segments) - 1 and self._segments[count + 1].base_offset <= offset:
             count += 1
@@ -711,6 +762,8 @@ class Log:
         for segment in doomed:
             segment.delete()
         self._epoch_cache.truncate_from_start(self._log_start_offset)
+        # A snapshot below the log start could not be replayed from any more.
+        self._producer_state.delete_snapshots_before(self._log_start_offset)
         logger.info(
             "[Log %s] deleted %d segment(s) (%s), log start offset now %d",
             self._name,
@@ -748,19 +801,46 @@ class Log:
                 self._recovery_point = target
             self._last_flush_ms = _now_ms() if now_ms is None else now_ms
 
-    def close(self) -> None:
+    def close(self, *, snapshot: bool = True) -> None:
+        """Close the segments; with `snapshot` (a clean shutdown) first write the
+        producer state at the log end, so the next open replays nothing."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             segments = list(self._segments)
+        if snapshot:
+            self._snapshot_producer_state()
         for segment in segments:
             segment.close()
 
     def delete(self) -> None:
         """Close and remove the whole directory."""
-        self.close()
+        self.close(snapshot=False)
         shutil.rmtree(self._dir, ignore_errors=False)
+
+    # ------------------------------------------------------------------ producer state
+
+    def _iter_headers(self, from_offset: int) -> Iterator[BatchHeader]:
+        """Batch headers from the batch holding `from_offset` to the log end."""
+        for segment in list(self._segments):
+            if segment.next_offset <= from_offset:
+                continue
+            position = 0
+            if segment.base_offset < from_offset:
+                found = segment.translate_offset(from_offset)
+                if found is None:
+                    continue
+                position = found[0]
+            for _, header in segment.iter_batches(position):
+                yield header
+
+    def _snapshot_producer_state(self) -> None:
+        try:
+            self._producer_state.take_snapshot()
+        except OSError as exc:
+            # Not fatal: the state is rebuilt from the log headers on the next open.
+            logger.warning("[Log %s] could not write a producer snapshot: %s", self._name, exc)
 
     # ------------------------------------------------------------------ internals
 

@@ -4,6 +4,7 @@ A partition directory `<topic>-<partition>/` holds exactly::
 
     <20 digits>.log, .index, .timeindex     the segments (segment.py)
     leader-epoch-checkpoint                 the epoch cache (epoch_cache.py)
+    <20 digits>.snapshot                    producer state (producer_state.py)
 
 plus, after a crash, `*.tmp` (an interrupted atomic write) and `*.deleted` (an
 interrupted segment deletion) files, which are removed. Index files without their
@@ -51,6 +52,7 @@ from broker.storage.errors import (
     StorageError,
 )
 from broker.storage.fileio import TMP_SUFFIX, fsync_directory
+from broker.storage.producer_state import is_snapshot_file
 from broker.storage.segment import DELETED_SUFFIX, LOG_SUFFIX, SEGMENT_SUFFIXES, LogSegment
 
 logger = logging.getLogger(__name__)
@@ -171,6 +173,8 @@ class LogLoader:
                 continue
             if name == LEADER_EPOCH_CHECKPOINT and entry.is_file():
                 continue
+            if is_snapshot_file(name) and entry.is_file():
+                continue  # producer state, loaded by producer_state.py
             match = _SEGMENT_FILE.match(name)
             if match is None or not entry.is_file():
                 raise StorageError(

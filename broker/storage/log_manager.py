@@ -169,7 +169,7 @@ class LogManager:
         log = self._logs.pop(tp, None)
         if log is None:
             return False
-        log.close()
+        log.close(snapshot=False)
         doomed = log.dir.with_name(f"{log.dir.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
         os.rename(log.dir, doomed)
         fsync_directory(self.data_dir)
@@ -214,7 +214,7 @@ class LogManager:
         """Close every log and release the directory WITHOUT flushing, checkpointing or
         marking the shutdown clean (a fatal error; tests use it to simulate a crash)."""
         for log in self._logs.values():
-            log.close()
+            log.close(snapshot=False)
         self._logs.clear()
         self._started = False
         self._release_lock()

@@ -31,6 +31,7 @@ from protocol.messages import (
     FetchResponse,
     FetchTopic,
     InitProducerIdRequest,
+    InitProducerIdResponse,
     ListOffsetsPartition,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -210,9 +211,13 @@ async def test_single_broker_serves_the_data_path(cluster: Cluster) -> None:
         assert isinstance(versions, ApiVersionsResponse)
         served = {k.api_key for k in versions.api_keys}
         assert {ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.OFFSET_FOR_LEADER_EPOCH} <= served
-        assert ApiKey.INIT_PRODUCER_ID not in served
-        refused = await client.request(InitProducerIdRequest())
-        assert refused.error_code == ErrorCode.INVALID_REQUEST
+        assert ApiKey.INIT_PRODUCER_ID in served  # idempotent producers (issue 4)
+        first = await client.call(InitProducerIdRequest())
+        second = await client.call(InitProducerIdRequest())
+        assert isinstance(first, InitProducerIdResponse)
+        assert isinstance(second, InitProducerIdResponse)
+        assert first.error_code == second.error_code == ErrorCode.NONE
+        assert (first.producer_epoch, second.producer_id) == (0, first.producer_id + 1)
 
         await create_topic(client, "orders", partitions=2)
         md = await wait_for_leaders(client, "orders")

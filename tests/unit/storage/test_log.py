@@ -80,6 +80,7 @@ def test_open_removes_leftovers_and_refuses_unknown_files(
         "00000000000000000000.index",
         "00000000000000000000.log",
         "00000000000000000000.timeindex",
+        "00000000000000000006.snapshot",  # producer state written at the clean close
         "leader-epoch-checkpoint",
     ]
     reopened.close()
