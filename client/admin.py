@@ -62,6 +62,12 @@ DEFAULT_CONTROLLER_PORT = 9093
 DEFAULT_MAX_BATCHES = 100_000
 
 
+_SPEC_TIMESTAMPS: dict[object, int] = {
+    "earliest": EARLIEST_TIMESTAMP,
+    "latest": LATEST_TIMESTAMP,
+}
+
+
 class NewTopic(NamedTuple):
     """-1 partitions / replication factor: the controller's defaults."""
 
@@ -81,6 +87,8 @@ class CreatedTopic(NamedTuple):
 
 
 class PartitionDescription(NamedTuple):
+    """One partition: leader, leader epoch, replicas, ISR and (optionally) offsets."""
+
     partition: int
     leader: int
     leader_epoch: int
@@ -93,16 +101,21 @@ class PartitionDescription(NamedTuple):
 
 
 class TopicDescription(NamedTuple):
+    """One topic and its partitions."""
+
     name: str
     topic_id: str
     partitions: list[PartitionDescription]
 
     @property
     def replication_factor(self) -> int:
+        """Number of replicas of the first partition."""
         return max((len(p.replicas) for p in self.partitions), default=0)
 
 
 class BrokerDescription(NamedTuple):
+    """One live broker: id, address, rack."""
+
     node_id: int
     host: str
     port: int
@@ -112,6 +125,8 @@ class BrokerDescription(NamedTuple):
 
 
 class ClusterDescription(NamedTuple):
+    """Cluster id, controller id and live brokers."""
+
     cluster_id: str
     controller_id: int
     brokers: list[BrokerDescription]
@@ -155,6 +170,7 @@ class ReplicaLogDescription(NamedTuple):
     batches: tuple[ReplicaBatch, ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict of this description."""
         return {
             "broker_id": self.broker_id,
             "address": f"{self.host}:{self.port}",
@@ -197,13 +213,16 @@ class AsyncAdmin:
 
     @property
     def cluster(self) -> ClusterClient:
+        """The metadata cache and connection pool."""
         return self._cluster
 
     async def start(self) -> None:
+        """Connect to a bootstrap broker."""
         await self._cluster.bootstrap()
         self._started = True
 
     async def close(self) -> None:
+        """Close every connection."""
         await self._cluster.close()
         self._started = False
 
@@ -267,6 +286,7 @@ class AsyncAdmin:
         replication_factor: int = -1,
         configs: Mapping[str, str] | None = None,
     ) -> CreatedTopic:
+        """Create one topic (see create_topics)."""
         created = await self.create_topics(
             [NewTopic(name, num_partitions, replication_factor, configs or {})]
         )
@@ -275,6 +295,7 @@ class AsyncAdmin:
         return created[0]
 
     async def delete_topics(self, names: Iterable[str], *, timeout_ms: int | None = None) -> None:
+        """Delete topics, waiting up to `timeout_ms`."""
         self._check()
         timeout_ms = self._request_timeout_ms if timeout_ms is None else timeout_ms
         request = DeleteTopicsRequest(topic_names=list(names), timeout_ms=timeout_ms)
@@ -285,6 +306,7 @@ class AsyncAdmin:
                 raise error_for(result.error_code, result.error_message, topic=result.name)
 
     async def list_topics(self) -> list[str]:
+        """Sorted topic names."""
         self._check()
         response, _ = await self._cluster.fetch_metadata(all_topics=True)
         return sorted(t.name for t in response.topics if t.error_code == ErrorCode.NONE)
@@ -357,6 +379,39 @@ class AsyncAdmin:
         response = await self._cluster.send_any(DescribeClusterRequest())
         assert isinstance(response, DescribeClusterResponse)
         return _cluster_description(response)
+
+    async def list_offsets(
+        self,
+        timestamps: Mapping[TopicPartition, int | str],
+        *,
+        isolation_level: int = 0,
+    ) -> dict[TopicPartition, OffsetAndTimestamp]:
+        """ListOffsets per partition: a timestamp in ms, or 'earliest' (-2) / 'latest'
+        (-1). Returns offset, timestamp and leader epoch of each; raises the first error
+        left after bounded retries."""
+        self._check()
+        wanted: dict[TopicPartition, int] = {}
+        for tp, spec in timestamps.items():
+            wanted[TopicPartition(*tp)] = int(_SPEC_TIMESTAMPS.get(spec, spec))
+        await self._cluster.wait_for_topics(
+            {tp.topic for tp in wanted}, timeout_ms=self._request_timeout_ms
+        )
+        results, errors = await list_offsets(self._cluster, wanted, isolation_level=isolation_level)
+        if errors:
+            raise next(iter(errors.values()))
+        return results
+
+    async def health(
+        self,
+        *,
+        controller: str | None = None,
+        probe_brokers: bool = True,
+        probe_timeout_ms: int = 3_000,
+    ) -> ClusterHealth:
+        """Alias of `cluster_health`."""
+        return await self.cluster_health(
+            controller=controller, probe_brokers=probe_brokers, probe_timeout_ms=probe_timeout_ms
+        )
 
     # ------------------------------------------------------------ operations
 

@@ -46,10 +46,10 @@ from client.admin import (
 )
 from client.consumer import AsyncConsumer
 from client.dev_cluster import DevCluster, DevClusterError
-from client.errors import MinibrokerError
+from client.errors import LogTruncationError, MinibrokerError
 from client.health import ClusterHealth, is_leaderless, is_under_replicated, render_text
 from client.producer import AsyncProducer, parse_acks
-from client.types import ConsumerRecord, RecordMetadata, TopicPartition
+from client.types import ConsumerRecord, OffsetAndMetadata, RecordMetadata, TopicPartition
 
 T = TypeVar("T")
 
@@ -1167,6 +1167,16 @@ def _formatter(fmt: str) -> Callable[[ConsumerRecord], bytes]:
     default=None,
     help="Exit when no record arrived for this long. Default: wait forever.",
 )
+@click.option(
+    "--reset",
+    "reset",
+    type=click.Choice(["none", "earliest", "latest"]),
+    default="none",
+    show_default=True,
+    help="On a detected log truncation (KIP-320) or an offset out of range: 'none' "
+    "reports it and exits 1; 'earliest'/'latest' print a warning and continue from the "
+    "divergence offset (out of range: from the log start / end).",
+)
 @client_command
 def consume(
     topic_name: str,
@@ -1176,6 +1186,7 @@ def consume(
     num: int | None,
     fmt: str,
     timeout_ms: int | None,
+    reset: str,
     bootstrap: str,
 ) -> None:
     """Print records of TOPIC to stdout (Ctrl-C to stop)."""
@@ -1192,6 +1203,7 @@ def consume(
         num,
         render,
         timeout_ms,
+        reset,
     )
     if num is not None and count < num:
         _fail(f"only {count} of {num} records arrived before --timeout-ms {timeout_ms} passed")
@@ -1206,13 +1218,24 @@ async def _consume(
     num: int | None,
     render: Callable[[ConsumerRecord], bytes],
     timeout_ms: int | None,
+    reset: str = "none",
 ) -> int:
     out = sys.stdout.buffer
     count = 0
+
+    def warn_truncation(tp: TopicPartition, position: int, divergence: OffsetAndMetadata) -> None:
+        click.echo(
+            f"warning: log truncation on topic {tp.topic} partition {tp.partition}: position "
+            f"{position}, divergence offset {divergence.offset}; continuing from "
+            f"{divergence.offset} (--reset {reset})",
+            err=True,
+        )
+
     consumer = AsyncConsumer(
         bootstrap,
         client_id="minibroker-cli",
-        auto_offset_reset="earliest" if from_beginning else "latest",
+        auto_offset_reset=reset,
+        on_truncation=warn_truncation,
     )
     async with consumer:
         existing = await consumer.partitions_for_topic(topic_name, timeout_ms=TOPIC_WAIT_MS)
@@ -1251,6 +1274,15 @@ async def _consume(
                         out.write(render(record))
                         count += 1
                 out.flush()
+        except LogTruncationError as exc:
+            out.flush()
+            tp, divergence = next(iter(exc.divergent_offsets.items()))
+            _fail(
+                f"log truncation on topic {tp.topic} partition {tp.partition}: position "
+                f"{exc.positions.get(tp, -1)}, divergence offset {divergence.offset} "
+                "(records consumed from there on are gone); rerun with --offset "
+                f"{divergence.offset} or --reset earliest to continue"
+            )
         except BrokenPipeError:
             # `consume ... | head`: the reader is gone; stop quietly.
             devnull = os.open(os.devnull, os.O_WRONLY)

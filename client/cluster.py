@@ -73,6 +73,8 @@ def parse_bootstrap_servers(servers: str | Iterable[str]) -> list[tuple[str, int
 
 
 class BrokerMetadata(NamedTuple):
+    """A live broker as Metadata lists it."""
+
     node_id: int
     host: str
     port: int
@@ -80,6 +82,8 @@ class BrokerMetadata(NamedTuple):
 
 
 class PartitionMetadata(NamedTuple):
+    """A partition as Metadata describes it, with its leader epoch."""
+
     topic: str
     partition: int
     leader: int
@@ -116,9 +120,11 @@ class ClusterMetadata:
     # ------------------------------------------------------------ reads
 
     def topics(self) -> list[str]:
+        """Sorted names of the cached topics."""
         return sorted(self._topic_partitions)
 
     def topic_id(self, topic: str) -> str | None:
+        """The cached topic id (None: unknown)."""
         return self._topic_ids.get(topic)
 
     def partitions_for_topic(self, topic: str) -> list[int] | None:
@@ -127,25 +133,32 @@ class ClusterMetadata:
         return list(parts) if parts is not None else None
 
     def partition_count(self, topic: str) -> int | None:
+        """Number of partitions (None: topic not cached)."""
         parts = self._topic_partitions.get(topic)
         return len(parts) if parts is not None else None
 
     def available_partitions_for_topic(self, topic: str) -> list[int]:
+        """Partitions that have a leader."""
         parts = self._topic_partitions.get(topic) or []
         return [p for p in parts if self._partitions[TopicPartition(topic, p)].leader >= 0]
 
     def partition(self, tp: TopicPartition) -> PartitionMetadata | None:
+        """The cached metadata of a partition (None: unknown)."""
         return self._partitions.get(tp)
 
     def last_seen_epoch(self, tp: TopicPartition) -> int:
+        """Highest leader epoch seen for the partition (KIP-232), -1 if none."""
         return self._last_seen_epochs.get(tp, NO_EPOCH)
 
     def broker(self, node_id: int) -> BrokerMetadata | None:
+        """A cached broker by id (None: not live)."""
         return self.brokers.get(node_id)
 
     # ------------------------------------------------------------ writes
 
     def update(self, response: MetadataResponse) -> MetadataUpdate:
+        """Apply a Metadata response; partitions older than the cache are kept and reported
+        stale (KIP-232)."""
         stale: list[TopicPartition] = []
         updated: list[TopicPartition] = []
         topic_errors: dict[str, ErrorCode] = {}
@@ -298,6 +311,7 @@ class ClusterClient:
                 del self._bootstrap_conns[address]
 
     async def close(self) -> None:
+        """Close every connection and background refresh."""
         self._closed = True
         if self._refresh_task is not None:
             self._refresh_task.cancel()
@@ -318,6 +332,7 @@ class ClusterClient:
 
     @property
     def tracked_topics(self) -> set[str]:
+        """The topics whose metadata this client refreshes."""
         return set(self._topics)
 
     def leader_for(self, tp: TopicPartition) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
@@ -39,16 +39,31 @@ from client.errors import (
     error_for,
 )
 from client.offsets import list_offsets
-from client.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
+from client.types import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from protocol.api import CONSUMER_REPLICA_ID, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NO_EPOCH
 from protocol.errors import CorruptRecordError as ProtocolCorruptRecordError
 from protocol.errors import ErrorCode
 from protocol.messages import (
+    EpochEndOffsetResult,
     FetchPartition,
     FetchPartitionResponse,
     FetchRequest,
     FetchResponse,
     FetchTopic,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    Message,
+    OffsetCommitPartition,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetCommitTopic,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    OffsetFetchTopic,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+    OffsetForLeaderPartition,
+    OffsetForLeaderTopic,
 )
 from protocol.record_batch import iter_records
 
@@ -56,10 +71,21 @@ log = logging.getLogger(__name__)
 
 _RESET_TIMESTAMPS = {"earliest": EARLIEST_TIMESTAMP, "latest": LATEST_TIMESTAMP}
 _ISOLATION = {"read_uncommitted": 0, "read_committed": 1}
+_COORDINATOR_ATTEMPTS = 5
+
+
+def _coordinator_error(response: Message) -> ErrorCode:
+    """A whole-response error code of a coordinator answer (NONE when absent)."""
+    code = getattr(response, "error_code", 0)
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 class _PartitionState:
     __slots__ = (
+        "awaiting_validation",
         "backoff_until",
         "high_watermark",
         "leader_epoch_seen",
@@ -81,6 +107,15 @@ class _PartitionState:
         self.backoff_until = 0.0
         # Leader epoch of the metadata we last fetched with, to notice leader changes.
         self.leader_epoch_seen = NO_EPOCH
+        # KIP-320: hold fetching until OffsetsForLeaderEpoch confirms the position
+        # (after a leader change, or a seek/committed offset carrying an epoch).
+        self.awaiting_validation = False
+
+    def set_position(self, offset: int, epoch: int, *, validate: bool = False) -> None:
+        self.position = offset
+        self.position_epoch = epoch
+        self.reset = None
+        self.awaiting_validation = validate and epoch != NO_EPOCH
 
 
 class _Fetched:
@@ -106,6 +141,7 @@ class AsyncConsumer:
         bootstrap_servers: str | Iterable[str] = "127.0.0.1:9092",
         *,
         client_id: str = "minibroker-consumer",
+        group_id: str | None = None,
         auto_offset_reset: str = "latest",
         fetch_max_wait_ms: int = 500,
         fetch_min_bytes: int = 1,
@@ -118,12 +154,19 @@ class AsyncConsumer:
         isolation_level: str = "read_uncommitted",
         key_deserializer: Callable[[bytes], Any] | None = None,
         value_deserializer: Callable[[bytes], Any] | None = None,
+        on_truncation: Callable[[TopicPartition, int, OffsetAndMetadata], None] | None = None,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
         if isolation_level not in _ISOLATION:
             raise ValueError("isolation_level must be 'read_uncommitted' or 'read_committed'")
         self.auto_offset_reset = auto_offset_reset
+        self.group_id = group_id
+        # Called (partition, old position, divergence point) when a truncation is
+        # detected and the position reset to the divergence point (not under 'none').
+        self.on_truncation = on_truncation
+        self._subscription: set[str] | None = None
+        self._coordinator: int | None = None
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.fetch_min_bytes = fetch_min_bytes
         self.fetch_max_bytes = fetch_max_bytes
@@ -144,30 +187,36 @@ class AsyncConsumer:
         self._states: dict[TopicPartition, _PartitionState] = {}
         self._buffer: dict[TopicPartition, _Fetched] = {}
         self._fetching: dict[int, asyncio.Task[None]] = {}  # node id -> its fetch
+        self._validating: dict[int, asyncio.Task[None]] = {}  # node id -> its validation
         self._fetch_done = asyncio.Event()
         self._pending_error: BaseException | None = None
         self._last_metadata_wait = 0.0
         self._started = False
         self._closed = False
+        self._iter_buffer: deque[ConsumerRecord] = deque()
 
     @property
     def cluster(self) -> ClusterClient:
+        """The metadata cache and connection pool."""
         return self._cluster
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        """Connect to a bootstrap broker and load metadata."""
         await self._cluster.bootstrap()
         self._started = True
 
     async def close(self) -> None:
+        """Stop fetching and close every connection."""
         self._closed = True
         self._started = False
-        tasks = list(self._fetching.values())
+        tasks = list(self._fetching.values()) + list(self._validating.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._fetching.clear()
+        self._validating.clear()
         await self._cluster.close()
 
     async def __aenter__(self) -> AsyncConsumer:
@@ -189,7 +238,9 @@ class AsyncConsumer:
     # ------------------------------------------------------------ assignment and positions
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
-        """Consume exactly these partitions (replacing the previous assignment)."""
+        """Consume exactly these partitions (replacing the previous assignment or
+        subscription)."""
+        self._subscription = None
         wanted = {TopicPartition(*tp) for tp in partitions}
         for tp in list(self._states):
             if tp not in wanted:
@@ -199,7 +250,41 @@ class AsyncConsumer:
             self._states.setdefault(tp, _PartitionState())
         self._cluster.add_topics({tp.topic for tp in wanted})
 
+    def subscribe(self, topics: Iterable[str]) -> None:
+        """Consume every partition of `topics` (partitions added later are picked up at
+        the next metadata refresh). No group rebalancing: each consumer reads all of
+        them. Replaces any assign()."""
+        names = {topics} if isinstance(topics, str) else set(topics)
+        if not names:
+            raise ValueError("subscribe() needs at least one topic")
+        self._subscription = names
+        self._cluster.add_topics(names)
+        for tp in list(self._states):
+            if tp.topic not in names:
+                del self._states[tp]
+                self._buffer.pop(tp, None)
+        self._expand_subscription()
+
+    def subscription(self) -> set[str]:
+        """The subscribed topics (empty with manual assignment)."""
+        return set(self._subscription or ())
+
+    def unsubscribe(self) -> None:
+        """Drop the subscription and every assigned partition."""
+        self._subscription = None
+        self._states.clear()
+        self._buffer.clear()
+
+    def _expand_subscription(self) -> None:
+        if self._subscription is None:
+            return
+        meta = self._cluster.metadata
+        for topic in self._subscription:
+            for p in meta.partitions_for_topic(topic) or ():
+                self._states.setdefault(TopicPartition(topic, p), _PartitionState())
+
     def assignment(self) -> set[TopicPartition]:
+        """The partitions this consumer reads."""
         return set(self._states)
 
     def _state(self, tp: TopicPartition) -> _PartitionState:
@@ -218,9 +303,7 @@ class AsyncConsumer:
             position, epoch = int(offset), NO_EPOCH
         if position < 0:
             raise ValueError(f"offset must be >= 0, not {position}")
-        state.position = position
-        state.position_epoch = epoch
-        state.reset = None
+        state.set_position(position, epoch, validate=True)
         self._buffer.pop(partition, None)
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
@@ -237,6 +320,7 @@ class AsyncConsumer:
             state.position = None
             state.position_epoch = NO_EPOCH
             state.reset = strategy
+            state.awaiting_validation = False
             self._buffer.pop(tp, None)
 
     async def position(self, partition: TopicPartition) -> int:
@@ -254,15 +338,18 @@ class AsyncConsumer:
         return OffsetAndMetadata(state.position, "", state.position_epoch)
 
     def pause(self, *partitions: TopicPartition) -> None:
+        """Stop fetching these partitions (positions are kept)."""
         for tp in partitions:
             self._state(tp).paused = True
             self._buffer.pop(tp, None)
 
     def resume(self, *partitions: TopicPartition) -> None:
+        """Fetch these paused partitions again."""
         for tp in partitions:
             self._state(tp).paused = False
 
     def paused(self) -> set[TopicPartition]:
+        """The paused partitions."""
         return {tp for tp, s in self._states.items() if s.paused}
 
     def highwater(self, partition: TopicPartition) -> int | None:
@@ -279,6 +366,7 @@ class AsyncConsumer:
         return set(self._cluster.metadata.partitions_for_topic(topic) or ())
 
     async def topics(self) -> set[str]:
+        """Every topic in the cluster."""
         self._check()
         response, _ = await self._cluster.fetch_metadata(all_topics=True)
         return {t.name for t in response.topics if t.error_code == ErrorCode.NONE}
@@ -286,6 +374,7 @@ class AsyncConsumer:
     async def beginning_offsets(
         self, partitions: Iterable[TopicPartition]
     ) -> dict[TopicPartition, int]:
+        """Log start offsets: the first offset still in each log."""
         return await self._offsets(partitions, EARLIEST_TIMESTAMP)
 
     async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
@@ -311,7 +400,9 @@ class AsyncConsumer:
         """Resolve pending resets (and missing positions per auto_offset_reset)."""
         todo: dict[TopicPartition, int] = {}
         no_offset: list[TopicPartition] = []
-        for tp in self._states if partitions is None else partitions:
+        wanted = list(self._states if partitions is None else partitions)
+        await self._positions_from_committed(wanted)
+        for tp in wanted:
             state = self._states[tp]
             if state.position is not None:
                 continue
@@ -335,9 +426,7 @@ class AsyncConsumer:
             state = self._states.get(tp)
             if state is None or state.position is not None:
                 continue  # unassigned or seeked meanwhile
-            state.position = found.offset
-            state.position_epoch = found.leader_epoch
-            state.reset = None
+            state.set_position(found.offset, found.leader_epoch)
             log.info(
                 "%s: reset position to %d (%s, leader epoch %d)",
                 tp,
@@ -350,6 +439,165 @@ class AsyncConsumer:
             raise fatal[0]
         for tp, exc in errors.items():
             log.info("%s: cannot reset its position yet: %s", tp, exc)
+
+    async def offsets_for_times(
+        self, timestamps: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """For each partition, the earliest offset whose timestamp is >= the given one
+        (ms), with its timestamp and leader epoch; None when there is no such record."""
+        self._check()
+        if any(ts < 0 for ts in timestamps.values()):
+            raise ValueError("timestamps must be >= 0 (use beginning_offsets/end_offsets)")
+        await self._cluster.wait_for_topics(
+            {tp.topic for tp in timestamps}, timeout_ms=self.request_timeout_ms
+        )
+        results, errors = await list_offsets(
+            self._cluster, dict(timestamps), isolation_level=self.isolation_level
+        )
+        if errors:
+            raise next(iter(errors.values()))
+        return {tp: (r if r.offset >= 0 else None) for tp, r in results.items()}
+
+    # ------------------------------------------------------------ committed offsets
+
+    def _need_group(self) -> str:
+        if not self.group_id:
+            raise IllegalStateError("commit()/committed() need a group_id")
+        return self.group_id
+
+    async def _coordinator_request(self, request: Message) -> Message:
+        """Send to the group coordinator (FindCoordinator first), retrying coordinator
+        moves a bounded number of times."""
+        group = self._need_group()
+        backoff = self.retry_backoff_ms / 1000
+        last: MinibrokerError | None = None
+        for _ in range(_COORDINATOR_ATTEMPTS):
+            try:
+                if self._coordinator is None:
+                    found = await self._cluster.send_any(FindCoordinatorRequest(key=group))
+                    assert isinstance(found, FindCoordinatorResponse)
+                    if found.error_code != ErrorCode.NONE:
+                        raise error_for(found.error_code, found.error_message)
+                    self._coordinator = found.node_id
+                response = await self._cluster.send(self._coordinator, request)
+                assert response is not None
+                code = _coordinator_error(response)
+                if code != ErrorCode.NONE:
+                    raise error_for(code, f"group {group!r}")
+                return response
+            except MinibrokerError as exc:
+                if not exc.retriable:
+                    raise
+                last = exc
+                self._coordinator = None
+                log.info("group %s: coordinator request failed: %s; retrying", group, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+        assert last is not None
+        raise last
+
+    async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata] | None = None) -> None:
+        """Store `offsets` (default: the current positions of every assigned partition,
+        with the leader epoch of the last consumed record) for group_id."""
+        self._check()
+        if offsets is None:
+            offsets = {
+                tp: OffsetAndMetadata(s.position, "", s.position_epoch)
+                for tp, s in self._states.items()
+                if s.position is not None
+            }
+        if not offsets:
+            return
+        by_topic: dict[str, list[OffsetCommitPartition]] = defaultdict(list)
+        for tp, om in offsets.items():
+            om = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
+            by_topic[tp.topic].append(
+                OffsetCommitPartition(
+                    partition_index=tp.partition,
+                    committed_offset=om.offset,
+                    committed_leader_epoch=om.leader_epoch,
+                    committed_metadata=om.metadata,
+                )
+            )
+        response = await self._coordinator_request(
+            OffsetCommitRequest(
+                group_id=self._need_group(),
+                topics=[OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
+            )
+        )
+        assert isinstance(response, OffsetCommitResponse)
+        for topic in response.topics:
+            for p in topic.partitions:
+                if p.error_code != ErrorCode.NONE:
+                    raise error_for(p.error_code, topic=topic.name, partition=p.partition_index)
+
+    async def committed(self, partition: TopicPartition) -> OffsetAndMetadata | None:
+        """The offset committed for group_id (with its leader epoch), or None."""
+        self._check()
+        return (await self._fetch_committed([partition])).get(partition)
+
+    async def _fetch_committed(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for tp in partitions:
+            by_topic[tp.topic].append(tp.partition)
+        response = await self._coordinator_request(
+            OffsetFetchRequest(
+                group_id=self._need_group(),
+                topics=[
+                    OffsetFetchTopic(name=t, partition_indexes=ps) for t, ps in by_topic.items()
+                ],
+            )
+        )
+        assert isinstance(response, OffsetFetchResponse)
+        out: dict[TopicPartition, OffsetAndMetadata] = {}
+        for topic in response.topics:
+            for p in topic.partitions:
+                if p.error_code != ErrorCode.NONE:
+                    raise error_for(p.error_code, topic=topic.name, partition=p.partition_index)
+                if p.committed_offset >= 0:
+                    out[TopicPartition(topic.name, p.partition_index)] = OffsetAndMetadata(
+                        p.committed_offset, p.metadata or "", p.committed_leader_epoch
+                    )
+        return out
+
+    async def _positions_from_committed(self, partitions: list[TopicPartition]) -> None:
+        """Partitions without a position and no explicit reset start from the group's
+        committed offset, validated like a seek with its epoch (KIP-320)."""
+        if not self.group_id:
+            return
+        todo = [
+            tp
+            for tp in partitions
+            if (s := self._states.get(tp)) is not None and s.position is None and s.reset is None
+        ]
+        if not todo:
+            return
+        for tp, om in (await self._fetch_committed(todo)).items():
+            state = self._states.get(tp)
+            if state is not None and state.position is None:
+                log.info(
+                    "%s: starting from the committed offset %d (leader epoch %d)",
+                    tp,
+                    om.offset,
+                    om.leader_epoch,
+                )
+                state.set_position(om.offset, om.leader_epoch, validate=True)
+
+    # ------------------------------------------------------------ iteration
+
+    def __aiter__(self) -> AsyncConsumer:
+        return self
+
+    async def __anext__(self) -> ConsumerRecord:
+        """`async for record in consumer`: records one by one, polling as needed."""
+        while not self._iter_buffer:
+            if self._closed:
+                raise StopAsyncIteration
+            for records in (await self.poll(timeout_ms=self.fetch_max_wait_ms)).values():
+                self._iter_buffer.extend(records)
+        return self._iter_buffer.popleft()
 
     # ------------------------------------------------------------ polling
 
@@ -381,7 +629,7 @@ class AsyncConsumer:
             # Wake on a finished fetch; re-check at least every backoff, for
             # partitions waiting out a backoff or for a leader.
             wait = min(remaining, max(self.retry_backoff_ms / 1000, 0.01))
-            if self._fetching:
+            if self._fetching or self._validating:
                 wait = remaining
             try:
                 async with asyncio.timeout(wait):
@@ -393,7 +641,11 @@ class AsyncConsumer:
         """Fetch metadata now for assigned partitions the cache does not know yet (the
         first poll after assign), at most once per retry backoff."""
         meta = self._cluster.metadata
-        if all(meta.partition(tp) is not None for tp in self._states):
+        self._expand_subscription()
+        missing_topic = self._subscription is not None and any(
+            meta.partitions_for_topic(t) is None for t in self._subscription
+        )
+        if not missing_topic and all(meta.partition(tp) is not None for tp in self._states):
             return
         now = time.monotonic()
         if now - self._last_metadata_wait < self.retry_backoff_ms / 1000:
@@ -403,6 +655,7 @@ class AsyncConsumer:
             await self._cluster.refresh_metadata()
         except MinibrokerError as exc:
             log.debug("metadata refresh failed: %s", exc)
+        self._expand_subscription()
 
     def _drain(self, limit: int) -> dict[TopicPartition, list[ConsumerRecord]]:
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
@@ -435,6 +688,7 @@ class AsyncConsumer:
     def _send_fetches(self) -> None:
         now = time.monotonic()
         by_leader: dict[int, list[tuple[TopicPartition, int, int, int]]] = defaultdict(list)
+        to_validate: dict[int, list[tuple[TopicPartition, int, int, int]]] = defaultdict(list)
         for tp, state in self._states.items():
             if state.paused or state.position is None or tp in self._buffer:
                 continue
@@ -446,38 +700,128 @@ class AsyncConsumer:
                 self._cluster.request_refresh()
                 state.backoff_until = now + self.retry_backoff_ms / 1000
                 continue
+            if epoch != state.leader_epoch_seen:
+                self._note_leader_epoch(tp, state, epoch)
+            if state.awaiting_validation:
+                if leader not in self._validating:
+                    to_validate[leader].append((tp, state.position, epoch, state.position_epoch))
+                continue
             if leader in self._fetching:
                 continue
-            if epoch != state.leader_epoch_seen:
-                self._validate_position(tp, state, epoch)
             by_leader[leader].append((tp, state.position, epoch, state.position_epoch))
-        for node, parts in by_leader.items():
-            task = asyncio.get_running_loop().create_task(
-                self._fetch(node, parts), name=f"minibroker-fetch-{node}"
+        loop = asyncio.get_running_loop()
+        for node, parts in to_validate.items():
+            self._validating[node] = loop.create_task(
+                self._validate(node, parts), name=f"minibroker-validate-{node}"
             )
+        for node, parts in by_leader.items():
+            task = loop.create_task(self._fetch(node, parts), name=f"minibroker-fetch-{node}")
             self._fetching[node] = task
 
-    def _validate_position(self, tp: TopicPartition, state: _PartitionState, epoch: int) -> None:
-        """Called when the partition's leader epoch differs from the one we fetched with
-        last (a leader change, or the first fetch).
-
-        TODO(KIP-320 consumer truncation detection, a later issue): send
-        OffsetsForLeaderEpoch(current_leader_epoch=epoch, leader_epoch=
-        state.position_epoch) to the new leader and hold fetching for this partition
-        until it answers; if the returned end offset is below state.position the log
-        was truncated: raise LogTruncationError (auto_offset_reset='none') or seek to
-        the end offset and log a warning. Until then the broker's diverging_epoch
-        answer to last_fetched_epoch (handled in `_handle_partition`) is the check."""
+    def _note_leader_epoch(self, tp: TopicPartition, state: _PartitionState, epoch: int) -> None:
+        """The partition's leader epoch differs from the one we fetched with last (a
+        leader change, or the first fetch). After a leader change the new leader may
+        hold a different lineage (unclean election): validate the position against it
+        with OffsetsForLeaderEpoch before fetching (KIP-320). Without the epoch of the
+        last consumed record there is nothing to validate against (Kafka skips too)."""
         if state.leader_epoch_seen != NO_EPOCH:
             log.info(
-                "%s: leader epoch changed %d -> %d at position %s (epoch %d)",
+                "%s: leader epoch changed %d -> %d at position %s (epoch %d)%s",
                 tp,
                 state.leader_epoch_seen,
                 epoch,
                 state.position,
                 state.position_epoch,
+                "; validating it" if state.position_epoch != NO_EPOCH else "",
             )
+            if state.position_epoch != NO_EPOCH:
+                state.awaiting_validation = True
         state.leader_epoch_seen = epoch
+
+    async def _validate(self, node: int, parts: list[tuple[TopicPartition, int, int, int]]) -> None:
+        """OffsetsForLeaderEpoch(current_leader_epoch, leader_epoch = epoch of the last
+        consumed record) for each partition awaiting validation on leader `node`."""
+        by_topic: dict[str, list[OffsetForLeaderPartition]] = defaultdict(list)
+        for tp, _, epoch, last_epoch in parts:
+            by_topic[tp.topic].append(
+                OffsetForLeaderPartition(
+                    partition=tp.partition, current_leader_epoch=epoch, leader_epoch=last_epoch
+                )
+            )
+        request = OffsetForLeaderEpochRequest(
+            replica_id=CONSUMER_REPLICA_ID,
+            topics=[OffsetForLeaderTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
+        )
+        sent = {tp: (offset, last_epoch) for tp, offset, _, last_epoch in parts}
+        answered: set[TopicPartition] = set()
+        try:
+            response = await self._cluster.send(node, request, timeout_ms=self.request_timeout_ms)
+            assert isinstance(response, OffsetForLeaderEpochResponse)
+            for topic in response.topics:
+                for p in topic.partitions:
+                    tp = TopicPartition(topic.topic, p.partition)
+                    if tp in sent:
+                        answered.add(tp)
+                        self._handle_validation(tp, sent[tp], p)
+        except MinibrokerError as exc:
+            if not exc.retriable:
+                self._pending_error = exc
+            else:
+                log.info("validation with broker %d failed: %s; backing off", node, exc)
+                if exc.invalid_metadata:
+                    self._cluster.request_refresh()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug: surface it from poll()
+            log.exception("validation with broker %d failed", node)
+            self._pending_error = exc
+        finally:
+            until = time.monotonic() + self.retry_backoff_ms / 1000
+            for tp in sent.keys() - answered:
+                state = self._states.get(tp)
+                if state is not None:
+                    state.backoff_until = until
+            self._validating.pop(node, None)
+            self._fetch_done.set()
+
+    def _handle_validation(
+        self, tp: TopicPartition, sent: tuple[int, int], p: EpochEndOffsetResult
+    ) -> None:
+        state = self._states.get(tp)
+        if state is None or (state.position, state.position_epoch) != sent:
+            return  # unassigned or seeked while the request was out
+        if not state.awaiting_validation:
+            return
+        if p.error_code != ErrorCode.NONE:
+            error = error_for(p.error_code, topic=tp.topic, partition=tp.partition)
+            if not error.retriable:
+                self._pending_error = error
+                return
+            log.info("%s: cannot validate the position yet: %s", tp, error)
+            state.backoff_until = time.monotonic() + self.retry_backoff_ms / 1000
+            if error.invalid_metadata:
+                self._cluster.request_refresh()
+            return
+        position, epoch = sent
+        if p.end_offset < 0 or p.leader_epoch < 0:
+            # The leader knows no epoch <= ours: the log start moved past our lineage.
+            state.awaiting_validation = False
+            self._out_of_range(
+                tp, state, position, f"the leader has no record of its leader epoch {epoch}"
+            )
+            return
+        state.awaiting_validation = False
+        if p.end_offset < position:
+            self._truncated(tp, state, p.leader_epoch, p.end_offset)
+            return
+        log.debug(
+            "%s: position %d (epoch %d) is valid: epoch %d ends at %d",
+            tp,
+            position,
+            epoch,
+            p.leader_epoch,
+            p.end_offset,
+        )
 
     async def _fetch(self, node: int, parts: list[tuple[TopicPartition, int, int, int]]) -> None:
         by_topic: dict[str, list[FetchPartition]] = defaultdict(list)
@@ -554,25 +898,19 @@ class AsyncConsumer:
             return
         error = error_for(code, topic=tp.topic, partition=tp.partition)
         if code == ErrorCode.OFFSET_OUT_OF_RANGE:
-            if self.auto_offset_reset == "none":
-                self._pending_error = OffsetOutOfRangeError(
-                    f"offset {fetch_offset} is out of range (log start {p.log_start_offset}, "
-                    f"high watermark {p.high_watermark}) and auto_offset_reset='none'",
-                    offsets={tp: fetch_offset},
-                    topic=tp.topic,
-                    partition=tp.partition,
-                )
-                return
-            log.warning(
-                "%s: fetch offset %d is out of range; resetting to %s",
+            self._out_of_range(
                 tp,
+                state,
                 fetch_offset,
-                self.auto_offset_reset,
+                f"log start {p.log_start_offset}, high watermark {p.high_watermark}",
             )
-            state.position = None
-            state.position_epoch = NO_EPOCH
-            state.reset = self.auto_offset_reset
             return
+        if (
+            code in (ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            and state.position_epoch != NO_EPOCH
+        ):
+            # The leader changed under us: validate before fetching from the new one.
+            state.awaiting_validation = True
         if error.retriable:
             log.info("%s: %s; refreshing metadata and retrying", tp, error)
             state.backoff_until = time.monotonic() + self.retry_backoff_ms / 1000
@@ -634,23 +972,61 @@ class AsyncConsumer:
             # Our lineage is intact up to the position; only our epoch was unknown.
             state.position_epoch = epoch
             return
+        self._truncated(tp, state, epoch, end_offset)
+
+    def _truncated(
+        self, tp: TopicPartition, state: _PartitionState, epoch: int, end_offset: int
+    ) -> None:
+        """The current leader's lineage ends at `end_offset` for our `epoch`, below our
+        position: records we returned are gone (unclean election). Policy 'none' raises
+        LogTruncationError; 'earliest'/'latest' resume at the divergence point (Kafka)."""
+        position = state.position
+        assert position is not None
         if self.auto_offset_reset == "none":
             self._pending_error = LogTruncationError(
-                f"{tp}: the log was truncated: leader epoch {epoch} ends at offset "
-                f"{end_offset}, below the position {position} (epoch {state.position_epoch}); "
-                "records from there on were lost. seek() to the divergent offset to go on",
-                {tp: end_offset},
+                f"log truncation detected on {tp}: the consumer's position {position} "
+                f"(leader epoch {state.position_epoch}) is past the end of the current log "
+                f"lineage, which diverges at offset {end_offset} (leader epoch {epoch}); "
+                f"records from {end_offset} to {position - 1} that were consumed are gone. "
+                f"seek({tp.topic!r}, {tp.partition}) to {end_offset} to go on",
+                {tp: OffsetAndMetadata(end_offset, "", epoch)},
                 {tp: position},
             )
             return
         log.warning(
-            "%s: log truncation detected: leader epoch %d ends at %d, below the position %d; "
-            "resuming from %d",
+            "log truncation detected on %s: position %d (leader epoch %d) is past the "
+            "divergence offset %d (leader epoch %d); resuming from %d",
             tp,
+            position,
+            state.position_epoch,
+            end_offset,
             epoch,
             end_offset,
-            position,
-            end_offset,
         )
-        state.position = end_offset
-        state.position_epoch = epoch
+        self._buffer.pop(tp, None)
+        state.set_position(end_offset, epoch)
+        if self.on_truncation is not None:
+            self.on_truncation(tp, position, OffsetAndMetadata(end_offset, "", epoch))
+
+    def _out_of_range(
+        self, tp: TopicPartition, state: _PartitionState, offset: int, why: str
+    ) -> None:
+        if self.auto_offset_reset == "none":
+            self._pending_error = OffsetOutOfRangeError(
+                f"offset {offset} is out of range ({why}) and auto_offset_reset='none'",
+                offsets={tp: offset},
+                topic=tp.topic,
+                partition=tp.partition,
+            )
+            return
+        log.warning(
+            "%s: offset %d is out of range (%s); resetting to %s",
+            tp,
+            offset,
+            why,
+            self.auto_offset_reset,
+        )
+        state.position = None
+        state.position_epoch = NO_EPOCH
+        state.awaiting_validation = False
+        state.reset = self.auto_offset_reset

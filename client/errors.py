@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, ClassVar
 from protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from client.types import TopicPartition
+    from client.types import OffsetAndMetadata, TopicPartition
 
 START_HINT = "is the cluster running? start one with `minibroker dev`"
 
@@ -100,12 +100,14 @@ class NoOffsetForPartitionError(MinibrokerError):
 class LogTruncationError(MinibrokerError):
     """The log was truncated below the consumer's position (KIP-320): records the
     consumer already returned are gone from the current lineage. `divergent_offsets`
-    maps each partition to the first offset that differs (where to resume)."""
+    maps each partition to an OffsetAndMetadata(first offset that differs, "", leader
+    epoch ending there): seek() to it to resume on the new lineage. `positions` holds
+    the positions the consumer had."""
 
     def __init__(
         self,
         message: str,
-        divergent_offsets: Mapping[TopicPartition, int],
+        divergent_offsets: Mapping[TopicPartition, OffsetAndMetadata],
         positions: Mapping[TopicPartition, int] | None = None,
     ):
         super().__init__(message)
@@ -138,10 +140,12 @@ class BrokerResponseError(MinibrokerError):
 
     @property
     def retriable(self) -> bool:  # type: ignore[override]
+        """Whether retrying may succeed (the Kafka code's retriable flag)."""
         return self.error_code.retriable
 
     @property
     def description(self) -> str:
+        """One line saying what the code means."""
         doc = type(self).__doc__ or ""
         return doc.strip().splitlines()[0] if doc.strip() else self.error_code.name
 

@@ -14,9 +14,25 @@ NOT_LEADER_OR_FOLLOWER and the other retriable errors the batch goes back to the
 of its partition's queue, metadata is refreshed, and it is retried with a bounded
 exponential backoff until `delivery_timeout_ms` after it was created.
 
-Ordering: at most one batch per partition is in flight, so a retry never overtakes
-a later batch. Without idempotence (a later issue) a retry after a lost answer may
-write a batch twice, as with Kafka's producer when enable.idempotence=false.
+Idempotence (default with acks=all, as in Kafka 3): the producer asks for a producer
+id once (InitProducerId) and numbers the records of each partition (base_sequence in
+every batch, assigned when the batch is first sent). The leader drops a batch it has
+already appended and answers DUPLICATE_SEQUENCE_NUMBER with the original offset,
+which counts as success: a retry after a lost answer never writes twice. Up to
+`max_in_flight` (<= 5) batches per partition are in flight; a batch that fails
+retriably goes back into its queue in sequence order, the later ones in flight come
+back OUT_OF_ORDER_SEQUENCE_NUMBER and are requeued behind it, and retries are sent one
+at a time until the partition is back in order. UNKNOWN_PRODUCER_ID and
+INVALID_PRODUCER_EPOCH (the leader lost our state), an OUT_OF_ORDER answer with no
+earlier batch pending, and a sequenced batch that failed for good (a sequence gap)
+make the producer wait for its in-flight requests, get a new producer id and renumber
+every unacknowledged batch from 0 (what Kafka's idempotent producer does). A broker
+that does not support InitProducerId (INVALID_REQUEST / UNSUPPORTED_VERSION) makes the
+producer fall back to non-idempotent delivery with a WARNING.
+
+Without idempotence at most one batch per partition is in flight, so a retry never
+overtakes a later batch, but a retry after a lost answer may write a batch twice, as
+with Kafka's producer when enable.idempotence=false.
 """
 
 from __future__ import annotations
@@ -43,13 +59,36 @@ from client.errors import (
 from client.partitioner import DefaultPartitioner
 from client.types import Header, RecordMetadata, TopicPartition
 from protocol.errors import ErrorCode
-from protocol.messages import ProducePartition, ProduceRequest, ProduceResponse, ProduceTopic
-from protocol.record_batch import HEADER_SIZE, BatchBuilder, Compression
+from protocol.messages import (
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    ProducePartition,
+    ProduceRequest,
+    ProduceResponse,
+    ProduceTopic,
+)
+from protocol.record_batch import (
+    HEADER_SIZE,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    BatchBuilder,
+    Compression,
+)
 
 log = logging.getLogger(__name__)
 
 # Per-record overhead in a batch besides key, value and headers (varints, attributes).
 _RECORD_OVERHEAD = 24
+_MAX_IN_FLIGHT_IDEMPOTENT = 5  # the leader remembers the last 5 batches per producer
+_SEQUENCE_WRAP = 2**31
+_SEQUENCE_ERRORS = frozenset(
+    {
+        ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        ErrorCode.UNKNOWN_PRODUCER_ID,
+        ErrorCode.INVALID_PRODUCER_EPOCH,
+    }
+)
 
 
 def parse_acks(acks: int | str) -> int:
@@ -65,6 +104,7 @@ def parse_acks(acks: int | str) -> int:
 class _Batch:
     __slots__ = (
         "attempts",
+        "base_sequence",
         "builder",
         "created",
         "done",
@@ -89,6 +129,7 @@ class _Batch:
         self.size = 0
         self.is_full = False
         self.leader_epoch = -1
+        self.base_sequence: int | None = None  # assigned when first sent (idempotence)
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 
@@ -115,8 +156,27 @@ class AsyncProducer:
         key_serializer: Callable[[Any], bytes] | None = None,
         value_serializer: Callable[[Any], bytes] | None = None,
         partitioner: DefaultPartitioner | None = None,
+        enable_idempotence: bool | None = None,
+        max_in_flight: int = 5,
     ) -> None:
         self.acks = parse_acks(acks)
+        if enable_idempotence is None:
+            enable_idempotence = self.acks == -1
+        if enable_idempotence and self.acks != -1:
+            raise ValueError("enable_idempotence=True needs acks='all'")
+        if not 1 <= max_in_flight <= (_MAX_IN_FLIGHT_IDEMPOTENT if enable_idempotence else 100):
+            raise ValueError(
+                f"max_in_flight must be 1..{_MAX_IN_FLIGHT_IDEMPOTENT} with idempotence"
+            )
+        self.enable_idempotence = enable_idempotence
+        self.max_in_flight = max_in_flight
+        # Whether this producer numbers its batches (False after falling back).
+        self._idempotent = enable_idempotence
+        self._producer_id = NO_PRODUCER_ID
+        self._producer_epoch = NO_PRODUCER_EPOCH
+        self._next_seq: dict[TopicPartition, int] = {}
+        self._need_pid = False
+        self._pid_task: asyncio.Task[None] | None = None
         self.compression = Compression.from_name(compression_type)
         if batch_size < 1 or linger_ms < 0 or max_request_size <= HEADER_SIZE:
             raise ValueError("batch_size >= 1, linger_ms >= 0 and max_request_size > 61 needed")
@@ -140,7 +200,8 @@ class AsyncProducer:
             retry_backoff_ms=retry_backoff_ms,
         )
         self._batches: dict[TopicPartition, deque[_Batch]] = defaultdict(deque)
-        self._in_flight: set[TopicPartition] = set()
+        # Batches in flight per partition, in sequence order.
+        self._in_flight: dict[TopicPartition, list[_Batch]] = {}
         self._incomplete: set[_Batch] = set()
         self._buffered = 0
         self._buffer_freed = asyncio.Event()
@@ -154,12 +215,26 @@ class AsyncProducer:
 
     @property
     def cluster(self) -> ClusterClient:
+        """The metadata cache and connection pool."""
         return self._cluster
 
     # ------------------------------------------------------------ lifecycle
 
+    @property
+    def producer_id(self) -> int:
+        """The producer id from InitProducerId (-1: not idempotent)."""
+        return self._producer_id if self._idempotent else NO_PRODUCER_ID
+
+    @property
+    def producer_epoch(self) -> int:
+        """The producer epoch from InitProducerId (-1: not idempotent)."""
+        return self._producer_epoch if self._idempotent else NO_PRODUCER_EPOCH
+
     async def start(self) -> None:
+        """Connect, and get a producer id when idempotent."""
         await self._cluster.bootstrap()
+        if self._idempotent:
+            await self._init_producer_id()
         self._sender = asyncio.get_running_loop().create_task(
             self._run_sender(), name="minibroker-producer-sender"
         )
@@ -212,6 +287,8 @@ class AsyncProducer:
             if self._sender is not None:
                 self._sender.cancel()
                 await asyncio.gather(self._sender, return_exceptions=True)
+            if self._pid_task is not None:
+                self._pid_task.cancel()
             for task in list(self._request_tasks):
                 task.cancel()
             await asyncio.gather(*self._request_tasks, return_exceptions=True)
@@ -229,6 +306,7 @@ class AsyncProducer:
     # ------------------------------------------------------------ sending
 
     async def partitions_for(self, topic: str) -> set[int]:
+        """The partition ids of `topic` (waiting up to max_block_ms for it)."""
         self._check_open()
         await self._wait_for_topic(topic)
         return set(self._cluster.metadata.partitions_for_topic(topic) or ())
@@ -289,6 +367,7 @@ class AsyncProducer:
         timestamp_ms: int | None = None,
         headers: Sequence[Header] | None = None,
     ) -> RecordMetadata:
+        """send() and wait for the record's RecordMetadata."""
         future = await self.send(topic, value, key, partition, timestamp_ms, headers)
         return await future
 
@@ -325,11 +404,10 @@ class AsyncProducer:
         batch = queue[-1] if queue else None
         if (
             batch is None
-            or batch.builder is None
             or batch.is_full
             or (batch.records and batch.builder.estimated_size + size > self.batch_size)
         ):
-            if batch is not None and batch.builder is not None and not batch.is_full:
+            if batch is not None and not batch.is_full:
                 batch.is_full = True
                 self._partitioner.on_batch_closed(tp.topic, tp.partition)
             batch = _Batch(tp, BatchBuilder(compression=self.compression), time.monotonic())
@@ -391,11 +469,13 @@ class AsyncProducer:
         by_leader: dict[int, list[_Batch]] = defaultdict(list)
         request_bytes: dict[int, int] = defaultdict(int)
         urgent = self._flushing > 0 or self._closing
+        if self._need_pid:
+            self._start_pid_reset()
         for tp, queue in list(self._batches.items()):
-            if tp in self._in_flight:
-                continue
             while queue and now - queue[0].created > delivery_timeout:
                 expired = queue.popleft()
+                if expired.base_sequence is not None:
+                    self._need_pid = True  # a sequence gap: renumber from a new id
                 self._fail(
                     expired,
                     KafkaTimeoutError(
@@ -404,46 +484,141 @@ class AsyncProducer:
                         f"({expired.attempts} attempts)"
                     ),
                 )
-            if not queue:
+            if self._need_pid:
                 continue
-            batch = queue[0]
-            if batch.retry_at > now:
-                next_check = _earliest(next_check, batch.retry_at - now)
-                continue
-            ready = batch.is_full or len(queue) > 1 or urgent or now - batch.created >= linger
-            if not ready:
-                next_check = _earliest(next_check, batch.created + linger - now)
-                continue
-            try:
-                leader, epoch = self._cluster.leader_for(tp)
-            except BrokerResponseError as exc:
-                log.debug("no leader for %s yet (%s); refreshing metadata", tp, exc)
-                self._cluster.add_topics([tp.topic])
-                self._cluster.request_refresh()
-                batch.retry_at = now + self.retry_backoff_ms / 1000
-                next_check = _earliest(next_check, batch.retry_at - now)
-                continue
-            if batch.payload is None:
-                if not batch.is_full:
-                    self._partitioner.on_batch_closed(tp.topic, tp.partition)
-                assert batch.builder is not None
-                batch.payload = batch.builder.build()
-                batch.builder = None
-                batch.is_full = True
-            size = len(batch.payload)
-            if by_leader[leader] and request_bytes[leader] + size > self.max_request_size:
-                next_check = 0.0  # the next request to this leader takes it
-                continue
-            queue.popleft()
-            batch.leader_epoch = epoch
-            by_leader[leader].append(batch)
-            request_bytes[leader] += size
-            self._in_flight.add(tp)
+            limit = self.max_in_flight if self._idempotent else 1
+            while queue:
+                in_flight = len(self._in_flight.get(tp, ()))
+                batch = queue[0]
+                if in_flight >= limit or (batch.base_sequence is not None and in_flight):
+                    break  # a retry goes alone, so the partition's order is restored
+                if batch.retry_at > now:
+                    next_check = _earliest(next_check, batch.retry_at - now)
+                    break
+                ready = batch.is_full or len(queue) > 1 or urgent or now - batch.created >= linger
+                if not ready:
+                    next_check = _earliest(next_check, batch.created + linger - now)
+                    break
+                try:
+                    leader, epoch = self._cluster.leader_for(tp)
+                except BrokerResponseError as exc:
+                    log.debug("no leader for %s yet (%s); refreshing metadata", tp, exc)
+                    self._cluster.add_topics([tp.topic])
+                    self._cluster.request_refresh()
+                    batch.retry_at = now + self.retry_backoff_ms / 1000
+                    next_check = _earliest(next_check, batch.retry_at - now)
+                    break
+                if any(b.tp == tp for b in by_leader[leader]):
+                    next_check = 0.0  # one batch per partition per request
+                    break
+                if batch.payload is None:
+                    self._seal(batch)
+                assert batch.payload is not None
+                size = len(batch.payload)
+                if by_leader[leader] and request_bytes[leader] + size > self.max_request_size:
+                    next_check = 0.0  # the next request to this leader takes it
+                    break
+                queue.popleft()
+                batch.leader_epoch = epoch
+                by_leader[leader].append(batch)
+                request_bytes[leader] += size
+                self._in_flight.setdefault(tp, []).append(batch)
+                if batch.attempts:
+                    break
         for leader, batches in by_leader.items():
             task = asyncio.get_running_loop().create_task(self._produce(leader, batches))
             self._request_tasks.add(task)
             task.add_done_callback(self._request_tasks.discard)
         return next_check
+
+    def _seal(self, batch: _Batch) -> None:
+        """Encode the batch, numbering it first when idempotent (sequences are given
+        in send order, so a partition's sequences follow its queue)."""
+        tp = batch.tp
+        if not batch.is_full:
+            self._partitioner.on_batch_closed(tp.topic, tp.partition)
+            batch.is_full = True
+        builder = batch.builder
+        assert builder is not None
+        if self._idempotent:
+            seq = self._next_seq.get(tp, 0)
+            batch.base_sequence = seq
+            builder.producer_id = self._producer_id
+            builder.producer_epoch = self._producer_epoch
+            builder.base_sequence = seq
+            self._next_seq[tp] = (seq + len(builder)) % _SEQUENCE_WRAP
+        else:
+            batch.base_sequence = None
+            builder.producer_id = NO_PRODUCER_ID
+            builder.producer_epoch = NO_PRODUCER_EPOCH
+            builder.base_sequence = NO_SEQUENCE
+        batch.payload = builder.build()
+
+    def _start_pid_reset(self) -> float | None:
+        """Once nothing is in flight, get a new producer id and renumber every
+        unacknowledged batch (after UNKNOWN_PRODUCER_ID, a fenced epoch or a gap)."""
+        if any(self._in_flight.values()):
+            return None  # the last answer wakes the sender
+        if self._pid_task is None or self._pid_task.done():
+            self._pid_task = asyncio.get_running_loop().create_task(
+                self._reset_producer_id(), name="minibroker-producer-init-id"
+            )
+        return None
+
+    async def _reset_producer_id(self) -> None:
+        try:
+            await self._init_producer_id()
+        except MinibrokerError as exc:
+            log.error("cannot get a new producer id: %s; retrying", exc)
+            await asyncio.sleep(self.retry_backoff_max_ms / 1000)
+            self._wakeup.set()
+            return
+        self._next_seq.clear()
+        for queue in self._batches.values():
+            for batch in queue:
+                batch.payload = None
+                batch.base_sequence = None
+        self._need_pid = False
+        self._wakeup.set()
+
+    async def _init_producer_id(self) -> None:
+        """InitProducerId, retried within max_block_ms. A broker that does not support
+        it makes this producer fall back to non-idempotent delivery (a WARNING)."""
+        deadline = time.monotonic() + self.max_block_ms / 1000
+        backoff = self.retry_backoff_ms / 1000
+        while True:
+            error: MinibrokerError
+            try:
+                response = await self._cluster.send_any(InitProducerIdRequest())
+                assert isinstance(response, InitProducerIdResponse)
+                if response.error_code == ErrorCode.NONE:
+                    self._producer_id = response.producer_id
+                    self._producer_epoch = response.producer_epoch
+                    log.info(
+                        "idempotent producer: producer id %d epoch %d",
+                        self._producer_id,
+                        self._producer_epoch,
+                    )
+                    return
+                error = error_for(response.error_code, "InitProducerId")
+            except BrokerResponseError as exc:
+                error = exc
+            except MinibrokerError as exc:
+                error = exc
+            code = getattr(error, "error_code", None)
+            if code in (ErrorCode.INVALID_REQUEST, ErrorCode.UNSUPPORTED_VERSION):
+                log.warning(
+                    "the broker does not support InitProducerId (%s): idempotence is off, "
+                    "a retry after a lost answer may write a batch twice",
+                    error,
+                )
+                self._idempotent = False
+                return
+            if not error.retriable or time.monotonic() + backoff > deadline:
+                raise error
+            log.info("InitProducerId failed: %s; retrying", error)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.retry_backoff_max_ms / 1000)
 
     async def _produce(self, node: int, batches: list[_Batch]) -> None:
         by_topic: dict[str, list[ProducePartition]] = defaultdict(list)
@@ -474,7 +649,11 @@ class AsyncProducer:
             return
         finally:
             for batch in batches:
-                self._in_flight.discard(batch.tp)
+                flying = self._in_flight.get(batch.tp)
+                if flying is not None and batch in flying:
+                    flying.remove(batch)
+                    if not flying:
+                        del self._in_flight[batch.tp]
             self._wakeup.set()
         assert isinstance(response, ProduceResponse)
         answers = {(t.name, p.index): p for t in response.topics for p in t.partitions}
@@ -493,6 +672,34 @@ class AsyncProducer:
                 self._complete(
                     batch, answer.base_offset, answer.log_append_time_ms, answer.log_start_offset
                 )
+            elif answer.error_code == ErrorCode.DUPLICATE_SEQUENCE_NUMBER and self._idempotent:
+                # Appended before, its answer was lost: the leader gives the first offset.
+                log.info(
+                    "%s: batch with sequence %s was already written at offset %d",
+                    batch.tp,
+                    batch.base_sequence,
+                    answer.base_offset,
+                )
+                self._complete(
+                    batch, answer.base_offset, answer.log_append_time_ms, answer.log_start_offset
+                )
+            elif answer.error_code in _SEQUENCE_ERRORS and batch.base_sequence is not None:
+                error = error_for(
+                    answer.error_code, topic=batch.tp.topic, partition=batch.tp.partition
+                )
+                if answer.error_code != ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER or (
+                    not self._earlier_pending(batch)
+                ):
+                    log.warning(
+                        "%s: %s for sequence %d (producer id %d): getting a new producer "
+                        "id and renumbering unacknowledged batches",
+                        batch.tp,
+                        error.error_code.name,
+                        batch.base_sequence,
+                        self._producer_id,
+                    )
+                    self._need_pid = True
+                self._retry_or_fail(batch, error, retriable=True)
             else:
                 error = error_for(
                     answer.error_code,
@@ -513,7 +720,33 @@ class AsyncProducer:
                     )
                 self._retry_or_fail(batch, error)
 
-    def _retry_or_fail(self, batch: _Batch, error: MinibrokerError) -> None:
+    def _earlier_pending(self, batch: _Batch) -> bool:
+        """Whether a batch with a lower sequence of the same partition is still
+        unacknowledged (then OUT_OF_ORDER just means it must go first)."""
+        seq = batch.base_sequence
+        assert seq is not None
+        others = list(self._batches.get(batch.tp, ())) + self._in_flight.get(batch.tp, [])
+        return any(
+            b is not batch and b.base_sequence is not None and b.base_sequence < seq for b in others
+        )
+
+    def _requeue(self, batch: _Batch) -> None:
+        """Put a batch back in sequence order (before unnumbered and later batches)."""
+        queue = self._batches[batch.tp]
+        if batch.base_sequence is None:
+            queue.appendleft(batch)
+            return
+        index = 0
+        for index, other in enumerate(queue):  # noqa: B007
+            if other.base_sequence is None or other.base_sequence > batch.base_sequence:
+                break
+        else:
+            index = len(queue)
+        queue.insert(index, batch)
+
+    def _retry_or_fail(
+        self, batch: _Batch, error: MinibrokerError, *, retriable: bool | None = None
+    ) -> None:
         now = time.monotonic()
         deadline = batch.created + self.delivery_timeout_ms / 1000
         backoff = (
@@ -521,7 +754,7 @@ class AsyncProducer:
             * random.uniform(0.8, 1.2)
             / 1000
         )
-        if not error.retriable or self._closing:
+        if not (error.retriable if retriable is None else retriable) or self._closing:
             self._fail(batch, error)
             return
         if now + backoff >= deadline:
@@ -543,7 +776,7 @@ class AsyncProducer:
             batch.leader_epoch,
             error,
         )
-        self._batches[batch.tp].appendleft(batch)  # keeps the partition's order
+        self._requeue(batch)  # keeps the partition's order
         if error.invalid_metadata:
             self._cluster.request_refresh()
 
@@ -569,6 +802,8 @@ class AsyncProducer:
         self._release(batch)
 
     def _fail(self, batch: _Batch, error: BaseException) -> None:
+        if batch.base_sequence is not None and batch in self._incomplete and not self._closing:
+            self._need_pid = True  # its sequence is a gap now: renumber the later ones
         for future, *_ in batch.records:
             if not future.done():
                 future.set_exception(error)
@@ -581,7 +816,7 @@ class AsyncProducer:
         self._buffered -= batch.size
         self._buffer_freed.set()
         queue = self._batches.get(batch.tp)
-        if queue is not None and not queue and batch.tp not in self._in_flight:
+        if queue is not None and not queue and not self._in_flight.get(batch.tp):
             del self._batches[batch.tp]
         if not batch.done.done():
             batch.done.set_result(None)

@@ -14,6 +14,8 @@ Header = tuple[str, bytes | None]
 
 
 class TopicPartition(NamedTuple):
+    """A partition of a topic: the key of every per-partition map."""
+
     topic: str
     partition: int
 
@@ -52,6 +54,7 @@ class RecordMetadata(NamedTuple):
 
     @property
     def topic_partition(self) -> TopicPartition:
+        """The record's TopicPartition."""
         return TopicPartition(self.topic, self.partition)
 
 
@@ -66,6 +69,9 @@ class OffsetAndMetadata(NamedTuple):
 
 
 class OffsetAndTimestamp(NamedTuple):
+    """An offset found by timestamp (offsets_for_times, ListOffsets), with the leader epoch
+    of its record."""
+
     offset: int
     timestamp: int
     leader_epoch: int = NO_EPOCH

@@ -15,10 +15,15 @@ from protocol.messages import (
     DescribeClusterBroker,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    EpochEndOffsetResult,
     FetchPartitionResponse,
     FetchRequest,
     FetchResponse,
     FetchTopicResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
     LeaderIdAndEpoch,
     ListOffsetsPartitionResponse,
     ListOffsetsRequest,
@@ -30,12 +35,26 @@ from protocol.messages import (
     MetadataRequest,
     MetadataResponse,
     MetadataTopic,
+    OffsetCommitPartitionResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetCommitTopicResponse,
+    OffsetFetchPartitionResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    OffsetFetchTopicResponse,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+    OffsetForLeaderTopicResult,
     ProducePartitionResponse,
     ProduceRequest,
     ProduceResponse,
     ProduceTopicResponse,
 )
 from protocol.record_batch import stamp, validate_batches
+
+# Returned by an override: close the connection without answering (a lost response).
+DROP_CONNECTION = object()
 
 Handler = Callable[[Message], Awaitable[Message | None] | Message | None]
 
@@ -48,6 +67,36 @@ class FakePartition:
     batches: list[tuple[int, bytes]] = field(default_factory=list)  # (base offset, bytes)
     log_end: int = 0
     log_start: int = 0
+    # Leader epoch cache: (epoch, start offset), as KIP-101 keeps it.
+    epochs: list[tuple[int, int]] = field(default_factory=list)
+    # Idempotence: producer id -> (epoch, last sequence, {base sequence: base offset}).
+    producers: dict[int, tuple[int, int, dict[int, int]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.epochs:
+            self.epochs.append((self.leader_epoch, 0))
+
+    def become_leader(self, epoch: int) -> None:
+        """A new leader epoch starting at the log end (a leader change)."""
+        assert epoch > self.leader_epoch
+        self.leader_epoch = epoch
+        self.epochs.append((epoch, self.log_end))
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop every batch at or above `offset` (an unclean election's divergence)."""
+        self.batches = [(b, d) for b, d in self.batches if b < offset]
+        self.log_end = offset
+        self.epochs = [(e, o) for e, o in self.epochs if o <= offset]
+
+    def end_offset_for(self, epoch: int) -> tuple[int, int]:
+        """OffsetsForLeaderEpoch as Kafka's leader answers it."""
+        if epoch == self.leader_epoch:
+            return epoch, self.log_end
+        later = [(e, o) for e, o in self.epochs if e > epoch]
+        if not later:
+            return -1, -1
+        floor = [e for e, _ in self.epochs if e <= epoch]
+        return (floor[-1] if floor else epoch), later[0][1]
 
     def check_epoch(self, current: int) -> ErrorCode:
         if current == -1 or current == self.leader_epoch:
@@ -70,6 +119,10 @@ class FakeBroker:
         self.overrides: dict[type, Handler] = {}
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.Transport] = set()
+        # False: answer InitProducerId with INVALID_REQUEST (a broker without it).
+        self.supports_idempotence = True
+        self.next_producer_id = 1000
+        self.committed: dict[tuple[str, str, int], tuple[int, int, str | None]] = {}
 
     def create_topic(self, name: str, partitions: int, leader_epoch: int = 0) -> None:
         self.topics[name] = [FakePartition(leader_epoch=leader_epoch) for _ in range(partitions)]
@@ -112,6 +165,37 @@ class FakeBroker:
             return self.fetch(body)
         if isinstance(body, ListOffsetsRequest):
             return self.list_offsets(body)
+        if isinstance(body, OffsetForLeaderEpochRequest):
+            return self.offsets_for_leader_epoch(body)
+        if isinstance(body, InitProducerIdRequest):
+            if not self.supports_idempotence:
+                return InitProducerIdResponse(error_code=ErrorCode.INVALID_REQUEST)
+            self.next_producer_id += 1
+            return InitProducerIdResponse(producer_id=self.next_producer_id, producer_epoch=0)
+        if isinstance(body, FindCoordinatorRequest):
+            return FindCoordinatorResponse(node_id=self.node_id, host=self.host, port=self.port)
+        if isinstance(body, OffsetCommitRequest):
+            for t in body.topics:
+                for p in t.partitions:
+                    self.committed[(body.group_id, t.name, p.partition_index)] = (
+                        p.committed_offset,
+                        p.committed_leader_epoch,
+                        p.committed_metadata,
+                    )
+            return OffsetCommitResponse(
+                topics=[
+                    OffsetCommitTopicResponse(
+                        name=t.name,
+                        partitions=[
+                            OffsetCommitPartitionResponse(partition_index=p.partition_index)
+                            for p in t.partitions
+                        ],
+                    )
+                    for t in body.topics
+                ]
+            )
+        if isinstance(body, OffsetFetchRequest):
+            return self.offset_fetch(body)
         if isinstance(body, DescribeClusterRequest):
             return DescribeClusterResponse(
                 cluster_id="fake",
@@ -190,7 +274,26 @@ class FakeBroker:
                     continue
                 data = bytearray(p.records)
                 base = part.log_end
-                for pos, header in validate_batches(data):
+                batches = list(validate_batches(data))
+                pid = batches[0][1].producer_id if batches else -1
+                if pid >= 0:
+                    header = batches[0][1]
+                    code, dup = _check_sequence(part, header)
+                    if code != ErrorCode.NONE or dup is not None:
+                        results.append(
+                            ProducePartitionResponse(
+                                index=p.index,
+                                error_code=code,
+                                base_offset=-1 if dup is None else dup,
+                            )
+                        )
+                        continue
+                    last = header.base_sequence + header.last_offset_delta
+                    _, _, recent = part.producers.get(pid, (0, -1, {}))
+                    recent = dict(list(recent.items())[-4:])
+                    recent[header.base_sequence] = base
+                    part.producers[pid] = (header.producer_epoch, last, recent)
+                for pos, header in batches:
                     stamp(data, pos, part.log_end, part.leader_epoch)
                     part.batches.append((part.log_end, bytes(data[pos : pos + header.size])))
                     part.log_end += header.last_offset_delta + 1
@@ -236,6 +339,45 @@ class FakeBroker:
             out.append(FetchTopicResponse(topic=t.topic, partitions=results))
         return FetchResponse(responses=out)
 
+    def offsets_for_leader_epoch(
+        self, req: OffsetForLeaderEpochRequest
+    ) -> OffsetForLeaderEpochResponse:
+        out = []
+        for t in req.topics:
+            results = []
+            for p in t.partitions:
+                part = self._partition(t.topic, p.partition)
+                if part is None:
+                    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                else:
+                    code = part.check_epoch(p.current_leader_epoch)
+                if code != ErrorCode.NONE or part is None:
+                    results.append(EpochEndOffsetResult(partition=p.partition, error_code=code))
+                    continue
+                epoch, end = part.end_offset_for(p.leader_epoch)
+                results.append(
+                    EpochEndOffsetResult(partition=p.partition, leader_epoch=epoch, end_offset=end)
+                )
+            out.append(OffsetForLeaderTopicResult(topic=t.topic, partitions=results))
+        return OffsetForLeaderEpochResponse(topics=out)
+
+    def offset_fetch(self, req: OffsetFetchRequest) -> OffsetFetchResponse:
+        topics = []
+        for t in req.topics or []:
+            parts = []
+            for i in t.partition_indexes:
+                offset, epoch, meta = self.committed.get((req.group_id, t.name, i), (-1, -1, ""))
+                parts.append(
+                    OffsetFetchPartitionResponse(
+                        partition_index=i,
+                        committed_offset=offset,
+                        committed_leader_epoch=epoch,
+                        metadata=meta,
+                    )
+                )
+            topics.append(OffsetFetchTopicResponse(name=t.name, partitions=parts))
+        return OffsetFetchResponse(topics=topics)
+
     def list_offsets(self, req: ListOffsetsRequest) -> ListOffsetsResponse:
         out = []
         for t in req.topics:
@@ -268,6 +410,26 @@ class FakeBroker:
                 )
             out.append(ListOffsetsTopicResponse(name=t.name, partitions=results))
         return ListOffsetsResponse(topics=out)
+
+
+def _check_sequence(part: FakePartition, header: object) -> tuple[ErrorCode, int | None]:
+    """(error, offset of the duplicate batch) for an idempotent batch, as a leader
+    checks it: the next sequence of a known producer, or 0 for a new one/epoch."""
+    pid = header.producer_id  # type: ignore[attr-defined]
+    epoch = header.producer_epoch  # type: ignore[attr-defined]
+    seq = header.base_sequence  # type: ignore[attr-defined]
+    known = part.producers.get(pid)
+    if known is None or epoch > known[0]:
+        return (
+            (ErrorCode.NONE, None) if seq == 0 else (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, None)
+        )
+    if epoch < known[0]:
+        return ErrorCode.INVALID_PRODUCER_EPOCH, None
+    if seq in known[2]:
+        return ErrorCode.DUPLICATE_SEQUENCE_NUMBER, known[2][seq]
+    if seq != known[1] + 1:
+        return ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, None
+    return ErrorCode.NONE, None
 
 
 def _last_delta(batch: bytes) -> int:
@@ -303,6 +465,10 @@ class _Proto(asyncio.Protocol):
             return
         if body is None:
             return  # scripted silence
+        if body is DROP_CONNECTION:
+            if self.transport is not None:
+                self.transport.abort()
+            return
         self._write(self.conn.send_response(request, body))
 
     def _write(self, data: bytes) -> None:

@@ -11,7 +11,7 @@ from client_fakes import FakeBroker
 from client.connection import BrokerConnection
 from client.errors import ConnectionFailedError, RequestTimedOutError, UnknownServerError
 from protocol.messages import (
-    InitProducerIdRequest,
+    AllocateProducerIdsRequest,
     MetadataRequest,
     MetadataResponse,
     MetadataTopic,
@@ -148,9 +148,9 @@ async def test_whole_request_error_raises_its_class(broker: FakeBroker) -> None:
     conn = BrokerConnection(broker.host, broker.port)
     await conn.connect()
     try:
-        # The fake broker does not implement InitProducerId: its handler raises.
-        with pytest.raises(UnknownServerError, match="InitProducerIdRequest"):
-            await conn.send(InitProducerIdRequest())
+        # The fake broker does not implement AllocateProducerIds: its handler raises.
+        with pytest.raises(UnknownServerError, match="AllocateProducerIdsRequest"):
+            await conn.send(AllocateProducerIdsRequest(broker_id=1))
         assert conn.connected  # an error answer is not a broken stream
     finally:
         await conn.close()

@@ -220,7 +220,7 @@ async def test_consumer_follows_a_new_leader_epoch(broker: FakeBroker) -> None:
     ) as consumer:
         consumer.assign([T0])
         assert len(await consume_all(consumer, 3)) == 3
-        broker.topics["t"][0].leader_epoch = 4  # FENCED_LEADER_EPOCH until we refresh
+        broker.topics["t"][0].become_leader(4)  # FENCED_LEADER_EPOCH until we refresh
         await produce(broker, 2)
         records = await consume_all(consumer, 2)
         assert [(r.offset, r.leader_epoch) for r in records] == [(3, 4), (4, 4)]
@@ -285,7 +285,7 @@ async def test_diverging_epoch_raises_log_truncation_with_reset_none(broker: Fak
         with pytest.raises(LogTruncationError) as info:
             for _ in range(20):
                 await consumer.poll(timeout_ms=50)
-        assert info.value.divergent_offsets == {T0: 5}
+        assert info.value.divergent_offsets == {T0: OffsetAndMetadata(5, "", 2)}
         assert info.value.positions == {T0: 8}
 
 

@@ -1,0 +1,120 @@
+"""The client library against real processes (one controller, three brokers): a
+normal leader failover under a running consumer raises nothing (no false truncation
+alarm, auto_offset_reset='none') and loses nothing; the sync API from a plain thread."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster import Cluster
+
+from client.admin import AsyncAdmin
+from client.consumer import AsyncConsumer
+from client.producer import AsyncProducer
+from client.sync import Consumer, Producer
+from client.types import TopicPartition
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+TOPIC = "lib"
+TP = TopicPartition(TOPIC, 0)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        c.start_controller(session_timeout_ms=3000)
+        for node in (1, 2, 3):
+            c.start_broker(node)
+        yield c
+    finally:
+        for proc in c.brokers.values():
+            if proc.alive:
+                os.kill(proc.pid, signal.SIGCONT)
+        c.stop_all()
+
+
+def bootstrap(cluster: Cluster) -> str:
+    return ",".join(f"{h}:{p}" for h, p in (b.address for b in cluster.brokers.values()))
+
+
+async def leader_of(admin: AsyncAdmin) -> tuple[int, int]:
+    await admin.cluster.refresh_metadata([TOPIC])
+    return admin.cluster.leader_for(TP)
+
+
+async def test_failover_under_a_running_consumer(cluster: Cluster) -> None:
+    servers = bootstrap(cluster)
+    async with AsyncAdmin(servers) as admin:
+        await admin.create_topic(TOPIC, 1, 3, {"min.insync.replicas": "2"})
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                leader, epoch = await leader_of(admin)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+    got: list[bytes] = []
+    async with (
+        AsyncProducer(servers, linger_ms=0, retry_backoff_ms=50) as producer,
+        AsyncConsumer(servers, auto_offset_reset="none", retry_backoff_ms=50) as consumer,
+    ):
+        consumer.assign([TP])
+        consumer.seek(TP, 0)
+        for i in range(20):
+            await producer.send_and_wait(TOPIC, b"before-%d" % i, partition=0)
+        while len(got) < 20:
+            for records in (await consumer.poll(timeout_ms=1000)).values():
+                got.extend(r.value for r in records)  # type: ignore[misc]
+        cluster.brokers[leader].kill()
+        futures = [await producer.send(TOPIC, b"after-%d" % i, partition=0) for i in range(20)]
+        deadline = time.monotonic() + 60
+        while len(got) < 40 and time.monotonic() < deadline:
+            for records in (await consumer.poll(timeout_ms=1000)).values():
+                got.extend(r.value for r in records)  # type: ignore[misc]
+        results = await asyncio.gather(*futures)
+        position = await consumer.position_with_epoch(TP)
+    assert got == [b"before-%d" % i for i in range(20)] + [b"after-%d" % i for i in range(20)]
+    assert [md.offset for md in results] == list(range(20, 40))
+    assert position.offset == 40 and position.leader_epoch > epoch
+
+
+def test_sync_api_from_a_plain_thread(cluster: Cluster) -> None:
+    servers = bootstrap(cluster)
+    errors: list[BaseException] = []
+    values: list[bytes] = []
+
+    def script() -> None:
+        try:
+            with Producer(servers, linger_ms=0) as producer:
+                for i in range(10):
+                    producer.send_and_wait("sync", b"v%d" % i, partition=0)
+            with Consumer(servers, auto_offset_reset="earliest") as consumer:
+                consumer.assign([TopicPartition("sync", 0)])
+                deadline = time.monotonic() + 30
+                while len(values) < 10 and time.monotonic() < deadline:
+                    for records in consumer.poll(500).values():
+                        values.extend(r.value for r in records)  # type: ignore[misc]
+        except BaseException as exc:
+            errors.append(exc)
+
+    async def create() -> None:
+        async with AsyncAdmin(servers) as admin:
+            await admin.create_topic("sync", 1, 3)
+
+    asyncio.run(create())
+    thread = threading.Thread(target=script)
+    thread.start()
+    thread.join(90)
+    assert not errors, errors
+    assert values == [b"v%d" % i for i in range(10)]
