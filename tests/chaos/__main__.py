@@ -1,0 +1,181 @@
+"""Chaos campaigns from the command line (run from the repository root):
+
+    python -m tests.chaos --runs 20 --seed 1 --faults all --backend docker --time-limit 60
+    python -m tests.chaos --backend process --faults kill,pause --rf 1 --min-insync 1
+    python -m tests.chaos --recheck chaos-results/run-000-seed1
+
+Each run writes history.jsonl, replicas.json, results.json, summary.txt (and the
+servers' logs when it is not valid) under --out/run-NNN-seed<S>/; the campaign writes
+--out/campaign.json. Exit code: 0 when no run is invalid, 1 when one is (or a run
+broke), 2 on bad arguments. With --strict, runs whose verdict is "unknown" (a check
+could not run, e.g. brokers without DescribeReplicaLog) count as failures too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import sys
+from pathlib import Path
+
+from .backends import ClusterSettings, docker_unavailable
+from .checker import summary
+from .nemesis import FAULTS, parse_faults
+from .runner import RunConfig, campaign, recheck
+from .workload import WorkloadConfig, producer_supports_idempotence
+
+
+def _range(text: str) -> tuple[float, float]:
+    lo, _, hi = text.partition(",")
+    a, b = float(lo), float(hi or lo)
+    if not 0 <= a <= b:
+        raise argparse.ArgumentTypeError(f"{text!r}: want LOW,HIGH seconds with 0 <= LOW <= HIGH")
+    return a, b
+
+
+def _env_pairs(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("MINIBROKER_"):
+            raise SystemExit(f"error: {item!r}: want MINIBROKER_NAME=VALUE")
+        out[key] = value
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tests.chaos",
+        description="Run chaos campaigns against a minibroker cluster and check them.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--runs", type=int, default=1, help="number of runs")
+    p.add_argument("--seed", type=int, default=None, help="seed of the first run (random)")
+    p.add_argument(
+        "--faults",
+        default="all",
+        help=f"comma-separated faults: {', '.join(FAULTS)}; 'all' or 'none'",
+    )
+    p.add_argument("--backend", choices=("docker", "process"), default="docker")
+    p.add_argument("--time-limit", type=float, default=60.0, help="workload seconds per run")
+    p.add_argument("--max-faults", type=int, default=None, help="faults per run [time/8]")
+    p.add_argument("--fault-interval", type=_range, default=(2.0, 5.0), help="calm LOW,HIGH s")
+    p.add_argument("--fault-duration", type=_range, default=(2.0, 6.0), help="fault LOW,HIGH s")
+    p.add_argument("--partitions", type=int, default=3)
+    p.add_argument("--rf", type=int, default=3, help="replication factor")
+    p.add_argument("--min-insync", type=int, default=2, help="min.insync.replicas")
+    p.add_argument("--acks", choices=("0", "1", "all"), default="all")
+    p.add_argument("--unclean", action="store_true", help="unclean.leader.election.enable")
+    p.add_argument(
+        "--idempotent",
+        action="store_true",
+        help="idempotent producers (issue 4); without, retry duplicates are expected",
+    )
+    p.add_argument("--producers", type=int, default=2)
+    p.add_argument("--consumers", type=int, default=2)
+    p.add_argument("--max-sends", type=int, default=100_000, help="sends per run, in all")
+    p.add_argument(
+        "--broker-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra MINIBROKER_* setting for every broker (repeatable), e.g. "
+        "MINIBROKER_ENABLE_TEST_FAULTS=1 with a MINIBROKER_UNSAFE_* switch",
+    )
+    p.add_argument(
+        "--controller-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra MINIBROKER_* setting for the controller (repeatable)",
+    )
+    p.add_argument("--image", default="minibroker:latest", help="docker backend image")
+    p.add_argument("--out", type=Path, default=Path("chaos-results"), help="results directory")
+    p.add_argument("--keep-logs", action="store_true", help="keep server logs of valid runs")
+    p.add_argument("--stop-on-failure", action="store_true", help="stop at the first invalid run")
+    p.add_argument("--strict", action="store_true", help='"unknown" verdicts fail too')
+    p.add_argument("--recheck", type=Path, metavar="RUN_DIR", help="check a finished run again")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    if args.recheck is not None:
+        result = recheck(args.recheck)
+        print(summary(result))
+        return 1 if result["valid"] is False else 0
+    try:
+        faults = parse_faults(args.faults)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.idempotent and not producer_supports_idempotence():
+        print(
+            "error: --idempotent: AsyncProducer has no enable_idempotence yet (issue 4)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.backend == "docker":
+        why = docker_unavailable(args.image)
+        if why is not None:
+            print(f"error: the docker backend cannot run: {why}", file=sys.stderr)
+            return 2
+    seed = args.seed if args.seed is not None else random.randrange(1_000_000)
+    cfg = RunConfig(
+        seed=seed,
+        backend=args.backend,
+        faults=faults,
+        max_faults=args.max_faults
+        if args.max_faults is not None
+        else max(1, int(args.time_limit // 8)),
+        fault_interval=args.fault_interval,
+        fault_duration=args.fault_duration,
+        workload=WorkloadConfig(
+            partitions=args.partitions,
+            replication_factor=args.rf,
+            min_insync_replicas=args.min_insync,
+            unclean=args.unclean,
+            acks=args.acks,
+            idempotent=args.idempotent,
+            producers=args.producers,
+            consumers=args.consumers,
+            max_sends=args.max_sends,
+            time_limit=args.time_limit,
+        ),
+        cluster=ClusterSettings(
+            broker_env=_env_pairs(args.broker_env), controller_env=_env_pairs(args.controller_env)
+        ),
+        image=args.image,
+        keep_logs=args.keep_logs,
+    )
+    print(
+        f"chaos: {args.runs} run(s) from seed {seed}, backend {args.backend}, "
+        f"faults {','.join(faults) or 'none'}, RF {args.rf}, min ISR {args.min_insync}, "
+        f"acks {args.acks}, {args.time_limit:g}s each; results in {args.out}/",
+        flush=True,
+    )
+    result = campaign(cfg, args.runs, args.out, stop_on_failure=args.stop_on_failure)
+    totals = {k: n for k, n in result["totals"].items() if n}
+    print(
+        f"campaign: {result['runs']} runs: {result['valid']} valid, {result['invalid']} "
+        f"invalid, {result['unknown']} unknown ({result['errors']} broke: see their "
+        f"summary.txt); {result['acknowledged']} acknowledged "
+        f"writes; anomalies: {json.dumps(totals) if totals else 'none'} "
+        f"({args.out}/campaign.json)"
+    )
+    if result["invalid"] or result["errors"] or (args.strict and result["unknown"]):
+        return 1
+    return 0
+
+
+def _terminate(signum: int, frame: object) -> None:
+    # SIGTERM would end the process without running `finally` or atexit: turn it into
+    # KeyboardInterrupt so the cluster is torn down (docker compose down -v).
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,691 @@
+"""Where the cluster under test runs, and how faults reach it.
+
+Both backends run one controller (node "controller") and brokers "broker-1".."broker-N"
+(node ids 1..N) and offer the same operations to the nemesis: kill (SIGKILL), start,
+pause / resume (SIGSTOP / SIGCONT, or the cgroup freezer), isolate / reconnect (a
+network partition of one node from the others), wipe (kill, delete the node's data,
+start again: a disk lost, KIP-903).
+
+- DockerBackend: the repository's docker-compose.yml under a compose project of its
+  own (`minibroker-chaos-<seed>-<pid>`, so runs never collide), on free host ports.
+  A partition is `docker network disconnect` (the node then reaches nobody, clients
+  included) and `docker network connect` with its service alias back. Always torn
+  down with `down -v` (in `down()`, and from atexit should the run die); the logs
+  are saved with `collect_logs()` before.
+- ProcessBackend: local processes on 127.0.0.1 (like tests/integration/cluster.py):
+  signals, and `rm -r` of a data directory. No network partitions: `isolate`
+  raises Unsupported (the nemesis logs the reason and records the fault as skipped).
+  The children die with this process (PR_SET_PDEATHSIG), and `down()` (also from
+  atexit) stops them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+DEFAULT_IMAGE = "minibroker:latest"
+CONTROLLER = "controller"
+
+
+class Unsupported(Exception):
+    """This backend cannot inject that fault; the message says why."""
+
+
+class BackendError(Exception):
+    """A backend operation failed (the message carries the command's output)."""
+
+
+def broker_name(node_id: int) -> str:
+    return f"broker-{node_id}"
+
+
+def broker_id(node: str) -> int | None:
+    m = re.fullmatch(r"broker-(\d+)", node)
+    return int(m[1]) if m else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ClusterSettings:
+    """What the servers are started with (both backends)."""
+
+    brokers: int = 3
+    session_timeout_ms: int = 3000
+    heartbeat_interval_ms: int = 250
+    replica_lag_time_max_ms: int = 5000
+    # Extra MINIBROKER_* settings for every broker / the controller.
+    broker_env: dict[str, str] = field(default_factory=dict)
+    controller_env: dict[str, str] = field(default_factory=dict)
+
+
+class Backend(ABC):
+    name = "abstract"
+
+    def __init__(self, settings: ClusterSettings, workdir: Path) -> None:
+        self.settings = settings
+        self.workdir = workdir
+        self.broker_ids = list(range(1, settings.brokers + 1))
+
+    @property
+    def nodes(self) -> list[str]:
+        return [CONTROLLER, *(broker_name(i) for i in self.broker_ids)]
+
+    @abstractmethod
+    async def up(self) -> None:
+        """Start the cluster; return when every node is up."""
+
+    @abstractmethod
+    async def down(self) -> None:
+        """Stop everything and remove what up() created (idempotent)."""
+
+    @abstractmethod
+    def bootstrap_servers(self) -> str: ...
+
+    @abstractmethod
+    def broker_addresses(self) -> dict[int, tuple[str, int]]:
+        """node id -> (host, port) reachable from this process."""
+
+    @abstractmethod
+    async def kill(self, node: str) -> None: ...
+
+    @abstractmethod
+    async def start(self, node: str) -> None:
+        """Start a killed node again (no-op when it runs); waits until it is up."""
+
+    @abstractmethod
+    async def pause(self, node: str) -> None: ...
+
+    @abstractmethod
+    async def resume(self, node: str) -> None: ...
+
+    @abstractmethod
+    async def isolate(self, node: str) -> None: ...
+
+    @abstractmethod
+    async def reconnect(self, node: str) -> None: ...
+
+    @abstractmethod
+    async def wipe(self, node: str) -> None:
+        """Kill the node, delete its data, start it again."""
+
+    @abstractmethod
+    async def running(self, node: str) -> bool: ...
+
+    @abstractmethod
+    async def collect_logs(self, dest: Path) -> None:
+        """Copy every node's log into `dest`."""
+
+    def unsupported(self, fault: str) -> str | None:
+        """Why this backend cannot inject `fault` (None: it can)."""
+        return None
+
+
+# ------------------------------------------------------------------ local processes
+
+_CONTROLLER_READY = re.compile(r"controller \d+ listening on")
+_BROKER_READY = re.compile(r"broker \d+ started")
+_PR_SET_PDEATHSIG = 1
+
+
+# Resolved here, in the parent: loading a library in a forked child of a threaded
+# process can deadlock.
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: the children then outlive a killed runner
+    _prctl = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class _Proc:
+    node: str
+    args: list[str]
+    log_path: Path
+    data_dir: Path
+    ready: re.Pattern[str]
+    popen: subprocess.Popen[bytes] | None = None
+    log_start: int = 0
+    paused: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+class ProcessBackend(Backend):
+    """The cluster as local processes under `workdir` (logs: `<node>.log`)."""
+
+    name = "process"
+    START_TIMEOUT_S = 60.0
+
+    def __init__(self, settings: ClusterSettings, workdir: Path) -> None:
+        super().__init__(settings, workdir)
+        self.controller_port = free_port()
+        self.ports = {i: free_port() for i in self.broker_ids}
+        self.procs: dict[str, _Proc] = {}
+        self._env: dict[str, dict[str, str]] = {}  # node -> its MINIBROKER_* settings
+        self._down = False
+        atexit.register(self._down_sync)
+
+    def unsupported(self, fault: str) -> str | None:
+        if fault == "partition":
+            return (
+                "the process backend cannot partition the network (all nodes share "
+                "127.0.0.1); use --backend docker"
+            )
+        return None
+
+    def _make(self) -> None:
+        s = self.settings
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        py = sys.executable
+        ctl_dir = self.workdir / "controller"
+        ctl_env = {
+            "MINIBROKER_SESSION_TIMEOUT_MS": str(s.session_timeout_ms),
+            **s.controller_env,
+        }
+        self.procs[CONTROLLER] = _Proc(
+            CONTROLLER,
+            [
+                *(py, "-m", "controller"),
+                *("--listen", f"127.0.0.1:{self.controller_port}"),
+                *("--data-dir", str(ctl_dir)),
+            ],
+            self.workdir / "controller.log",
+            ctl_dir,
+            _CONTROLLER_READY,
+        )
+        self._env = {CONTROLLER: ctl_env}
+        for i in self.broker_ids:
+            node = broker_name(i)
+            data = self.workdir / node
+            self.procs[node] = _Proc(
+                node,
+                [
+                    *(py, "-m", "broker", "--node-id", str(i)),
+                    *("--listeners", f"PLAINTEXT://127.0.0.1:{self.ports[i]}"),
+                    *("--controller", f"127.0.0.1:{self.controller_port}"),
+                    *("--data-dir", str(data)),
+                ],
+                self.workdir / f"{node}.log",
+                data,
+                _BROKER_READY,
+            )
+            self._env[node] = {
+                "MINIBROKER_HEARTBEAT_INTERVAL_MS": str(s.heartbeat_interval_ms),
+                "MINIBROKER_REPLICA_LAG_TIME_MAX_MS": str(s.replica_lag_time_max_ms),
+                "MINIBROKER_CONTROLLER_CONNECT_TIMEOUT_MS": "120000",
+                **s.broker_env,
+            }
+
+    def _spawn(self, proc: _Proc) -> None:
+        assert not proc.alive, f"{proc.node} is running"
+        proc.log_start = proc.log_path.stat().st_size if proc.log_path.exists() else 0
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MINIBROKER_")}
+        env.update(PYTHONUNBUFFERED="1", **self._env[proc.node])
+        with open(proc.log_path, "ab") as out:
+            # Spawned from the event loop's (main) thread: PDEATHSIG fires when the
+            # spawning thread exits.
+            proc.popen = subprocess.Popen(
+                proc.args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO,
+                env=env,
+                preexec_fn=_die_with_parent,
+            )
+        proc.paused = False
+
+    async def _wait_ready(self, proc: _Proc, timeout: float | None = None) -> None:
+        timeout = timeout or self.START_TIMEOUT_S
+        deadline = time.monotonic() + timeout
+        while True:
+            text = proc.log_path.read_bytes()[proc.log_start :].decode(errors="replace")
+            if proc.ready.search(text):
+                return
+            if not proc.alive:
+                tail = "\n".join(text.splitlines()[-20:])
+                raise BackendError(f"{proc.node} exited before it was ready:\n{tail}")
+            if time.monotonic() > deadline:
+                raise BackendError(f"{proc.node} not ready after {timeout}s")
+            await asyncio.sleep(0.05)
+
+    async def up(self) -> None:
+        self._make()
+        ctl = self.procs[CONTROLLER]
+        self._spawn(ctl)
+        await self._wait_ready(ctl)
+        brokers = [self.procs[broker_name(i)] for i in self.broker_ids]
+        for b in brokers:
+            self._spawn(b)
+        await asyncio.gather(*(self._wait_ready(b) for b in brokers))
+
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"127.0.0.1:{self.ports[i]}" for i in self.broker_ids)
+
+    def broker_addresses(self) -> dict[int, tuple[str, int]]:
+        return {i: ("127.0.0.1", self.ports[i]) for i in self.broker_ids}
+
+    async def kill(self, node: str) -> None:
+        proc = self.procs[node]
+        if proc.popen is not None and proc.popen.poll() is None:
+            proc.popen.kill()  # SIGKILL works on a stopped process too
+            await asyncio.to_thread(proc.popen.wait, 10)
+        proc.paused = False
+
+    async def start(self, node: str) -> None:
+        proc = self.procs[node]
+        if proc.alive:
+            if proc.paused:
+                await self.resume(node)
+            return
+        self._spawn(proc)
+        await self._wait_ready(proc)
+
+    async def pause(self, node: str) -> None:
+        proc = self.procs[node]
+        if proc.alive:
+            assert proc.popen is not None
+            proc.popen.send_signal(signal.SIGSTOP)
+            proc.paused = True
+
+    async def resume(self, node: str) -> None:
+        proc = self.procs[node]
+        if proc.alive:
+            assert proc.popen is not None
+            proc.popen.send_signal(signal.SIGCONT)
+        proc.paused = False
+
+    async def isolate(self, node: str) -> None:
+        raise Unsupported(self.unsupported("partition") or "")
+
+    async def reconnect(self, node: str) -> None:
+        return None  # nothing is ever isolated
+
+    async def wipe(self, node: str) -> None:
+        await self.kill(node)
+        proc = self.procs[node]
+        shutil.rmtree(proc.data_dir, ignore_errors=True)
+        self._spawn(proc)
+        await self._wait_ready(proc)
+
+    async def running(self, node: str) -> bool:
+        return self.procs[node].alive
+
+    async def collect_logs(self, dest: Path) -> None:
+        dest.mkdir(parents=True, exist_ok=True)
+        for proc in self.procs.values():
+            if proc.log_path.exists() and proc.log_path.parent != dest:
+                shutil.copy2(proc.log_path, dest / proc.log_path.name)
+
+    async def down(self) -> None:
+        await asyncio.to_thread(self._down_sync)
+
+    def _down_sync(self) -> None:
+        if self._down:
+            return
+        self._down = True
+        # Brokers first (a controlled shutdown needs the controller), then the
+        # controller; SIGCONT first so a stopped process can act on SIGTERM.
+        groups = [[p for n, p in self.procs.items() if n != CONTROLLER]]
+        if CONTROLLER in self.procs:
+            groups.append([self.procs[CONTROLLER]])
+        for group in groups:
+            for p in group:
+                if p.alive:
+                    assert p.popen is not None
+                    p.popen.send_signal(signal.SIGCONT)
+                    p.popen.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            for p in group:
+                if p.popen is None:
+                    continue
+                try:
+                    p.popen.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.popen.kill()
+                    p.popen.wait(10)
+        atexit.unregister(self._down_sync)
+
+
+# ------------------------------------------------------------------ docker compose
+
+
+def compose_command() -> list[str] | None:
+    """`docker compose` (v2 plugin) if it works, else `docker-compose`, else None."""
+    if shutil.which("docker") is None:
+        return None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        r = subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, timeout=20, check=False
+        )
+        if r.returncode == 0:
+            return ["docker", "compose"]
+    if shutil.which("docker-compose") is not None:
+        return ["docker-compose"]
+    return None
+
+
+def docker_unavailable(image: str | None = DEFAULT_IMAGE) -> str | None:
+    """Why the docker backend cannot run here (None: it can); `image` None skips the
+    image check."""
+    if shutil.which("docker") is None:
+        return "the docker CLI is not installed"
+    try:
+        r = subprocess.run(
+            ["docker", "version", "--format", "{{.Server.Version}}"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot run docker: {exc}"
+    if r.returncode != 0:
+        return f"cannot reach the Docker daemon: {r.stderr.strip() or r.stdout.strip()}"
+    if compose_command() is None:
+        return "neither `docker compose` nor `docker-compose` is installed"
+    if image is None:
+        return None
+    r = subprocess.run(
+        ["docker", "image", "inspect", image], capture_output=True, timeout=20, check=False
+    )
+    if r.returncode != 0:
+        return f"the image {image} is missing: build it with docker/build-images.sh"
+    return None
+
+
+def project_name(seed: int) -> str:
+    return f"minibroker-chaos-{seed}-{os.getpid()}"
+
+
+class DockerBackend(Backend):
+    """The compose cluster under its own project name and host ports."""
+
+    name = "docker"
+    HEALTHY_TIMEOUT_S = 120.0
+
+    def __init__(
+        self,
+        settings: ClusterSettings,
+        workdir: Path,
+        *,
+        seed: int,
+        image: str = DEFAULT_IMAGE,
+        compose_file: Path = COMPOSE_FILE,
+    ) -> None:
+        super().__init__(settings, workdir)
+        if settings.brokers != 3:
+            raise ValueError("docker-compose.yml has exactly three brokers")
+        compose = compose_command()
+        if compose is None:
+            raise BackendError("neither `docker compose` nor `docker-compose` is installed")
+        self.compose = compose
+        self.project = project_name(seed)
+        self.image = image
+        self.compose_file = compose_file
+        self.controller_port = free_port()
+        self.ports = {i: free_port() for i in self.broker_ids}
+        self.override = workdir / "compose.chaos.yml"
+        self._isolated: dict[str, list[tuple[str, list[str]]]] = {}
+        self.image_id = ""
+        self._created = False
+        self._down = False
+        atexit.register(self._down_sync)
+
+    # -------------------------------------------------------------- plumbing
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            MINIBROKER_IMAGE=self.image,
+            CONTROLLER_PORT=str(self.controller_port),
+            **{f"BROKER_{i}_PORT": str(p) for i, p in self.ports.items()},
+        )
+        return env
+
+    def _compose_args(self, *args: str) -> list[str]:
+        return [
+            *self.compose,
+            "-p",
+            self.project,
+            "-f",
+            str(self.compose_file),
+            "-f",
+            str(self.override),
+            *args,
+        ]
+
+    async def _run(
+        self, args: list[str], *, timeout: float = 120.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        def run() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                args,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=self._env(),
+                check=False,
+                cwd=REPO,
+            )
+
+        try:
+            r = await asyncio.to_thread(run)
+        except subprocess.TimeoutExpired as exc:
+            raise BackendError(f"{' '.join(args)}: no answer in {timeout}s") from exc
+        if check and r.returncode != 0:
+            raise BackendError(
+                f"{' '.join(args)} exited with {r.returncode}: {(r.stderr or r.stdout).strip()}"
+            )
+        return r
+
+    def _write_override(self) -> None:
+        s = self.settings
+        controller = {"MINIBROKER_SESSION_TIMEOUT_MS": str(s.session_timeout_ms)}
+        controller.update(s.controller_env)
+        broker = {
+            "MINIBROKER_HEARTBEAT_INTERVAL_MS": str(s.heartbeat_interval_ms),
+            "MINIBROKER_REPLICA_LAG_TIME_MAX_MS": str(s.replica_lag_time_max_ms),
+            "MINIBROKER_CONTROLLER_CONNECT_TIMEOUT_MS": "120000",
+        }
+        broker.update(s.broker_env)
+        services: dict[str, object] = {CONTROLLER: {"environment": controller}}
+        for i in self.broker_ids:
+            services[broker_name(i)] = {"environment": broker}
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        # JSON is YAML: no YAML library needed.
+        self.override.write_text(json.dumps({"services": services}, indent=2) + "\n")
+
+    async def _container(self, node: str) -> str:
+        r = await self._run(self._compose_args("ps", "-a", "-q", node), timeout=30)
+        cid = r.stdout.strip().splitlines()
+        if not cid:
+            raise BackendError(f"no container for {node} in project {self.project}")
+        return cid[-1]
+
+    async def _inspect(self, cid: str) -> dict[str, object]:
+        r = await self._run(["docker", "inspect", cid], timeout=30)
+        return json.loads(r.stdout)[0]
+
+    async def _wait_healthy(self, nodes: list[str], timeout: float | None = None) -> None:
+        timeout = timeout or self.HEALTHY_TIMEOUT_S
+        deadline = time.monotonic() + timeout
+        pending = list(nodes)
+        status: dict[str, str] = {}
+        while pending:
+            for node in list(pending):
+                state = (await self._inspect(await self._container(node)))["State"]
+                assert isinstance(state, dict)
+                health = state.get("Health") or {}
+                status[node] = f"{state.get('Status')}/{health.get('Status', 'no healthcheck')}"
+                if state.get("Status") == "running" and health.get("Status") in (None, "healthy"):
+                    pending.remove(node)
+                elif state.get("Status") in ("exited", "dead"):
+                    raise BackendError(f"{node} is {state.get('Status')}: {status}")
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise BackendError(f"not healthy after {timeout}s: {status}")
+            await asyncio.sleep(0.5)
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def up(self) -> None:
+        r = await self._run(
+            ["docker", "image", "inspect", "--format", "{{.Id}} {{.Created}}", self.image]
+        )
+        self.image_id = r.stdout.strip()  # which build the run tested
+        self._write_override()
+        self._created = True
+        log.info(
+            "docker: project %s, controller port %d, broker ports %s",
+            self.project,
+            self.controller_port,
+            self.ports,
+        )
+        await self._run(self._compose_args("up", "-d"), timeout=self.HEALTHY_TIMEOUT_S)
+        await self._wait_healthy(self.nodes)
+
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"127.0.0.1:{self.ports[i]}" for i in self.broker_ids)
+
+    def broker_addresses(self) -> dict[int, tuple[str, int]]:
+        return {i: ("127.0.0.1", self.ports[i]) for i in self.broker_ids}
+
+    async def kill(self, node: str) -> None:
+        cid = await self._container(node)
+        await self._run(["docker", "kill", "--signal", "KILL", cid], check=False)
+
+    async def start(self, node: str) -> None:
+        cid = await self._container(node)
+        state = (await self._inspect(cid))["State"]
+        assert isinstance(state, dict)
+        if state.get("Paused"):
+            await self._run(["docker", "unpause", cid])
+        elif state.get("Status") != "running":
+            await self._run(["docker", "start", cid])
+        await self._wait_healthy([node])
+
+    async def pause(self, node: str) -> None:
+        await self._run(["docker", "pause", await self._container(node)])
+
+    async def resume(self, node: str) -> None:
+        cid = await self._container(node)
+        state = (await self._inspect(cid))["State"]
+        assert isinstance(state, dict)
+        if state.get("Paused"):
+            await self._run(["docker", "unpause", cid])
+
+    async def isolate(self, node: str) -> None:
+        cid = await self._container(node)
+        settings = (await self._inspect(cid))["NetworkSettings"]
+        assert isinstance(settings, dict)
+        networks = settings.get("Networks") or {}
+        saved: list[tuple[str, list[str]]] = []
+        for net, conf in networks.items():
+            aliases = [a for a in (conf.get("Aliases") or []) if not cid.startswith(a)]
+            await self._run(["docker", "network", "disconnect", net, cid])
+            saved.append((net, aliases or [node]))
+        self._isolated[node] = saved
+
+    async def reconnect(self, node: str) -> None:
+        saved = self._isolated.pop(node, [])
+        if not saved:
+            return
+        cid = await self._container(node)
+        for net, aliases in saved:
+            args = ["docker", "network", "connect"]
+            for alias in aliases:
+                args += ["--alias", alias]
+            r = await self._run([*args, net, cid], check=False)
+            if r.returncode != 0 and "already exists" not in (r.stderr + r.stdout):
+                raise BackendError(f"reconnecting {node} to {net}: {r.stderr.strip()}")
+
+    async def wipe(self, node: str) -> None:
+        cid = await self._container(node)
+        mounts = (await self._inspect(cid))["Mounts"]
+        assert isinstance(mounts, list)
+        volumes = [m["Name"] for m in mounts if m.get("Type") == "volume"]
+        self._isolated.pop(node, None)  # a new container is on the network again
+        await self._run(["docker", "rm", "--force", cid])
+        for v in volumes:
+            await self._run(["docker", "volume", "rm", v])
+        await self._run(self._compose_args("up", "-d", "--no-deps", node))
+        await self._wait_healthy([node])
+
+    async def running(self, node: str) -> bool:
+        state = (await self._inspect(await self._container(node)))["State"]
+        assert isinstance(state, dict)
+        return state.get("Status") == "running" and not state.get("Paused")
+
+    async def collect_logs(self, dest: Path) -> None:
+        dest.mkdir(parents=True, exist_ok=True)
+        for node in self.nodes:
+            r = await self._run(
+                self._compose_args("logs", "--no-color", "--timestamps", node),
+                timeout=60,
+                check=False,
+            )
+            (dest / f"{node}.log").write_text(r.stdout + r.stderr)
+
+    async def down(self) -> None:
+        await asyncio.to_thread(self._down_sync)
+
+    def _down_sync(self) -> None:
+        if self._down or not self._created:
+            return
+        self._down = True
+        env = self._env()
+        # Paused containers cannot be stopped: unpause them first.
+        r = subprocess.run(
+            self._compose_args("ps", "-a", "-q"),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        for cid in r.stdout.split():
+            subprocess.run(["docker", "unpause", cid], capture_output=True, timeout=30, check=False)
+        r = subprocess.run(
+            self._compose_args("down", "-v", "--remove-orphans", "-t", "5"),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=180,
+            check=False,
+        )
+        if r.returncode != 0:
+            log.error("docker compose down failed for %s: %s", self.project, r.stderr.strip())
+        atexit.unregister(self._down_sync)

@@ -1,0 +1,658 @@
+"""The checker: what the history (plus a final full read and the replicas' logs) proves.
+
+In the manner of Jepsen's Kafka workload (jepsen.tests.kafka), adapted to one topic
+with unique values. Inputs: the ops of a history (history.py), whose `final` process
+holds the final read of every partition (`final-read` records and a `final-read-end`
+with each partition's end offset and whether the read reached it), and optionally the
+replica logs (replicas.py: per partition, per broker, the batch headers of
+DescribeReplicaLog).
+
+Anomalies (each a count and examples; any of them makes the run invalid):
+
+- lost-write: an acknowledged send whose value is not in the final read at its
+  acknowledged offset (missing, moved to another offset, overwritten, or the final log
+  ends before that offset);
+- unseen: an acknowledged value that no read (poll or final read) ever returned;
+- duplicate: one value at two or more offsets (in the reads);
+- inconsistent-offsets: one (partition, offset) holding two values across the reads
+  and the acknowledgements;
+- nonmonotonic-poll: a consumer's successive records of a partition going backwards
+  (or repeating) without a seek in between;
+- poll-skip: a consumer jumping over offsets that exist (in the final read or any other
+  read) without a seek in between;
+- nonmonotonic-send: a producer's successive acknowledged sends to a partition getting
+  offsets that do not increase;
+- unexpected-value: a value read that was never sent, or whose send definitely failed;
+- replica-divergence: two replicas of a partition whose batches (base offset, last
+  offset, leader epoch, CRC) differ below the lower of their high watermarks;
+- truncation-offset-mismatch: a consumer told of a log truncation (LogTruncationError)
+  at an offset other than where what it had read stopped matching the final log;
+- unreported-truncation: a consumer that caught up with the end of the log still holds
+  records the final log does not have at those offsets, and was never told.
+
+With `unclean=True` (unclean.leader.election.enable on the topic) losing acknowledged
+writes is documented behaviour (KIP-101 appendix): lost-write, unseen,
+inconsistent-offsets and nonmonotonic-send (new writes reuse the truncated offsets) are
+reported under `expected` and do not fail the run; the truncation checks are the
+point. With `idempotent=False` (a producer without idempotence writes a batch again
+when it retries after a lost answer) a value at two offsets of one partition is
+reported under `expected` too; across partitions it is still a duplicate.
+
+`valid` is Jepsen's: true, false, or "unknown" when nothing failed but a check could
+not run (the reasons are in `unchecked`: say, the brokers do not serve
+DescribeReplicaLog yet, or the final read did not reach the end).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .history import FAIL, FINAL, INFO, INVOKE, NEMESIS, OK, SEEK_BEGINNING, Op
+
+ANOMALIES = (
+    "lost-write",
+    "unseen",
+    "duplicate",
+    "inconsistent-offsets",
+    "nonmonotonic-poll",
+    "poll-skip",
+    "nonmonotonic-send",
+    "unexpected-value",
+    "replica-divergence",
+    "truncation-offset-mismatch",
+    "unreported-truncation",
+)
+# Data loss that unclean leader election is allowed to cause (KIP-101 appendix).
+EXPECTED_WITH_UNCLEAN = ("lost-write", "unseen", "inconsistent-offsets", "nonmonotonic-send")
+MAX_EXAMPLES = 10
+
+
+@dataclass
+class Anomalies:
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ANOMALIES, 0))
+    examples: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, kind: str, example: dict[str, Any]) -> None:
+        assert kind in self.counts, kind
+        self.counts[kind] += 1
+        if len(self.examples[kind]) < MAX_EXAMPLES:
+            self.examples[kind].append(example)
+
+
+@dataclass
+class _Send:
+    value: str
+    process: int | str
+    partition: int | None
+    status: str = "pending"  # pending (never completed: like info) | ok | fail | info
+    offset: int | None = None
+    invoke_index: int = -1
+
+
+@dataclass
+class _Final:
+    """The final read of one partition."""
+
+    records: dict[int, str] = field(default_factory=dict)
+    end: int | None = None  # the end offset the read aimed for (the high watermark)
+    complete: bool = False  # the read reached `end`
+
+    @property
+    def upto(self) -> int:
+        """Offsets below this were read (contiguously from the first offset)."""
+        if self.complete and self.end is not None:
+            return self.end
+        if not self.records:
+            return 0
+        offsets = sorted(self.records)
+        n = offsets[0]
+        for o in offsets:
+            if o != n:
+                break
+            n = o + 1
+        return n
+
+    def knows(self, offset: int) -> bool:
+        """Whether the final read says for sure what is at `offset`."""
+        return offset < self.upto or (self.complete and self.end is not None)
+
+    def value_at(self, offset: int) -> str | None:
+        return self.records.get(offset)
+
+
+def _partition_key(data: Mapping[Any, Any]) -> dict[int, Any]:
+    return {int(k): v for k, v in data.items()}
+
+
+def check(
+    ops: Iterable[Op],
+    *,
+    replicas: Mapping[str, Any] | None = None,
+    unclean: bool = False,
+    idempotent: bool = True,
+) -> dict[str, Any]:
+    """Check a history; returns the JSON-able result (see the module doc)."""
+    ops = sorted(ops, key=lambda o: o.index)
+    an = Anomalies()
+    unchecked: list[str] = []
+    stats: dict[str, Any] = defaultdict(int)
+
+    # ------------------------------------------------------------ sends and polls
+    sends: dict[str, _Send] = {}
+    open_ops: dict[int | str, Op] = {}
+    polls_by_process: dict[int | str, list[Op]] = defaultdict(list)  # polls and events, in order
+    final: dict[int, _Final] = defaultdict(_Final)
+    final_seen = False
+    caught_up: set[int | str] = set()
+    nemesis: dict[str, int] = defaultdict(int)
+
+    for op in ops:
+        if op.process == NEMESIS:
+            if op.type != INVOKE:
+                nemesis[f"{op.f}:{op.type}"] += 1
+            continue
+        if op.process == FINAL:
+            final_seen = True
+            if op.f == "final-read" and op.type == OK:
+                for p, o, v, *_ in op.values or ():
+                    final[p].records[o] = v
+            elif op.f == "final-read-end":
+                complete = _partition_key((op.extra or {}).get("complete", {}))
+                for p, end in (op.ends or {}).items():
+                    final[p].end = end
+                    final[p].complete = bool(complete.get(p, op.type == OK))
+            continue
+        if op.f in ("seek", "truncation", "caught-up"):
+            if op.f != "caught-up" and not isinstance(op.offset, int):
+                raise ValueError(f"{op.f} event {op.index} has no integer offset: {op.offset!r}")
+            polls_by_process[op.process].append(op)
+            if op.f == "truncation":
+                stats["truncations-reported"] += 1
+            if op.f == "caught-up":
+                caught_up.add(op.process)
+            continue
+        if op.type == INVOKE:
+            if op.process in open_ops:
+                raise ValueError(
+                    f"process {op.process} invoked op {op.index} with op "
+                    f"{open_ops[op.process].index} still open (a malformed history)"
+                )
+            open_ops[op.process] = op
+            if op.f == "send":
+                stats["send-invoke"] += 1
+                if op.value is None:
+                    raise ValueError(f"send invoke {op.index} has no value")
+                if op.value in sends:
+                    raise ValueError(f"value {op.value!r} sent twice (values must be unique)")
+                sends[op.value] = _Send(op.value, op.process, op.partition, invoke_index=op.index)
+            continue
+        invoke = open_ops.pop(op.process, None)
+        if invoke is None or invoke.f != op.f:
+            raise ValueError(f"completion {op.index} ({op.f} {op.type}) has no open invoke")
+        stats[f"{op.f}-{op.type}"] += 1
+        if op.f == "send":
+            s = sends[invoke.value]  # type: ignore[index]
+            s.status = op.type
+            if op.type == OK:
+                s.partition = op.partition if op.partition is not None else s.partition
+                s.offset = op.offset
+        elif op.f == "poll" and op.type == OK:
+            polls_by_process[op.process].append(op)
+    for op in open_ops.values():
+        stats[f"{op.f}-pending"] += 1
+
+    # Every observation of the log: (partition, offset) -> values, value -> places.
+    read_at: dict[tuple[int, int], set[str]] = defaultdict(set)
+    read_where: dict[str, set[tuple[int, int]]] = defaultdict(set)
+    offsets_of: dict[int, set[int]] = defaultdict(set)
+    for process_ops in polls_by_process.values():
+        for op in process_ops:
+            if op.f != "poll":
+                continue
+            for p, o, v, *_ in op.values or ():
+                stats["records-polled"] += 1
+                read_at[(p, o)].add(v)
+                read_where[v].add((p, o))
+                offsets_of[p].add(o)
+    for p, fin in final.items():
+        for o, v in fin.records.items():
+            stats["records-final"] += 1
+            read_at[(p, o)].add(v)
+            read_where[v].add((p, o))
+            offsets_of[p].add(o)
+
+    if not final_seen:
+        unchecked.append(
+            "no final read in the history: lost-write not checked, unseen only as far "
+            "as consumers caught up"
+        )
+    else:
+        written = {s.partition for s in sends.values() if s.status == OK}
+        short = sorted(p for p in written | set(final) if p is not None and not final[p].complete)
+        if short:
+            unchecked.append(
+                f"final read did not reach the end of partition(s) {short}: lost-write and "
+                "unseen checked only below where it got"
+            )
+
+    # ------------------------------------------------------------ sends vs the log
+    # How far the consumers that caught up read each partition (for unseen).
+    caught_up_to: dict[int, int] = defaultdict(lambda: -1)
+    for proc in caught_up:
+        for op in polls_by_process[proc]:
+            if op.f == "caught-up":
+                for p, end in (op.ends or {}).items():
+                    caught_up_to[p] = max(caught_up_to[p], end)
+
+    acked_at: dict[tuple[int, int], str] = {}
+    for s in sends.values():
+        if s.status != OK or s.offset is None or s.offset < 0 or s.partition is None:
+            continue  # (acks=0 "acknowledges" at offset -1: nothing to check)
+        stats["acknowledged"] += 1
+        acked_at[(s.partition, s.offset)] = s.value
+        fin = final.get(s.partition) if final_seen else None
+        if fin is not None and fin.knows(s.offset) and fin.value_at(s.offset) != s.value:
+            actual = fin.value_at(s.offset)
+            elsewhere = sorted(
+                [p, o]
+                for p, o in read_where.get(s.value, ())
+                if p in final and final[p].records.get(o) == s.value
+            )
+            if fin.complete and fin.end is not None and s.offset >= fin.end:
+                kind = "beyond-end"
+            elif actual is not None:
+                kind = "overwritten"
+            elif elsewhere:
+                kind = "moved"
+            else:
+                kind = "missing"
+            an.add(
+                "lost-write",
+                {
+                    "value": s.value,
+                    "partition": s.partition,
+                    "offset": s.offset,
+                    "kind": kind,
+                    "final-value": actual,
+                    "final-end": fin.end,
+                    "found-at": elsewhere,
+                },
+            )
+        # Unseen: nobody read it, though a read went past its offset (the final read,
+        # or a consumer that caught up with the end of the log).
+        if s.value not in read_where and (
+            (fin is not None and (fin.complete or s.offset < fin.upto))
+            or s.offset < caught_up_to[s.partition]
+        ):
+            an.add("unseen", {"value": s.value, "partition": s.partition, "offset": s.offset})
+
+    indeterminate_present = 0
+    retry_duplicates = Anomalies()
+    for v, places in read_where.items():
+        s = sends.get(v)
+        if s is None or s.status == FAIL:
+            an.add(
+                "unexpected-value",
+                {
+                    "value": v,
+                    "at": sorted([p, o] for p, o in places),
+                    "send": None if s is None else "fail",
+                },
+            )
+        elif s.status in (INFO, "pending"):
+            indeterminate_present += 1
+        if len(places) > 1:
+            example = {"value": v, "at": sorted([p, o] for p, o in places)}
+            if not idempotent and len({p for p, _ in places}) == 1:
+                # A retry after a lost acknowledgement writes the batch again: what a
+                # producer without idempotence does (Kafka's enable.idempotence=false).
+                retry_duplicates.add("duplicate", example)
+            else:
+                an.add("duplicate", example)
+    stats["indeterminate-sends-read"] = indeterminate_present
+
+    for (p, o), values in sorted(read_at.items()):
+        acked = acked_at.get((p, o))
+        every = values | ({acked} if acked is not None else set())
+        if len(every) > 1:
+            an.add(
+                "inconsistent-offsets",
+                {
+                    "partition": p,
+                    "offset": o,
+                    "values": sorted(every),
+                    "acknowledged": acked,
+                    "final": final[p].records.get(o) if p in final else None,
+                },
+            )
+    # nonmonotonic-send: per process and partition, acknowledged offsets increase.
+    by_proc: dict[tuple[int | str, int], list[_Send]] = defaultdict(list)
+    for s in sorted(sends.values(), key=lambda s: s.invoke_index):
+        if s.status == OK and s.offset is not None and s.offset >= 0 and s.partition is not None:
+            by_proc[(s.process, s.partition)].append(s)
+    for (proc, p), seq in by_proc.items():
+        for a, b in itertools.pairwise(seq):
+            assert a.offset is not None and b.offset is not None
+            if b.offset <= a.offset:
+                an.add(
+                    "nonmonotonic-send",
+                    {
+                        "process": proc,
+                        "partition": p,
+                        "values": [a.value, b.value],
+                        "offsets": [a.offset, b.offset],
+                    },
+                )
+
+    # ------------------------------------------------------------ consumers
+    log_start = {p: min(offs) for p, offs in offsets_of.items() if offs}
+    sorted_offsets = {p: sorted(offs) for p, offs in offsets_of.items()}
+    for proc, process_ops in polls_by_process.items():
+        _check_consumer(
+            proc,
+            process_ops,
+            an,
+            final,
+            final_seen,
+            log_start,
+            sorted_offsets,
+            truncation_pending=_later_truncations(process_ops),
+            caught_up=proc in caught_up,
+            unchecked=unchecked,
+        )
+
+    # ------------------------------------------------------------ replicas
+    replica_stats = _check_replicas(replicas, an, unchecked)
+
+    # ------------------------------------------------------------ verdict
+    failing = {k: n for k, n in an.counts.items() if n > 0}
+    expected: dict[str, Any] = {}
+    expected_examples: dict[str, list[dict[str, Any]]] = {}
+    if retry_duplicates.counts["duplicate"]:
+        expected["duplicate"] = retry_duplicates.counts["duplicate"]
+        expected_examples["duplicate"] = retry_duplicates.examples["duplicate"]
+    if unclean:
+        for kind in EXPECTED_WITH_UNCLEAN:
+            if kind in failing:
+                expected[kind] = failing.pop(kind)
+    if failing:
+        valid: bool | str = False
+    elif unchecked:
+        valid = "unknown"
+    else:
+        valid = True
+    stats = dict(stats)
+    stats["nemesis"] = dict(nemesis)
+    stats["replicas"] = replica_stats
+    return {
+        "valid": valid,
+        "anomaly-types": sorted(failing),
+        "anomalies": {
+            kind: {"count": an.counts[kind], "examples": an.examples.get(kind, [])}
+            for kind in ANOMALIES
+        },
+        "expected": expected,
+        "expected-examples": expected_examples,
+        "unchecked": unchecked,
+        "stats": stats,
+        "options": {"unclean": unclean, "idempotent": idempotent},
+    }
+
+
+def _later_truncations(process_ops: list[Op]) -> dict[int, list[int]]:
+    """Per partition, the indexes (in process_ops) of its truncation events."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for i, op in enumerate(process_ops):
+        if op.f == "truncation" and op.partition is not None:
+            out[op.partition].append(i)
+    return out
+
+
+def _check_consumer(
+    proc: int | str,
+    process_ops: list[Op],
+    an: Anomalies,
+    final: Mapping[int, _Final],
+    final_seen: bool,
+    log_start: Mapping[int, int],
+    offsets: Mapping[int, list[int]],
+    *,
+    truncation_pending: Mapping[int, list[int]],
+    caught_up: bool,
+    unchecked: list[str],
+) -> None:
+    import bisect
+
+    last: dict[int, int] = {}  # partition -> last offset read since the last seek
+    expect: dict[int, int] = {}  # partition -> where the last seek put the position
+    lineage: dict[int, dict[int, str]] = defaultdict(dict)  # what this consumer holds
+
+    def existing_between(p: int, lo: int, hi: int) -> list[int]:
+        """Offsets known to exist in [lo, hi)."""
+        offs = offsets.get(p, [])
+        return offs[bisect.bisect_left(offs, lo) : bisect.bisect_left(offs, hi)]
+
+    def first_divergence(p: int) -> int | None:
+        fin = final.get(p)
+        if not final_seen or fin is None:
+            return None
+        for o in sorted(lineage[p]):
+            if fin.knows(o) and fin.value_at(o) != lineage[p][o]:
+                return o
+        return None
+
+    for i, op in enumerate(process_ops):
+        if op.f == "seek" or op.f == "truncation":
+            p = op.partition
+            assert p is not None and op.offset is not None
+            target = op.offset
+            if op.f == "truncation":
+                expected = first_divergence(p)
+                later = [j for j in truncation_pending.get(p, []) if j > i]
+                if expected is None or target < expected or (target > expected and not later):
+                    an.add(
+                        "truncation-offset-mismatch",
+                        {
+                            "process": proc,
+                            "partition": p,
+                            "reported": target,
+                            "expected": expected,
+                            "why": "nothing this consumer read was lost"
+                            if expected is None
+                            else (
+                                "reported below the divergence (re-delivery)"
+                                if target < expected
+                                else "reported above the divergence (lost records kept)"
+                            ),
+                        },
+                    )
+            if target == SEEK_BEGINNING:
+                target = log_start.get(p, 0)
+                lineage[p].clear()
+            else:
+                for o in [o for o in lineage[p] if o >= target]:
+                    del lineage[p][o]
+            last.pop(p, None)
+            expect[p] = target
+            continue
+        if op.f == "caught-up":
+            continue
+        # a poll: records per partition in the order returned
+        for p, o, v, *_ in op.values or ():
+            prev = last.get(p)
+            if prev is not None:
+                if o <= prev:
+                    an.add(
+                        "nonmonotonic-poll",
+                        {"process": proc, "partition": p, "offsets": [prev, o], "op": op.index},
+                    )
+                elif o > prev + 1:
+                    gap = existing_between(p, prev + 1, o)
+                    if gap:
+                        an.add(
+                            "poll-skip",
+                            {
+                                "process": proc,
+                                "partition": p,
+                                "offsets": [prev, o],
+                                "skipped": len(gap),
+                                "first-skipped": gap[:5],
+                                "op": op.index,
+                            },
+                        )
+            elif p in expect:
+                start = expect[p]
+                if o < start:
+                    an.add(
+                        "nonmonotonic-poll",
+                        {
+                            "process": proc,
+                            "partition": p,
+                            "offsets": [start, o],
+                            "why": "read below the position it seeked to",
+                            "op": op.index,
+                        },
+                    )
+                elif o > start:
+                    gap = existing_between(p, start, o)
+                    if gap:
+                        an.add(
+                            "poll-skip",
+                            {
+                                "process": proc,
+                                "partition": p,
+                                "offsets": [start, o],
+                                "why": "first record after a seek",
+                                "skipped": len(gap),
+                                "first-skipped": gap[:5],
+                                "op": op.index,
+                            },
+                        )
+            last[p] = o
+            expect.pop(p, None)
+            lineage[p][o] = v
+
+    # What the consumer still holds must be the final log, once it caught up.
+    diverged = [p for p in sorted(lineage) if first_divergence(p) is not None]
+    if not diverged:
+        return
+    if not caught_up:
+        unchecked.append(
+            f"consumer {proc} did not catch up with the end of the log: truncation "
+            f"reporting not checked for partition(s) {diverged}"
+        )
+        return
+    for p in diverged:
+        o = first_divergence(p)
+        assert o is not None
+        an.add(
+            "unreported-truncation",
+            {
+                "process": proc,
+                "partition": p,
+                "offset": o,
+                "read": lineage[p][o],
+                "final": final[p].value_at(o),
+            },
+        )
+
+
+def _check_replicas(
+    replicas: Mapping[str, Any] | None, an: Anomalies, unchecked: list[str]
+) -> dict[str, Any]:
+    """Below min(HW_a, HW_b) replicas a and b hold identical batches."""
+    if replicas is None:
+        unchecked.append("replica comparison not run (no replica logs collected)")
+        return {"compared": False}
+    if not replicas.get("available", False):
+        reason = replicas.get("reason") or "unknown reason"
+        unchecked.append(f"replica comparison unavailable: {reason}")
+        return {"compared": False, "reason": reason}
+    for err in replicas.get("errors", []):
+        unchecked.append(f"replica log missing: {err}")
+    pairs = batches_compared = 0
+    for p, by_broker in sorted(_partition_key(replicas.get("partitions", {})).items()):
+        brokers = sorted(_partition_key(by_broker).items())
+        if len(brokers) < 2:
+            continue
+        for i, (a_id, a) in enumerate(brokers):
+            for b_id, b in brokers[i + 1 :]:
+                pairs += 1
+                bound = min(a["high_watermark"], b["high_watermark"])
+                lower = max(a.get("log_start_offset", 0), b.get("log_start_offset", 0))
+                la = [tuple(x) for x in a["batches"] if x[0] >= lower and x[1] < bound]
+                lb = [tuple(x) for x in b["batches"] if x[0] >= lower and x[1] < bound]
+                batches_compared += max(len(la), len(lb))
+                if la == lb:
+                    continue
+                k = next(
+                    (j for j, (x, y) in enumerate(zip(la, lb, strict=False)) if x != y),
+                    min(len(la), len(lb)),
+                )
+                an.add(
+                    "replica-divergence",
+                    {
+                        "partition": p,
+                        "brokers": [a_id, b_id],
+                        "below": bound,
+                        "first-difference": {
+                            str(a_id): list(la[k]) if k < len(la) else None,
+                            str(b_id): list(lb[k]) if k < len(lb) else None,
+                        },
+                        "batch-format": "[base offset, last offset, leader epoch, crc]",
+                    },
+                )
+    return {"compared": True, "pairs": pairs, "batches": batches_compared}
+
+
+# ------------------------------------------------------------------ presentation
+
+
+def summary(result: Mapping[str, Any]) -> str:
+    """A few lines for humans."""
+    stats = result.get("stats", {})
+    lines = [
+        f"valid: {json.dumps(result['valid'])}",
+        "sends: {} invoked, {} ok, {} fail, {} info (indeterminate; {} of them read), "
+        "{} pending".format(
+            stats.get("send-invoke", 0),
+            stats.get("send-ok", 0),
+            stats.get("send-fail", 0),
+            stats.get("send-info", 0),
+            stats.get("indeterminate-sends-read", 0),
+            stats.get("send-pending", 0),
+        ),
+        "polls: {} ok, {} fail, {} info; {} records polled; final read: {} records; "
+        "truncations reported: {}".format(
+            stats.get("poll-ok", 0),
+            stats.get("poll-fail", 0),
+            stats.get("poll-info", 0),
+            stats.get("records-polled", 0),
+            stats.get("records-final", 0),
+            stats.get("truncations-reported", 0),
+        ),
+    ]
+    nem = stats.get("nemesis") or {}
+    if nem:
+        lines.append("nemesis: " + ", ".join(f"{k} x{v}" for k, v in sorted(nem.items())))
+    rep = stats.get("replicas") or {}
+    if rep.get("compared"):
+        lines.append(f"replicas: {rep['pairs']} replica pairs, {rep['batches']} batches compared")
+    counts = {k: v["count"] for k, v in result["anomalies"].items()}
+    lines.append("anomalies: " + ", ".join(f"{k} {n}" for k, n in counts.items()))
+    for kind in result.get("anomaly-types", []):
+        first = result["anomalies"][kind]["examples"][:1]
+        lines.append(f"  {kind}: e.g. {json.dumps(first[0]) if first else '?'}")
+    if result.get("expected"):
+        lines.append(
+            "expected (unclean election / producer retries without idempotence): "
+            + ", ".join(f"{k} {n}" for k, n in result["expected"].items())
+        )
+    for reason in result.get("unchecked", []):
+        lines.append(f"unchecked: {reason}")
+    return "\n".join(lines)
