@@ -636,6 +636,9 @@ class Log:
             fsync_directory(self._dir)
         new_end = active.next_offset
         with self._lock:
+            # Counted again now that the data is cut: a flush that looked at the log
+            # between the two counts saw the old end and must not advance past the new one.
+            self._truncations += 1
             self._recovery_point = min(self._recovery_point, new_end)
             self._log_start_offset = min(self._log_start_offset, new_end)
         self._epoch_cache.truncate_from_end(new_end)
