@@ -268,8 +268,8 @@ _COMMIT_ERRORS = {
     ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
     ErrorCode.FENCED_LEADER_EPOCH: ErrorCode.NOT_COORDINATOR,
     ErrorCode.UNKNOWN_LEADER_EPOCH: ErrorCode.NOT_COORDINATOR,
-    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.MESSAGE_TOO_LARGE,
-    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.MESSAGE_TOO_LARGE,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
 }
 
 
@@ -488,7 +488,7 @@ class GroupCoordinator:
             )
         if not req.key:
             return FindCoordinatorResponse(
-                error_code=int(ErrorCode.INVALID_REQUEST), error_message="empty group id"
+                error_code=int(ErrorCode.INVALID_GROUP_ID), error_message="empty group id"
             )
         index, err = self._locate(req.key)
         if err != ErrorCode.NONE:
@@ -526,7 +526,7 @@ class GroupCoordinator:
             )
 
         if not req.group_id:
-            return answer(ErrorCode.INVALID_REQUEST)
+            return answer(ErrorCode.INVALID_GROUP_ID)
         shard, err = self._shard_for(req.group_id)
         if shard is None:
             return answer(err)
@@ -599,7 +599,7 @@ class GroupCoordinator:
         self, ctx: RequestContext, req: OffsetFetchRequest
     ) -> OffsetFetchResponse:
         if not req.group_id:
-            return OffsetFetchResponse(error_code=int(ErrorCode.INVALID_REQUEST))
+            return OffsetFetchResponse(error_code=int(ErrorCode.INVALID_GROUP_ID))
         shard, err = self._shard_for(req.group_id)
         if shard is None or shard.cache is None:
             return OffsetFetchResponse(error_code=int(err))

@@ -301,6 +301,18 @@ class InvalidRequiredAcksError(BrokerResponseError):
     error_code = ErrorCode.INVALID_REQUIRED_ACKS
 
 
+class InvalidGroupIdError(BrokerResponseError):
+    """The group id is empty or otherwise not valid."""
+
+    error_code = ErrorCode.INVALID_GROUP_ID
+
+
+class InvalidCommitOffsetSizeError(BrokerResponseError):
+    """The offset commit is too large to write to the offsets topic."""
+
+    error_code = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+
+
 class InvalidTimestampError(BrokerResponseError):
     """A record timestamp is out of the accepted range."""
 
