@@ -81,7 +81,7 @@ async def test_fenced_epoch_refreshes_metadata_and_retries(broker: FakeBroker) -
 
 async def test_a_lagging_leader_is_retried_until_the_delivery_timeout(broker: FakeBroker) -> None:
     async with AsyncProducer(
-        broker.address, retry_backoff_ms=5, retry_backoff_max_ms=20, delivery_timeout_ms=300
+        broker.address, retry_backoff_ms=5, retry_backoff_max_ms=20, delivery_timeout_ms=1000
     ) as producer:
         await producer.send_and_wait("t", b"x", partition=1)
         # The leader lags behind our metadata: it keeps answering UNKNOWN_LEADER_EPOCH.
