@@ -1,0 +1,279 @@
+"""Produce throughput of the client library's AsyncProducer against a 3-broker cluster.
+
+The matrix: replication factor 1 and 3, acks 1 and all, record sizes 100 B and 1 KiB,
+batch sizes 16 KiB and 1 MiB, 1 and 4 producers. Every producer is its own process
+(so four producers are not one GIL), sending `value`-only records of the cell's size
+as fast as `send()` takes them for `--seconds`, then flushing. Throughput is all the
+records acknowledged divided by the wall time from the first producer's start to the
+last producer's flush; MB/s counts value bytes (1 MB = 10^6 B). Each cell gets a fresh
+topic of `--partitions` partitions, deleted afterwards, and is checked: the sum of the
+partitions' end offsets must equal the records sent (nothing lost or duplicated).
+
+    python -m bench produce                      # the whole matrix
+    python -m bench produce --rf 3 --acks all --record-size 100 --batch-size 16384 \\
+        --producers 1                            # one cell
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import multiprocessing
+import os
+import queue
+import sys
+import time
+from typing import Any
+
+from bench.harness import (
+    BenchCluster,
+    KiB,
+    MiB,
+    Progress,
+    common_args,
+    format_table,
+    run,
+    write_results,
+)
+from client.admin import AsyncAdmin
+from client.producer import AsyncProducer
+from client.types import TopicPartition
+
+NAME = "produce"
+WORKER_START_TIMEOUT_S = 60.0
+YIELD_EVERY = 256  # records between yields to the loop, so the sender runs meanwhile
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, not {text!r}"
+        ) from None
+
+
+def _acks_list(text: str) -> list[str]:
+    values = [x.strip().lower() for x in text.split(",") if x.strip()]
+    for v in values:
+        if v not in ("0", "1", "all", "-1"):
+            raise argparse.ArgumentTypeError(f"acks must be 0, 1 or all, not {v!r}")
+    return ["all" if v == "-1" else v for v in values]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench produce", description=__doc__.split("\n")[0])
+    common_args(p)
+    p.add_argument("--rf", type=_int_list, default=[1, 3], help="replication factors [1,3]")
+    p.add_argument("--acks", type=_acks_list, default=["1", "all"], help="acks values [1,all]")
+    p.add_argument(
+        "--record-size", type=_int_list, default=[100, KiB], help="value bytes [100,1024]"
+    )
+    p.add_argument(
+        "--batch-size", type=_int_list, default=[16 * KiB, MiB], help="batch_size [16384,1048576]"
+    )
+    p.add_argument("--producers", type=_int_list, default=[1, 4], help="producer processes [1,4]")
+    p.add_argument("--partitions", type=int, default=3, help="partitions per topic [3]")
+    p.add_argument("--brokers", type=int, default=3, help="brokers in the cluster [3]")
+    p.add_argument("--linger-ms", type=int, default=5, help="producer linger_ms [5]")
+    p.add_argument("--seconds", type=float, help="sending time per cell [4; 1.5 with --quick]")
+    return p
+
+
+def cells(args: argparse.Namespace) -> list[dict[str, Any]]:
+    out = []
+    for rf, acks, size, batch, producers in itertools.product(
+        args.rf, args.acks, args.record_size, args.batch_size, args.producers
+    ):
+        if rf > args.brokers:
+            raise SystemExit(f"--rf {rf} needs at least {rf} brokers (--brokers {args.brokers})")
+        out.append(
+            {
+                "rf": rf,
+                "acks": acks,
+                "record_size": size,
+                "batch_size": batch,
+                "producers": producers,
+            }
+        )
+    return out
+
+
+# ------------------------------------------------------------------ the producer process
+
+
+def _worker(spec: dict[str, Any], ready: Any, go: Any, results: Any) -> None:
+    try:
+        results.put(run(_produce(spec, ready, go)))
+    except BaseException as exc:
+        results.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+async def _produce(spec: dict[str, Any], ready: Any, go: Any) -> dict[str, Any]:
+    value = os.urandom(spec["record_size"])
+    per_batch = max(1, spec["batch_size"] // (spec["record_size"] + 10))
+    # Keep a future per half batch: every batch gets at least one checked.
+    sample_every = max(1, per_batch // 2)
+    topic = spec["topic"]
+    producer = AsyncProducer(
+        spec["bootstrap"],
+        acks=spec["acks"],
+        batch_size=spec["batch_size"],
+        linger_ms=spec["linger_ms"],
+        max_request_size=max(MiB, spec["batch_size"]),
+        buffer_memory=max(32 * MiB, 8 * spec["batch_size"] * spec["partitions"]),
+    )
+    await producer.start()
+    try:
+        await producer.partitions_for(topic)
+        ready.set()
+        await asyncio.to_thread(go.wait, WORKER_START_TIMEOUT_S)
+        samples: list[asyncio.Future[Any]] = []
+        sent = 0
+        started_wall = time.time()
+        end = time.perf_counter() + spec["seconds"]
+        send = producer.send
+        while time.perf_counter() < end:
+            for _ in range(YIELD_EVERY):
+                future = await send(topic, value)
+                sent += 1
+                if sent % sample_every == 0:
+                    samples.append(future)
+            await asyncio.sleep(0)
+        samples.append(future)
+        await producer.flush()
+        finished_wall = time.time()
+        for future in samples:
+            future.result()  # raises if its batch failed
+        return {"sent": sent, "start": started_wall, "end": finished_wall}
+    finally:
+        await producer.close()
+
+
+# ------------------------------------------------------------------ one cell
+
+
+def run_cell(cluster: BenchCluster, spec: dict[str, Any], index: int) -> dict[str, Any]:
+    topic = f"bench-produce-{index}"
+    run(cluster.create_topic(topic, partitions=spec["partitions"], replication_factor=spec["rf"]))
+    ctx = multiprocessing.get_context("spawn")
+    ready = [ctx.Event() for _ in range(spec["producers"])]
+    go = ctx.Event()
+    results: Any = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=({**spec, "topic": topic, "bootstrap": cluster.bootstrap}, ready[i], go, results),
+            daemon=True,
+        )
+        for i in range(spec["producers"])
+    ]
+    try:
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        for event in ready:
+            while not event.wait(0.2):
+                dead = [p for p in procs if not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"a producer did not start: {_drain_errors(results)}")
+        go.set()
+        outcomes = []
+        wait_s = spec["seconds"] + 120
+        for _ in procs:
+            try:
+                outcomes.append(results.get(timeout=wait_s))
+            except queue.Empty:
+                raise RuntimeError(f"a producer did not finish within {wait_s:.0f} s") from None
+        errors = [o["error"] for o in outcomes if "error" in o]
+        if errors:
+            raise RuntimeError("producer failed: " + "; ".join(errors))
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    sent = sum(o["sent"] for o in outcomes)
+    elapsed = max(o["end"] for o in outcomes) - min(o["start"] for o in outcomes)
+    in_log = run(_log_end_total(cluster.bootstrap, topic, spec["partitions"]))
+    if in_log != sent:
+        raise RuntimeError(f"{topic}: sent {sent} records but the log ends at {in_log} in total")
+    run(cluster.delete_topic(topic))
+    return {
+        **spec,
+        "records": sent,
+        "seconds": round(elapsed, 3),
+        "records_per_s": round(sent / elapsed),
+        "mb_per_s": round(sent * spec["record_size"] / elapsed / 1e6, 2),
+    }
+
+
+def _drain_errors(results: Any) -> str:
+    errors = []
+    while True:
+        try:
+            errors.append(str(results.get_nowait()))
+        except queue.Empty:
+            return "; ".join(errors) or "no error reported (it died)"
+
+
+async def _log_end_total(bootstrap: str, topic: str, partitions: int) -> int:
+    async with AsyncAdmin(bootstrap) as admin:
+        ends = await admin.list_offsets(
+            {TopicPartition(topic, p): "latest" for p in range(partitions)}
+        )
+    return sum(o.offset for o in ends.values())
+
+
+COLUMNS = ["rf", "acks", "record B", "batch", "producers", "records/s", "MB/s"]
+
+
+def table_row(r: dict[str, Any]) -> list[Any]:
+    batch = (
+        f"{r['batch_size'] // KiB} KiB"
+        if r["batch_size"] < MiB
+        else f"{r['batch_size'] // MiB} MiB"
+    )
+    return [
+        r["rf"],
+        r["acks"],
+        r["record_size"],
+        batch,
+        r["producers"],
+        r["records_per_s"],
+        r["mb_per_s"],
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.seconds is None:
+        args.seconds = 1.5 if args.quick else 4.0
+    started = time.monotonic()
+    matrix = cells(args)
+    rows: list[dict[str, Any]] = []
+    progress = Progress(len(matrix), NAME)
+    with BenchCluster(args.brokers, keep_data=args.keep_data) as cluster:
+        for i, cell in enumerate(matrix):
+            label = (
+                f"rf={cell['rf']} acks={cell['acks']} {cell['record_size']} B "
+                f"batch={cell['batch_size']} x{cell['producers']}"
+            )
+            progress.update(label)
+            spec = {
+                **cell,
+                "partitions": args.partitions,
+                "linger_ms": args.linger_ms,
+                "seconds": args.seconds,
+            }
+            rows.append(run_cell(cluster, spec, i))
+            progress.step(label)
+    progress.finish()
+    print(format_table(COLUMNS, [table_row(r) for r in rows]))
+    write_results(NAME, args=args, rows=rows, started=started, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
