@@ -2,20 +2,30 @@
 response is lost (drop_response) and resent is written once and answered with its
 original offset; after the leader of an RF=3 acks=all topic is SIGKILLed, the new
 leader still deduplicates the retry; a restarted broker keeps its producer state
-(snapshot after a clean stop, rebuild from batch headers after SIGKILL)."""
+(snapshot after a clean stop, rebuild from batch headers after SIGKILL).
+
+Issue 4 acceptance, with the client library's AsyncProducer (idempotent, acks=all,
+max_in_flight 5) on 3 brokers (RF 3, min ISR 2, 4 partitions): Produce responses are
+dropped after the append and the leaders move twice (SIGKILL, controlled shutdown)
+while 10,000 records are sent; reading back from offset 0 finds each exactly once, in
+send order per partition, where its acknowledgement said. Protection off
+(enable_idempotence=False), the same lost responses write duplicates."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from cluster import Cluster, TestClient
 
+from client import AsyncConsumer, AsyncProducer, RecordMetadata, TopicPartition
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -234,3 +244,235 @@ async def test_restarted_broker_keeps_producer_state(cluster: Cluster) -> None:
     r = await produce_until_accepted(broker.address, batch(pid, 12))
     assert r.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
     assert await batches_on(broker.address) == [0, 3, 6]
+
+
+# ---------------------------------------------------------------------------------------
+# Acceptance (issue 4): the client library's idempotent producer under lost responses and
+# leader changes. 10,000 sends -> exactly 10,000 records, in send order per partition.
+
+LIB_TOPIC = "idempotent-lib"
+LIB_PARTITIONS = 4
+FLAGS = ("--enable-test-faults", "--replica-lag-time-max-ms", "1500")
+DROPS_PER_BROKER = 4  # bounded: each rule is consumed by that many Produce requests
+_DROPPED = re.compile(r"TEST FAULT at node \d+: drop_response.* incoming PRODUCE ")
+
+
+async def start_lib_cluster(cluster: Cluster) -> None:
+    cluster.start_controller(session_timeout_ms=2000)
+    for node in (1, 2, 3):
+        cluster.start_broker(node, *FLAGS)
+    async with TestClient(*cluster.brokers[1].address) as client:
+        resp = await client.call(
+            CreateTopicsRequest(
+                topics=[
+                    CreatableTopic(
+                        name=LIB_TOPIC,
+                        num_partitions=LIB_PARTITIONS,
+                        replication_factor=3,
+                        configs={"min.insync.replicas": "2"},
+                    )
+                ]
+            )
+        )
+    assert isinstance(resp, CreateTopicsResponse)
+    assert resp.topics[0].error_code == 0, resp.topics[0].error_message
+    await wait_lib_partitions(cluster, lambda p: p.leader_id >= 0 and len(p.isr_nodes) == 3)
+
+
+def lib_producer(cluster: Cluster, *, enable_idempotence: bool) -> AsyncProducer:
+    """The client library's producer, acks=all, small batches so that many are in flight
+    (up to 5 per partition when idempotent), every wait bounded."""
+    bootstrap = ",".join(f"{h}:{p}" for h, p in (b.address for b in cluster.brokers.values()))
+    return AsyncProducer(
+        bootstrap,
+        acks="all",
+        enable_idempotence=enable_idempotence,
+        max_in_flight=5 if enable_idempotence else 1,
+        linger_ms=5,
+        batch_size=2_048,
+        request_timeout_ms=8_000,
+        delivery_timeout_ms=60_000,
+        retry_backoff_ms=50,
+    )
+
+
+async def lib_partitions(cluster: Cluster) -> list[MetadataPartition] | None:
+    """The topic's partitions as one live broker sees them (None: no answer)."""
+    for proc in cluster.brokers.values():
+        if not proc.alive:
+            continue
+        try:
+            async with TestClient(*proc.address) as client:
+                md = await client.call(MetadataRequest(topics=[LIB_TOPIC]), timeout=5)
+        except (ConnectionError, OSError, TimeoutError):
+            continue
+        assert isinstance(md, MetadataResponse)
+        if md.topics and md.topics[0].error_code == 0:
+            return sorted(md.topics[0].partitions, key=lambda p: p.partition_index)
+    return None
+
+
+async def wait_lib_partitions(
+    cluster: Cluster, predicate: Callable[[MetadataPartition], bool], timeout: float = 30.0
+) -> list[MetadataPartition]:
+    """Until every partition satisfies `predicate` (bounded)."""
+    deadline = time.monotonic() + timeout
+    parts: list[MetadataPartition] | None = None
+    while time.monotonic() < deadline:
+        parts = await lib_partitions(cluster)
+        if parts and len(parts) == LIB_PARTITIONS and all(predicate(p) for p in parts):
+            return parts
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"partitions of {LIB_TOPIC} not as expected in {timeout}s: {parts}")
+
+
+async def drop_produce_responses(cluster: Cluster, node: int, times: int) -> None:
+    async with TestClient(*cluster.brokers[node].address) as admin:
+        resp = await admin.call(
+            FaultControlRequest(
+                add_rules=[
+                    FaultRule(api_key=int(ApiKey.PRODUCE), action="drop_response", remaining=times)
+                ]
+            )
+        )
+    assert isinstance(resp, FaultControlResponse) and resp.error_code == 0, resp
+
+
+def dropped_responses(cluster: Cluster) -> int:
+    """Produce responses the brokers dropped, from their logs (every run, restarts too)."""
+    return sum(
+        len(_DROPPED.findall(proc.log_text(since_start=False))) for proc in cluster.brokers.values()
+    )
+
+
+async def read_partitions(cluster: Cluster) -> dict[int, list[tuple[int, bytes]]]:
+    """Every partition of LIB_TOPIC from offset 0 to its end: [(offset, value)]."""
+    host, port = cluster.brokers[1].address
+    bootstrap = f"{host}:{port}"
+    tps = [TopicPartition(LIB_TOPIC, p) for p in range(LIB_PARTITIONS)]
+    out: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(LIB_PARTITIONS)}
+    async with AsyncConsumer(bootstrap, auto_offset_reset="none") as consumer:
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, 0)
+        deadline = time.monotonic() + 30
+        while sum(len(part) for part in out.values()) < sum(ends.values()):
+            assert time.monotonic() < deadline, "could not read the topic back in 30 s"
+            for tp, records in (await consumer.poll(timeout_ms=500)).items():
+                out[tp.partition] += [(r.offset, r.value) for r in records]
+    return out
+
+
+async def send_range(
+    producer: AsyncProducer,
+    first: int,
+    end: int,
+    futures: dict[int, asyncio.Future[RecordMetadata]],
+) -> None:
+    """Sends first..end-1, the value being the global send sequence; paced so that the
+    faults meet records in flight."""
+    for seq in range(first, end):
+        futures[seq] = await producer.send(LIB_TOPIC, f"{seq:06d}".encode(), key=b"%d" % (seq % 61))
+        if seq % 50 == 49:
+            await asyncio.sleep(0.02)
+
+
+async def move_leader(cluster: Cluster, *, how: str, sending: asyncio.Task[None]) -> int:
+    """Stop the leader of partition 0 (kill -9 or controlled shutdown) while `sending`
+    runs, wait for new leaders, restart it with fresh drop rules, wait for ISR 3."""
+    before = await wait_lib_partitions(cluster, lambda p: p.leader_id >= 0)
+    victim = before[0].leader_id
+    await asyncio.sleep(0.3)  # records of `sending` are in flight to it
+    proc = cluster.brokers[victim]
+    if how == "kill":
+        await asyncio.to_thread(proc.kill)
+    else:
+        assert await asyncio.to_thread(proc.terminate) == 0
+    await wait_lib_partitions(cluster, lambda p: p.leader_id not in (-1, victim))
+    await sending
+    await asyncio.to_thread(cluster.start_broker, victim, *FLAGS)
+    await drop_produce_responses(cluster, victim, DROPS_PER_BROKER)
+    await wait_lib_partitions(cluster, lambda p: len(p.isr_nodes) == 3)
+    return victim
+
+
+async def test_library_producer_exactly_once_in_order_under_faults(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Invariant: idempotent delivery. Produce responses are lost after the append
+    (drop_response) and the leader of a partition is SIGKILLed, then another is shut
+    down, while 10,000 records are in flight; every record is written exactly once,
+    at the offset its RecordMetadata says, in send order within its partition."""
+    caplog.set_level(logging.INFO, logger="client.producer")
+    total = 10_000
+    await start_lib_cluster(cluster)
+    epochs_before = {p.partition_index: p.leader_epoch for p in await lib_partitions(cluster) or []}
+    for node in cluster.brokers:
+        await drop_produce_responses(cluster, node, DROPS_PER_BROKER)
+    futures: dict[int, asyncio.Future[RecordMetadata]] = {}
+    async with lib_producer(cluster, enable_idempotence=True) as producer:
+        assert producer.enable_idempotence and producer.producer_id >= 0
+        await send_range(producer, 0, 2_500, futures)
+        killed = await move_leader(
+            cluster,
+            how="kill",
+            sending=asyncio.create_task(send_range(producer, 2_500, 5_000, futures)),
+        )
+        stopped = await move_leader(
+            cluster,
+            how="shutdown",
+            sending=asyncio.create_task(send_range(producer, 5_000, 7_500, futures)),
+        )
+        await send_range(producer, 7_500, total, futures)
+        await producer.flush(timeout_ms=60_000)
+    acked = {seq: fut.result() for seq, fut in futures.items()}  # raises if any failed
+    assert len(acked) == total
+
+    # The faults really happened.
+    drops = dropped_responses(cluster)
+    assert drops > 0, "no Produce response was dropped: the test proved nothing"
+    # Retried after the answer was lost: only the leader's deduplication keeps them single.
+    assert "lost by the server" in caplog.text, "no batch was retried after a lost answer"
+    epochs_after = {p.partition_index: p.leader_epoch for p in await lib_partitions(cluster) or []}
+    bumps = sum(epochs_after[p] - epochs_before[p] for p in epochs_before)
+    assert bumps >= 2, f"leader epochs {epochs_before} -> {epochs_after}"
+    print(f"{drops} Produce responses dropped; leader epochs {epochs_before} -> {epochs_after}")
+    assert (killed, stopped) and all(b.alive for b in cluster.brokers.values())
+
+    # Read everything back from offset 0.
+    logs = await read_partitions(cluster)
+    values = [int(v) for part in logs.values() for _, v in part]
+    assert len(values) == total, f"{len(values)} records for {total} sends"
+    assert len(set(values)) == total, "duplicates"
+    assert set(values) == set(range(total)), "missing records"
+    for partition, records in logs.items():
+        seqs = [int(v) for _, v in records]
+        assert seqs == sorted(seqs), f"partition {partition} out of send order"
+        offsets = [o for o, _ in records]
+        assert offsets == list(range(len(records))), f"partition {partition} has gaps"
+    # Each record is where its acknowledgement said.
+    where = {int(v): (p, o) for p, part in logs.items() for o, v in part}
+    for seq, md in acked.items():
+        assert where[seq] == (md.partition, md.offset), (seq, md)
+
+
+async def test_without_idempotence_lost_responses_duplicate(cluster: Cluster) -> None:
+    """Protection OFF: enable_idempotence=False, same lost responses: the retry of a batch
+    whose answer was dropped writes it a second time."""
+    total = 1_000
+    await start_lib_cluster(cluster)
+    for node in cluster.brokers:
+        await drop_produce_responses(cluster, node, DROPS_PER_BROKER)
+    futures: dict[int, asyncio.Future[RecordMetadata]] = {}
+    async with lib_producer(cluster, enable_idempotence=False) as producer:
+        assert producer.producer_id == -1
+        await send_range(producer, 0, total, futures)
+        await producer.flush(timeout_ms=60_000)
+    for fut in futures.values():
+        fut.result()
+    assert dropped_responses(cluster) > 0
+    values = [int(v) for part in (await read_partitions(cluster)).values() for _, v in part]
+    duplicates = len(values) - len(set(values))
+    assert set(values) == set(range(total))
+    assert duplicates > 0, "lost responses without idempotence should have duplicated"
