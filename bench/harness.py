@@ -455,6 +455,25 @@ def _jsonable(value: Any) -> bool:
     return True
 
 
+def int_list(text: str) -> list[int]:
+    """argparse type: "1,3" -> [1, 3]."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, not {text!r}"
+        ) from None
+
+
+def size_label(n: int) -> str:
+    """16384 -> '16 KiB', 1048576 -> '1 MiB', 100 -> '100 B'."""
+    if n >= MiB and n % MiB == 0:
+        return f"{n // MiB} MiB"
+    if n >= KiB and n % KiB == 0:
+        return f"{n // KiB} KiB"
+    return f"{n} B"
+
+
 def common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick", action="store_true", help="a few seconds per cell, for smoke tests"

@@ -33,7 +33,9 @@ from bench.harness import (
     Progress,
     common_args,
     format_table,
+    int_list,
     run,
+    size_label,
     write_results,
 )
 from client.admin import AsyncAdmin
@@ -43,15 +45,6 @@ from client.types import TopicPartition
 NAME = "produce"
 WORKER_START_TIMEOUT_S = 60.0
 YIELD_EVERY = 256  # records between yields to the loop, so the sender runs meanwhile
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, not {text!r}"
-        ) from None
 
 
 def _acks_list(text: str) -> list[str]:
@@ -65,15 +58,15 @@ def _acks_list(text: str) -> list[str]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench produce", description=__doc__.split("\n")[0])
     common_args(p)
-    p.add_argument("--rf", type=_int_list, default=[1, 3], help="replication factors [1,3]")
+    p.add_argument("--rf", type=int_list, default=[1, 3], help="replication factors [1,3]")
     p.add_argument("--acks", type=_acks_list, default=["1", "all"], help="acks values [1,all]")
     p.add_argument(
-        "--record-size", type=_int_list, default=[100, KiB], help="value bytes [100,1024]"
+        "--record-size", type=int_list, default=[100, KiB], help="value bytes [100,1024]"
     )
     p.add_argument(
-        "--batch-size", type=_int_list, default=[16 * KiB, MiB], help="batch_size [16384,1048576]"
+        "--batch-size", type=int_list, default=[16 * KiB, MiB], help="batch_size [16384,1048576]"
     )
-    p.add_argument("--producers", type=_int_list, default=[1, 4], help="producer processes [1,4]")
+    p.add_argument("--producers", type=int_list, default=[1, 4], help="producer processes [1,4]")
     p.add_argument("--partitions", type=int, default=3, help="partitions per topic [3]")
     p.add_argument("--brokers", type=int, default=3, help="brokers in the cluster [3]")
     p.add_argument("--linger-ms", type=int, default=5, help="producer linger_ms [5]")
@@ -230,11 +223,7 @@ COLUMNS = ["rf", "acks", "record B", "batch", "producers", "records/s", "MB/s"]
 
 
 def table_row(r: dict[str, Any]) -> list[Any]:
-    batch = (
-        f"{r['batch_size'] // KiB} KiB"
-        if r["batch_size"] < MiB
-        else f"{r['batch_size'] // MiB} MiB"
-    )
+    batch = size_label(r["batch_size"])
     return [
         r["rf"],
         r["acks"],

@@ -1,0 +1,206 @@
+"""Consume throughput: the client's AsyncConsumer, and a raw fetch loop (the broker's
+ceiling, no record decoding), from one partition and from many.
+
+The data: 100 B records in batches of 16 KiB and of 1 MiB, written fast by appending
+copies of one encoded batch (bench.harness.raw_fill), to a one-broker cluster
+(`--brokers`), replication factor 1. Every cell reads for `--seconds` from the start
+of the topic:
+
+- `client`: AsyncConsumer.poll() with every record decoded into a ConsumerRecord
+  (CRC checked, as by default) - what an application gets; one pass at most;
+- `raw`: Fetch requests for all partitions at once, whole batches counted from their
+  headers, never decoded; wraps around to offset 0 at the end, so it can read the
+  (page-cached) data several times over.
+
+records/s counts records; MB/s counts batch bytes on the wire (1 MB = 10^6 B).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from bench.harness import (
+    BenchCluster,
+    KiB,
+    MiB,
+    Progress,
+    RawFetcher,
+    build_batch,
+    common_args,
+    format_table,
+    int_list,
+    raw_fill,
+    run,
+    size_label,
+    write_results,
+)
+from client.cluster import ClusterClient
+from client.consumer import AsyncConsumer
+from client.types import TopicPartition
+
+NAME = "consume"
+RECORD_SIZE = 100
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench consume", description=__doc__.split("\n")[0])
+    common_args(p)
+    p.add_argument("--partitions", type=int_list, default=[1, 8], help="partition counts [1,8]")
+    p.add_argument(
+        "--batch-size", type=int_list, default=[16 * KiB, MiB], help="batch bytes [16384,1048576]"
+    )
+    p.add_argument(
+        "--reader",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=["client", "raw"],
+        help="client, raw or both [client,raw]",
+    )
+    p.add_argument("--brokers", type=int, default=1, help="brokers in the cluster [1]")
+    p.add_argument("--data-mib", type=int, help="MiB written per topic [256; 32 with --quick]")
+    p.add_argument("--seconds", type=float, help="reading time per cell [4; 1.5 with --quick]")
+    p.add_argument(
+        "--partition-fetch-bytes",
+        type=int,
+        default=2 * MiB,
+        help="max bytes per partition per fetch [2 MiB]",
+    )
+    return p
+
+
+async def fill(
+    cluster: BenchCluster, topic: str, partitions: int, batch_size: int, total: int
+) -> tuple[int, float]:
+    """Write about `total` bytes; returns (bytes written, wire bytes per record)."""
+    await cluster.create_topic(topic, partitions=partitions, replication_factor=1)
+    batch, count = build_batch(RECORD_SIZE, batch_size)
+    client = ClusterClient(cluster.bootstrap, client_id="bench-fill")
+    await client.bootstrap()
+    try:
+        return await raw_fill(client, topic, partitions, batch, total), len(batch) / count
+    finally:
+        await client.close()
+
+
+async def read_client(
+    bootstrap: str, topic: str, partitions: int, seconds: float, fetch_bytes: int
+) -> tuple[int, int, float]:
+    """(records, 0, seconds) read by AsyncConsumer in one pass or `seconds` (the bytes
+    on the wire are not visible through the consumer: the caller works them out)."""
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    consumer = AsyncConsumer(
+        bootstrap,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=fetch_bytes,
+        max_poll_records=1_000_000,
+        fetch_max_wait_ms=100,
+    )
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        total = sum(ends.values())
+        records = 0
+        start = time.perf_counter()
+        end = start + seconds
+        while records < total and time.perf_counter() < end:
+            for batch in (await consumer.poll(timeout_ms=500)).values():
+                records += len(batch)
+        return records, 0, time.perf_counter() - start
+    finally:
+        await consumer.close()
+
+
+async def read_raw(
+    bootstrap: str, topic: str, partitions: int, seconds: float, fetch_bytes: int
+) -> tuple[int, int, float]:
+    """(records, bytes, seconds) of whole batches fetched in `seconds`."""
+    client = ClusterClient(bootstrap, client_id="bench-raw-fetch")
+    await client.bootstrap()
+    try:
+        await client.wait_for_topics([topic], timeout_ms=10_000)
+        fetcher = RawFetcher(client, topic, partitions, fetch_bytes)
+        records = nbytes = 0
+        start = time.perf_counter()
+        end = start + seconds
+        while time.perf_counter() < end:
+            got_bytes, got_records = await fetcher.fetch_round()
+            if got_bytes == 0:  # read it all: again from the start (page-cached now)
+                fetcher.offsets = dict.fromkeys(fetcher.offsets, 0)
+            records += got_records
+            nbytes += got_bytes
+        return records, nbytes, time.perf_counter() - start
+    finally:
+        await client.close()
+
+
+COLUMNS = ["reader", "partitions", "batch", "records/s", "MB/s", "records"]
+
+
+def table_row(r: dict[str, Any]) -> list[Any]:
+    batch = size_label(r["batch_size"])
+    return [r["reader"], r["partitions"], batch, r["records_per_s"], r["mb_per_s"], r["records"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    for reader in args.reader:
+        if reader not in ("client", "raw"):
+            raise SystemExit(f"--reader: 'client' or 'raw', not {reader!r}")
+    if args.seconds is None:
+        args.seconds = 1.5 if args.quick else 4.0
+    if args.data_mib is None:
+        args.data_mib = 32 if args.quick else 256
+    started = time.monotonic()
+    datasets = [(p, b) for p in args.partitions for b in args.batch_size]
+    progress = Progress(len(datasets) * (1 + len(args.reader)), NAME)
+    rows: list[dict[str, Any]] = []
+    readers = {"client": read_client, "raw": read_raw}
+    with BenchCluster(args.brokers, keep_data=args.keep_data) as cluster:
+        for i, (partitions, batch_size) in enumerate(datasets):
+            topic = f"bench-consume-{i}"
+            label = f"{partitions} partitions, {size_label(batch_size)} batches"
+            progress.update(f"writing {args.data_mib} MiB: {label}")
+            written, per_record = run(
+                fill(cluster, topic, partitions, batch_size, args.data_mib * MiB)
+            )
+            progress.step(f"written: {label}")
+            for reader in args.reader:
+                progress.update(f"{reader}: {label}")
+                records, nbytes, secs = run(
+                    readers[reader](
+                        cluster.bootstrap,
+                        topic,
+                        partitions,
+                        args.seconds,
+                        args.partition_fetch_bytes,
+                    )
+                )
+                if records == 0:
+                    raise RuntimeError(f"{reader} read nothing from {topic}")
+                nbytes = nbytes or round(records * per_record)
+                rows.append(
+                    {
+                        "reader": reader,
+                        "partitions": partitions,
+                        "batch_size": batch_size,
+                        "record_size": RECORD_SIZE,
+                        "data_bytes": written,
+                        "records": records,
+                        "bytes": nbytes,
+                        "seconds": round(secs, 3),
+                        "records_per_s": round(records / secs),
+                        "mb_per_s": round(nbytes / secs / 1e6, 1),
+                    }
+                )
+                progress.step(f"{reader}: {label}")
+    progress.finish()
+    print(format_table(COLUMNS, [table_row(r) for r in rows]))
+    write_results(NAME, args=args, rows=rows, started=started, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
