@@ -160,8 +160,6 @@ def _zigzag(n: int) -> int:
 
 
 def _encode_uvarint(n: int) -> bytes:
-    if n < 0x80:
-        return _SMALL_VARINTS[n]
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -170,11 +168,19 @@ def _encode_uvarint(n: int) -> bytes:
     return bytes(out)
 
 
-_SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
+# Zig-zag varints of 0 .. 2**14-1, precomputed: record lengths, offset deltas, key and
+# value lengths and timestamp deltas of a typical batch are all below this, so encoding
+# one is an index instead of a loop (the builder's per-record cost is what bounds a
+# Python producer).
+VARINT_CACHE_SIZE = 1 << 14
+_VARINTS: tuple[bytes, ...] = tuple(_encode_uvarint(n << 1) for n in range(VARINT_CACHE_SIZE))
+_NULL_VARINT = b"\x01"  # varint(-1): a null key, value or header value
 
 
 def encode_varint(n: int) -> bytes:
     """Zig-zag varint (Kafka's varint/varlong)."""
+    if 0 <= n < VARINT_CACHE_SIZE:
+        return _VARINTS[n]
     return _encode_uvarint(_zigzag(n) & 0xFFFFFFFFFFFFFFFF)
 
 
@@ -240,6 +246,21 @@ def decompress(codec: int, data: bytes | memoryview) -> bytes:
 # ---------------------------------------------------------------- encoding
 
 
+def _encode_headers(headers: Sequence[Header]) -> bytes:
+    """Header count, then per header: key length, key (UTF-8), value length, value."""
+    out = bytearray(encode_varint(len(headers)))
+    for hkey, hvalue in headers:
+        hk = hkey.encode()
+        out += encode_varint(len(hk))
+        out += hk
+        if hvalue is None:
+            out += _NULL_VARINT
+        else:
+            out += encode_varint(len(hvalue))
+            out += hvalue
+    return bytes(out)
+
+
 class BatchBuilder:
     """Accumulates records for one batch; `build()` returns the encoded batch.
 
@@ -291,33 +312,36 @@ class BatchBuilder:
         if timestamp > self._max_timestamp:
             self._max_timestamp = timestamp
         delta = self._count
-        body = bytearray(b"\x00")  # attributes
-        body += encode_varint(timestamp - self._base_timestamp)
-        body += encode_varint(delta)
+        # One record is: length, attributes (0), timestamp delta, offset delta, key,
+        # value, headers. The pieces go to `_parts` as they are and are joined once in
+        # build(), so a value is copied once; small varints come from a table.
+        varints = _VARINTS
+        ts_delta = timestamp - self._base_timestamp
+        head = b"\x00" + (
+            varints[ts_delta] if 0 <= ts_delta < VARINT_CACHE_SIZE else encode_varint(ts_delta)
+        )
+        head += varints[delta] if delta < VARINT_CACHE_SIZE else encode_varint(delta)
         if key is None:
-            body += b"\x01"  # varint(-1)
+            head += _NULL_VARINT
         else:
-            body += encode_varint(len(key))
-            body += key
+            key_len = len(key)
+            head += (
+                varints[key_len] if key_len < VARINT_CACHE_SIZE else encode_varint(key_len)
+            ) + key
         if value is None:
-            body += b"\x01"
+            head += _NULL_VARINT
+            value = b""
         else:
-            body += encode_varint(len(value))
-            body += value
-        body += encode_varint(len(headers))
-        for hkey, hvalue in headers:
-            hk = hkey.encode()
-            body += encode_varint(len(hk))
-            body += hk
-            if hvalue is None:
-                body += b"\x01"
-            else:
-                body += encode_varint(len(hvalue))
-                body += hvalue
-        record = encode_varint(len(body)) + bytes(body)
-        self._parts.append(record)
-        self._count += 1
-        self._size += len(record)
+            value_len = len(value)
+            head += (
+                varints[value_len] if value_len < VARINT_CACHE_SIZE else encode_varint(value_len)
+            )
+        tail = _encode_headers(headers) if headers else b"\x00"
+        body_len = len(head) + len(value) + len(tail)
+        length = varints[body_len] if body_len < VARINT_CACHE_SIZE else encode_varint(body_len)
+        self._parts += (length, head, value, tail)
+        self._count = delta + 1
+        self._size += len(length) + body_len
         return delta
 
     def build(self, base_offset: int = 0) -> bytes:
@@ -499,50 +523,159 @@ def _read_bytes(data: bytes, pos: int) -> tuple[bytes | None, int]:
     return data[pos:end], end
 
 
+def _decode_headers(body: bytes, p: int, record_length: int) -> tuple[tuple[Header, ...], int]:
+    header_count, p = decode_varint(body, p)
+    if header_count < 0 or header_count > record_length:
+        raise CorruptRecordError(f"bad header count {header_count}")
+    headers: list[Header] = []
+    for _ in range(header_count):
+        hkey, p = _read_bytes(body, p)
+        if hkey is None:
+            raise CorruptRecordError("null record header key")
+        hvalue, p = _read_bytes(body, p)
+        try:
+            headers.append((hkey.decode(), hvalue))
+        except UnicodeDecodeError as exc:
+            raise CorruptRecordError("record header key is not UTF-8") from exc
+    return tuple(headers), p
+
+
+_new_tuple = tuple.__new__
+
+
 def decode_batch(
     buf: bytes | bytearray | memoryview, pos: int = 0, *, verify_crc: bool = True
 ) -> tuple[BatchHeader, list[Record]]:
-    """Decode one batch at `pos` into records with absolute offsets."""
+    """Decode one batch at `pos` into records with absolute offsets.
+
+    The per-record loop is the consumer's hot path: a varint whose first byte has
+    the high bit clear (every field of a small record but its length) is read
+    inline, longer ones through `decode_varint`, and each Record is made with
+    tuple.__new__ (no Python-level __new__ call)."""
     header = validate_batch(buf, pos) if verify_crc else parse_header(buf, pos)
     end = pos + header.size
     if end > len(buf):
         raise CorruptRecordError("batch runs past the end of the buffer")
     body = decompress(header.compression, memoryview(buf)[pos + HEADER_SIZE : end])
     records: list[Record] = []
+    append = records.append
     p = 0
+    body_len = len(body)
     base_offset = header.base_offset
     base_ts = header.base_timestamp
-    log_append = header.timestamp_type == TimestampType.LOG_APPEND_TIME
-    for _ in range(header.record_count):
-        length, p = decode_varint(body, p)
-        record_end = p + length
-        if length < 1 or record_end > len(body):
-            raise CorruptRecordError(f"record length {length} runs past the end of the batch")
-        p += 1  # attributes, unused in v2
-        ts_delta, p = decode_varint(body, p)
-        offset_delta, p = decode_varint(body, p)
-        key, p = _read_bytes(body, p)
-        value, p = _read_bytes(body, p)
-        header_count, p = decode_varint(body, p)
-        if header_count < 0 or header_count > length:
-            raise CorruptRecordError(f"bad header count {header_count}")
-        headers: list[Header] = []
-        for _ in range(header_count):
-            hkey, p = _read_bytes(body, p)
-            if hkey is None:
-                raise CorruptRecordError("null record header key")
-            hvalue, p = _read_bytes(body, p)
-            try:
-                headers.append((hkey.decode(), hvalue))
-            except UnicodeDecodeError as exc:
-                raise CorruptRecordError("record header key is not UTF-8") from exc
-        if p != record_end:
-            raise CorruptRecordError("record length does not match its fields")
-        timestamp = header.max_timestamp if log_append else base_ts + ts_delta
-        records.append(Record(base_offset + offset_delta, timestamp, key, value, tuple(headers)))
-    if p != len(body):
+    log_append_ts = header.max_timestamp if header.attributes & _ATTR_TIMESTAMP_TYPE else None
+    no_headers: tuple[Header, ...] = ()
+    try:
+        for _ in range(header.record_count):
+            b = body[p]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                p += 1
+            elif body[p + 1] < 0x80:  # two bytes: records of 64 B to 8 KiB
+                b = (b & 0x7F) | (body[p + 1] << 7)
+                length = (b >> 1) ^ -(b & 1)
+                p += 2
+            else:
+                length, p = decode_varint(body, p)
+            record_end = p + length
+            if length < 1 or record_end > body_len:
+                raise CorruptRecordError(f"record length {length} runs past the end of the batch")
+            # attributes (unused in v2) at p, then the timestamp delta
+            b = body[p + 1]
+            if b < 0x80:
+                ts_delta = (b >> 1) ^ -(b & 1)
+                p += 2
+            else:
+                ts_delta, p = decode_varint(body, p + 1)
+            b = body[p]
+            if b < 0x80:
+                offset_delta = (b >> 1) ^ -(b & 1)
+                p += 1
+            elif body[p + 1] < 0x80:  # two bytes: the 65th to the 8192nd record
+                b = (b & 0x7F) | (body[p + 1] << 7)
+                offset_delta = (b >> 1) ^ -(b & 1)
+                p += 2
+            else:
+                offset_delta, p = decode_varint(body, p)
+            b = body[p]
+            if b == 1:  # null key
+                key = None
+                p += 1
+            else:
+                if b < 0x80:
+                    n = (b >> 1) ^ -(b & 1)
+                    p += 1
+                elif body[p + 1] < 0x80:
+                    b = (b & 0x7F) | (body[p + 1] << 7)
+                    n = (b >> 1) ^ -(b & 1)
+                    p += 2
+                else:
+                    n, p = decode_varint(body, p)
+                if n < 0:
+                    key = None
+                else:
+                    key = body[p : p + n]
+                    p += n
+            b = body[p]
+            if b == 1:  # null value
+                value = None
+                p += 1
+            else:
+                if b < 0x80:
+                    n = (b >> 1) ^ -(b & 1)
+                    p += 1
+                elif body[p + 1] < 0x80:
+                    b = (b & 0x7F) | (body[p + 1] << 7)
+                    n = (b >> 1) ^ -(b & 1)
+                    p += 2
+                else:
+                    n, p = decode_varint(body, p)
+                if n < 0:
+                    value = None
+                else:
+                    value = body[p : p + n]
+                    p += n
+            if p < record_end and body[p] == 0:  # no headers
+                headers = no_headers
+                p += 1
+            else:
+                headers, p = _decode_headers(body, p, length)
+            if p != record_end:
+                raise CorruptRecordError("record length does not match its fields")
+            append(
+                _new_tuple(
+                    Record,
+                    (
+                        base_offset + offset_delta,
+                        base_ts + ts_delta if log_append_ts is None else log_append_ts,
+                        key,
+                        value,
+                        headers,
+                    ),
+                )
+            )
+    except IndexError:
+        # A field read past the end of the body: the slice bounds hid it until now.
+        raise CorruptRecordError("record field runs past the end of the batch") from None
+    if p != body_len:
         raise CorruptRecordError("bytes left over after the last record")
     return header, records
+
+
+def iter_batches(
+    buf: bytes | bytearray | memoryview, *, min_offset: int = 0, verify_crc: bool = True
+) -> Iterator[tuple[BatchHeader, list[Record]]]:
+    """Each complete batch in `buf` (a fetch response) with its records, those below
+    `min_offset` left out; a batch left with none is skipped. A partial trailing batch
+    (cut by max_bytes) is ignored. Cheaper than `iter_records` for a consumer: the
+    per-record work is only what decode_batch does."""
+    for pos, _header in iter_headers(buf):
+        header, records = decode_batch(buf, pos, verify_crc=verify_crc)
+        if header.base_offset < min_offset:
+            records = [r for r in records if r[0] >= min_offset]
+            if not records:
+                continue
+        yield header, records
 
 
 def iter_records(
@@ -550,8 +683,6 @@ def iter_records(
 ) -> Iterator[tuple[BatchHeader, Record]]:
     """Records of every complete batch in `buf` (a fetch response), skipping those
     below `min_offset`. A partial trailing batch (cut by max_bytes) is ignored."""
-    for pos, _header in iter_headers(buf):
-        header, records = decode_batch(buf, pos, verify_crc=verify_crc)
+    for header, records in iter_batches(buf, min_offset=min_offset, verify_crc=verify_crc):
         for record in records:
-            if record.offset >= min_offset:
-                yield header, record
+            yield header, record
