@@ -30,12 +30,11 @@ from bench.harness import (
     RawFetcher,
     build_batch,
     common_args,
-    format_table,
     int_list,
     raw_fill,
+    report,
     run,
     size_label,
-    write_results,
 )
 from client.cluster import ClusterClient
 from client.consumer import AsyncConsumer
@@ -196,10 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
                 progress.step(f"{reader}: {label}")
-    progress.finish()
-    print(format_table(COLUMNS, [table_row(r) for r in rows]))
-    write_results(NAME, args=args, rows=rows, started=started, out=args.out)
-    return 0
+    table = [table_row(r) for r in rows]
+    return report(
+        NAME, args=args, progress=progress, columns=COLUMNS, table=table, rows=rows, started=started
+    )
 
 
 if __name__ == "__main__":

@@ -447,6 +447,24 @@ def write_results(
     return path
 
 
+def report(
+    name: str,
+    *,
+    args: argparse.Namespace,
+    progress: Progress,
+    columns: Sequence[str],
+    table: Sequence[Sequence[Any]],
+    rows: list[dict[str, Any]],
+    started: float,
+    extra: dict[str, Any] | None = None,
+) -> int:
+    """End the progress bar, print the table, write the JSON; the exit code (0)."""
+    progress.finish()
+    print(format_table(columns, table))
+    write_results(name, args=args, rows=rows, started=started, extra=extra, out=args.out)
+    return 0
+
+
 def _jsonable(value: Any) -> bool:
     try:
         json.dumps(value)

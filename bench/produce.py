@@ -32,11 +32,10 @@ from bench.harness import (
     MiB,
     Progress,
     common_args,
-    format_table,
     int_list,
+    report,
     run,
     size_label,
-    write_results,
 )
 from client.admin import AsyncAdmin
 from client.producer import AsyncProducer
@@ -258,10 +257,10 @@ def main(argv: list[str] | None = None) -> int:
             }
             rows.append(run_cell(cluster, spec, i))
             progress.step(label)
-    progress.finish()
-    print(format_table(COLUMNS, [table_row(r) for r in rows]))
-    write_results(NAME, args=args, rows=rows, started=started, out=args.out)
-    return 0
+    table = [table_row(r) for r in rows]
+    return report(
+        NAME, args=args, progress=progress, columns=COLUMNS, table=table, rows=rows, started=started
+    )
 
 
 if __name__ == "__main__":

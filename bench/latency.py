@@ -1,0 +1,228 @@
+"""End-to-end latency, produce to consume, acks=all, replication factor 3, at a fixed
+rate of about 10% of the measured maximum.
+
+The producer (AsyncProducer, acks=all, linger_ms=0) runs in this process and sends
+100 B records at `--rate` records/s, paced every millisecond; each value starts with
+the CLOCK_MONOTONIC time of its send() in ns. The consumer (AsyncConsumer, fetch
+min bytes 1) runs in ANOTHER process (spawned), so its record decoding does not
+share an event loop or a GIL with the producer; CLOCK_MONOTONIC is system-wide on
+Linux, so the two clocks are the same. Latency = the consumer's clock when poll()
+returns the record minus the stamp. The first `--warmup` seconds are left out.
+The producer's own acknowledgement latency (send() to ack) is reported too.
+
+Default rate: 10% of the best records/s of the RF=3 acks=all 100 B cells in
+bench/results/produce.json, or 5,000/s when there is none (the JSON says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import queue
+import struct
+import sys
+import time
+from typing import Any
+
+from bench.harness import (
+    RESULTS_DIR,
+    BenchCluster,
+    Progress,
+    common_args,
+    percentile,
+    report,
+    run,
+)
+from client.consumer import AsyncConsumer
+from client.producer import AsyncProducer
+from client.types import TopicPartition
+
+NAME = "latency"
+RECORD_SIZE = 100
+FALLBACK_RATE = 5_000
+TOPIC = "bench-latency"
+STAMP = struct.Struct(">q")
+CONSUMER_START_TIMEOUT_S = 60.0
+PERCENTILES = (50, 90, 99, 99.9)
+CDF_POINTS = 200  # quantiles kept in the JSON for the plot
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench latency", description=__doc__.split("\n")[0])
+    common_args(p)
+    p.add_argument("--rate", type=int, help="records/s [10%% of produce.json's max, or 5000]")
+    p.add_argument("--seconds", type=float, help="measured sending time [20; 3 with --quick]")
+    p.add_argument("--warmup", type=float, help="seconds left out first [2; 0.5 with --quick]")
+    p.add_argument("--partitions", type=int, default=1, help="partitions [1]")
+    return p
+
+
+def default_rate() -> tuple[int, str]:
+    path = RESULTS_DIR / "produce.json"
+    try:
+        rows = json.loads(path.read_text())["results"]
+        best = max(
+            r["records_per_s"]
+            for r in rows
+            if r["rf"] == 3 and r["acks"] == "all" and r["record_size"] == RECORD_SIZE
+        )
+    except (OSError, ValueError, KeyError):
+        return FALLBACK_RATE, f"no RF=3 acks=all 100 B result in {path.name}: fixed default"
+    return max(100, best // 10), f"10% of {best:,} records/s (produce.json, RF=3 acks=all 100 B)"
+
+
+# ------------------------------------------------------------------ the consumer process
+
+
+def _consumer(bootstrap: str, partitions: int, ready: Any, stop: Any, results: Any) -> None:
+    try:
+        results.put(run(_consume(bootstrap, partitions, ready, stop)))
+    except BaseException as exc:
+        results.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+async def _consume(bootstrap: str, partitions: int, ready: Any, stop: Any) -> dict[str, Any]:
+    tps = [TopicPartition(TOPIC, p) for p in range(partitions)]
+    consumer = AsyncConsumer(bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=500)
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        for tp in tps:
+            await consumer.position(tp)  # resolve "latest" before the producer starts
+        ready.set()
+        stamps: list[int] = []
+        latencies: list[int] = []
+        clock = time.monotonic_ns
+        while not stop.is_set():
+            for records in (await consumer.poll(timeout_ms=100)).values():
+                now = clock()
+                for r in records:
+                    sent = STAMP.unpack_from(r.value)[0]
+                    stamps.append(sent)
+                    latencies.append(now - sent)
+        return {"stamps": stamps, "latencies_ns": latencies}
+    finally:
+        await consumer.close()
+
+
+# ------------------------------------------------------------------ the producer
+
+
+async def produce_at_rate(
+    bootstrap: str, rate: int, seconds: float, progress: Progress
+) -> tuple[int, list[tuple[int, int]]]:
+    """Send `rate` records/s for `seconds`; returns (count, [(stamp, ack ns)])."""
+    acks: list[tuple[int, int]] = []
+    clock = time.monotonic_ns
+    padding = b"\0" * (RECORD_SIZE - STAMP.size)
+    async with AsyncProducer(bootstrap, acks="all", linger_ms=0) as producer:
+        await producer.partitions_for(TOPIC)
+        start = time.monotonic()
+        sent = 0
+        next_report = start + 1
+        while (now := time.monotonic()) < start + seconds:
+            due = int((now - start) * rate) - sent
+            for _ in range(due):
+                stamp = clock()
+                future = await producer.send(TOPIC, STAMP.pack(stamp) + padding)
+                future.add_done_callback(
+                    lambda f, s=stamp: f.exception() is None and acks.append((s, clock() - s))
+                )
+                sent += 1
+            if now >= next_report:
+                progress.update(f"{sent:,} sent", int(now - start))
+                next_report += 1
+            await asyncio.sleep(0.001)
+        await producer.flush()
+    return sent, acks
+
+
+def summarize(samples_ns: list[int]) -> dict[str, Any]:
+    values = sorted(v / 1e6 for v in samples_ns)
+    out: dict[str, Any] = {"count": len(values)}
+    for q in PERCENTILES:
+        out[f"p{q:g}_ms"] = round(percentile(values, q), 3)
+    out["max_ms"] = round(values[-1], 3)
+    out["mean_ms"] = round(sum(values) / len(values), 3)
+    step = max(1, len(values) // CDF_POINTS)
+    out["cdf_ms"] = [round(v, 3) for v in values[::step]] + [round(values[-1], 3)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.seconds is None:
+        args.seconds = 3.0 if args.quick else 20.0
+    if args.warmup is None:
+        args.warmup = 0.5 if args.quick else 2.0
+    rate_source = "--rate"
+    if args.rate is None:
+        args.rate, rate_source = default_rate()
+    started = time.monotonic()
+    total = args.warmup + args.seconds
+    progress = Progress(int(total) + 1, NAME)
+    ctx = multiprocessing.get_context("spawn")
+    with BenchCluster(3, keep_data=args.keep_data) as cluster:
+        progress.update("creating the topic")
+        run(cluster.create_topic(TOPIC, partitions=args.partitions, replication_factor=3))
+        ready, stop, results = ctx.Event(), ctx.Event(), ctx.Queue()
+        consumer = ctx.Process(
+            target=_consumer,
+            args=(cluster.bootstrap, args.partitions, ready, stop, results),
+            daemon=True,
+        )
+        consumer.start()
+        try:
+            if not ready.wait(CONSUMER_START_TIMEOUT_S):
+                raise RuntimeError("the consumer process did not start")
+            sent, acks = run(produce_at_rate(cluster.bootstrap, args.rate, total, progress))
+            time.sleep(1.0)  # the last records reach the consumer
+            stop.set()
+            try:
+                outcome = results.get(timeout=30)
+            except queue.Empty:
+                raise RuntimeError("the consumer did not report") from None
+            if "error" in outcome:
+                raise RuntimeError(f"consumer: {outcome['error']}")
+        finally:
+            consumer.join(10)
+            if consumer.is_alive():
+                consumer.kill()
+    received = len(outcome["stamps"])
+    if received != sent:
+        raise RuntimeError(f"sent {sent} records but the consumer got {received}")
+    cutoff = min(outcome["stamps"]) + int(args.warmup * 1e9)
+    pairs = zip(outcome["stamps"], outcome["latencies_ns"], strict=True)
+    e2e = [lat for s, lat in pairs if s >= cutoff]
+    ack = [lat for s, lat in acks if s >= cutoff]
+    row_e2e = {"measure": "end-to-end", **summarize(e2e)}
+    row_ack = {"measure": "produce ack", **summarize(ack)}
+    rows = [row_e2e, row_ack]
+    table = [
+        [r["measure"], r["count"], *(r[f"p{q:g}_ms"] for q in PERCENTILES), r["max_ms"]]
+        for r in rows
+    ]
+    columns = ["measure", "records", *(f"p{q:g} ms" for q in PERCENTILES), "max ms"]
+    print(f"rate {args.rate:,} records/s ({rate_source}); consumer in another process")
+    return report(
+        NAME,
+        args=args,
+        progress=progress,
+        columns=columns,
+        table=table,
+        rows=rows,
+        started=started,
+        extra={
+            "rate_source": rate_source,
+            "consumer": "separate process (spawned), CLOCK_MONOTONIC stamps",
+            "replication_factor": 3,
+            "acks": "all",
+            "record_size": RECORD_SIZE,
+        },
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
