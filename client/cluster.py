@@ -103,9 +103,16 @@ class MetadataUpdate(NamedTuple):
 
 
 class ClusterMetadata:
-    """The metadata cache. Pure state, no I/O: `update()` applies a response."""
+    """The metadata cache. Pure state, no I/O: `update()` applies a response.
 
-    def __init__(self) -> None:
+    `unsafe_accept_stale_metadata` is TEST-ONLY: it switches the KIP-232 rule off, so an
+    answer older for a partition than the cache replaces the entry (how clients before
+    KIP-232 behaved). Scenario 6 uses it to show the anomaly the rule prevents; never
+    set it in an application.
+    """
+
+    def __init__(self, *, unsafe_accept_stale_metadata: bool = False) -> None:
+        self.unsafe_accept_stale_metadata = unsafe_accept_stale_metadata
         self.brokers: dict[int, BrokerMetadata] = {}
         self.cluster_id: str | None = None
         self.controller_id = -1
@@ -188,9 +195,18 @@ class ClusterMetadata:
                 tp = TopicPartition(topic.name, p.partition_index)
                 seen = self._last_seen_epochs.get(tp, NO_EPOCH)
                 if p.leader_epoch != NO_EPOCH and p.leader_epoch < seen:
-                    # KIP-232: an older view of this partition than we have seen.
-                    stale.append(tp)
-                    continue
+                    if not self.unsafe_accept_stale_metadata:
+                        # KIP-232: an older view of this partition than we have seen.
+                        stale.append(tp)
+                        continue
+                    log.warning(
+                        "UNSAFE (test-only unsafe_accept_stale_metadata): adopting leader %d "
+                        "at epoch %d for %s although epoch %d was seen",
+                        p.leader_id,
+                        p.leader_epoch,
+                        tp,
+                        seen,
+                    )
                 if p.leader_epoch != NO_EPOCH:
                     self._last_seen_epochs[tp] = p.leader_epoch
                 self._partitions[tp] = PartitionMetadata(
@@ -253,7 +269,10 @@ class ClusterClient:
         bootstrap_retries: int = 3,
         max_stale_refreshes: int = 5,
         max_in_flight_requests_per_connection: int = 100,
+        unsafe_accept_stale_metadata: bool = False,
     ) -> None:
+        """`unsafe_accept_stale_metadata` is TEST-ONLY (KIP-232 rule off, see
+        ClusterMetadata)."""
         self.bootstrap_servers = parse_bootstrap_servers(bootstrap_servers)
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
@@ -262,7 +281,7 @@ class ClusterClient:
         self.bootstrap_retries = bootstrap_retries
         self.max_stale_refreshes = max_stale_refreshes
         self.max_in_flight = max_in_flight_requests_per_connection
-        self.metadata = ClusterMetadata()
+        self.metadata = ClusterMetadata(unsafe_accept_stale_metadata=unsafe_accept_stale_metadata)
         self._topics: set[str] = set()  # topics this client cares about
         self._conns: dict[int, BrokerConnection] = {}
         self._bootstrap_conns: dict[tuple[str, int], BrokerConnection] = {}

@@ -13,17 +13,22 @@ Invariant protected: the client's metadata for a partition never goes back in le
 epochs, so a consumer keeps consuming from its position on the current leader.
 
 Staging, on real processes (controller + brokers 1, 2, 3; one partition, replicas
-[1, 2, 3], leader 1 at epoch E): the controller holds broker 3's FetchMetadata, so
-broker 3's image stops moving; broker 1 stops (controlled shutdown) and broker 2 leads
-at E+1, which broker 3 never hears of: it still answers "leader 1, epoch E". A consumer
-(auto_offset_reset='none': any reset would raise) bootstraps from broker 2 only, reads
-at E+1, then takes a Metadata answer from broker 3 (its bootstrap list pointed at broker
-3 alone and bootstrap() run again).
+[1, 2, 3], leader 1 at epoch E, 5 records): the controller holds broker 1's
+FetchMetadata and drops its heartbeats, so broker 1 is fenced and broker 2 leads at
+E+1, which broker 1 never hears of: it still answers "leader 1, epoch E" and still
+believes it leads (a zombie with the 5 records only). 5 more records go to broker 2.
+A consumer (auto_offset_reset='none': any reset would raise) bootstraps from broker 2,
+reads the 10 records at E+1, then takes a Metadata answer from broker 1 (its bootstrap
+list pointed at broker 1 alone and bootstrap() run again).
 
 - ON: the answer is reported stale for the partition and ignored: the cache still says
   leader 2 at E+1 (and the last seen epoch is E+1); the consumer goes on from its
   position (contiguous offsets, no reset, no truncation/validation error).
-- OFF: not staged, see `test_stale_metadata_replaces_cache_without_kip232`.
+- OFF (the client's test-only `unsafe_accept_stale_metadata`): the cache goes back to
+  leader 1 at E; the consumer sees a leader "change" and validates its position 10
+  with the deposed leader, whose log ends at 5: it reports its position as lost (an
+  out-of-range / truncation error under 'none', a reset under 'earliest'/'latest'),
+  though nothing was lost: all 15 records are on the real leader, broker 2.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from client import AsyncConsumer
+from client.errors import LogTruncationError, OffsetOutOfRangeError
 from client.types import ConsumerRecord, TopicPartition
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
@@ -47,8 +54,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout
 TOPIC = "stale-metadata"
 TP = TopicPartition(TOPIC, 0)
 SESSION_MS = 1500
-OLD_LEADER, NEW_LEADER, STALE = 1, 2, 3
+STALE, NEW_LEADER = 1, 2  # broker 1: the old leader, cut off from the metadata log
 FLAGS = ("--enable-test-faults", "--replica-lag-time-max-ms", "3000")
+
+
+class Staged(NamedTuple):
+    epoch: int  # broker 1's (stale) leader epoch
+    new_epoch: int  # broker 2's
+    values: list[bytes]  # on broker 2, offsets 0..9
 
 
 async def wait_held(c: ScenarioCluster, at_least: int = 1, timeout: float = 30.0) -> None:
@@ -87,136 +100,135 @@ async def stale_metadata_response(c: ScenarioCluster) -> MetadataResponse:
     return md
 
 
+async def stage_lagging_old_leader(c: ScenarioCluster) -> Staged:
+    """Start the cluster and depose broker 1 without its hearing of it (see above)."""
+    c.start_controller("--enable-test-faults", session_timeout_ms=SESSION_MS)
+    for node in (1, 2, 3):
+        c.start_broker(node, *FLAGS)
+    await c.create_topic(TOPIC, replicas=[1, 2, 3], configs={"min.insync.replicas": "1"})
+    await c.wait_isr(TOPIC, {1, 2, 3})
+    epoch = (await c.wait_leader(TOPIC, STALE)).leader_epoch
+    first = [f"a-{i}".encode() for i in range(5)]
+    assert await produce_ok(c, STALE, epoch, first) == 0
+    await c.faults(
+        "controller",
+        FaultRule(api_key=int(ApiKey.FETCH_METADATA), action="hold", peer_id=STALE),
+    )
+    await wait_held(c)
+    await c.faults(
+        "controller",
+        FaultRule(api_key=int(ApiKey.BROKER_HEARTBEAT), action="drop", peer_id=STALE),
+    )
+    fresh = await c.wait_partition(
+        TOPIC,
+        lambda p: p.leader_id == NEW_LEADER and p.leader_epoch > epoch,
+        what="broker 2 elected",
+        via=NEW_LEADER,
+        timeout=60,
+    )
+    second = [f"b-{i}".encode() for i in range(5)]
+    assert await produce_ok(c, NEW_LEADER, fresh.leader_epoch, second) == len(first)
+    view = await c.replica_log(STALE, TOPIC)
+    assert (view.leader_id, view.leader_epoch, view.log_end_offset) == (STALE, epoch, 5), (
+        "broker 1 must still believe it leads at E with the first 5 records"
+    )
+    stale = (await stale_metadata_response(c)).topics[0].partitions[0]
+    assert (stale.leader_id, stale.leader_epoch) == (STALE, epoch), "broker 1 must lag"
+    return Staged(epoch, fresh.leader_epoch, first + second)
+
+
+async def consumer_at_new_leader(
+    c: ScenarioCluster, staged: Staged, *, unsafe_accept_stale_metadata: bool
+) -> AsyncConsumer:
+    """A consumer that read the 10 records from broker 2 at E+1, then was answered by
+    the lagging broker 1."""
+    host, port = c.brokers[NEW_LEADER].address
+    consumer = AsyncConsumer(f"{host}:{port}", auto_offset_reset="none")
+    consumer.cluster.metadata.unsafe_accept_stale_metadata = unsafe_accept_stale_metadata
+    await consumer.start()
+    consumer.assign([TP])
+    consumer.seek(TP, 0)
+    got = await consume_n(consumer, len(staged.values))
+    assert [r.value for r in got] == staged.values
+    meta = consumer.cluster.metadata
+    assert (meta.partition(TP).leader, meta.partition(TP).leader_epoch) == (
+        NEW_LEADER,
+        staged.new_epoch,
+    )
+    position = await consumer.position_with_epoch(TP)
+    assert (position.offset, position.leader_epoch) == (len(got), staged.new_epoch)
+    # The lagging broker answers the client's Metadata request.
+    shost, sport = c.brokers[STALE].address
+    consumer.cluster.bootstrap_servers = [(shost, sport)]
+    await consumer.cluster.bootstrap()
+    return consumer
+
+
 async def test_client_keeps_fresher_view_against_lagging_broker(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Protection ON (the default)."""
     caplog.set_level(logging.INFO, logger="client")
     with scenario_cluster(tmp_path) as c:
-        c.start_controller("--enable-test-faults", session_timeout_ms=SESSION_MS)
-        for node in (1, 2, 3):
-            c.start_broker(node, *FLAGS)
         try:
-            await c.create_topic(TOPIC, replicas=[1, 2, 3], configs={"min.insync.replicas": "1"})
-            await c.wait_isr(TOPIC, {1, 2, 3})
-            epoch = (await c.wait_leader(TOPIC, OLD_LEADER)).leader_epoch
-            first = [f"a-{i}".encode() for i in range(5)]
-            assert await produce_ok(c, OLD_LEADER, epoch, first) == 0
-
-            # Broker 3's metadata stops moving; the leader moves to broker 2 at E+1.
-            await c.faults(
-                "controller",
-                FaultRule(api_key=int(ApiKey.FETCH_METADATA), action="hold", peer_id=STALE),
-            )
-            await wait_held(c)
-            assert c.brokers[OLD_LEADER].terminate() == 0
-            fresh = await c.wait_partition(
-                TOPIC,
-                lambda p: p.leader_id == NEW_LEADER and p.leader_epoch > epoch,
-                what="broker 2 elected",
-                via=NEW_LEADER,
-                timeout=60,
-            )
-            new_epoch = fresh.leader_epoch
-            # Broker 3 (following the stopped broker 1) leaves the ISR, so acks=all works.
-            await c.wait_partition(
-                TOPIC,
-                lambda p: set(p.isr_nodes) == {NEW_LEADER},
-                what="ISR [2]",
-                via=NEW_LEADER,
-                timeout=60,
-            )
-            second = [f"b-{i}".encode() for i in range(5)]
-            assert await produce_ok(c, NEW_LEADER, new_epoch, second) == len(first)
-            stale = (await stale_metadata_response(c)).topics[0].partitions[0]
-            assert (stale.leader_id, stale.leader_epoch) == (OLD_LEADER, epoch), (
-                "broker 3 must still have the old view"
-            )
-
-            host, port = c.brokers[NEW_LEADER].address
-            async with AsyncConsumer(f"{host}:{port}", auto_offset_reset="none") as consumer:
-                consumer.assign([TP])
-                consumer.seek(TP, 0)
-                got = await consume_n(consumer, len(first + second))
-                assert [r.value for r in got] == first + second
-                meta = consumer.cluster.metadata
-                assert (meta.partition(TP).leader, meta.partition(TP).leader_epoch) == (
-                    NEW_LEADER,
-                    new_epoch,
-                )
-                position = await consumer.position_with_epoch(TP)
-                assert (position.offset, position.leader_epoch) == (len(got), new_epoch)
-
-                # The lagging broker answers the client's Metadata request.
-                shost, sport = c.brokers[STALE].address
-                consumer.cluster.bootstrap_servers = [(shost, sport)]
-                await consumer.cluster.bootstrap()
+            staged = await stage_lagging_old_leader(c)
+            consumer = await consumer_at_new_leader(c, staged, unsafe_accept_stale_metadata=False)
+            async with consumer:
                 assert "ignored stale metadata" in caplog.text
                 # Still the fresher view: leader 2 at E+1.
+                meta = consumer.cluster.metadata
                 assert meta.partition(TP).leader == NEW_LEADER
-                assert meta.partition(TP).leader_epoch == new_epoch
-                assert meta.last_seen_epoch(TP) == new_epoch
+                assert meta.partition(TP).leader_epoch == staged.new_epoch
+                assert meta.last_seen_epoch(TP) == staged.new_epoch
                 # The answer it ignored was the stale one (the rule, on the same cache).
                 update = meta.update(await stale_metadata_response(c))
                 assert update.stale == [TP] and TP not in update.updated
-                assert meta.partition(TP).leader_epoch == new_epoch
+                assert meta.partition(TP).leader_epoch == staged.new_epoch
 
                 # No spurious reset or validation failure: it consumes on from its
                 # position (auto_offset_reset='none' would raise on any reset).
+                done = len(staged.values)
                 third = [f"c-{i}".encode() for i in range(5)]
-                assert await produce_ok(c, NEW_LEADER, new_epoch, third) == len(got)
+                assert await produce_ok(c, NEW_LEADER, staged.new_epoch, third) == done
                 more = await consume_n(consumer, len(third))
-                assert [(r.offset, r.value) for r in more] == list(enumerate(third, start=len(got)))
-                assert meta.partition(TP).leader_epoch == new_epoch
-                assert (await consumer.position(TP)) == len(first + second + third)
+                assert [(r.offset, r.value) for r in more] == list(enumerate(third, start=done))
+                assert meta.partition(TP).leader_epoch == staged.new_epoch
+                assert (await consumer.position(TP)) == done + len(third)
                 assert "reset position" not in caplog.text
                 assert "truncation" not in caplog.text
         finally:
             await c.faults("controller", clear=True)
 
 
-async def test_stale_metadata_replaces_cache_without_kip232(tmp_path: Path) -> None:
-    """Protection OFF. `ClusterMetadata.update` has no switch for the KIP-232 rule; its
-    only path that accepts a partition without comparing epochs is an answer with
-    leader_epoch -1 (how a broker without leader epochs in Metadata answers, which
-    Kafka's client also accepts). The lagging broker's answer, sent that way, replaces
-    the consumer's fresher entry: the cache goes back to the deposed (stopped) leader 1
-    and forgets the epoch. A full off run (a consumer misled by it end to end) would
-    need a test-only switch in client/cluster.py."""
+async def test_stale_metadata_misleads_client_without_kip232(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Protection OFF: `unsafe_accept_stale_metadata` (test-only) lets the lagging
+    broker's answer replace the fresher entry. The consumer goes back to the deposed
+    leader 1 at epoch E, validates its position 10 there (a leader "change" E+1 -> E)
+    and, since broker 1's log ends at 5, raises as if its position were gone: a
+    spurious reset (auto_offset_reset='none' makes it an error instead of a silent
+    re-read), although broker 2 holds all 15 records."""
+    caplog.set_level(logging.INFO, logger="client")
     with scenario_cluster(tmp_path) as c:
-        c.start_controller("--enable-test-faults", session_timeout_ms=SESSION_MS)
-        for node in (1, 2, 3):
-            c.start_broker(node, *FLAGS)
         try:
-            await c.create_topic(TOPIC, replicas=[1, 2, 3], configs={"min.insync.replicas": "1"})
-            await c.wait_isr(TOPIC, {1, 2, 3})
-            epoch = (await c.wait_leader(TOPIC, OLD_LEADER)).leader_epoch
-            await c.faults(
-                "controller",
-                FaultRule(api_key=int(ApiKey.FETCH_METADATA), action="hold", peer_id=STALE),
-            )
-            await wait_held(c)
-            assert c.brokers[OLD_LEADER].terminate() == 0
-            fresh = await c.wait_partition(
-                TOPIC,
-                lambda p: p.leader_id == NEW_LEADER and p.leader_epoch > epoch,
-                what="broker 2 elected",
-                via=NEW_LEADER,
-                timeout=60,
-            )
-            host, port = c.brokers[NEW_LEADER].address
-            async with AsyncConsumer(f"{host}:{port}", auto_offset_reset="none") as consumer:
-                consumer.assign([TP])
-                await consumer.cluster.refresh_metadata([TOPIC])
+            staged = await stage_lagging_old_leader(c)
+            consumer = await consumer_at_new_leader(c, staged, unsafe_accept_stale_metadata=True)
+            async with consumer:
+                assert "ignored stale metadata" not in caplog.text
                 meta = consumer.cluster.metadata
-                assert meta.partition(TP).leader_epoch == fresh.leader_epoch
-                stale = await stale_metadata_response(c)
-                part = stale.topics[0].partitions[0]
-                assert (part.leader_id, part.leader_epoch) == (OLD_LEADER, epoch)
-                part.leader_epoch = -1  # no epoch to compare: the rule cannot apply
-                update = meta.update(stale)
-                assert update.stale == [] and update.updated == [TP]
-                # The fresher view is gone: back to the deposed leader.
-                assert meta.partition(TP).leader == OLD_LEADER
-                assert consumer.cluster.leader_for(TP) == (OLD_LEADER, -1)
+                # The fresher view is gone: back to the deposed leader at the old epoch.
+                assert consumer.cluster.leader_for(TP) == (STALE, staged.epoch)
+                assert meta.last_seen_epoch(TP) == staged.epoch
+
+                done = len(staged.values)
+                third = [f"c-{i}".encode() for i in range(5)]
+                assert await produce_ok(c, NEW_LEADER, staged.new_epoch, third) == done
+                with pytest.raises((OffsetOutOfRangeError, LogTruncationError)) as raised:
+                    await consume_n(consumer, len(third), timeout=30)
+                print(f"protection off: the consumer raised {raised.value!r}")
+                # Nothing was lost: the real leader has every record.
+                values = await c.read_values(NEW_LEADER, TOPIC, replica=False)
+                assert values == staged.values + third
         finally:
             await c.faults("controller", clear=True)

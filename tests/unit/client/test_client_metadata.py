@@ -75,6 +75,16 @@ def test_older_epoch_is_ignored_for_that_partition_only() -> None:
     assert meta.broker(2) is not None
 
 
+def test_unsafe_switch_accepts_an_older_epoch() -> None:
+    """Test-only `unsafe_accept_stale_metadata`: the rule is off, the older view wins."""
+    meta = ClusterMetadata(unsafe_accept_stale_metadata=True)
+    meta.update(response({0: 5}, leader=2, brokers=(1, 2)))
+    update = meta.update(response({0: 4}, leader=1))
+    assert update.stale == [] and update.updated == [TP0]
+    assert (meta.partition(TP0).leader, meta.partition(TP0).leader_epoch) == (1, 4)
+    assert meta.last_seen_epoch(TP0) == 4
+
+
 def test_same_epoch_replaces_the_entry() -> None:
     # An ISR change keeps the leader epoch: equal is not older.
     meta = ClusterMetadata()
