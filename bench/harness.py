@@ -372,7 +372,8 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def _cell(value: Any) -> str:
     if isinstance(value, float):
-        if value >= 100:
+        value = value + 0.0  # no "-0"
+        if abs(value) >= 100:
             return f"{value:,.0f}"
         return f"{value:.3g}" if value < 10 else f"{value:.1f}"
     if isinstance(value, int) and not isinstance(value, bool):
