@@ -94,7 +94,7 @@ class BenchCluster:
             for node_id in range(1, self.broker_count + 1):
                 self.cluster.start_broker(node_id, *self.broker_args, wait=False)
             for proc in self.cluster.brokers.values():  # all start at once, then wait
-                _wait_broker_ready(proc)
+                wait_broker_ready(proc)
         except BaseException:
             self.close()
             raise
@@ -127,7 +127,7 @@ class BenchCluster:
         """Start broker `node_id` again on its port and data dir (after kill/terminate)."""
         proc = self.cluster.start_broker(node_id, *self.broker_args, wait=False)
         if wait:
-            _wait_broker_ready(proc)
+            wait_broker_ready(proc)
         return proc
 
     async def create_topic(
@@ -152,7 +152,8 @@ def _sigterm_to_exit(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _wait_broker_ready(proc: Any) -> None:
+def wait_broker_ready(proc: Any) -> None:
+    """Until the broker logs `broker N started` (then its actual port is known)."""
     match = proc.wait_for(_BROKER_READY)
     proc.host, proc.port = match[2], int(match[3])
 
