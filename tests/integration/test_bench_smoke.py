@@ -1,0 +1,64 @@
+"""The benchmarks run end to end: one produce cell and one raw-fetch consume cell with
+--quick against a real cluster, and their JSON holds sane, non-zero figures (no
+timed asserts: the numbers depend on the machine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+}
+
+
+def run_bench(name: str, out: Path, *args: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", name, "--quick", "--out", str(out), *args],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"bench {name} failed:\n{done.stdout}\n{done.stderr}"
+    doc = json.loads(out.read_text())
+    assert doc["bench"] == name and doc["mode"] == "quick"
+    assert doc["machine"]["cores"] >= 1 and doc["machine"]["uvloop"]
+    assert doc["results"], "no result rows"
+    return doc
+
+
+def test_produce_one_cell_writes_sane_json(tmp_path: Path) -> None:
+    doc = run_bench(
+        "produce",
+        tmp_path / "produce.json",
+        *("--rf", "1", "--acks", "1", "--record-size", "100", "--batch-size", "16384"),
+        *("--producers", "1", "--seconds", "1"),
+    )
+    (row,) = doc["results"]
+    # The bench itself checked that the log holds exactly the records sent.
+    assert row["records"] > 0 and row["seconds"] > 0
+    assert row["records_per_s"] > 0 and row["mb_per_s"] > 0
+    assert row["records_per_s"] == pytest.approx(row["records"] / row["seconds"], rel=0.01)
+
+
+def test_consume_raw_cell_writes_sane_json(tmp_path: Path) -> None:
+    doc = run_bench(
+        "consume",
+        tmp_path / "consume.json",
+        *("--reader", "raw", "--partitions", "1", "--batch-size", "16384"),
+        *("--data-mib", "4", "--seconds", "0.5"),
+    )
+    (row,) = doc["results"]
+    assert row["data_bytes"] >= 4 * 1024 * 1024 - 16384
+    assert row["records"] > 0 and row["bytes"] > 0 and row["mb_per_s"] > 0
