@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
@@ -32,6 +33,7 @@ from client.cluster import ClusterClient
 from client.errors import (
     BrokerResponseError,
     IllegalStateError,
+    KafkaTimeoutError,
     LogTruncationError,
     MinibrokerError,
     NoOffsetForPartitionError,
@@ -71,16 +73,23 @@ log = logging.getLogger(__name__)
 
 _RESET_TIMESTAMPS = {"earliest": EARLIEST_TIMESTAMP, "latest": LATEST_TIMESTAMP}
 _ISOLATION = {"read_uncommitted": 0, "read_committed": 1}
-_COORDINATOR_ATTEMPTS = 5
+_COORDINATOR_MAX_BACKOFF_S = 1.0
+# Partition or response errors after which the coordinator is looked up again.
+_COORDINATOR_MOVED = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
 
 
-def _coordinator_error(response: Message) -> ErrorCode:
-    """A whole-response error code of a coordinator answer (NONE when absent)."""
+def _answer_errors(response: Message, group: str) -> list[BrokerResponseError]:
+    """The errors of a coordinator answer: its whole-response error code if any, else
+    one per partition that failed."""
     code = getattr(response, "error_code", 0)
-    try:
-        return ErrorCode(code)
-    except ValueError:
-        return ErrorCode.UNKNOWN_SERVER_ERROR
+    if code != ErrorCode.NONE:
+        return [error_for(code, f"group {group!r}")]
+    return [
+        error_for(p.error_code, topic=topic.name, partition=p.partition_index)
+        for topic in getattr(response, "topics", ())
+        for p in topic.partitions
+        if p.error_code != ErrorCode.NONE
+    ]
 
 
 class _PartitionState:
@@ -149,6 +158,7 @@ class AsyncConsumer:
         max_partition_fetch_bytes: int = 1024 * 1024,
         max_poll_records: int = 500,
         request_timeout_ms: int = 30_000,
+        default_api_timeout_ms: int = 60_000,
         retry_backoff_ms: int = 100,
         check_crcs: bool = True,
         isolation_level: str = "read_uncommitted",
@@ -173,6 +183,8 @@ class AsyncConsumer:
         self.max_partition_fetch_bytes = max_partition_fetch_bytes
         self.max_poll_records = max_poll_records
         self.request_timeout_ms = request_timeout_ms
+        # Bound of commit() / committed() with their retries (Kafka's default.api.timeout.ms).
+        self.default_api_timeout_ms = default_api_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
         self.check_crcs = check_crcs
         self.isolation_level = _ISOLATION[isolation_level]
@@ -465,40 +477,82 @@ class AsyncConsumer:
             raise IllegalStateError("commit()/committed() need a group_id")
         return self.group_id
 
-    async def _coordinator_request(self, request: Message) -> Message:
-        """Send to the group coordinator (FindCoordinator first), retrying coordinator
-        moves a bounded number of times."""
+    async def _coordinator_call(
+        self, request: Message, *, what: str, timeout_ms: int | None
+    ) -> Message:
+        """Send to the group coordinator (FindCoordinator first) and check the answer,
+        whole-response and per-partition error codes alike. Retriable errors (the
+        coordinator moved, is loading, unreachable, timed out) are retried with an
+        exponential backoff and a new FindCoordinator when the coordinator may have
+        moved, as Kafka's commitSync does, until `timeout_ms` (default
+        default_api_timeout_ms) runs out: then KafkaTimeoutError, carrying the last
+        error. A non-retriable error is raised at once."""
         group = self._need_group()
+        budget_ms = self.default_api_timeout_ms if timeout_ms is None else timeout_ms
+        if budget_ms <= 0:
+            raise ValueError(f"timeout_ms must be > 0, not {budget_ms}")
+        deadline = time.monotonic() + budget_ms / 1000
         backoff = self.retry_backoff_ms / 1000
-        last: MinibrokerError | None = None
-        for _ in range(_COORDINATOR_ATTEMPTS):
+        attempts = 0
+        while True:
+            attempts += 1
+            remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
             try:
-                if self._coordinator is None:
-                    found = await self._cluster.send_any(FindCoordinatorRequest(key=group))
-                    assert isinstance(found, FindCoordinatorResponse)
-                    if found.error_code != ErrorCode.NONE:
-                        raise error_for(found.error_code, found.error_message)
-                    self._coordinator = found.node_id
-                response = await self._cluster.send(self._coordinator, request)
+                node = await self._find_coordinator(group, remaining_ms)
+                response = await self._cluster.send(
+                    node, request, timeout_ms=min(self.request_timeout_ms, remaining_ms)
+                )
                 assert response is not None
-                code = _coordinator_error(response)
-                if code != ErrorCode.NONE:
-                    raise error_for(code, f"group {group!r}")
-                return response
+                errors = _answer_errors(response, group)
+                for error in errors:
+                    if not error.retriable:
+                        raise error
+                if not errors:
+                    return response
+                last: MinibrokerError = errors[0]
+                if any(e.error_code in _COORDINATOR_MOVED for e in errors):
+                    self._coordinator = None
             except MinibrokerError as exc:
                 if not exc.retriable:
                     raise
                 last = exc
-                self._coordinator = None
-                log.info("group %s: coordinator request failed: %s; retrying", group, exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-        assert last is not None
-        raise last
+                self._coordinator = None  # unreachable or timed out: look it up again
+            if time.monotonic() + backoff >= deadline:
+                raise KafkaTimeoutError(
+                    f"{what} for group {group!r} did not succeed within {budget_ms} ms "
+                    f"({attempts} attempts); last error: {last}. Is the cluster up? "
+                    "Pass a larger timeout_ms to wait longer"
+                ) from last
+            log.info(
+                "group %s: %s failed: %s; retrying in %.0f ms", group, what, last, backoff * 1000
+            )
+            await asyncio.sleep(backoff * random.uniform(0.8, 1.0))
+            backoff = min(backoff * 2, _COORDINATOR_MAX_BACKOFF_S)
 
-    async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata] | None = None) -> None:
+    async def _find_coordinator(self, group: str, timeout_ms: int) -> int:
+        """The coordinator's node id (cached until it fails us)."""
+        if self._coordinator is None:
+            found = await self._cluster.send_any(
+                FindCoordinatorRequest(key=group),
+                timeout_ms=min(self.request_timeout_ms, timeout_ms),
+            )
+            assert isinstance(found, FindCoordinatorResponse)
+            if found.error_code != ErrorCode.NONE:
+                raise error_for(found.error_code, found.error_message)
+            self._coordinator = found.node_id
+        return self._coordinator
+
+    async def commit(
+        self,
+        offsets: dict[TopicPartition, OffsetAndMetadata] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> None:
         """Store `offsets` (default: the current positions of every assigned partition,
-        with the leader epoch of the last consumed record) for group_id."""
+        with the leader epoch of the last consumed record) for group_id. Retriable
+        errors (coordinator moved, loading or unreachable) are retried until
+        `timeout_ms` (default default_api_timeout_ms), then KafkaTimeoutError;
+        others (e.g. INVALID_COMMIT_OFFSET_SIZE) raise at once."""
         self._check()
         if offsets is None:
             offsets = {
@@ -519,43 +573,44 @@ class AsyncConsumer:
                     committed_metadata=om.metadata,
                 )
             )
-        response = await self._coordinator_request(
+        response = await self._coordinator_call(
             OffsetCommitRequest(
                 group_id=self._need_group(),
                 topics=[OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
-            )
+            ),
+            what="OffsetCommit",
+            timeout_ms=timeout_ms,
         )
         assert isinstance(response, OffsetCommitResponse)
-        for topic in response.topics:
-            for p in topic.partitions:
-                if p.error_code != ErrorCode.NONE:
-                    raise error_for(p.error_code, topic=topic.name, partition=p.partition_index)
 
-    async def committed(self, partition: TopicPartition) -> OffsetAndMetadata | None:
-        """The offset committed for group_id (with its leader epoch), or None."""
+    async def committed(
+        self, partition: TopicPartition, *, timeout_ms: int | None = None
+    ) -> OffsetAndMetadata | None:
+        """The offset committed for group_id (with its leader epoch), or None.
+        Retried like commit() within `timeout_ms` (default default_api_timeout_ms)."""
         self._check()
-        return (await self._fetch_committed([partition])).get(partition)
+        return (await self._fetch_committed([partition], timeout_ms=timeout_ms)).get(partition)
 
     async def _fetch_committed(
-        self, partitions: Iterable[TopicPartition]
+        self, partitions: Iterable[TopicPartition], *, timeout_ms: int | None = None
     ) -> dict[TopicPartition, OffsetAndMetadata]:
         by_topic: dict[str, list[int]] = defaultdict(list)
         for tp in partitions:
             by_topic[tp.topic].append(tp.partition)
-        response = await self._coordinator_request(
+        response = await self._coordinator_call(
             OffsetFetchRequest(
                 group_id=self._need_group(),
                 topics=[
                     OffsetFetchTopic(name=t, partition_indexes=ps) for t, ps in by_topic.items()
                 ],
-            )
+            ),
+            what="OffsetFetch",
+            timeout_ms=timeout_ms,
         )
         assert isinstance(response, OffsetFetchResponse)
         out: dict[TopicPartition, OffsetAndMetadata] = {}
         for topic in response.topics:
             for p in topic.partitions:
-                if p.error_code != ErrorCode.NONE:
-                    raise error_for(p.error_code, topic=topic.name, partition=p.partition_index)
                 if p.committed_offset >= 0:
                     out[TopicPartition(topic.name, p.partition_index)] = OffsetAndMetadata(
                         p.committed_offset, p.metadata or "", p.committed_leader_epoch

@@ -48,6 +48,8 @@ T = TypeVar("T")
 
 _DEFAULT_API_TIMEOUT_MS = 60_000
 _JOIN_TIMEOUT = 10.0
+# How much longer a sync call waits than the async call's own bound (which fires first).
+_MARGIN_MS = 5_000
 
 
 class _LoopThread:
@@ -136,6 +138,10 @@ class _SyncClient:
 
     def _timeout(self, extra_ms: float = 0) -> float:
         return (self.api_timeout_ms + extra_ms) / 1000
+
+    def _extra_for(self, budget_ms: int) -> float:
+        """extra_ms for a call bounded by `budget_ms` itself: its bound fires first."""
+        return max(0, budget_ms - self.api_timeout_ms) + _MARGIN_MS
 
     def _run(self, coro: Awaitable[T], extra_ms: float = 0) -> T:
         if self._closed:
@@ -367,13 +373,26 @@ class Consumer(_SyncClient):
         """Earliest offsets with a timestamp >= the given ones, with leader epochs."""
         return self._run(self._client.offsets_for_times(dict(timestamps)))
 
-    def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata] | None = None) -> None:
-        """Commit `offsets` (default: the positions) for group_id."""
-        self._run(self._client.commit(offsets))
+    def commit(
+        self,
+        offsets: dict[TopicPartition, OffsetAndMetadata] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Commit `offsets` (default: the positions) for group_id, retrying retriable
+        errors within `timeout_ms` (default api_timeout_ms)."""
+        budget = self.api_timeout_ms if timeout_ms is None else timeout_ms
+        self._run(self._client.commit(offsets, timeout_ms=budget), extra_ms=self._extra_for(budget))
 
-    def committed(self, partition: TopicPartition) -> OffsetAndMetadata | None:
-        """The offset committed for group_id, with its leader epoch."""
-        return self._run(self._client.committed(partition))
+    def committed(
+        self, partition: TopicPartition, *, timeout_ms: int | None = None
+    ) -> OffsetAndMetadata | None:
+        """The offset committed for group_id, with its leader epoch (retried like
+        commit)."""
+        budget = self.api_timeout_ms if timeout_ms is None else timeout_ms
+        return self._run(
+            self._client.committed(partition, timeout_ms=budget), extra_ms=self._extra_for(budget)
+        )
 
     def partitions_for_topic(self, topic: str) -> set[int]:
         """Partition ids of `topic`."""

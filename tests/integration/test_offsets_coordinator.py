@@ -7,6 +7,7 @@ coordinator and still returns the commit. Every wait is bounded."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -16,11 +17,17 @@ import pytest
 from cluster import Cluster, TestClient
 
 from broker.group_coordinator import OFFSETS_TOPIC, partition_for
+from client import AsyncConsumer, OffsetAndMetadata, TopicPartition
+from client.errors import KafkaTimeoutError, OffsetMetadataTooLargeError
+from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import (
     CreatableTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
+    FaultControlRequest,
+    FaultControlResponse,
+    FaultRule,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
     MetadataRequest,
@@ -144,9 +151,8 @@ async def offsets_partition_leader(address: tuple[str, int], index: int) -> tupl
     return p.leader_id, p.leader_epoch
 
 
-async def scenario(cluster: Cluster) -> None:
-    first = cluster.brokers[1].address
-    async with TestClient(*first) as client:
+async def create_topic(address: tuple[str, int]) -> None:
+    async with TestClient(*address) as client:
         created = await client.call(
             CreateTopicsRequest(
                 topics=[CreatableTopic(name=TOPIC, num_partitions=2, replication_factor=3)]
@@ -154,6 +160,11 @@ async def scenario(cluster: Cluster) -> None:
         )
     assert isinstance(created, CreateTopicsResponse)
     assert created.topics[0].error_code == ErrorCode.NONE
+
+
+async def scenario(cluster: Cluster) -> None:
+    first = cluster.brokers[1].address
+    await create_topic(first)
 
     node, host, port = await find_coordinator(first)
     index = partition_for(GROUP, 10)
@@ -190,3 +201,79 @@ def test_commits_survive_the_loss_of_the_coordinator(cluster: Cluster) -> None:
     for node, proc in cluster.brokers.items():
         if proc.alive:
             assert "Traceback" not in proc.log_text(), f"broker {node}:\n{proc.tail()}"
+
+
+# ---------------------------------------------------------------------------------------
+# The client library's commit() / committed(): retriable errors are retried with backoff
+# and a new FindCoordinator, bounded by timeout_ms; other errors raise at once.
+
+
+async def coordinator_faults(
+    cluster: Cluster, node: int, *rules: FaultRule, clear: bool = False
+) -> FaultControlResponse:
+    async with TestClient(*cluster.brokers[node].address) as client:
+        resp = await client.call(FaultControlRequest(clear=clear, add_rules=list(rules)))
+    assert isinstance(resp, FaultControlResponse) and resp.error_code == 0, resp
+    return resp
+
+
+async def library_commit_scenario(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    await create_topic(cluster.brokers[1].address)
+    bootstrap = ",".join(f"{h}:{p}" for h, p in (b.address for b in cluster.brokers.values()))
+    tp = TopicPartition(TOPIC, 1)
+    async with AsyncConsumer(
+        bootstrap, group_id=GROUP, retry_backoff_ms=50, default_api_timeout_ms=40_000
+    ) as consumer:
+        consumer.assign([tp])
+        # The first commit meets __consumer_offsets being created and loaded
+        # (COORDINATOR_NOT_AVAILABLE / LOAD_IN_PROGRESS): retried, not raised.
+        await consumer.commit({tp: OffsetAndMetadata(10, "a", 0)})
+        assert await consumer.committed(tp) == OffsetAndMetadata(10, "a", 0)
+        node, _, _ = await find_coordinator(cluster.brokers[1].address)
+
+        # Lost requests at the coordinator: two OffsetCommit and two OffsetFetch dropped.
+        await coordinator_faults(
+            cluster,
+            node,
+            FaultRule(api_key=int(ApiKey.OFFSET_COMMIT), action="drop", remaining=2),
+            FaultRule(api_key=int(ApiKey.OFFSET_FETCH), action="drop", remaining=2),
+        )
+        await consumer.commit({tp: OffsetAndMetadata(20, "b", 0)})
+        assert await consumer.committed(tp) == OffsetAndMetadata(20, "b", 0)
+        assert (await coordinator_faults(cluster, node)).rules == [], "the drops did not fire"
+        assert "OffsetCommit failed" in caplog.text and "OffsetFetch failed" in caplog.text
+
+        # The coordinator dies: NOT_COORDINATOR / unreachable until the new leader of the
+        # group's __consumer_offsets partition takes over; commit() rides it out.
+        await asyncio.to_thread(cluster.brokers[node].kill)
+        await consumer.commit({tp: OffsetAndMetadata(30, "c", 1)})
+        assert await consumer.committed(tp) == OffsetAndMetadata(30, "c", 1)
+        other = next(b.address for n, b in cluster.brokers.items() if n != node)
+        new_node, _, _ = await find_coordinator(other, not_node=node)
+
+        # A non-retriable error raises at once, naming the partition.
+        started = time.monotonic()
+        with pytest.raises(OffsetMetadataTooLargeError, match=f"{TOPIC}-1"):
+            await consumer.commit({tp: OffsetAndMetadata(40, "x" * 5000, 1)})
+        assert time.monotonic() - started < 5
+
+        # Every retry is bounded: a coordinator that never answers -> KafkaTimeoutError.
+        await coordinator_faults(
+            cluster, new_node, FaultRule(api_key=int(ApiKey.OFFSET_COMMIT), action="drop")
+        )
+        started = time.monotonic()
+        with pytest.raises(KafkaTimeoutError, match="within 1500 ms"):
+            await consumer.commit({tp: OffsetAndMetadata(50, "d", 1)}, timeout_ms=1500)
+        assert time.monotonic() - started < 10
+        await coordinator_faults(cluster, new_node, clear=True)
+        assert await consumer.committed(tp) == OffsetAndMetadata(30, "c", 1)
+
+
+def test_library_commit_retries_through_lost_requests_and_coordinator_loss(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="client.consumer")
+    cluster.start_controller(session_timeout_ms=2000)
+    for node in (1, 2, 3):
+        cluster.start_broker(node, "--enable-test-faults", "--replica-lag-time-max-ms", "1500")
+    asyncio.run(library_commit_scenario(cluster, caplog))
