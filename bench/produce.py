@@ -43,6 +43,7 @@ from client.types import TopicPartition
 
 NAME = "produce"
 WORKER_START_TIMEOUT_S = 60.0
+CATCH_UP_TIMEOUT_S = 60.0
 YIELD_EVERY = 256  # records between yields to the loop, so the sender runs meanwhile
 
 
@@ -188,9 +189,7 @@ def run_cell(cluster: BenchCluster, spec: dict[str, Any], index: int) -> dict[st
                 proc.kill()
     sent = sum(o["sent"] for o in outcomes)
     elapsed = max(o["end"] for o in outcomes) - min(o["start"] for o in outcomes)
-    in_log = run(_log_end_total(cluster.bootstrap, topic, spec["partitions"]))
-    if in_log != sent:
-        raise RuntimeError(f"{topic}: sent {sent} records but the log ends at {in_log} in total")
+    _, catch_up = run(_wait_log_end(cluster.bootstrap, topic, spec["partitions"], sent))
     run(cluster.delete_topic(topic))
     return {
         **spec,
@@ -198,6 +197,8 @@ def run_cell(cluster: BenchCluster, spec: dict[str, Any], index: int) -> dict[st
         "seconds": round(elapsed, 3),
         "records_per_s": round(sent / elapsed),
         "mb_per_s": round(sent * spec["record_size"] / elapsed / 1e6, 2),
+        # acks=1: how long the followers took to catch up after the last ack.
+        "replication_catch_up_s": round(catch_up, 2),
     }
 
 
@@ -210,12 +211,28 @@ def _drain_errors(results: Any) -> str:
             return "; ".join(errors) or "no error reported (it died)"
 
 
-async def _log_end_total(bootstrap: str, topic: str, partitions: int) -> int:
+async def _wait_log_end(
+    bootstrap: str, topic: str, partitions: int, sent: int
+) -> tuple[int, float]:
+    """Until the high watermarks add up to `sent` (with acks=1 the followers may still
+    be catching up when the producers finish). Returns (total, seconds waited); raises
+    when the log holds more or, after CATCH_UP_TIMEOUT_S, fewer records than sent."""
+    start = time.monotonic()
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
     async with AsyncAdmin(bootstrap) as admin:
-        ends = await admin.list_offsets(
-            {TopicPartition(topic, p): "latest" for p in range(partitions)}
-        )
-    return sum(o.offset for o in ends.values())
+        while True:
+            total = sum(
+                o.offset for o in (await admin.list_offsets(dict.fromkeys(tps, "latest"))).values()
+            )
+            waited = time.monotonic() - start
+            if total == sent:
+                return total, waited
+            if total > sent or waited > CATCH_UP_TIMEOUT_S:
+                raise RuntimeError(
+                    f"{topic}: sent {sent} records but the high watermarks add up to {total} "
+                    f"after {waited:.1f} s"
+                )
+            await asyncio.sleep(0.1)
 
 
 COLUMNS = ["rf", "acks", "record B", "batch", "producers", "records/s", "MB/s"]

@@ -1,0 +1,144 @@
+"""PNGs from bench/results/*.json (matplotlib, headless):
+
+- produce_throughput.png: MB/s of every produce cell, one panel per record size,
+  with the issue's target as a line;
+- consume_throughput.png: records/s of the consumer and the raw fetch loop;
+- latency_cdf.png: the end-to-end and produce-ack latency distribution (CDF, log
+  time axis) with the p50 and p99 targets.
+
+A missing results file is skipped with a note; `python -m bench plot`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.harness import RESULTS_DIR, size_label
+
+PRODUCE_TARGET_MB_S = {1024: 250.0, 100: 42.0}  # 420,000 records/s of 100 B = 42 MB/s
+CONSUME_TARGET_RECORDS_S = 1_000_000
+LATENCY_TARGETS_MS = {"p50": 1.0, "p99": 3.0}
+
+
+def _load(results: Path, name: str) -> dict[str, Any] | None:
+    path = results / f"{name}.json"
+    if not path.exists():
+        print(f"plot: no {path.name}, skipped", file=sys.stderr)
+        return None
+    return json.loads(path.read_text())
+
+
+def _subtitle(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    return (
+        f"{m['cores']} cores {m['cpu_model']}, Python {m['python']}, uvloop {m['uvloop']}, "
+        f"{doc['mode']} run, commit {m['git_commit'][:8]}"
+    )
+
+
+def plot_produce(doc: dict[str, Any], out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({r["record_size"] for r in doc["results"]})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(7 * len(sizes), 6), squeeze=False)
+    for ax, size in zip(axes[0], sizes, strict=True):
+        rows = [r for r in doc["results"] if r["record_size"] == size]
+        labels = [
+            f"RF{r['rf']} acks={r['acks']} {size_label(r['batch_size'])} x{r['producers']}"
+            for r in rows
+        ]
+        colors = ["tab:blue" if r["rf"] == 1 else "tab:orange" for r in rows]
+        ax.barh(labels, [r["mb_per_s"] for r in rows], color=colors)
+        for i, r in enumerate(rows):
+            ax.text(r["mb_per_s"], i, f" {r['records_per_s']:,}/s", va="center", fontsize=7)
+        target = PRODUCE_TARGET_MB_S.get(size)
+        if target:
+            ax.axvline(target, color="red", linestyle="--", label=f"RF3 acks=all target {target:g}")
+            ax.legend(loc="lower right")
+        ax.set_title(f"{size_label(size)} records")
+        ax.set_xlabel("MB/s (value bytes); label: records/s")
+        ax.invert_yaxis()
+    fig.suptitle(f"Produce throughput by record size\n{_subtitle(doc)}", fontsize=10)
+    fig.tight_layout()
+    path = out / "produce_throughput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_consume(doc: dict[str, Any], out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    rows = doc["results"]
+    labels = [f"{r['reader']} {r['partitions']}p {size_label(r['batch_size'])}" for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = ["tab:green" if r["reader"] == "raw" else "tab:purple" for r in rows]
+    ax.barh(labels, [r["records_per_s"] for r in rows], color=colors)
+    for i, r in enumerate(rows):
+        ax.text(r["records_per_s"], i, f" {r['mb_per_s']:g} MB/s", va="center", fontsize=8)
+    ax.axvline(CONSUME_TARGET_RECORDS_S, color="red", linestyle="--", label="target 1M records/s")
+    ax.legend(loc="lower right")
+    ax.set_xlabel("records/s (100 B records)")
+    ax.invert_yaxis()
+    fig.suptitle(f"Consume throughput\n{_subtitle(doc)}", fontsize=10)
+    fig.tight_layout()
+    path = out / "consume_throughput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_latency(doc: dict[str, Any], out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for row in doc["results"]:
+        values = row["cdf_ms"]
+        fractions = [i / (len(values) - 1) for i in range(len(values))]
+        ax.plot(values, fractions, label=f"{row['measure']} (p99 {row['p99_ms']} ms)")
+    for name, ms in LATENCY_TARGETS_MS.items():
+        ax.axvline(ms, color="red", linestyle=":", linewidth=1)
+        ax.text(ms, 0.02, f" {name} target", color="red", fontsize=8, rotation=90)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency, ms (log scale)")
+    ax.set_ylabel("fraction of records")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right")
+    rate = doc["settings"].get("rate")
+    fig.suptitle(
+        f"End-to-end latency, acks=all RF3, {rate:,} records/s\n{_subtitle(doc)}", fontsize=10
+    )
+    fig.tight_layout()
+    path = out / "latency_cdf.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench plot", description=__doc__.split("\n")[0])
+    p.add_argument("--results", type=Path, default=RESULTS_DIR, help="where the JSON files are")
+    args = p.parse_args(argv)
+    try:
+        import matplotlib
+    except ImportError:
+        print(
+            "plot: matplotlib is not installed: `.venv/bin/pip install matplotlib`",
+            file=sys.stderr,
+        )
+        return 1
+    matplotlib.use("Agg")
+    plots = {"produce": plot_produce, "consume": plot_consume, "latency": plot_latency}
+    for name, plot in plots.items():
+        doc = _load(args.results, name)
+        if doc is not None:
+            print(f"plot: {plot(doc, args.results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
