@@ -1,0 +1,209 @@
+"""Where a leader epoch ends on a partition's current leader (OffsetsForLeaderEpoch as a
+consumer asks it, KIP-320), and which epoch a given offset belongs to.
+
+A position is (next offset, leader epoch of the record just before it). To check that
+such a position still lies on the current log lineage, ask the current leader where
+that epoch ends: `end_offsets_for_epochs`. An end offset below the position means the
+log was truncated under it (unclean election); the end offset is the divergence point.
+
+To *store* a position for an offset that was not reached by reading (a high watermark
+from ListOffsets, say), `epochs_before_offsets` finds the epoch of the record at
+`offset - 1` from the leader's epoch cache, by walking epochs backwards with
+OffsetsForLeaderEpoch: asking for epoch e - 1 returns the epoch before e and where it
+ends, which is where e starts. Usually two round trips.
+
+Every request carries the cached current_leader_epoch (a deposed leader answers
+FENCED_LEADER_EPOCH); retriable errors schedule a metadata refresh and are returned
+(or raised) for the caller to retry within its own time budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from client.cluster import ClusterClient
+from client.errors import (
+    BrokerResponseError,
+    ConnectionFailedError,
+    KafkaTimeoutError,
+    MinibrokerError,
+    RequestTimedOutError,
+    error_for,
+)
+from client.types import TopicPartition
+from protocol.api import CONSUMER_REPLICA_ID, NO_EPOCH
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+    OffsetForLeaderPartition,
+    OffsetForLeaderTopic,
+)
+
+
+# An epoch walk steps over at most this many epochs (each step is one round trip).
+MAX_EPOCH_STEPS = 64
+
+
+class EpochEndOffset(NamedTuple):
+    """The leader's answer for a requested epoch e: the largest epoch <= e it has
+    records for, and the offset where that epoch ends (the start offset of the next
+    epoch, or the log end offset). (-1, -1): the leader has no epoch <= e (its log
+    starts after it)."""
+
+    leader_epoch: int
+    end_offset: int
+
+    @property
+    def unknown(self) -> bool:
+        """The leader knows no epoch at or below the requested one."""
+        return self.leader_epoch < 0 or self.end_offset < 0
+
+
+async def end_offsets_for_epochs(
+    cluster: ClusterClient, epochs: Mapping[TopicPartition, int]
+) -> tuple[dict[TopicPartition, EpochEndOffset], dict[TopicPartition, MinibrokerError]]:
+    """OffsetsForLeaderEpoch(epoch) for each partition, at its current leader (one
+    request per leader).
+
+    Returns (results, errors); a partition is in exactly one of them. No retry here:
+    a retriable error (leader moved, no leader yet) has already asked for a metadata
+    refresh; the caller decides how long to keep trying."""
+    if any(e < 0 for e in epochs.values()):
+        raise ValueError(f"leader epochs must be >= 0: {dict(epochs)}")
+    results: dict[TopicPartition, EpochEndOffset] = {}
+    errors: dict[TopicPartition, MinibrokerError] = {}
+    for tp, outcome in (await _one_round(cluster, epochs)).items():
+        if isinstance(outcome, EpochEndOffset):
+            results[tp] = outcome
+        else:
+            errors[tp] = outcome
+    return results, errors
+
+
+async def _one_round(
+    cluster: ClusterClient, epochs: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, EpochEndOffset | MinibrokerError]:
+    """One request per current leader; an outcome for every partition."""
+    outcomes: dict[TopicPartition, EpochEndOffset | MinibrokerError] = {}
+    by_leader: dict[int, dict[TopicPartition, int]] = defaultdict(dict)
+    current: dict[TopicPartition, int] = {}
+    for tp in epochs:
+        try:
+            leader, current[tp] = cluster.leader_for(tp)
+        except BrokerResponseError as exc:
+            outcomes[tp] = exc
+            continue
+        by_leader[leader][tp] = epochs[tp]
+    answers = await asyncio.gather(
+        *(_ask_leader(cluster, node, asked, current) for node, asked in by_leader.items())
+    )
+    for answer in answers:
+        outcomes.update(answer)
+    return outcomes
+
+
+async def _ask_leader(
+    cluster: ClusterClient,
+    node: int,
+    asked: dict[TopicPartition, int],
+    current: Mapping[TopicPartition, int],
+) -> dict[TopicPartition, EpochEndOffset | MinibrokerError]:
+    by_topic: dict[str, list[OffsetForLeaderPartition]] = defaultdict(list)
+    for tp, epoch in asked.items():
+        by_topic[tp.topic].append(
+            OffsetForLeaderPartition(
+                partition=tp.partition, current_leader_epoch=current[tp], leader_epoch=epoch
+            )
+        )
+    request = OffsetForLeaderEpochRequest(
+        replica_id=CONSUMER_REPLICA_ID,
+        topics=[OffsetForLeaderTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
+    )
+    try:
+        response = await cluster.send(node, request)
+    except (ConnectionFailedError, RequestTimedOutError, BrokerResponseError) as exc:
+        return dict.fromkeys(asked, exc)
+    assert isinstance(response, OffsetForLeaderEpochResponse)
+    out: dict[TopicPartition, EpochEndOffset | MinibrokerError] = {}
+    for topic in response.topics:
+        for p in topic.partitions:
+            tp = TopicPartition(topic.topic, p.partition)
+            if tp not in asked:
+                continue
+            if p.error_code == ErrorCode.NONE:
+                out[tp] = EpochEndOffset(p.leader_epoch, p.end_offset)
+            else:
+                out[tp] = error_for(p.error_code, topic=tp.topic, partition=tp.partition)
+                if out[tp].invalid_metadata:  # type: ignore[union-attr]
+                    cluster.request_refresh()
+    for tp in asked.keys() - out.keys():
+        out[tp] = error_for(
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            f"broker {node} did not answer for this partition",
+            topic=tp.topic,
+            partition=tp.partition,
+        )
+    return out
+
+
+async def epochs_before_offsets(
+    cluster: ClusterClient,
+    offsets: Mapping[TopicPartition, int],
+) -> dict[TopicPartition, int]:
+    """For each partition, the leader epoch of the record at `offset - 1` on the current
+    leader (-1 for offset 0). The offsets must not be past the leader's log end. Raises
+    the first error met (retriable ones too: the caller retries the whole walk), or
+    KafkaTimeoutError if a walk needs more than MAX_EPOCH_STEPS steps."""
+    out: dict[TopicPartition, int] = {}
+    # Per partition: the candidate epoch (its records start at or before offset - 1
+    # unless a step shows otherwise). First candidate: the latest epoch of the log.
+    walking: dict[TopicPartition, int] = {}
+    first_ask: dict[TopicPartition, int] = {}
+    for tp, offset in offsets.items():
+        if offset <= 0:
+            out[tp] = NO_EPOCH
+            continue
+        _, leader_epoch = cluster.leader_for(tp)
+        first_ask[tp] = leader_epoch
+    if first_ask:
+        latest = await _answers(cluster, first_ask)
+        for tp, answer in latest.items():
+            if answer.unknown or answer.end_offset < offsets[tp]:
+                raise KafkaTimeoutError(
+                    f"{tp}: offset {offsets[tp]} is past the leader's log end "
+                    f"{answer.end_offset}; ask again after a metadata refresh"
+                )
+            walking[tp] = answer.leader_epoch
+    for _ in range(MAX_EPOCH_STEPS):
+        done = {tp: e for tp, e in walking.items() if e == 0}
+        out.update(done)
+        ask = {tp: e - 1 for tp, e in walking.items() if tp not in done}
+        if not ask:
+            return out
+        previous = await _answers(cluster, ask)
+        walking = {}
+        for tp, answer in previous.items():
+            candidate = ask[tp] + 1
+            # answer.end_offset is where the epoch after answer.leader_epoch starts: the
+            # candidate epoch's start when the leader has records in it.
+            if answer.unknown or answer.end_offset <= offsets[tp] - 1:
+                out[tp] = candidate
+            else:
+                walking[tp] = answer.leader_epoch
+    raise KafkaTimeoutError(
+        f"finding the leader epoch of offsets {dict(offsets)} took more than "
+        f"{MAX_EPOCH_STEPS} steps"
+    )
+
+
+async def _answers(
+    cluster: ClusterClient, epochs: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, EpochEndOffset]:
+    results, errors = await end_offsets_for_epochs(cluster, epochs)
+    if errors:
+        raise next(iter(errors.values()))
+    return results

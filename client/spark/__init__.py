@@ -1,0 +1,29 @@
+"""The Spark data source for minibroker (PySpark 4.x, `pip install 'minibroker[spark]'`).
+
+    from client.spark import MinibrokerDataSource
+    spark.dataSource.register(MinibrokerDataSource)
+    df = (spark.readStream.format("minibroker")
+          .option("kafka.bootstrap.servers", "127.0.0.1:9092")
+          .option("subscribe", "events")
+          .load())
+
+Modules: datasource (the DataSource), options (option parsing), offsets (the
+checkpointed offset JSON), planning (pure planning rules), planner + cluster_view
+(driver-side I/O), stream_reader / batch_reader, partition_reader (what a task runs),
+writer (the sink), schema (the columns).
+"""
+
+from client.spark.datasource import MinibrokerDataSource
+from client.spark.offsets import Position, SourceOffset
+from client.spark.options import OptionError, SinkOptions, SourceOptions
+from client.spark.planning import DataLossError
+
+__all__ = [
+    "DataLossError",
+    "MinibrokerDataSource",
+    "OptionError",
+    "Position",
+    "SinkOptions",
+    "SourceOffset",
+    "SourceOptions",
+]

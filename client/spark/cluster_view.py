@@ -1,0 +1,131 @@
+"""The driver's view of the cluster while planning: partitions, log start offsets, high
+watermarks, and leader epochs (OffsetsForLeaderEpoch, through client.epochs).
+
+A blocking client like client.sync's (its own event loop on a daemon thread) around
+one AsyncConsumer, which holds the metadata cache and connections; one per stream
+reader, kept for the query's life. Every call retries retriable errors (no leader
+during an election, a leader that moved) until `timeout_ms` has passed, then raises
+the last error: planning must not fail over a normal failover, nor wait forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TypeVar
+
+from client.consumer import AsyncConsumer
+from client.epochs import EpochEndOffset, end_offsets_for_epochs, epochs_before_offsets
+from client.errors import MinibrokerError
+from client.sync import _SyncClient
+from client.types import TopicPartition
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_RETRY_BACKOFF_S = 0.2
+
+
+class ClusterView(_SyncClient):
+    """Blocking planning queries against the current leaders."""
+
+    _thread_name = "minibroker-spark-planner"
+
+    def __init__(self, bootstrap_servers: str, *, timeout_ms: int) -> None:
+        self.timeout_ms = timeout_ms
+        super().__init__(
+            lambda: AsyncConsumer(
+                bootstrap_servers, client_id="minibroker-spark-planner", auto_offset_reset="none"
+            ),
+            timeout_ms,
+        )
+
+    @property
+    def _consumer(self) -> AsyncConsumer:
+        return self._client  # type: ignore[no-any-return]
+
+    def _retrying(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
+        async def attempt() -> T:
+            deadline = time.monotonic() + self.timeout_ms / 1000
+            while True:
+                try:
+                    return await step()
+                except MinibrokerError as exc:
+                    if not exc.retriable or time.monotonic() > deadline:
+                        raise
+                    log.info("%s failed (%s); retrying", what, exc)
+                await asyncio.sleep(_RETRY_BACKOFF_S)
+                try:
+                    await self._consumer.cluster.refresh_metadata()
+                except MinibrokerError as exc:
+                    log.debug("metadata refresh failed: %s", exc)
+
+        return self._run(attempt(), extra_ms=self.timeout_ms)
+
+    def partitions(
+        self, topics: Iterable[str], assignment: Iterable[TopicPartition] = ()
+    ) -> set[TopicPartition]:
+        """Every partition of `topics` plus the `assignment` partitions that exist
+        (missing topics have none)."""
+        topics, assignment = set(topics), set(assignment)
+        names = topics | {tp.topic for tp in assignment}
+
+        async def step() -> set[TopicPartition]:
+            cluster = self._consumer.cluster
+            await cluster.refresh_metadata(names)
+            meta = cluster.metadata
+            out = {TopicPartition(t, p) for t in topics for p in meta.partitions_for_topic(t) or ()}
+            out |= {tp for tp in assignment if meta.partition(tp) is not None}
+            return out
+
+        return self._retrying("metadata", step)
+
+    def log_starts(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The first offset still in each log."""
+        wanted = list(tps)
+        if not wanted:
+            return {}
+        return self._retrying(
+            "ListOffsets(earliest)", lambda: self._consumer.beginning_offsets(wanted)
+        )
+
+    def high_watermarks(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The end of what the leaders say is committed."""
+        wanted = list(tps)
+        if not wanted:
+            return {}
+        return self._retrying("ListOffsets(latest)", lambda: self._consumer.end_offsets(wanted))
+
+    def epoch_ends(
+        self, epochs: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, EpochEndOffset]:
+        """Where each leader epoch ends on the partition's current leader."""
+        if not epochs:
+            return {}
+
+        async def step() -> dict[TopicPartition, EpochEndOffset]:
+            await self._ensure_leaders(epochs)
+            results, errors = await end_offsets_for_epochs(self._consumer.cluster, epochs)
+            if errors:
+                raise next(iter(errors.values()))
+            return results
+
+        return self._retrying("OffsetsForLeaderEpoch", step)
+
+    def epochs_before(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """The leader epoch of the record at offset - 1 of each partition."""
+        if not offsets:
+            return {}
+
+        async def step() -> dict[TopicPartition, int]:
+            await self._ensure_leaders(offsets)
+            return await epochs_before_offsets(self._consumer.cluster, offsets)
+
+        return self._retrying("leader epoch lookup", step)
+
+    async def _ensure_leaders(self, tps: Iterable[TopicPartition]) -> None:
+        cluster = self._consumer.cluster
+        if any(cluster.metadata.partition(tp) is None for tp in tps):
+            await cluster.wait_for_topics({tp.topic for tp in tps}, timeout_ms=self.timeout_ms)

@@ -1,0 +1,66 @@
+"""`MinibrokerDataSource`: the PySpark (4.x) Python data source named "minibroker".
+
+    spark.dataSource.register(MinibrokerDataSource)
+    spark.readStream.format("minibroker").option("kafka.bootstrap.servers", ...)
+    spark.read.format("minibroker") ...
+    df.write.format("minibroker") ... / df.writeStream.format("minibroker") ...
+
+Options are checked when Spark builds the reader or writer (client.spark.options),
+so a bad option fails at once with a message naming it.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
+from pyspark.sql.types import StructType
+
+from client.spark.batch_reader import MinibrokerBatchReader
+from client.spark.options import OptionError, SinkOptions, SourceOptions
+from client.spark.schema import spark_schema
+from client.spark.stream_reader import MinibrokerStreamReader
+from client.spark.writer import MinibrokerBatchWriter, MinibrokerStreamWriter, check_sink_schema
+
+
+def _include_headers(options: dict[str, str]) -> bool:
+    raw = {k.lower(): v for k, v in options.items()}.get("includeheaders", "false")
+    return str(raw).strip().lower() == "true"
+
+
+class MinibrokerDataSource(DataSource):
+    """Read and write minibroker topics from Spark, like Spark's Kafka source, with
+    leader epochs in the offsets (truncation detection)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "minibroker"
+
+    def schema(self) -> StructType:
+        return spark_schema(_include_headers(dict(self.options)))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return MinibrokerBatchReader(SourceOptions.parse(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return MinibrokerStreamReader(SourceOptions.parse(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return MinibrokerBatchWriter(_sink_options(self.options, schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return MinibrokerStreamWriter(_sink_options(self.options, schema, overwrite))
+
+
+def _sink_options(options: dict[str, str], schema: StructType, overwrite: bool) -> SinkOptions:
+    if overwrite:
+        raise OptionError(
+            'a topic cannot be overwritten: write with mode("append") (records are appended)'
+        )
+    parsed = SinkOptions.parse(options)
+    check_sink_schema(schema, parsed)
+    return parsed

@@ -1,0 +1,150 @@
+"""The driver side of planning, shared by the stream and the batch reader: gather the
+facts from the cluster (ClusterView) and let client.spark.planning decide; report data
+loss per failOnDataLoss; turn ranges into Spark InputPartitions.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyspark.sql.datasource import InputPartition
+
+from client.spark.cluster_view import ClusterView
+from client.spark.offsets import EARLIEST, LATEST, NO_EPOCH, Position
+from client.spark.options import OptionError, SourceOptions
+from client.spark.planning import (
+    DATA_LOSS_HINT,
+    DataLoss,
+    DataLossError,
+    OffsetRange,
+    StartDecision,
+    new_partition_start,
+    split_ranges,
+    validate_stored_position,
+    vanished_partition,
+)
+from client.types import TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+class RangePartition(InputPartition):
+    """One Spark task: an OffsetRange and the options to read it with (picklable)."""
+
+    def __init__(self, offset_range: OffsetRange, options: SourceOptions) -> None:
+        super().__init__(offset_range)
+        self.offset_range = offset_range
+        self.options = options
+
+
+class Planner:
+    """What the stream and batch readers share on the driver: a ClusterView, opened on
+    first use."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._view: ClusterView | None = None
+
+    @property
+    def view(self) -> ClusterView:
+        if self._view is None:
+            self._view = ClusterView(
+                self.options.bootstrap_servers, timeout_ms=self.options.poll_timeout_ms
+            )
+        return self._view
+
+    def close(self) -> None:
+        if self._view is not None:
+            self._view.close()
+            self._view = None
+
+    def current_partitions(self) -> set[TopicPartition]:
+        o = self.options
+        return self.view.partitions(o.topics, o.assignment)
+
+    def resolve(self, wanted: dict[TopicPartition, int]) -> dict[TopicPartition, Position]:
+        """Offsets that may be EARLIEST / LATEST -> Positions (epoch of the record before
+        a resolved latest offset looked up; earliest has none)."""
+        earliest = [tp for tp, off in wanted.items() if off == EARLIEST]
+        latest = [tp for tp, off in wanted.items() if off == LATEST]
+        starts = self.view.log_starts(earliest)
+        highs = self.view.high_watermarks(latest)
+        epochs = self.view.epochs_before(highs)
+        out = {tp: Position(starts[tp]) for tp in earliest}
+        out |= {tp: Position(highs[tp], epochs[tp]) for tp in latest}
+        return out
+
+    def positions_from(
+        self,
+        spec_kind: str,
+        given: dict[TopicPartition, Position],
+        option: str,
+        partitions: set[TopicPartition],
+    ) -> dict[TopicPartition, Position]:
+        """startingOffsets / endingOffsets for `partitions`."""
+        if spec_kind in ("earliest", "latest"):
+            marker = EARLIEST if spec_kind == "earliest" else LATEST
+            return self.resolve(dict.fromkeys(partitions, marker))
+        missing = partitions - set(given)
+        if missing:
+            raise OptionError(
+                f"option {option} gives offsets for some partitions but not for "
+                f"{', '.join(sorted(map(str, missing)))}: give every partition the query reads "
+                f'(-2 for earliest, -1 for latest), or use "earliest" / "latest"'
+            )
+        unknown = set(given) - partitions
+        if unknown:
+            raise OptionError(
+                f"option {option} names {', '.join(sorted(map(str, unknown)))}, which the "
+                f"cluster does not have"
+            )
+        fixed = {tp: p for tp, p in given.items() if p.offset >= 0}
+        markers = {tp: p.offset for tp, p in given.items() if p.offset < 0}
+        return fixed | self.resolve(markers)
+
+    def decide_starts(
+        self, stored: dict[TopicPartition, Position]
+    ) -> tuple[dict[TopicPartition, StartDecision], list[DataLoss]]:
+        """Validate stored positions against the current log (and start new partitions
+        at their earliest offset)."""
+        now = self.current_partitions()
+        losses = [vanished_partition(tp, p) for tp, p in sorted(stored.items()) if tp not in now]
+        live = {tp: p for tp, p in stored.items() if tp in now}
+        log_starts = self.view.log_starts(now)
+        to_check = {tp: p.epoch for tp, p in live.items() if p.epoch != NO_EPOCH and p.offset > 0}
+        epoch_ends = self.view.epoch_ends(to_check)
+        decisions: dict[TopicPartition, StartDecision] = {}
+        for tp in sorted(now):
+            if tp in live:
+                decisions[tp] = validate_stored_position(
+                    tp, live[tp], epoch_ends.get(tp), log_starts[tp]
+                )
+            else:
+                decisions[tp] = new_partition_start(tp, log_starts[tp])
+            if decisions[tp].loss is not None:
+                losses.append(decisions[tp].loss)  # type: ignore[arg-type]
+        return decisions, losses
+
+    def report(self, losses: list[DataLoss]) -> None:
+        """failOnDataLoss=true: raise; false: a WARNING per loss."""
+        if not losses:
+            return
+        if self.options.fail_on_data_loss:
+            raise DataLossError("\n".join(loss.message for loss in losses) + "\n" + DATA_LOSS_HINT)
+        for loss in losses:
+            log.warning(
+                "%s (failOnDataLoss=false: resuming at the first offset in the log)", loss.message
+            )
+
+    def input_partitions(
+        self, starts: dict[TopicPartition, Position], ends: dict[TopicPartition, Position]
+    ) -> list[RangePartition]:
+        ranges = [
+            OffsetRange.between(tp, starts[tp], end)
+            for tp, end in sorted(ends.items())
+            if tp in starts and end.offset > starts[tp].offset
+        ]
+        return [
+            RangePartition(r, self.options)
+            for r in split_ranges(ranges, self.options.min_partitions)
+        ]

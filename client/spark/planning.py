@@ -1,0 +1,215 @@
+"""Planning a micro-batch or a batch read, as plain functions over plain values (no I/O,
+no Spark): validate stored positions, cap ranges, split ranges into tasks.
+
+The driver gathers the facts (log start offsets, high watermarks, where each stored
+epoch ends on the current leader: OffsetsForLeaderEpoch) and these functions decide.
+The executors then check what they read against each OffsetRange's epoch bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from client.epochs import EpochEndOffset
+from client.spark.offsets import NO_EPOCH, Position
+from client.types import TopicPartition
+
+DATA_LOSS_HINT = (
+    'If you want the query to go on in such cases, set the source option "failOnDataLoss" '
+    'to "false" (it then resumes at the first offset still in the log and logs a WARNING).'
+)
+
+
+class DataLossError(RuntimeError):
+    """Records the query was about to read, or already read, are no longer in the log."""
+
+
+@dataclass(frozen=True)
+class DataLoss:
+    """One detected loss: which partition, and the message naming what was lost."""
+
+    tp: TopicPartition
+    message: str
+
+
+@dataclass(frozen=True)
+class StartDecision:
+    """Where a partition's next range starts, and the loss found deciding it (if any)."""
+
+    start: Position
+    loss: DataLoss | None = None
+
+
+def validate_stored_position(
+    tp: TopicPartition,
+    stored: Position,
+    epoch_end: EpochEndOffset | None,
+    log_start: int,
+) -> StartDecision:
+    """Check a checkpointed position against the current log.
+
+    `epoch_end` is the current leader's answer to OffsetsForLeaderEpoch(stored.epoch)
+    (None when the position has no epoch: nothing to validate, like Kafka). An end
+    offset below the stored offset is a truncation: the log diverges there, and the
+    records from there up to the stored offset that the query already processed are gone
+    (even if the log has since grown back past the stored offset). A position below the
+    log start is a retention loss, as Spark's Kafka source reports it."""
+    if epoch_end is not None and stored.epoch != NO_EPOCH and stored.offset > 0:
+        if epoch_end.unknown:
+            return StartDecision(
+                Position(log_start),
+                DataLoss(
+                    tp,
+                    f"{tp.topic} partition {tp.partition}: the stored offset {stored.offset} "
+                    f"(leader epoch {stored.epoch}) is no longer in the log: the current "
+                    f"leader has no record of leader epoch {stored.epoch} (the log now "
+                    f"starts at offset {log_start}). Some data may have been lost.",
+                ),
+            )
+        if epoch_end.end_offset < stored.offset:
+            divergence = epoch_end.end_offset
+            return StartDecision(
+                Position(divergence, epoch_end.leader_epoch),
+                DataLoss(
+                    tp,
+                    f"log truncation detected on topic {tp.topic} partition {tp.partition}: "
+                    f"the stored offset {stored.offset} (leader epoch {stored.epoch}) is "
+                    f"past the end of that epoch on the current leader; the log diverges "
+                    f"at offset {divergence} (leader epoch {epoch_end.leader_epoch} ends "
+                    f"there). Records {divergence} to {stored.offset - 1} that this query "
+                    f"already read are no longer in the log (an unclean leader election); "
+                    f"offsets from {divergence} on now hold other records.",
+                ),
+            )
+    if stored.offset < log_start:
+        return StartDecision(
+            Position(log_start),
+            DataLoss(
+                tp,
+                f"{tp.topic} partition {tp.partition}: offsets {stored.offset} to "
+                f"{log_start - 1} are no longer in the log (the log starts at {log_start}): "
+                f"the data was deleted by retention, or the topic was recreated, before the "
+                f"query read it. Some data may have been lost.",
+            ),
+        )
+    return StartDecision(stored)
+
+
+def new_partition_start(tp: TopicPartition, log_start: int) -> StartDecision:
+    """A partition that appeared while the query runs is read from its earliest offset;
+    like Spark's Kafka source, a log that no longer starts at 0 is reported."""
+    if log_start == 0:
+        return StartDecision(Position(0))
+    return StartDecision(
+        Position(log_start),
+        DataLoss(
+            tp,
+            f"added partition {tp.topic} partition {tp.partition} starts at offset "
+            f"{log_start} instead of 0: records before it were deleted before the query "
+            f"saw the partition. Some data may have been lost.",
+        ),
+    )
+
+
+def vanished_partition(tp: TopicPartition, stored: Position) -> DataLoss:
+    """A partition in the checkpoint that the cluster no longer has."""
+    return DataLoss(
+        tp,
+        f"{tp.topic} partition {tp.partition} is gone (topic deleted?) while the query "
+        f"was at offset {stored.offset} (leader epoch {stored.epoch}). Some data may "
+        f"have been lost.",
+    )
+
+
+def cap_ends(
+    starts: Mapping[TopicPartition, int],
+    latest: Mapping[TopicPartition, int],
+    max_records: int | None,
+) -> dict[TopicPartition, int]:
+    """End offsets: `latest`, or with `max_records` at most that many records in total,
+    shared in proportion to each partition's backlog (largest remainders first, ties by
+    partition), so the cap is exact and the result deterministic."""
+    backlog = {tp: max(0, latest[tp] - starts[tp]) for tp in starts}
+    ends = {tp: starts[tp] + n for tp, n in backlog.items()}
+    total = sum(backlog.values())
+    if max_records is None or total <= max_records:
+        return ends
+    shares = {tp: n * max_records / total for tp, n in backlog.items()}
+    granted = {tp: int(share) for tp, share in shares.items()}
+    left = max_records - sum(granted.values())
+    by_remainder = sorted(shares, key=lambda tp: (-(shares[tp] - granted[tp]), tp))
+    for tp in by_remainder[:left]:
+        granted[tp] += 1
+    assert sum(granted.values()) == max_records
+    return {tp: starts[tp] + granted[tp] for tp in starts}
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """Offsets [start, end) of one partition, read by one Spark task, with the epochs
+    the plan expects there:
+
+    - start_epoch: epoch of the record at start - 1 (the reader seeks with it, so the
+      consumer validates it, KIP-320); -1: do not validate;
+    - end_epoch: epoch the record at end - 1 must carry; -1: not checked;
+    - floor_epoch / ceiling_epoch: every record read must carry an epoch in this range
+      (-1: unbounded), non-decreasing. A record outside it belongs to another lineage
+      than the one the plan saw."""
+
+    tp: TopicPartition
+    start: int
+    end: int
+    start_epoch: int = NO_EPOCH
+    end_epoch: int = NO_EPOCH
+    floor_epoch: int = NO_EPOCH
+    ceiling_epoch: int = NO_EPOCH
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.start <= self.end, f"bad range {self}"
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    @classmethod
+    def between(cls, tp: TopicPartition, start: Position, end: Position) -> OffsetRange:
+        return cls(
+            tp,
+            start.offset,
+            end.offset,
+            start_epoch=start.epoch,
+            end_epoch=end.epoch,
+            floor_epoch=start.epoch,
+            ceiling_epoch=end.epoch,
+        )
+
+
+def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
+    """At least `min_partitions` tasks (Spark's Kafka source rule): when there are fewer
+    ranges, split each into pieces in proportion to its size. Only the first piece
+    validates the start epoch and only the last checks the end epoch; all keep the
+    epoch bounds."""
+    ranges = [r for r in ranges if r.size > 0]
+    if min_partitions is None or len(ranges) >= min_partitions:
+        return ranges
+    total = sum(r.size for r in ranges)
+    out: list[OffsetRange] = []
+    for r in ranges:
+        pieces = min(r.size, max(1, round(r.size / total * min_partitions)))
+        step, extra = divmod(r.size, pieces)
+        start = r.start
+        for i in range(pieces):
+            end = start + step + (1 if i < extra else 0)
+            out.append(
+                replace(
+                    r,
+                    start=start,
+                    end=end,
+                    start_epoch=r.start_epoch if i == 0 else NO_EPOCH,
+                    end_epoch=r.end_epoch if i == pieces - 1 else NO_EPOCH,
+                )
+            )
+            start = end
+        assert start == r.end
+    return out

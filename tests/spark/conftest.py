@@ -1,0 +1,94 @@
+"""Fixtures for the Spark data source tests.
+
+- `spark`: ONE local[2] SparkSession for the whole run (starting one takes ~5 s, the
+  first query ~6-10 s). PYSPARK_PYTHON is set to this interpreter before the JVM
+  starts: the Python workers must import `client.spark` (the installed package) and
+  have pyarrow. When Java or pyspark/pyarrow is missing the tests skip, loudly: the
+  reason is in every skip and in a banner at the end of the run. CI installs both.
+- `cluster`: a real cluster (controller + brokers 1, 2, 3 as processes) shared by the
+  tests that do not hurt it; tests that kill brokers build their own ScenarioCluster.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.scenarios.scenario_cluster import ScenarioCluster, scenario_cluster
+
+_SKIPPED: list[str] = []
+
+
+def spark_unavailable() -> str | None:
+    """Why Spark cannot run here, or None."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = shutil.which("java") or (java_home and str(Path(java_home) / "bin" / "java"))
+    if not java or not Path(java).exists():
+        return "Java is not installed (no `java` on PATH and no JAVA_HOME): install a JDK 17+"
+    try:
+        subprocess.run([java, "-version"], capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"`{java} -version` failed: {exc}"
+    for module in ("pyspark", "pyarrow"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed: pip install -e '.[dev,spark]'"
+    return None
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    reason = spark_unavailable()
+    if reason is not None:
+        _SKIPPED.append(reason)
+        pytest.skip(f"SPARK TESTS SKIPPED: {reason}")
+    # The workers run PYSPARK_PYTHON (default: `python3` on PATH, not this venv).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from client.spark import MinibrokerDataSource
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("minibroker-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.minBatchesToRetain", "5")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(MinibrokerDataSource)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScenarioCluster]:
+    with scenario_cluster(tmp_path_factory.mktemp("spark-cluster")) as c:
+        c.start_controller()
+        for node in (1, 2, 3):
+            c.start_broker(node)
+        yield c
+
+
+def bootstrap(c: ScenarioCluster, nodes: tuple[int, ...] = (1, 2, 3)) -> str:
+    return ",".join(f"{h}:{p}" for h, p in (c.brokers[n].address for n in nodes))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _SKIPPED:
+        terminalreporter.write_sep("!", "SPARK TESTS SKIPPED", red=True, bold=True)
+        terminalreporter.write_line(f"reason: {_SKIPPED[0]}", red=True, bold=True)
