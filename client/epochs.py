@@ -43,7 +43,6 @@ from protocol.messages import (
     OffsetForLeaderTopic,
 )
 
-
 # An epoch walk steps over at most this many epochs (each step is one round trip).
 MAX_EPOCH_STEPS = 64
 
