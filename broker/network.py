@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from broker.faults import DROP, DROP_RESPONSE, NO_FAULTS, Faults
 from protocol.api import ApiKey
-from protocol.connection import RejectedRequest, Request, ServerConnection
+from protocol.connection import Buffer, RejectedRequest, Request, ServerConnection
 from protocol.errors import DecodeError, ErrorCode
 from protocol.messages import Message
 
@@ -141,7 +141,7 @@ class _Connection(asyncio.Protocol):
                     event.error.name,
                     event.message,
                 )
-                self._write(conn.send_rejection(event))
+                self._write(conn.send_rejection_parts(event))
                 continue
             task = asyncio.get_running_loop().create_task(self._handle(event))
             self._tasks.add(task)
@@ -164,7 +164,7 @@ class _Connection(asyncio.Protocol):
             if fault == DROP_RESPONSE:
                 self.close()  # served, but the answer is lost
                 return
-            out = self._conn.send_response(request, body)
+            out = self._conn.send_response_parts(request, body)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -176,7 +176,7 @@ class _Connection(asyncio.Protocol):
             )
             if self._closed:
                 return
-            out = self._conn.send_error(
+            out = self._conn.send_error_parts(
                 request,
                 ErrorCode.UNKNOWN_SERVER_ERROR,
                 f"{_api_name(header.api_key)} failed on the broker: {type(exc).__name__}: {exc}",
@@ -184,9 +184,10 @@ class _Connection(asyncio.Protocol):
         self._write(out)
         self._process()
 
-    def _write(self, data: bytes) -> None:
-        if data and not self._closed and self._transport is not None:
-            self._transport.write(data)
+    def _write(self, parts: list[Buffer]) -> None:
+        # Scatter-gather: a fetched file slice goes to the socket as it was read.
+        if parts and not self._closed and self._transport is not None:
+            self._transport.writelines(parts)
 
     def _update_reading(self) -> None:
         if self._closed or self._transport is None:

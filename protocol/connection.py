@@ -11,6 +11,8 @@ every earlier one is out.
 
 from __future__ import annotations
 
+import os
+import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -26,9 +28,15 @@ from protocol.framing import (
     decode_response_header,
     encode_request_header,
     encode_response_header,
-    frame,
 )
-from protocol.messages import API_BY_REQUEST_TYPE, API_SPECS, ErrorBody, Message
+from protocol.messages import (
+    API_BY_REQUEST_TYPE,
+    API_SPECS,
+    ErrorBody,
+    FetchResponse,
+    Message,
+    ProduceRequest,
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type, msgspec.msgpack.Decoder] = {}
@@ -56,10 +64,98 @@ def decode_body(kind: type[Message], data: bytes | memoryview) -> Message:
         raise DecodeError(f"cannot decode {kind.__name__}: {exc}") from exc
 
 
-def _error_response(correlation_id: int, error: ErrorCode, message: str) -> bytes:
-    return frame(
-        encode_response_header(ResponseHeader(correlation_id, int(error)))
-        + encode_body(ErrorBody(error_message=message))
+# ------------------------------------------------------------------ scatter-gather
+
+Buffer = bytes | bytearray | memoryview
+
+# A record set smaller than this is copied into the MessagePack body as usual: one
+# more list item costs more than copying a few KiB.
+SCATTER_MIN_BYTES = 16 * 1024
+
+# Stands in for a record set while the rest of the body is encoded; random per
+# process, then a 4-byte index, so it cannot match anything a peer sent us.
+_MARKER_PREFIX = os.urandom(12)
+_MARKER_BIN = b"\xc4\x10"  # MessagePack bin 8 of 16 bytes: how a marker is encoded
+_BIN8 = struct.Struct(">BB")
+_BIN16 = struct.Struct(">BH")
+_BIN32 = struct.Struct(">BI")
+_FRAME_LENGTH = struct.Struct(">i")
+
+
+def _bin_header(length: int) -> bytes:
+    """The MessagePack bin header msgspec writes for `length` bytes (the smallest)."""
+    if length < 0x100:
+        return _BIN8.pack(0xC4, length)
+    if length < 0x10000:
+        return _BIN16.pack(0xC5, length)
+    return _BIN32.pack(0xC6, length)
+
+
+def _record_carriers(body: Message) -> list[msgspec.Struct]:
+    """The structs whose `records` field holds a big record set."""
+    if isinstance(body, FetchResponse):
+        return [
+            p
+            for topic in body.responses
+            for p in topic.partitions
+            if len(p.records) >= SCATTER_MIN_BYTES
+        ]
+    if isinstance(body, ProduceRequest):
+        return [
+            p
+            for topic in body.topics
+            for p in topic.partitions
+            if len(p.records) >= SCATTER_MIN_BYTES
+        ]
+    return []
+
+
+def encode_frame_parts(head: bytes, body: Message) -> list[Buffer]:
+    """The frame of `head` (a request or response header) and `body` as a list of
+    buffers whose concatenation is exactly `frame(head + encode_body(body))`.
+
+    Record sets of SCATTER_MIN_BYTES or more are not copied: each goes out as the very
+    object the body holds (a file slice on a fetch, a built batch on a produce), between
+    the MessagePack bytes around it, for `transport.writelines`. The body is encoded
+    once with a 16-byte marker in place of each record set, then cut at the markers."""
+    carriers = _record_carriers(body)
+    if not carriers:
+        encoded = encode_body(body)
+        return [_FRAME_LENGTH.pack(len(head) + len(encoded)) + head + encoded]
+    records: list[Buffer] = []
+    try:
+        for i, carrier in enumerate(carriers):
+            records.append(carrier.records)  # type: ignore[attr-defined]
+            carrier.records = _MARKER_PREFIX + i.to_bytes(4, "big")  # type: ignore[attr-defined]
+        encoded = encode_body(body)
+    finally:
+        for carrier, data in zip(carriers, records, strict=False):
+            carrier.records = data  # type: ignore[attr-defined]
+    parts: list[Buffer] = []
+    total = len(head)
+    start = 0
+    pending = head
+    for i, data in enumerate(records):
+        marker = _MARKER_BIN + _MARKER_PREFIX + i.to_bytes(4, "big")
+        at = encoded.find(marker, start)
+        assert at >= 0, "record set marker missing from the encoded body"
+        piece = pending + encoded[start:at] + _bin_header(len(data))
+        parts.append(piece)
+        parts.append(data)
+        total += len(piece) - len(pending) + len(data)
+        pending = b""
+        start = at + len(marker)
+    tail = encoded[start:]
+    parts.append(tail)
+    total += len(tail)
+    parts[0] = _FRAME_LENGTH.pack(total) + parts[0]
+    return parts
+
+
+def _error_response(correlation_id: int, error: ErrorCode, message: str) -> list[Buffer]:
+    return encode_frame_parts(
+        encode_response_header(ResponseHeader(correlation_id, int(error))),
+        ErrorBody(error_message=message),
     )
 
 
@@ -98,7 +194,7 @@ class ServerConnection:
         self._frames = FrameDecoder(max_frame_size)
         self._next_seq = 0
         self._next_out = 0
-        self._done: dict[int, bytes] = {}
+        self._done: dict[int, list[Buffer]] = {}
         self.max_in_flight = max_in_flight
         # A process may serve only some APIs (a controller does not serve Produce).
         self._api_filter = api_filter
@@ -148,30 +244,41 @@ class ServerConnection:
 
     def send_response(self, request: Request, body: Message) -> bytes:
         """Queue the response; return the bytes now ready to write, in request order."""
-        payload = encode_response_header(ResponseHeader(request.header.correlation_id, 0))
-        return self._complete(request.seq, frame(payload + encode_body(body)))
+        return b"".join(self.send_response_parts(request, body))
+
+    def send_response_parts(self, request: Request, body: Message) -> list[Buffer]:
+        """As `send_response`, as buffers for `transport.writelines`: record sets are
+        passed through uncopied (see `encode_frame_parts`)."""
+        head = encode_response_header(ResponseHeader(request.header.correlation_id, 0))
+        return self._complete(request.seq, encode_frame_parts(head, body))
 
     def send_rejection(self, rejected: RejectedRequest) -> bytes:
+        return b"".join(self.send_rejection_parts(rejected))
+
+    def send_rejection_parts(self, rejected: RejectedRequest) -> list[Buffer]:
         out = _error_response(rejected.header.correlation_id, rejected.error, rejected.message)
         return self._complete(rejected.seq, out)
 
     def send_error(self, request: Request, error: ErrorCode, message: str) -> bytes:
         """A whole-request failure (a handler crashed): the client gets `error`."""
+        return b"".join(self.send_error_parts(request, error, message))
+
+    def send_error_parts(self, request: Request, error: ErrorCode, message: str) -> list[Buffer]:
         return self._complete(
             request.seq, _error_response(request.header.correlation_id, error, message)
         )
 
-    def _complete(self, seq: int, data: bytes) -> bytes:
+    def _complete(self, seq: int, parts: list[Buffer]) -> list[Buffer]:
         assert self._next_out <= seq < self._next_seq, "response for an unknown request"
         assert seq not in self._done, "two responses for one request"
-        self._done[seq] = data
+        self._done[seq] = parts
         if seq != self._next_out:
-            return b""
-        ready: list[bytes] = []
+            return []
+        ready: list[Buffer] = []
         while self._next_out in self._done:
-            ready.append(self._done.pop(self._next_out))
+            ready += self._done.pop(self._next_out)
             self._next_out += 1
-        return b"".join(ready)
+        return ready
 
 
 # ------------------------------------------------------------------ client side
@@ -201,6 +308,14 @@ class ClientConnection:
 
     def send_request(self, body: Message, *, api_version: int | None = None) -> tuple[int, bytes]:
         """Return (correlation id, bytes to write)."""
+        correlation_id, parts = self.send_request_parts(body, api_version=api_version)
+        return correlation_id, b"".join(parts)
+
+    def send_request_parts(
+        self, body: Message, *, api_version: int | None = None
+    ) -> tuple[int, list[Buffer]]:
+        """As `send_request`, as buffers for `transport.writelines`: a Produce's record
+        sets are passed through uncopied (see `encode_frame_parts`)."""
         spec = API_BY_REQUEST_TYPE[type(body)]
         correlation_id = self._next_correlation_id
         self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
@@ -211,7 +326,7 @@ class ClientConnection:
             self.client_id,
         )
         self._pending[correlation_id] = spec.response
-        return correlation_id, frame(encode_request_header(header) + encode_body(body))
+        return correlation_id, encode_frame_parts(encode_request_header(header), body)
 
     def receive_data(self, data: bytes) -> list[Response]:
         """Feed bytes; return every complete response. Raises DecodeError when the
