@@ -1,4 +1,5 @@
-"""PNGs from bench/results/*.json (matplotlib, headless):
+"""PNGs in bench/plots/ (committed, for bench/README.md) from bench/results/*.json
+(git-ignored, machine-specific), with matplotlib, headless:
 
 - produce_throughput.png: MB/s of every produce cell, one panel per record size,
   with the issue's target as a line;
@@ -17,7 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.harness import RESULTS_DIR, size_label
+from bench.harness import REPO, RESULTS_DIR, size_label
+
+PLOTS_DIR = REPO / "bench" / "plots"
 
 PRODUCE_TARGET_MB_S = {1024: 250.0, 100: 42.0}  # 420,000 records/s of 100 B = 42 MB/s
 CONSUME_TARGET_RECORDS_S = 1_000_000
@@ -57,7 +60,9 @@ def plot_produce(doc: dict[str, Any], out: Path) -> Path:
             ax.text(r["mb_per_s"], i, f" {r['records_per_s']:,}/s", va="center", fontsize=7)
         target = PRODUCE_TARGET_MB_S.get(size)
         if target:
-            ax.axvline(target, color="red", linestyle="--", label=f"RF3 acks=all target {target:g}")
+            ax.axvline(
+                target, color="red", linestyle="--", label=f"RF3 acks=all target {target:g} MB/s"
+            )
             ax.legend(loc="lower right")
         ax.set_title(f"{size_label(size)} records")
         ax.set_xlabel("MB/s (value bytes); label: records/s")
@@ -122,6 +127,7 @@ def plot_latency(doc: dict[str, Any], out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench plot", description=__doc__.split("\n")[0])
     p.add_argument("--results", type=Path, default=RESULTS_DIR, help="where the JSON files are")
+    p.add_argument("--plots", type=Path, default=PLOTS_DIR, help="where the PNGs go [bench/plots]")
     args = p.parse_args(argv)
     try:
         import matplotlib
@@ -132,11 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     matplotlib.use("Agg")
+    args.plots.mkdir(parents=True, exist_ok=True)
     plots = {"produce": plot_produce, "consume": plot_consume, "latency": plot_latency}
     for name, plot in plots.items():
         doc = _load(args.results, name)
         if doc is not None:
-            print(f"plot: {plot(doc, args.results)}")
+            print(f"plot: {plot(doc, args.plots)}")
     return 0
 
 
