@@ -1,0 +1,212 @@
+"""Fast unit tests (no Java, no cluster): option parsing, the checkpoint offset JSON,
+and the planning rules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from client.epochs import EpochEndOffset
+from client.spark.offsets import Position, SourceOffset
+from client.spark.options import OptionError, SinkOptions, SourceOptions
+from client.spark.planning import (
+    OffsetRange,
+    cap_ends,
+    new_partition_start,
+    split_ranges,
+    validate_stored_position,
+)
+from client.types import TopicPartition
+
+T0, T1, U0 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
+SERVERS = {"kafka.bootstrap.servers": "127.0.0.1:9092"}
+
+
+# ------------------------------------------------------------ options
+
+
+def test_source_options_defaults_and_case_insensitive_keys() -> None:
+    o = SourceOptions.parse({**SERVERS, "SUBSCRIBE": "b, a,a"}, streaming=True)
+    assert o.topics == ("a", "b")
+    assert o.starting.kind == "latest"
+    assert o.fail_on_data_loss is True
+    assert o.max_offsets_per_trigger is None
+    assert o.include_headers is False
+    batch = SourceOptions.parse({"bootstrap.servers": "h:1", "subscribe": "a"}, streaming=False)
+    assert batch.starting.kind == "earliest" and batch.ending.kind == "latest"
+
+
+def test_source_options_all_set() -> None:
+    o = SourceOptions.parse(
+        {
+            **SERVERS,
+            "assign": '{"t": [1, 0], "u": [0]}',
+            "startingOffsets": '{"t": {"0": {"offset": 5, "epoch": 2}, "1": -2}, "u": {"0": 7}}',
+            "failOnDataLoss": "False",
+            "maxOffsetsPerTrigger": "100",
+            "minPartitions": "4",
+            "includeHeaders": "true",
+            "kafkaConsumer.pollTimeoutMs": "5000",
+        },
+        streaming=True,
+    )
+    assert o.assignment == (T0, T1, U0)
+    assert o.starting.as_dict() == {T0: Position(5, 2), T1: Position(-2), U0: Position(7)}
+    assert (o.fail_on_data_loss, o.max_offsets_per_trigger, o.min_partitions) == (False, 100, 4)
+    assert o.include_headers and o.poll_timeout_ms == 5000
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"subscribe": "t"}, "kafka.bootstrap.servers is required"),
+        ({**SERVERS}, "exactly one of the options subscribe"),
+        ({**SERVERS, "subscribe": "t", "assign": '{"t": [0]}'}, "(both are set)"),
+        ({**SERVERS, "subscribe": " , "}, "names no topic"),
+        ({**SERVERS, "assign": "[0]"}, "must be a non-empty JSON object"),
+        ({**SERVERS, "assign": '{"t": ["0"]}'}, "list of partition numbers"),
+        ({**SERVERS, "subscribe": "t", "failOnDataLoss": "yes"}, "true or false"),
+        ({**SERVERS, "subscribe": "t", "maxOffsetsPerTrigger": "0"}, "positive integer"),
+        ({**SERVERS, "subscribe": "t", "minPartitions": "x"}, "positive integer"),
+        ({**SERVERS, "subscribe": "t", "startingOffsets": "first"}, '"earliest", "latest"'),
+        ({**SERVERS, "subscribe": "t", "startingOffsets": '{"t": {"0": -3}}'}, "-2 for earliest"),
+        ({**SERVERS, "subscribe": "t", "startingOffsets": '{"t": {"x": 1}}'}, "not a number"),
+        ({**SERVERS, "subscribe": "t", "startingOffsets": '{"u": {"0": 1}}'}, "does not read"),
+        ({**SERVERS, "subscribe": "t", "endingOffsets": "latest"}, "for batch reads"),
+        ({**SERVERS, "subscribe": "t", "kafka.group.id": "g"}, "unknown source option"),
+        ({**SERVERS, "bootstrap.servers": "other:1", "subscribe": "t"}, "differ"),
+        ({"kafka.bootstrap.servers": "h:port", "subscribe": "t"}, "port must be a number"),
+    ],
+)
+def test_bad_stream_options_name_the_problem(options: dict[str, str], message: str) -> None:
+    with pytest.raises(OptionError) as err:
+        SourceOptions.parse(options, streaming=True)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({**SERVERS, "subscribe": "t", "startingOffsets": "latest"}, "empty batch read"),
+        ({**SERVERS, "subscribe": "t", "endingOffsets": "earliest"}, "cannot be"),
+        ({**SERVERS, "subscribe": "t", "endingOffsets": '{"t": {"0": -2}}'}, "cannot be"),
+        ({**SERVERS, "subscribe": "t", "maxOffsetsPerTrigger": "5"}, "streaming reads only"),
+    ],
+)
+def test_bad_batch_options_name_the_problem(options: dict[str, str], message: str) -> None:
+    with pytest.raises(OptionError) as err:
+        SourceOptions.parse(options, streaming=False)
+    assert message in str(err.value)
+
+
+def test_sink_options() -> None:
+    o = SinkOptions.parse({**SERVERS, "topic": "out", "kafka.compression.type": "LZ4"})
+    assert (o.topic, o.compression_type, o.linger_ms) == ("out", "lz4", 5)
+    assert SinkOptions.parse({**SERVERS, "checkpointLocation": "/tmp/x"}).topic is None
+    with pytest.raises(OptionError, match=r"compression\.type"):
+        SinkOptions.parse({**SERVERS, "kafka.compression.type": "brotli"})
+    with pytest.raises(OptionError, match="unknown sink option"):
+        SinkOptions.parse({**SERVERS, "acks": "1"})
+
+
+# ------------------------------------------------------------ offsets JSON
+
+
+def test_offset_json_has_fixed_key_order_whatever_the_insertion_order() -> None:
+    a = SourceOffset({U0: Position(3, 1), T1: Position(10, 2), T0: Position(0)}, data_loss=1)
+    b = SourceOffset({T0: Position(0), U0: Position(3, 1), T1: Position(10, 2)}, data_loss=1)
+    assert a.text() == b.text()
+    assert a.text() == (
+        '{"partitions": {"t": {"0": {"offset": 0, "epoch": -1}, "1": {"offset": 10, "epoch": 2}}, '
+        '"u": {"0": {"offset": 3, "epoch": 1}}}, "dataLoss": 1}'
+    )
+    # Partitions sort by number, not as text ("10" after "2").
+    many = SourceOffset({TopicPartition("t", p): Position(p) for p in (10, 2, 1)})
+    assert list(many.to_json()["partitions"]["t"]) == ["1", "2", "10"]
+
+
+def test_offset_json_round_trips_through_spark_text() -> None:
+    a = SourceOffset({T0: Position(9, 0), U0: Position(4, 3)}, data_loss=2)
+    again = SourceOffset.from_json(json.loads(a.text()))
+    assert again == a and again.text() == a.text()
+    assert SourceOffset.from_json(a.text()) == a
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"t": {"0": 1}}, "not a minibroker source offset"),
+        ({"partitions": {"t": {"0": {"offset": "1"}}}}, "must be integers"),
+        ({"partitions": {"t": {"0": {"offset": 1, "leader": 2}}}}, "expected an offset"),
+        ({"partitions": {"t": {"0": -1}}}, "negative"),
+    ],
+)
+def test_bad_checkpoint_offsets_are_refused(value: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SourceOffset.from_json(value)
+
+
+# ------------------------------------------------------------ validating stored positions
+
+
+def test_position_on_the_current_lineage_is_kept() -> None:
+    d = validate_stored_position(T0, Position(9, 0), EpochEndOffset(0, 9), log_start=0)
+    assert d.start == Position(9, 0) and d.loss is None
+    # The epoch ended later (the leader wrote more in it): still valid.
+    d = validate_stored_position(T0, Position(9, 0), EpochEndOffset(0, 12), log_start=0)
+    assert d.start == Position(9, 0) and d.loss is None
+
+
+def test_truncation_below_the_stored_offset_is_found_even_if_the_log_grew_back() -> None:
+    """Epoch 0 ends at 5 on the new leader; the stored position (9, epoch 0) is past it,
+    whatever the log end is now (it may be 11: grown back past 9)."""
+    d = validate_stored_position(T0, Position(9, 0), EpochEndOffset(0, 5), log_start=0)
+    assert d.start == Position(5, 0)
+    assert d.loss is not None
+    for part in ("topic t partition 0", "stored offset 9 (leader epoch 0)", "diverges at offset 5"):
+        assert part in d.loss.message, d.loss.message
+
+
+def test_unknown_epoch_and_retention_are_losses_resuming_at_log_start() -> None:
+    d = validate_stored_position(T0, Position(9, 0), EpochEndOffset(-1, -1), log_start=20)
+    assert d.start == Position(20) and d.loss and "no record of leader epoch 0" in d.loss.message
+    d = validate_stored_position(T0, Position(3), None, log_start=20)
+    assert d.start == Position(20) and d.loss and "offsets 3 to 19" in d.loss.message
+    # Without an epoch there is nothing to validate (Kafka skips too).
+    assert validate_stored_position(T0, Position(30), None, log_start=20).loss is None
+
+
+def test_new_partitions_start_at_earliest() -> None:
+    assert new_partition_start(T1, 0).start == Position(0)
+    assert new_partition_start(T1, 0).loss is None
+    late = new_partition_start(T1, 7)
+    assert late.start == Position(7) and late.loss and "instead of 0" in late.loss.message
+
+
+# ------------------------------------------------------------ caps and splits
+
+
+def test_cap_ends_is_exact_and_proportional() -> None:
+    starts = {T0: 0, T1: 10, U0: 5}
+    latest = {T0: 30, T1: 20, U0: 5}
+    assert cap_ends(starts, latest, None) == latest
+    capped = cap_ends(starts, latest, 8)
+    assert sum(capped[tp] - starts[tp] for tp in starts) == 8
+    assert capped == {T0: 6, T1: 12, U0: 5}  # 30:10 backlog -> 6:2
+    assert cap_ends(starts, latest, 1000) == latest
+    # A high watermark behind the start (HW lag after a failover) reads nothing.
+    assert cap_ends({T0: 9}, {T0: 7}, None) == {T0: 9}
+
+
+def test_split_ranges_for_min_partitions_keeps_epoch_checks_at_the_ends() -> None:
+    r = OffsetRange.between(T0, Position(10, 1), Position(20, 3))
+    small = OffsetRange.between(T1, Position(0), Position(2, 0))
+    pieces = split_ranges([r, small], 6)
+    mine = [p for p in pieces if p.tp == T0]
+    assert [(p.start, p.end) for p in mine] == [(10, 12), (12, 14), (14, 16), (16, 18), (18, 20)]
+    assert [p.start_epoch for p in mine] == [1, -1, -1, -1, -1]
+    assert [p.end_epoch for p in mine] == [-1, -1, -1, -1, 3]
+    assert {(p.floor_epoch, p.ceiling_epoch) for p in mine} == {(1, 3)}
+    assert split_ranges([r, small], None) == [r, small]
+    assert split_ranges([OffsetRange(T0, 4, 4)], 3) == []
