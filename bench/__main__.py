@@ -17,9 +17,11 @@ BENCHES = {
     "recovery": "bench.recovery",
     "spark": "bench.spark",
     "plot": "bench.plot",
+    "summary": "bench.summary",
 }
-# `all` runs these in this order (latency reads produce's result for its rate), then plots.
-ALL = ["produce", "consume", "latency", "failover", "recovery", "spark", "plot"]
+# `all` runs these in this order (latency reads produce's result for its rate), then
+# plots and prints the table of figures against the targets.
+ALL = ["produce", "consume", "latency", "failover", "recovery", "spark", "plot", "summary"]
 
 
 def usage() -> str:
@@ -55,7 +57,7 @@ def run_all(rest: list[str]) -> int:
     for name in ALL:
         print(f"\n=== bench {name} ===", flush=True)
         t0 = time.monotonic()
-        args = [] if name == "plot" else list(rest)
+        args = [] if name in ("plot", "summary") else list(rest)
         try:
             code = int(importlib.import_module(BENCHES[name]).main(args) or 0)
         except Exception as exc:  # one broken bench must not hide the others' figures

@@ -51,7 +51,7 @@ RECORD_SIZE = 100
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench spark", description=__doc__.split("\n")[0])
     common_args(p)
-    p.add_argument("--records", type=int, help="records in the topic [3,000,000; 300,000 quick]")
+    p.add_argument("--records", type=int, help="records in the topic [1,000,000; 300,000 quick]")
     p.add_argument("--partitions", type=int, default=4, help="partitions [4]")
     p.add_argument(
         "--max-offsets-per-trigger", type=int, help="maxOffsetsPerTrigger [none: one batch]"
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench spark: cannot run: {reason}", file=sys.stderr)
         return 2
     if args.records is None:
-        args.records = 300_000 if args.quick else 3_000_000
+        args.records = 300_000 if args.quick else 1_000_000
     started = time.monotonic()
     progress = Progress(3, NAME)
     with BenchCluster(1, keep_data=args.keep_data) as cluster:
