@@ -235,15 +235,23 @@ class Handlers:
     async def init_producer_id(
         self, ctx: RequestContext, req: InitProducerIdRequest
     ) -> InitProducerIdResponse:
-        """Idempotent producers only (no transactions): a fresh id at epoch 0."""
+        """Idempotent producers only (no transactions): a fresh id at epoch 0, or with
+        the producer's id and epoch the next epoch of that id (KIP-360 bump)."""
         if req.transactional_id is not None:
             return InitProducerIdResponse(error_code=int(ErrorCode.INVALID_REQUEST))
         try:
-            producer_id = await self.producer_ids.next_id()
+            if req.producer_id == -1 and req.producer_epoch == -1:
+                return InitProducerIdResponse(
+                    producer_id=await self.producer_ids.next_id(), producer_epoch=0
+                )
+            producer_id, epoch = await self.producer_ids.bump(req.producer_id, req.producer_epoch)
+        except ValueError as exc:
+            log.warning("InitProducerId refused: %s", exc)
+            return InitProducerIdResponse(error_code=int(ErrorCode.INVALID_REQUEST))
         except ProducerIdUnavailableError as exc:
             log.warning("InitProducerId: %s", exc)
             return InitProducerIdResponse(error_code=int(exc.error_code))
-        return InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
+        return InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
 
     async def fetch(self, ctx: RequestContext, req: FetchRequest) -> Message:
         return await self.replicas.fetch(req)

@@ -5,6 +5,15 @@ The broker hands out ids from a block the controller allocated to it
 is ever handed out twice, by any broker, even across restarts). When the block is
 used up one request fetches the next; the others wait for it. Fetching is retried a
 bounded number of times; after that InitProducerId answers a retriable error.
+
+KIP-360 epoch bump: an idempotent producer whose sequences broke on some partition
+(its state there was lost, or a batch failed and left a gap) sends InitProducerId with
+its producer id and epoch and gets the same id at the next epoch (`bump`); at the
+last epoch (int16) it gets a new id at epoch 0 instead. Idempotent producer ids are not
+registered anywhere (as in Kafka, whose idempotent producer even bumps locally), so
+nothing else is checked here: the partition leaders fence the older epoch
+(INVALID_PRODUCER_EPOCH, broker/storage/producer_state.py) and take the new one from
+sequence 0.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
 BACKOFF_S = 0.1
 MAX_BACKOFF_S = 1.0
+MAX_PRODUCER_EPOCH = 2**15 - 1  # int16 on the wire
 
 Allocate = Callable[[], Awaitable[AllocateProducerIdsResponse]]
 
@@ -55,6 +65,20 @@ class ProducerIdManager:
             pid = self._next
             self._next += 1
             return pid
+
+    async def bump(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
+        """(producer id, epoch) after a KIP-360 bump of `producer_id` at
+        `producer_epoch`. Raises ValueError for ids/epochs that cannot be bumped and
+        ProducerIdUnavailableError when a new id is needed but none can be had."""
+        if producer_id < 0 or not 0 <= producer_epoch <= MAX_PRODUCER_EPOCH:
+            raise ValueError(
+                f"cannot bump producer id {producer_id} epoch {producer_epoch}: give both, "
+                f"id >= 0 and 0 <= epoch <= {MAX_PRODUCER_EPOCH} (or neither, for a new id)"
+            )
+        if producer_epoch + 1 < MAX_PRODUCER_EPOCH:
+            return producer_id, producer_epoch + 1
+        log.info("producer id %d used up its epochs: handing out a new id", producer_id)
+        return await self.next_id(), 0
 
     async def _fetch_block(self) -> None:
         backoff = self._backoff_s

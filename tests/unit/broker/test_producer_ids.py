@@ -51,3 +51,18 @@ async def test_failures_are_retried_a_bounded_number_of_times() -> None:
     with pytest.raises(ProducerIdUnavailableError) as exc:
         await failing.next_id()
     assert exc.value.error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+
+
+async def test_epoch_bump_keeps_the_id_until_epochs_run_out() -> None:
+    """KIP-360: the next epoch of the same id; at the last epoch a new id at 0."""
+
+    async def allocate() -> AllocateProducerIdsResponse:
+        return AllocateProducerIdsResponse(producer_id_start=500, producer_id_len=10)
+
+    manager = ProducerIdManager(allocate)
+    assert await manager.bump(42, 0) == (42, 1)
+    assert await manager.bump(42, 32_765) == (42, 32_766)
+    assert await manager.bump(42, 32_766) == (500, 0)  # no epoch left: a new id
+    for pid, epoch in ((-1, 0), (42, -1), (42, 40_000)):
+        with pytest.raises(ValueError, match="cannot bump"):
+            await manager.bump(pid, epoch)
