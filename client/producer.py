@@ -22,13 +22,20 @@ which counts as success: a retry after a lost answer never writes twice. Up to
 `max_in_flight` (<= 5) batches per partition are in flight; a batch that fails
 retriably goes back into its queue in sequence order, the later ones in flight come
 back OUT_OF_ORDER_SEQUENCE_NUMBER and are requeued behind it, and retries are sent one
-at a time until the partition is back in order. UNKNOWN_PRODUCER_ID and
-INVALID_PRODUCER_EPOCH (the leader lost our state), an OUT_OF_ORDER answer with no
-earlier batch pending, and a sequenced batch that failed for good (a sequence gap)
-make the producer wait for its in-flight requests, get a new producer id and renumber
-every unacknowledged batch from 0 (what Kafka's idempotent producer does). A broker
-that does not support InitProducerId (INVALID_REQUEST / UNSUPPORTED_VERSION) makes the
-producer fall back to non-idempotent delivery with a WARNING.
+at a time until the partition is back in order.
+
+KIP-360: UNKNOWN_PRODUCER_ID and INVALID_PRODUCER_EPOCH (the leader lost our state,
+e.g. after an unclean election), an OUT_OF_ORDER answer with no earlier batch pending,
+and a sequenced batch that failed for good (a sequence gap) make the producer bump its
+epoch: InitProducerId with its producer id and epoch returns the same id at the next
+epoch (a new id once the epochs run out, or from a broker that cannot bump). Each
+partition then moves to the new epoch on its own, once its in-flight batches are
+answered: a batch whose answer was lost is first resent under its old epoch and
+sequence (so the leader still recognises a duplicate), then the partition's
+unacknowledged batches are renumbered from 0 in queue order (never reordered). The
+leaders fence the old epoch (INVALID_PRODUCER_EPOCH) once they have seen the new one.
+A broker that does not support InitProducerId (INVALID_REQUEST / UNSUPPORTED_VERSION)
+makes the producer fall back to non-idempotent delivery with a WARNING.
 
 Without idempotence at most one batch per partition is in flight, so a retry never
 overtakes a later batch, but a retry after a lost answer may write a batch twice, as
@@ -82,6 +89,7 @@ log = logging.getLogger(__name__)
 _RECORD_OVERHEAD = 24
 _MAX_IN_FLIGHT_IDEMPOTENT = 5  # the leader remembers the last 5 batches per producer
 _SEQUENCE_WRAP = 2**31
+_MAX_PRODUCER_EPOCH = 2**15 - 1  # int16: at the last epoch a new producer id is needed
 _SEQUENCE_ERRORS = frozenset(
     {
         ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
@@ -175,8 +183,14 @@ class AsyncProducer:
         self._producer_id = NO_PRODUCER_ID
         self._producer_epoch = NO_PRODUCER_EPOCH
         self._next_seq: dict[TopicPartition, int] = {}
-        self._need_pid = False
-        self._pid_task: asyncio.Task[None] | None = None
+        # (producer id, epoch) each partition's sequence numbers belong to: a partition
+        # moves to a new epoch only once its batches of the old one are resolved.
+        self._seq_owner: dict[TopicPartition, tuple[int, int]] = {}
+        # Partitions whose unacknowledged batches were refused for their sequence (state
+        # lost, a gap): renumbered from 0 under the next epoch.
+        self._resets: set[TopicPartition] = set()
+        self._need_bump = False
+        self._bump_task: asyncio.Task[None] | None = None
         self.compression = Compression.from_name(compression_type)
         if batch_size < 1 or linger_ms < 0 or max_request_size <= HEADER_SIZE:
             raise ValueError("batch_size >= 1, linger_ms >= 0 and max_request_size > 61 needed")
@@ -287,8 +301,8 @@ class AsyncProducer:
             if self._sender is not None:
                 self._sender.cancel()
                 await asyncio.gather(self._sender, return_exceptions=True)
-            if self._pid_task is not None:
-                self._pid_task.cancel()
+            if self._bump_task is not None:
+                self._bump_task.cancel()
             for task in list(self._request_tasks):
                 task.cancel()
             await asyncio.gather(*self._request_tasks, return_exceptions=True)
@@ -469,13 +483,11 @@ class AsyncProducer:
         by_leader: dict[int, list[_Batch]] = defaultdict(list)
         request_bytes: dict[int, int] = defaultdict(int)
         urgent = self._flushing > 0 or self._closing
-        if self._need_pid:
-            self._start_pid_reset()
+        if self._need_bump:
+            self._start_epoch_bump()
         for tp, queue in list(self._batches.items()):
             while queue and now - queue[0].created > delivery_timeout:
                 expired = queue.popleft()
-                if expired.base_sequence is not None:
-                    self._need_pid = True  # a sequence gap: renumber from a new id
                 self._fail(
                     expired,
                     KafkaTimeoutError(
@@ -484,7 +496,7 @@ class AsyncProducer:
                         f"({expired.attempts} attempts)"
                     ),
                 )
-            if self._need_pid:
+            if self._need_bump or (self._idempotent and not self._on_current_epoch(tp, queue)):
                 continue
             limit = self.max_in_flight if self._idempotent else 1
             while queue:
@@ -541,6 +553,8 @@ class AsyncProducer:
         builder = batch.builder
         assert builder is not None
         if self._idempotent:
+            owner = (self._producer_id, self._producer_epoch)
+            assert self._seq_owner.setdefault(tp, owner) == owner, "numbering across epochs"
             seq = self._next_seq.get(tp, 0)
             batch.base_sequence = seq
             builder.producer_id = self._producer_id
@@ -554,50 +568,88 @@ class AsyncProducer:
             builder.base_sequence = NO_SEQUENCE
         batch.payload = builder.build()
 
-    def _start_pid_reset(self) -> float | None:
-        """Once nothing is in flight, get a new producer id and renumber every
-        unacknowledged batch (after UNKNOWN_PRODUCER_ID, a fenced epoch or a gap)."""
-        if any(self._in_flight.values()):
-            return None  # the last answer wakes the sender
-        if self._pid_task is None or self._pid_task.done():
-            self._pid_task = asyncio.get_running_loop().create_task(
-                self._reset_producer_id(), name="minibroker-producer-init-id"
-            )
-        return None
+    def _on_current_epoch(self, tp: TopicPartition, queue: deque[_Batch]) -> bool:
+        """KIP-360: whether `tp` may send now. After an epoch bump a partition keeps its
+        old (producer id, epoch) until its in-flight batches are answered; a retry whose
+        outcome is unknown (a lost answer) goes again under its old numbers, so the
+        leader can still recognise it as a duplicate. Then the partition moves to the
+        current epoch at sequence 0, its refused batches renumbered in queue order
+        (never reordered)."""
+        current = (self._producer_id, self._producer_epoch)
+        owner = self._seq_owner.get(tp)
+        if owner is None or owner == current:
+            return True
+        if self._in_flight.get(tp):
+            return False  # the answers decide what is resolved
+        if tp not in self._resets and queue and queue[0].base_sequence is not None:
+            return True  # resolve the old epoch's retries first
+        for batch in queue:
+            batch.payload = None
+            batch.base_sequence = None
+        self._next_seq[tp] = 0
+        self._seq_owner[tp] = current
+        self._resets.discard(tp)
+        log.info(
+            "%s: sequences restart at 0 under producer id %d epoch %d (were %d epoch %d)",
+            tp,
+            *current,
+            *owner,
+        )
+        return True
 
-    async def _reset_producer_id(self) -> None:
+    def _need_reset(self, tp: TopicPartition) -> None:
+        """`tp`'s numbering broke (the leader lost our state, or a gap): bump the epoch
+        and renumber its unacknowledged batches from 0 once its in-flight ones return."""
+        self._resets.add(tp)
+        if self._seq_owner.get(tp) == (self._producer_id, self._producer_epoch):
+            self._need_bump = True
+        # else a bump happened since these batches were numbered: they move to it
+
+    def _start_epoch_bump(self) -> None:
+        if self._bump_task is None or self._bump_task.done():
+            self._bump_task = asyncio.get_running_loop().create_task(
+                self._bump_epoch(), name="minibroker-producer-bump-epoch"
+            )
+
+    async def _bump_epoch(self) -> None:
         try:
-            await self._init_producer_id()
+            await self._init_producer_id(bump=True)
         except MinibrokerError as exc:
-            log.error("cannot get a new producer id: %s; retrying", exc)
+            log.error("cannot bump the producer epoch: %s; retrying", exc)
             await asyncio.sleep(self.retry_backoff_max_ms / 1000)
             self._wakeup.set()
             return
-        self._next_seq.clear()
-        for queue in self._batches.values():
-            for batch in queue:
-                batch.payload = None
-                batch.base_sequence = None
-        self._need_pid = False
+        self._need_bump = False
         self._wakeup.set()
 
-    async def _init_producer_id(self) -> None:
-        """InitProducerId, retried within max_block_ms. A broker that does not support
-        it makes this producer fall back to non-idempotent delivery (a WARNING)."""
+    async def _init_producer_id(self, *, bump: bool = False) -> None:
+        """InitProducerId, retried within max_block_ms. `bump` (KIP-360) sends the
+        current producer id and epoch and gets the next epoch of the same id (a new id
+        when the epoch is exhausted or the broker cannot bump). A broker that does not
+        support InitProducerId makes this producer fall back to non-idempotent delivery
+        (a WARNING)."""
         deadline = time.monotonic() + self.max_block_ms / 1000
         backoff = self.retry_backoff_ms / 1000
+        old = (self._producer_id, self._producer_epoch)
+        bump = bump and old[0] >= 0 and 0 <= old[1] < _MAX_PRODUCER_EPOCH
         while True:
             error: MinibrokerError
+            request = (
+                InitProducerIdRequest(producer_id=old[0], producer_epoch=old[1])
+                if bump
+                else InitProducerIdRequest()
+            )
             try:
-                response = await self._cluster.send_any(InitProducerIdRequest())
+                response = await self._cluster.send_any(request)
                 assert isinstance(response, InitProducerIdResponse)
                 if response.error_code == ErrorCode.NONE:
-                    self._producer_id = response.producer_id
-                    self._producer_epoch = response.producer_epoch
+                    new = (response.producer_id, response.producer_epoch)
+                    assert new[0] != old[0] or new[1] > old[1], f"epoch went back: {old} -> {new}"
+                    self._producer_id, self._producer_epoch = new
                     log.info(
-                        "idempotent producer: producer id %d epoch %d",
-                        self._producer_id,
-                        self._producer_epoch,
+                        "idempotent producer: producer id %d epoch %d%s",
+                        *new,
+                        f" (bumped from epoch {old[1]})" if new[0] == old[0] else "",
                     )
                     return
                 error = error_for(response.error_code, "InitProducerId")
@@ -606,6 +658,12 @@ class AsyncProducer:
             except MinibrokerError as exc:
                 error = exc
             code = getattr(error, "error_code", None)
+            if bump and code in (ErrorCode.INVALID_REQUEST, ErrorCode.UNSUPPORTED_VERSION):
+                log.warning(
+                    "the broker cannot bump the epoch (%s): getting a new producer id", error
+                )
+                bump = False
+                continue
             if code in (ErrorCode.INVALID_REQUEST, ErrorCode.UNSUPPORTED_VERSION):
                 log.warning(
                     "the broker does not support InitProducerId (%s): idempotence is off, "
@@ -691,14 +749,15 @@ class AsyncProducer:
                     not self._earlier_pending(batch)
                 ):
                     log.warning(
-                        "%s: %s for sequence %d (producer id %d): getting a new producer "
-                        "id and renumbering unacknowledged batches",
+                        "%s: %s for sequence %d (producer id %d epoch %d): bumping the "
+                        "epoch and renumbering the partition's unacknowledged batches",
                         batch.tp,
                         error.error_code.name,
                         batch.base_sequence,
                         self._producer_id,
+                        self._producer_epoch,
                     )
-                    self._need_pid = True
+                    self._need_reset(batch.tp)
                 self._retry_or_fail(batch, error, retriable=True)
             else:
                 error = error_for(
@@ -803,7 +862,7 @@ class AsyncProducer:
 
     def _fail(self, batch: _Batch, error: BaseException) -> None:
         if batch.base_sequence is not None and batch in self._incomplete and not self._closing:
-            self._need_pid = True  # its sequence is a gap now: renumber the later ones
+            self._need_reset(batch.tp)  # its sequence is a gap now: renumber the later ones
         for future, *_ in batch.records:
             if not future.done():
                 future.set_exception(error)

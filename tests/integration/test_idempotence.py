@@ -89,16 +89,23 @@ async def produce(address: tuple[str, int], records: bytes, **kw: int) -> Produc
     return resp.topics[0].partitions[0]
 
 
-async def create_topic(address: tuple[str, int], rf: int) -> None:
+async def create_topic(
+    address: tuple[str, int],
+    rf: int,
+    *,
+    name: str = TOPIC,
+    partitions: int = 1,
+    configs: dict[str, str] | None = None,
+) -> None:
     async with TestClient(*address) as client:
         resp = await client.call(
             CreateTopicsRequest(
                 topics=[
                     CreatableTopic(
-                        name=TOPIC,
-                        num_partitions=1,
+                        name=name,
+                        num_partitions=partitions,
                         replication_factor=rf,
-                        configs={"min.insync.replicas": str(min(rf, 2))},
+                        configs={"min.insync.replicas": str(min(rf, 2)), **(configs or {})},
                     )
                 ]
             )
@@ -115,7 +122,9 @@ async def init_producer_id(address: tuple[str, int]) -> int:
     return resp.producer_id
 
 
-async def wait_partition(cluster: Cluster, predicate, *, what: str) -> MetadataPartition:
+async def wait_partition(
+    cluster: Cluster, predicate, *, what: str, topic: str = TOPIC
+) -> MetadataPartition:
     deadline = time.monotonic() + 30
     last = None
     while time.monotonic() < deadline:
@@ -124,7 +133,7 @@ async def wait_partition(cluster: Cluster, predicate, *, what: str) -> MetadataP
                 continue
             try:
                 async with TestClient(*proc.address) as client:
-                    md = await client.call(MetadataRequest(topics=[TOPIC]))
+                    md = await client.call(MetadataRequest(topics=[topic]))
                 assert isinstance(md, MetadataResponse)
                 if md.topics and md.topics[0].error_code == 0:
                     last = md.topics[0].partitions[0]
@@ -261,21 +270,7 @@ async def start_lib_cluster(cluster: Cluster) -> None:
     cluster.start_controller(session_timeout_ms=2000)
     for node in (1, 2, 3):
         cluster.start_broker(node, *FLAGS)
-    async with TestClient(*cluster.brokers[1].address) as client:
-        resp = await client.call(
-            CreateTopicsRequest(
-                topics=[
-                    CreatableTopic(
-                        name=LIB_TOPIC,
-                        num_partitions=LIB_PARTITIONS,
-                        replication_factor=3,
-                        configs={"min.insync.replicas": "2"},
-                    )
-                ]
-            )
-        )
-    assert isinstance(resp, CreateTopicsResponse)
-    assert resp.topics[0].error_code == 0, resp.topics[0].error_message
+    await create_topic(cluster.brokers[1].address, 3, name=LIB_TOPIC, partitions=LIB_PARTITIONS)
     await wait_lib_partitions(cluster, lambda p: p.leader_id >= 0 and len(p.isr_nodes) == 3)
 
 
@@ -476,3 +471,89 @@ async def test_without_idempotence_lost_responses_duplicate(cluster: Cluster) ->
     duplicates = len(values) - len(set(values))
     assert set(values) == set(range(total))
     assert duplicates > 0, "lost responses without idempotence should have duplicated"
+
+
+# ---------------------------------------------------------------------------------------
+# KIP-360 on a real cluster: the new leader lost the producer's state (an unclean
+# election onto a replica that never had its batches); the producer bumps its epoch.
+
+KIP360_TOPIC = "kip360"
+
+
+async def test_lost_producer_state_bumps_the_epoch_on_a_real_cluster(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replicas [leader L, follower F], min ISR 1, unclean election on. F stops; three
+    records go to L alone; L is SIGKILLed and F comes back: F leads (unclean) with an
+    empty log and no state for the producer. The next batch (sequence 3) is refused
+    UNKNOWN_PRODUCER_ID; the producer sends InitProducerId with its id and epoch, gets
+    epoch 1 of the same id, and the partition starts again at sequence 0, in order. A
+    batch of the old epoch is fenced (INVALID_PRODUCER_EPOCH)."""
+    caplog.set_level(logging.INFO, logger="client.producer")
+    cluster.start_controller(session_timeout_ms=2000)
+    for node in (1, 2):
+        cluster.start_broker(node, "--replica-lag-time-max-ms", "1500")
+    await create_topic(
+        cluster.brokers[1].address,
+        2,
+        name=KIP360_TOPIC,
+        configs={"min.insync.replicas": "1", "unclean.leader.election.enable": "true"},
+    )
+    state = await wait_partition(
+        cluster,
+        lambda p: p.leader_id > 0 and len(p.isr_nodes) == 2,
+        what="ISR of 2",
+        topic=KIP360_TOPIC,
+    )
+    leader, follower = state.leader_id, 3 - state.leader_id
+    assert cluster.brokers[follower].terminate() == 0
+    await wait_partition(
+        cluster, lambda p: list(p.isr_nodes) == [leader], what="ISR [leader]", topic=KIP360_TOPIC
+    )
+    tp = TopicPartition(KIP360_TOPIC, 0)
+    async with AsyncProducer(
+        ",".join(f"{h}:{p}" for h, p in (b.address for b in cluster.brokers.values())),
+        linger_ms=0,
+        retry_backoff_ms=50,
+        request_timeout_ms=5_000,
+        delivery_timeout_ms=45_000,
+    ) as producer:
+        pid = producer.producer_id
+        for i in range(3):
+            md = await producer.send_and_wait(KIP360_TOPIC, b"lost-%d" % i, partition=0)
+            assert md.offset == i
+        # The leader dies with the only copy; the empty follower takes over (unclean).
+        cluster.brokers[leader].kill()
+        await asyncio.to_thread(cluster.start_broker, follower, "--replica-lag-time-max-ms", "1500")
+        after = [await producer.send(KIP360_TOPIC, b"new-%d" % i, partition=0) for i in range(3)]
+        offsets = [(await f).offset for f in after]
+        assert offsets == [0, 1, 2]  # the new lineage, in send order
+        assert (producer.producer_id, producer.producer_epoch) == (pid, 1)
+        assert producer.cluster.leader_for(tp)[0] == follower
+    assert "UNKNOWN_PRODUCER_ID" in caplog.text and "bumped from epoch 0" in caplog.text
+    inits = [r for r in caplog.records if "idempotent producer: producer id" in r.getMessage()]
+    assert len(inits) == 2, [r.getMessage() for r in inits]
+
+    # The old epoch is fenced at the leader; the new one goes on.
+    new_leader = cluster.brokers[follower].address
+    stale = BatchBuilder(producer_id=pid, producer_epoch=0, base_sequence=3)
+    stale.append(b"zombie")
+    async with TestClient(*new_leader) as client:
+        resp = await client.call(
+            ProduceRequest(
+                acks=-1,
+                timeout_ms=5000,
+                topics=[
+                    ProduceTopic(
+                        name=KIP360_TOPIC,
+                        partitions=[ProducePartition(index=0, records=stale.build())],
+                    )
+                ],
+            )
+        )
+    assert isinstance(resp, ProduceResponse)
+    assert resp.topics[0].partitions[0].error_code == ErrorCode.INVALID_PRODUCER_EPOCH
+    async with TestClient(*new_leader) as client:
+        log = await client.call(DescribeReplicaLogRequest(topic=KIP360_TOPIC, partition=0))
+    assert isinstance(log, DescribeReplicaLogResponse)
+    assert log.log_end_offset == 3 and log.batches[-1].last_offset == 2  # nothing else

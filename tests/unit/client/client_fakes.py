@@ -170,6 +170,10 @@ class FakeBroker:
         if isinstance(body, InitProducerIdRequest):
             if not self.supports_idempotence:
                 return InitProducerIdResponse(error_code=ErrorCode.INVALID_REQUEST)
+            if body.producer_id >= 0:  # KIP-360: the next epoch of the same id
+                return InitProducerIdResponse(
+                    producer_id=body.producer_id, producer_epoch=body.producer_epoch + 1
+                )
             self.next_producer_id += 1
             return InitProducerIdResponse(producer_id=self.next_producer_id, producer_epoch=0)
         if isinstance(body, FindCoordinatorRequest):
@@ -289,7 +293,9 @@ class FakeBroker:
                         )
                         continue
                     last = header.base_sequence + header.last_offset_delta
-                    _, _, recent = part.producers.get(pid, (0, -1, {}))
+                    old_epoch, _, recent = part.producers.get(pid, (0, -1, {}))
+                    if old_epoch != header.producer_epoch:
+                        recent = {}
                     recent = dict(list(recent.items())[-4:])
                     recent[header.base_sequence] = base
                     part.producers[pid] = (header.producer_epoch, last, recent)
@@ -419,6 +425,8 @@ def _check_sequence(part: FakePartition, header: object) -> tuple[ErrorCode, int
     epoch = header.producer_epoch  # type: ignore[attr-defined]
     seq = header.base_sequence  # type: ignore[attr-defined]
     known = part.producers.get(pid)
+    if known is None and seq != 0:
+        return ErrorCode.UNKNOWN_PRODUCER_ID, None  # its state was lost here
     if known is None or epoch > known[0]:
         return (
             (ErrorCode.NONE, None) if seq == 0 else (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, None)

@@ -1,5 +1,6 @@
 """The idempotent producer against the in-test broker (which deduplicates by producer
-id and sequence like a leader): numbering, lost answers, retry order, re-init."""
+id and sequence like a leader): numbering, lost answers, retry order, and the KIP-360
+epoch bump after the leader lost our state (per partition, never reordering)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from protocol.messages import (
     ProducePartitionResponse,
     ProduceRequest,
     ProduceResponse,
+    ProduceTopic,
     ProduceTopicResponse,
 )
 from protocol.record_batch import iter_records, validate_batches
@@ -115,24 +117,33 @@ async def test_retry_order_with_pipelined_batches(broker: FakeBroker) -> None:
     assert max(h.base_sequence for h in headers) == 7
 
 
-async def test_lost_producer_state_reinitializes(
+async def test_lost_producer_state_bumps_the_epoch(
     broker: FakeBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """KIP-360: UNKNOWN_PRODUCER_ID -> InitProducerId with our id and epoch -> the same
+    id at epoch 1; the partition starts again at sequence 0."""
     async with AsyncProducer(broker.address, linger_ms=0, retry_backoff_ms=5) as producer:
         await producer.send_and_wait("t", b"x0", partition=0)
         await producer.send_and_wait("t", b"x1", partition=0)
-        first = producer.producer_id
+        pid = producer.producer_id
         broker.topics["t"][0].producers.clear()  # the leader forgot us
         with caplog.at_level(logging.WARNING, logger="client.producer"):
             md = await producer.send_and_wait("t", b"x2", partition=0)
         assert md.offset == 2
-        assert producer.producer_id != first
+        assert (producer.producer_id, producer.producer_epoch) == (pid, 1)
     assert log_values(broker) == [b"x0", b"x1", b"x2"]
-    assert len(broker.requests_of(InitProducerIdRequest)) == 2
-    assert any("new producer id" in r.getMessage() for r in caplog.records)
+    inits = broker.requests_of(InitProducerIdRequest)
+    assert [(r.producer_id, r.producer_epoch) for r in inits] == [(-1, -1), (pid, 0)]
+    assert [(h.producer_epoch, h.base_sequence) for h in sent_headers(broker)] == [
+        (0, 0),
+        (0, 1),
+        (0, 2),  # refused: UNKNOWN_PRODUCER_ID
+        (1, 0),
+    ]
+    assert any("bumping the epoch" in r.getMessage() for r in caplog.records)
 
 
-async def test_unknown_producer_id_answer_reinitializes(broker: FakeBroker) -> None:
+async def test_unknown_producer_id_answer_bumps_the_epoch(broker: FakeBroker) -> None:
     once = iter([True])
 
     def unknown(body: Message) -> Message | None:
@@ -152,28 +163,100 @@ async def test_unknown_producer_id_answer_reinitializes(broker: FakeBroker) -> N
     broker.overrides[ProduceRequest] = unknown
     async with AsyncProducer(broker.address, linger_ms=0, retry_backoff_ms=5) as producer:
         md = await producer.send_and_wait("t", b"y", partition=0)
+        assert producer.producer_epoch == 1
     assert md.offset == 0
     assert len(broker.requests_of(InitProducerIdRequest)) == 2
-    assert sent_headers(broker)[-1].base_sequence == 0
+    assert (sent_headers(broker)[-1].producer_epoch, sent_headers(broker)[-1].base_sequence) == (
+        1,
+        0,
+    )
 
 
-async def test_falls_back_when_the_broker_lacks_init_producer_id(
-    broker: FakeBroker, caplog: pytest.LogCaptureFixture
-) -> None:
-    broker.supports_idempotence = False
-    with caplog.at_level(logging.WARNING, logger="client.producer"):
-        async with AsyncProducer(broker.address, linger_ms=0) as producer:
-            md = await producer.send_and_wait("t", b"z", partition=0)
-            assert producer.producer_id == -1
-    assert md.offset == 0
-    assert any("does not support InitProducerId" in r.getMessage() for r in caplog.records)
-    assert sent_headers(broker)[0].producer_id == -1
+async def test_epoch_bump_renumbers_pipelined_batches_in_order(broker: FakeBroker) -> None:
+    """Five batches in flight when the leader loses our state: all come back refused,
+    and are renumbered 0.. under the new epoch in send order (never reordered); the
+    other partition moves to the new epoch at sequence 0 with its next batch."""
+    forgot = False
+
+    async def forget_once(body: Message) -> Message | None:
+        nonlocal forgot
+        if not forgot and len(broker.topics["t"][0].batches) >= 2:
+            forgot = True
+            broker.topics["t"][0].producers.clear()
+        await asyncio.sleep(0.01)  # keep several batches in flight
+        return None
+
+    broker.overrides[ProduceRequest] = forget_once
+    async with AsyncProducer(
+        broker.address, linger_ms=0, batch_size=1, retry_backoff_ms=5
+    ) as producer:
+        await producer.send_and_wait("t", b"p1-a", partition=1)
+        futures = [await producer.send("t", b"v%d" % i, partition=0) for i in range(12)]
+        results = await asyncio.gather(*futures)
+        await producer.send_and_wait("t", b"p1-b", partition=1)
+        assert producer.producer_epoch == 1
+    assert forgot
+    assert [md.offset for md in results] == list(range(12))
+    assert log_values(broker) == [b"v%d" % i for i in range(12)]
+    assert log_values(broker, 1) == [b"p1-a", b"p1-b"]
+    accepted = [
+        (h.producer_epoch, h.base_sequence)
+        for h in sent_headers(broker)
+        if h.producer_epoch == 1 or h.base_sequence < 2
+    ]
+    assert accepted[:2] == [(0, 0), (0, 1)]
+    epoch1 = [seq for epoch, seq in accepted if epoch == 1]
+    assert epoch1 == sorted(epoch1) and epoch1[0] == 0
+    assert [(h.producer_epoch, h.base_sequence) for h in sent_headers(broker, 1)] == [
+        (0, 0),
+        (1, 0),
+    ]
 
 
-def test_idempotence_config_rules() -> None:
-    with pytest.raises(ValueError):
-        AsyncProducer("127.0.0.1:1", acks=1, enable_idempotence=True)
-    with pytest.raises(ValueError):
-        AsyncProducer("127.0.0.1:1", max_in_flight=6)
-    assert not AsyncProducer("127.0.0.1:1", acks=1).enable_idempotence
-    assert AsyncProducer("127.0.0.1:1").enable_idempotence
+async def test_old_epoch_retry_resolves_before_the_partition_moves(broker: FakeBroker) -> None:
+    """Partition 1's answer is lost, and its retries are refused for a while, when
+    partition 0 makes the producer bump its epoch: partition 1 resends that batch under
+    its old epoch and sequence (the leader finds the duplicate) and only then moves to
+    the new epoch. Renumbering it instead would have written it twice."""
+    state = {"drop": True, "hold": False}
+
+    def script(body: ProduceRequest) -> object:
+        if not any(p.index == 1 for t in body.topics for p in t.partitions):
+            return None
+        if state["drop"]:
+            state["drop"] = False
+            state["hold"] = True
+            broker.produce(body)  # appended...
+            return DROP_CONNECTION  # ...the answer lost
+        if not state["hold"]:
+            return None
+        # Partition 1 refused (retriable), the others served.
+        others = [
+            ProduceTopic(name=t.name, partitions=[p for p in t.partitions if p.index != 1])
+            for t in body.topics
+        ]
+        served = broker.produce(ProduceRequest(acks=body.acks, timeout_ms=1, topics=others))
+        served.topics[0].partitions.append(
+            ProducePartitionResponse(index=1, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        )
+        return served
+
+    async with AsyncProducer(
+        broker.address, linger_ms=0, retry_backoff_ms=5, request_timeout_ms=2000
+    ) as producer:
+        await producer.send_and_wait("t", b"a0", partition=0)
+        await producer.send_and_wait("t", b"b0", partition=1)
+        broker.overrides[ProduceRequest] = script
+        lost = await producer.send("t", b"b1", partition=1)
+        while state["drop"]:
+            await asyncio.sleep(0.01)
+        broker.topics["t"][0].producers.clear()  # partition 0's leader forgets us
+        md = await producer.send_and_wait("t", b"a1", partition=0)  # UNKNOWN -> bump
+        assert (producer.producer_epoch, md.offset) == (1, 1)
+        state["hold"] = False
+        assert (await lost).offset == 1  # the duplicate's original offset
+        await producer.send_and_wait("t", b"b2", partition=1)
+    assert log_values(broker, 1) == [b"b0", b"b1", b"b2"]
+    p1 = [(h.producer_epoch, h.base_sequence) for h in sent_headers(broker, 1)]
+    assert p1[0] == (0, 0) and p1[-1] == (1, 0), p1
+    assert set(p1[1:-1]) == {(0, 1)}, p1  # the lost one, resent under its old numbers
