@@ -135,12 +135,30 @@ async def read_raw(
         await client.close()
 
 
-COLUMNS = ["reader", "partitions", "batch", "records/s", "MB/s", "records"]
+COLUMNS = [
+    "reader",
+    "partitions",
+    "batch",
+    "records/s",
+    "MB/s",
+    "records",
+    "client cores",
+    "broker cores",
+]
 
 
 def table_row(r: dict[str, Any]) -> list[Any]:
     batch = size_label(r["batch_size"])
-    return [r["reader"], r["partitions"], batch, r["records_per_s"], r["mb_per_s"], r["records"]]
+    return [
+        r["reader"],
+        r["partitions"],
+        batch,
+        r["records_per_s"],
+        r["mb_per_s"],
+        r["records"],
+        r["client_cores"],
+        r["broker_cores"],
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             progress.step(f"written: {label}")
             for reader in args.reader:
                 progress.update(f"{reader}: {label}")
+                broker_cpu, client_cpu = cluster.broker_cpu_seconds(), time.process_time()
                 records, nbytes, secs = run(
                     readers[reader](
                         cluster.bootstrap,
@@ -177,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                         args.partition_fetch_bytes,
                     )
                 )
+                broker_cpu = cluster.broker_cpu_seconds() - broker_cpu
+                client_cpu = time.process_time() - client_cpu
                 if records == 0:
                     raise RuntimeError(f"{reader} read nothing from {topic}")
                 nbytes = nbytes or round(records * per_record)
@@ -192,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
                         "seconds": round(secs, 3),
                         "records_per_s": round(records / secs),
                         "mb_per_s": round(nbytes / secs / 1e6, 1),
+                        # CPU cores busy on average: who is the bottleneck.
+                        "client_cores": round(client_cpu / secs, 2),
+                        "broker_cores": round(broker_cpu / secs, 2),
                     }
                 )
                 progress.step(f"{reader}: {label}")

@@ -119,6 +119,10 @@ class BenchCluster:
         else:
             shutil.rmtree(self.root, ignore_errors=True)
 
+    def broker_cpu_seconds(self) -> float:
+        """User + system CPU seconds used so far by the running brokers together."""
+        return sum(process_cpu_seconds(b.pid) for b in self.cluster.brokers.values() if b.alive)
+
     @property
     def bootstrap(self) -> str:
         return ",".join(f"{b.host}:{b.port}" for b in self.cluster.brokers.values() if b.port)
@@ -146,6 +150,19 @@ class BenchCluster:
     async def delete_topic(self, name: str) -> None:
         async with AsyncAdmin(self.bootstrap) as admin:
             await admin.delete_topics([name])
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process from /proc (0 if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def _sigterm_to_exit(signum: int, frame: object) -> None:

@@ -124,6 +124,7 @@ async def _produce(spec: dict[str, Any], ready: Any, go: Any) -> dict[str, Any]:
         await asyncio.to_thread(go.wait, WORKER_START_TIMEOUT_S)
         samples: list[asyncio.Future[Any]] = []
         sent = 0
+        cpu_start = time.process_time()
         started_wall = time.time()
         end = time.perf_counter() + spec["seconds"]
         send = producer.send
@@ -139,7 +140,8 @@ async def _produce(spec: dict[str, Any], ready: Any, go: Any) -> dict[str, Any]:
         finished_wall = time.time()
         for future in samples:
             future.result()  # raises if its batch failed
-        return {"sent": sent, "start": started_wall, "end": finished_wall}
+        cpu = time.process_time() - cpu_start
+        return {"sent": sent, "start": started_wall, "end": finished_wall, "cpu_s": cpu}
     finally:
         await producer.close()
 
@@ -171,6 +173,7 @@ def run_cell(cluster: BenchCluster, spec: dict[str, Any], index: int) -> dict[st
                 dead = [p for p in procs if not p.is_alive()]
                 if dead or time.monotonic() > deadline:
                     raise RuntimeError(f"a producer did not start: {_drain_errors(results)}")
+        broker_cpu = cluster.broker_cpu_seconds()
         go.set()
         outcomes = []
         wait_s = spec["seconds"] + 120
@@ -179,6 +182,7 @@ def run_cell(cluster: BenchCluster, spec: dict[str, Any], index: int) -> dict[st
                 outcomes.append(results.get(timeout=wait_s))
             except queue.Empty:
                 raise RuntimeError(f"a producer did not finish within {wait_s:.0f} s") from None
+        broker_cpu = cluster.broker_cpu_seconds() - broker_cpu
         errors = [o["error"] for o in outcomes if "error" in o]
         if errors:
             raise RuntimeError("producer failed: " + "; ".join(errors))
@@ -197,6 +201,9 @@ def run_cell(cluster: BenchCluster, spec: dict[str, Any], index: int) -> dict[st
         "seconds": round(elapsed, 3),
         "records_per_s": round(sent / elapsed),
         "mb_per_s": round(sent * spec["record_size"] / elapsed / 1e6, 2),
+        # CPU cores busy on average (2 = both cores of this machine): who is the bottleneck.
+        "client_cores": round(sum(o["cpu_s"] for o in outcomes) / elapsed, 2),
+        "broker_cores": round(broker_cpu / elapsed, 2),
         # acks=1: how long the followers took to catch up after the last ack.
         "replication_catch_up_s": round(catch_up, 2),
     }
@@ -235,7 +242,17 @@ async def _wait_log_end(
             await asyncio.sleep(0.1)
 
 
-COLUMNS = ["rf", "acks", "record B", "batch", "producers", "records/s", "MB/s"]
+COLUMNS = [
+    "rf",
+    "acks",
+    "record B",
+    "batch",
+    "producers",
+    "records/s",
+    "MB/s",
+    "client cores",
+    "broker cores",
+]
 
 
 def table_row(r: dict[str, Any]) -> list[Any]:
@@ -248,6 +265,8 @@ def table_row(r: dict[str, Any]) -> list[Any]:
         r["producers"],
         r["records_per_s"],
         r["mb_per_s"],
+        r["client_cores"],
+        r["broker_cores"],
     ]
 
 
