@@ -309,6 +309,12 @@ class ProducerStateManager:
 
     def take_snapshot(self) -> Path:
         """Write the state as `<map_end_offset>.snapshot` (replacing one at that offset)."""
+        path, data = self.encode_snapshot()
+        atomic_write(path, data)
+        return path
+
+    def encode_snapshot(self) -> tuple[Path, bytes]:
+        """The snapshot `take_snapshot` writes, as (path, bytes) for a writer thread."""
         body = msgspec.json.encode(
             {
                 "offset": self.map_end_offset,
@@ -319,8 +325,7 @@ class ProducerStateManager:
             }
         )
         path = self.dir / snapshot_file_name(self.map_end_offset)
-        atomic_write(path, _HEADER.pack(_MAGIC, _VERSION, crc32c.crc32c(body)) + body)
-        return path
+        return path, _HEADER.pack(_MAGIC, _VERSION, crc32c.crc32c(body)) + body
 
     @staticmethod
     def read_snapshot(path: Path) -> tuple[int, list[ProducerEntry]]:
