@@ -4,6 +4,7 @@ streaming query to completion, read what it delivered."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,19 @@ def create_topic(servers: str, name: str, partitions: int = 2, **configs: str) -
         admin.create_topic(name, num_partitions=partitions, replication_factor=3, configs=configs)
 
 
-def produce(servers: str, topic: str, values: list[bytes], *, partition: int | None = None) -> None:
+def produce(
+    servers: str,
+    topic: str,
+    values: list[bytes],
+    *,
+    partition: int | None = None,
+    headers: list[tuple[str, bytes | None]] | None = None,
+) -> None:
     """acks=all, each value keyed by itself (so partitions are deterministic)."""
     with Producer(servers, acks="all", linger_ms=0) as producer:
-        futures = [producer.send(topic, v, key=v, partition=partition) for v in values]
+        futures = [
+            producer.send(topic, v, key=v, partition=partition, headers=headers) for v in values
+        ]
         producer.flush()
         for f in futures:
             f.result(30)
@@ -56,6 +66,18 @@ class QueryRun:
 
     def _collect(self, df: Any, batch_id: int) -> None:
         self.batches.append((batch_id, df.collect()))
+
+    def wait_rows(self, n: int, timeout: float = QUERY_TIMEOUT_S) -> list[Any]:
+        """A running query: wait until the sink got at least `n` rows."""
+        deadline = time.monotonic() + timeout
+        while len(self.rows()) < n:
+            assert self.query.isActive, f"query stopped: {self.query.exception()}"
+            assert time.monotonic() < deadline, f"{len(self.rows())} of {n} rows: {self.rows()}"
+            time.sleep(0.2)
+        return self.rows()
+
+    def stop(self) -> None:
+        self.query.stop()
 
     def wait(self) -> QueryRun:
         """Until the query ends; raises its failure (StreamingQueryException)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,13 @@ import pytest
 
 from tests.scenarios.scenario_cluster import ScenarioCluster
 from tests.spark.conftest import bootstrap
-from tests.spark.streams import create_topic, produce, run_available_now, stream_options
+from tests.spark.streams import (
+    QueryRun,
+    create_topic,
+    produce,
+    run_available_now,
+    stream_options,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -52,3 +59,51 @@ def test_available_now_reads_exactly_the_produced_records_and_resumes_from_check
     assert end["dataLoss"] == 0
     counted = {int(p): pos["offset"] for p, pos in end["partitions"]["exact"].items()}
     assert sum(counted.values()) == len(first) + len(second)
+
+
+def test_max_offsets_per_trigger_caps_every_micro_batch(
+    spark: Any, cluster: ScenarioCluster, tmp_path: Path
+) -> None:
+    servers = bootstrap(cluster)
+    create_topic(servers, "capped")
+    produced = values("capped", 25)
+    produce(servers, "capped", produced)
+    run = run_available_now(
+        spark, stream_options(servers, "capped", maxOffsetsPerTrigger=7), tmp_path / "cp"
+    )
+    assert run.batch_sizes() == [7, 7, 7, 4]
+    assert sorted(r.value for r in run.rows()) == sorted(produced)
+
+
+def test_partitions_that_appear_while_running_are_read_from_earliest(
+    spark: Any, cluster: ScenarioCluster, tmp_path: Path
+) -> None:
+    """The topic does not exist when the query starts (startingOffsets=latest); once
+    created, its partitions are read from offset 0. Also includeHeaders and
+    minPartitions."""
+    servers = bootstrap(cluster)
+    run = QueryRun(
+        spark,
+        stream_options(
+            servers, "late", startingOffsets="latest", includeHeaders=True, minPartitions=4
+        ),
+        tmp_path / "cp",
+        available_now=False,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not run.query.recentProgress:  # a trigger ran with no partition to read
+            assert time.monotonic() < deadline and run.query.isActive, run.query.exception()
+            time.sleep(0.2)
+        create_topic(servers, "late")
+        produced = values("late", 12)
+        produce(servers, "late", produced, headers=[("source", b"test"), ("empty", None)])
+        rows = run.wait_rows(len(produced))
+    finally:
+        run.stop()
+    assert sorted(r.value for r in rows) == sorted(produced)
+    assert {r.partition for r in rows} == {0, 1}
+    assert all(r.offset < 12 for r in rows) and min(r.offset for r in rows) == 0
+    assert {tuple((h.key, h.value) for h in r.headers) for r in rows} == {
+        (("source", b"test"), ("empty", None))
+    }
