@@ -53,23 +53,51 @@ def frame(payload: bytes) -> bytes:
     return _LENGTH.pack(len(payload)) + payload
 
 
+# A frame at least this long is gathered in a buffer of its own, filled once from the
+# received chunks and handed over as it is, instead of being appended to the stream
+# buffer and then copied out of it.
+LARGE_FRAME_BYTES = 64 * 1024
+
+
 class FrameDecoder:
     """Splits a byte stream into frame payloads. Bounded: a frame longer than
-    `max_frame_size` raises FrameTooLargeError before any of it is buffered."""
+    `max_frame_size` raises FrameTooLargeError before any of it is buffered.
+
+    A payload is `bytes`, or a `bytearray` the decoder never touches again for a frame
+    of LARGE_FRAME_BYTES or more: each received byte of a large frame is copied once."""
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
         self._pos = 0
+        self._large: bytearray | None = None  # the large frame being filled
+        self._large_filled = 0
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        large = self._large
+        if large is not None:
+            filled = self._large_filled
+            take = min(len(data), len(large) - filled)
+            with memoryview(data) as view:
+                large[filled : filled + take] = view[:take]
+                self._large_filled = filled + take
+                if take < len(data):
+                    self._buf += view[take:]  # the next frames; _buf was emptied
+            return
         self._buf += data
 
     @property
     def buffered(self) -> int:
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos + self._large_filled
 
-    def next_frame(self) -> bytes | None:
+    def next_frame(self) -> bytes | bytearray | None:
+        large = self._large
+        if large is not None:
+            if self._large_filled < len(large):
+                return None
+            self._large = None
+            self._large_filled = 0
+            return large
         buf = self._buf
         pos = self._pos
         if len(buf) - pos < 4:
@@ -84,9 +112,22 @@ class FrameDecoder:
             )
         end = pos + 4 + length
         if len(buf) < end:
-            self._compact()
+            if length >= LARGE_FRAME_BYTES:
+                # Move what has arrived of it to a buffer of its own; the rest of the
+                # frame goes straight there.
+                large = bytearray(length)
+                have = len(buf) - pos - 4
+                with memoryview(buf) as view:
+                    large[:have] = view[pos + 4 :]
+                self._large = large
+                self._large_filled = have
+                buf.clear()
+                self._pos = 0
+            else:
+                self._compact()
             return None
-        payload = bytes(buf[pos + 4 : end])
+        with memoryview(buf) as view:
+            payload = bytes(view[pos + 4 : end])  # one copy (slicing a bytearray is two)
         self._pos = end
         return payload
 
@@ -110,7 +151,7 @@ def encode_request_header(header: RequestHeader) -> bytes:
     )
 
 
-def decode_request_header(payload: bytes) -> tuple[RequestHeader, memoryview]:
+def decode_request_header(payload: bytes | bytearray) -> tuple[RequestHeader, memoryview]:
     """Return the header and the body that follows it."""
     if len(payload) < _REQUEST_HEADER.size:
         raise DecodeError(f"request of {len(payload)} bytes is shorter than its header")
@@ -135,7 +176,7 @@ def encode_response_header(header: ResponseHeader) -> bytes:
     return _RESPONSE_HEADER.pack(header.correlation_id, header.error_code)
 
 
-def decode_response_header(payload: bytes) -> tuple[ResponseHeader, memoryview]:
+def decode_response_header(payload: bytes | bytearray) -> tuple[ResponseHeader, memoryview]:
     if len(payload) < _RESPONSE_HEADER.size:
         raise DecodeError(f"response of {len(payload)} bytes is shorter than its header")
     correlation_id, error_code = _RESPONSE_HEADER.unpack_from(payload)

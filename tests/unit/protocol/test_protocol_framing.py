@@ -23,6 +23,7 @@ from protocol.connection import (
 from protocol.errors import DecodeError, ErrorCode, FrameTooLargeError
 from protocol.framing import (
     DEFAULT_MAX_FRAME_SIZE,
+    LARGE_FRAME_BYTES,
     FrameDecoder,
     RequestHeader,
     ResponseHeader,
@@ -516,3 +517,46 @@ def test_produce_records_travel_as_raw_bytes() -> None:
     assert event.body.topics[0].partitions[0].records == records
     [response] = client.receive_data(server.send_response(event, ProduceResponse()))
     assert response.body == ProduceResponse()
+
+
+_big_or_small = st.one_of(
+    st.binary(max_size=30),
+    st.sampled_from([LARGE_FRAME_BYTES - 1, LARGE_FRAME_BYTES, 3 * LARGE_FRAME_BYTES + 5]).map(
+        lambda n: bytes(range(251)) * (n // 251) + b"z" * (n % 251)
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    payloads=st.lists(_big_or_small, max_size=5),
+    cuts=st.lists(st.integers(0, 2**20), max_size=12),
+)
+def test_large_frames_survive_any_chunking(payloads: list[bytes], cuts: list[int]) -> None:
+    """A large frame is gathered in a buffer of its own: same payloads, whatever the
+    chunking, and a chunk may end one large frame and start the next."""
+    wire = b"".join(frame(p) for p in payloads)
+    points = sorted({c % (len(wire) + 1) for c in cuts} | {0, len(wire)})
+    decoder = FrameDecoder()
+    got = []
+    for start, end in itertools.pairwise(points):
+        decoder.feed(wire[start:end])
+        assert decoder.buffered <= len(wire)
+        while (p := decoder.next_frame()) is not None:
+            got.append(p)
+    assert got == payloads
+    assert decoder.buffered == 0
+
+
+def test_a_large_frame_is_handed_over_without_a_copy_at_the_end() -> None:
+    payload = b"p" * (2 * LARGE_FRAME_BYTES)
+    wire = frame(payload) + frame(b"next")
+    decoder = FrameDecoder()
+    decoder.feed(wire[:1000])
+    assert decoder.next_frame() is None
+    decoder.feed(wire[1000:])
+    first = decoder.next_frame()
+    assert isinstance(first, bytearray) and first == payload
+    assert decoder.next_frame() == b"next"
+    assert decoder.next_frame() is None
+    assert first == payload  # the decoder kept no hold on it
