@@ -101,16 +101,18 @@ def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
     return value == "true"
 
 
-def _positive_int(opts: Mapping[str, str], name: str) -> int | None:
+def _int_option(opts: Mapping[str, str], name: str, *, minimum: int = 1) -> int | None:
+    """An integer option >= minimum, or None when not set."""
     raw = opts.get(name)
     if raw is None:
         return None
+    want = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     try:
         value = int(raw)
     except ValueError:
-        raise OptionError(f"option {name} must be a positive integer, not {raw!r}") from None
-    if value <= 0:
-        raise OptionError(f"option {name} must be a positive integer, not {value}")
+        raise OptionError(f"option {name} must be {want}, not {raw!r}") from None
+    if value < minimum:
+        raise OptionError(f"option {name} must be {want}, not {value}")
     return value
 
 
@@ -237,10 +239,10 @@ class SourceOptions:
             starting=starting,
             ending=ending,
             fail_on_data_loss=_bool(opts, "failondataloss", True),
-            max_offsets_per_trigger=_positive_int(opts, "maxoffsetspertrigger"),
-            min_partitions=_positive_int(opts, "minpartitions"),
+            max_offsets_per_trigger=_int_option(opts, "maxoffsetspertrigger"),
+            min_partitions=_int_option(opts, "minpartitions"),
             include_headers=_bool(opts, "includeheaders", False),
-            poll_timeout_ms=_positive_int(opts, "kafkaconsumer.polltimeoutms")
+            poll_timeout_ms=_int_option(opts, "kafkaconsumer.polltimeoutms")
             or DEFAULT_POLL_TIMEOUT_MS,
         )
 
@@ -267,27 +269,15 @@ class SinkOptions:
                 f"not {compression!r}"
             )
         topic = opts.get("topic", "").strip() or None
+        linger = _int_option(opts, "kafka.linger.ms", minimum=0)
         return cls(
             bootstrap_servers=_bootstrap(opts),
             topic=topic,
-            linger_ms=_non_negative(opts, "kafka.linger.ms", 5),
-            batch_size=_positive_int(opts, "kafka.batch.size") or 16384,
+            linger_ms=5 if linger is None else linger,
+            batch_size=_int_option(opts, "kafka.batch.size") or 16384,
             compression_type=compression,
-            delivery_timeout_ms=_positive_int(opts, "kafka.delivery.timeout.ms") or 120_000,
+            delivery_timeout_ms=_int_option(opts, "kafka.delivery.timeout.ms") or 120_000,
         )
-
-
-def _non_negative(opts: Mapping[str, str], name: str, default: int) -> int:
-    raw = opts.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise OptionError(f"option {name} must be an integer >= 0, not {raw!r}") from None
-    if value < 0:
-        raise OptionError(f"option {name} must be an integer >= 0, not {value}")
-    return value
 
 
 __all__ = ["EARLIEST", "LATEST", "OffsetSpec", "OptionError", "SinkOptions", "SourceOptions"]

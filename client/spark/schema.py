@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
+
 @cache
 def spark_schema(include_headers: bool) -> StructType:
     from pyspark.sql.types import (

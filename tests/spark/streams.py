@@ -36,6 +36,14 @@ def produce(
             f.result(30)
 
 
+def fill_topic(servers: str, topic: str, n: int, *, partitions: int = 2) -> list[bytes]:
+    """A new topic holding `n` records "<topic>-<i>"; their values."""
+    create_topic(servers, topic, partitions)
+    values = [f"{topic}-{i}".encode() for i in range(n)]
+    produce(servers, topic, values)
+    return values
+
+
 def stream_options(servers: str, topic: str, **extra: Any) -> dict[str, str]:
     opts = {"kafka.bootstrap.servers": servers, "subscribe": topic, "startingOffsets": "earliest"}
     opts.update({k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in extra.items()})

@@ -10,6 +10,7 @@ import pytest
 from client.epochs import EpochEndOffset
 from client.spark.offsets import Position, SourceOffset
 from client.spark.options import OptionError, SinkOptions, SourceOptions
+from client.spark.partition_reader import _EpochChecker
 from client.spark.planning import (
     OffsetRange,
     cap_ends,
@@ -17,7 +18,7 @@ from client.spark.planning import (
     split_ranges,
     validate_stored_position,
 )
-from client.types import TopicPartition
+from client.types import ConsumerRecord, TopicPartition
 
 T0, T1, U0 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
 SERVERS = {"kafka.bootstrap.servers": "127.0.0.1:9092"}
@@ -210,3 +211,37 @@ def test_split_ranges_for_min_partitions_keeps_epoch_checks_at_the_ends() -> Non
     assert {(p.floor_epoch, p.ceiling_epoch) for p in mine} == {(1, 3)}
     assert split_ranges([r, small], None) == [r, small]
     assert split_ranges([OffsetRange(T0, 4, 4)], 3) == []
+
+
+# ------------------------------------------------------------ executor epoch checks
+
+
+def _records(*offset_epochs: tuple[int, int]) -> list[ConsumerRecord]:
+    return [ConsumerRecord("t", 0, o, e, 0, None, b"v") for o, e in offset_epochs]
+
+
+def test_executor_accepts_records_carrying_the_planned_epochs() -> None:
+    r = OffsetRange.between(T0, Position(3, 1), Position(7, 2))
+    checker = _EpochChecker(r)
+    assert checker.first_mismatch(_records((3, 1), (4, 2))) is None
+    assert checker.first_mismatch(_records((5, 2), (6, 2))) is None
+
+
+@pytest.mark.parametrize(
+    ("records", "bad_index"),
+    [
+        (((3, 1), (4, 3)), 1),  # above the end epoch: a newer lineage
+        (((3, 0),), 0),  # below the start epoch
+        (((3, 2), (4, 1)), 1),  # epochs going backwards
+        (((3, 1), (4, 1), (5, 1), (6, 1)), 3),  # the last record is not in the end epoch
+    ],
+)
+def test_executor_stops_at_the_first_record_of_another_lineage(
+    records: tuple[tuple[int, int], ...], bad_index: int
+) -> None:
+    checker = _EpochChecker(OffsetRange.between(T0, Position(3, 1), Position(7, 2)))
+    found = checker.first_mismatch(_records(*records))
+    assert found is not None
+    index, message = found
+    assert index == bad_index
+    assert "topic t partition 0" in message and "expects leader epochs from 1 to 2" in message

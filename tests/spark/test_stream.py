@@ -13,6 +13,7 @@ from tests.spark.conftest import bootstrap
 from tests.spark.streams import (
     QueryRun,
     create_topic,
+    fill_topic,
     produce,
     run_available_now,
     stream_options,
@@ -21,17 +22,11 @@ from tests.spark.streams import (
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 
 
-def values(prefix: str, n: int) -> list[bytes]:
-    return [f"{prefix}-{i}".encode() for i in range(n)]
-
-
 def test_available_now_reads_exactly_the_produced_records_and_resumes_from_checkpoint(
     spark: Any, cluster: ScenarioCluster, tmp_path: Path
 ) -> None:
     servers = bootstrap(cluster)
-    create_topic(servers, "exact")
-    first = values("first", 30)
-    produce(servers, "exact", first)
+    first = fill_topic(servers, "exact", 30)
     checkpoint = tmp_path / "checkpoint"
 
     run1 = run_available_now(spark, stream_options(servers, "exact"), checkpoint)
@@ -44,7 +39,7 @@ def test_available_now_reads_exactly_the_produced_records_and_resumes_from_check
         assert offsets == list(range(len(offsets))), f"partition {p}: {offsets}"
     assert {r.leaderEpoch for r in rows1} == {0}
 
-    second = values("second", 20)
+    second = [f"second-{i}".encode() for i in range(20)]
     produce(servers, "exact", second)
     run2 = run_available_now(spark, stream_options(servers, "exact"), checkpoint)
     rows2 = run2.rows()
@@ -64,12 +59,9 @@ def test_available_now_reads_exactly_the_produced_records_and_resumes_from_check
 def test_max_offsets_per_trigger_caps_every_micro_batch(
     spark: Any, cluster: ScenarioCluster, tmp_path: Path
 ) -> None:
-    servers = bootstrap(cluster)
-    create_topic(servers, "capped")
-    produced = values("capped", 25)
-    produce(servers, "capped", produced)
+    produced = fill_topic(bootstrap(cluster), "capped", 25)
     run = run_available_now(
-        spark, stream_options(servers, "capped", maxOffsetsPerTrigger=7), tmp_path / "cp"
+        spark, stream_options(bootstrap(cluster), "capped", maxOffsetsPerTrigger=7), tmp_path / "cp"
     )
     assert run.batch_sizes() == [7, 7, 7, 4]
     assert sorted(r.value for r in run.rows()) == sorted(produced)
@@ -96,7 +88,7 @@ def test_partitions_that_appear_while_running_are_read_from_earliest(
             assert time.monotonic() < deadline and run.query.isActive, run.query.exception()
             time.sleep(0.2)
         create_topic(servers, "late")
-        produced = values("late", 12)
+        produced = [f"late-{i}".encode() for i in range(12)]
         produce(servers, "late", produced, headers=[("source", b"test"), ("empty", None)])
         rows = run.wait_rows(len(produced))
     finally:
