@@ -11,12 +11,20 @@ content, never a mix:
     4. fsync the directory           (the rename itself is on disk)
 
 A crash between 1 and 3 leaves a `.tmp` file that the loaders delete at startup.
+
+`SerialWriter` runs such writes on one worker thread, in the order they were
+submitted, so the event loop never waits for their fsyncs.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 TMP_SUFFIX = ".tmp"
 
@@ -66,3 +74,41 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, path)
     fsync_directory(path.parent)
+
+
+class SerialWriter:
+    """One worker thread running file writes off the event loop, one at a time, in
+    submission order (a later write of a directory never overtakes an earlier one).
+    Bounded: beyond `max_pending` queued writes `submit` blocks until one finishes,
+    so a disk that cannot keep up slows the loop down instead of growing a queue."""
+
+    def __init__(self, name: str = "storage-writer", *, max_pending: int = 64) -> None:
+        assert max_pending > 0, "max_pending must be positive"
+        self._queue: queue.Queue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None]
+        self._queue = queue.Queue(maxsize=max_pending)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        if self._closed:
+            raise RuntimeError("SerialWriter is closed")
+        future: Future[Any] = Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def close(self) -> None:
+        """Run what is queued, then stop the thread."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # handed to whoever waits on the future
+                    future.set_exception(exc)

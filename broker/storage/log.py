@@ -23,7 +23,12 @@ batch headers after it); a snapshot is written at every roll and at a clean clos
 
 Threading: everything runs on the event-loop thread except `flush`, which may run on
 a worker thread; the segment list, recovery point and log start offset change under
-`self._lock`, and the fsyncs themselves happen outside it.
+`self._lock`, and the fsyncs themselves happen outside it. Given a `SerialWriter`,
+the producer snapshot of a roll is encoded on the loop and written (temp file, fsync,
+rename, fsync the directory) on the writer's thread; every later step that reads,
+deletes or replaces snapshots (truncation, retention, close) first waits for the
+pending writes, so they keep their order. A snapshot lost to a crash before it is
+written costs only a longer replay of batch headers at the next open.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import NamedTuple
 
@@ -47,7 +53,7 @@ from broker.storage.errors import (
     RecordTooLargeError,
     StorageError,
 )
-from broker.storage.fileio import fsync_directory
+from broker.storage.fileio import SerialWriter, atomic_write, fsync_directory
 from broker.storage.log_loader import LogLoader
 from broker.storage.offset_index import INT32_MAX
 from broker.storage.producer_state import LeaderAppendCheck, ProducerStateManager
@@ -177,8 +183,11 @@ class Log:
         recovery_point: int,
         now_ms: int,
         producer_state: ProducerStateManager | None = None,
+        writer: SerialWriter | None = None,
     ) -> None:
         self._dir = dir
+        self._writer = writer
+        self._pending_snapshots: list[Future[object]] = []
         self._config = config
         self._topic_partition = parse_topic_partition(dir)
         self._name = f"{self._topic_partition[0]}-{self._topic_partition[1]}"
@@ -208,6 +217,7 @@ class Log:
         log_start_offset: int = 0,
         had_clean_shutdown: bool,
         now_ms: int | None = None,
+        writer: SerialWriter | None = None,
     ) -> Log:
         """Open (creating if needed) and, after an unclean shutdown, recover the log in
         `dir`. See log_loader.py for the procedure."""
@@ -232,6 +242,7 @@ class Log:
             log_start_offset=loaded.log_start_offset,
             recovery_point=loaded.recovery_point,
             now_ms=now,
+            writer=writer,
         )
         log._producer_state.remove_expired(now)
         logger.info(
@@ -534,7 +545,7 @@ class Log:
             active.delete()
         else:
             active.on_become_inactive()
-            self._snapshot_producer_state()
+            self._snapshot_producer_state(in_background=True)
         logger.info("[Log %s] rolled new segment at offset %d", self._name, base_offset)
         return segment
 
@@ -644,6 +655,7 @@ class Log:
         self._epoch_cache.truncate_from_end(new_end)
         # Roll the producer state back: the last snapshot at or below the new end,
         # then the batch headers after it.
+        self._wait_for_snapshots()
         self._producer_state.load(self._log_start_offset, new_end, self._iter_headers)
         logger.info(
             "[Log %s] truncated from log end %d to %d (asked for %d)",
@@ -679,6 +691,7 @@ class Log:
             self._truncations += 1
         fsync_directory(self._dir)
         self._epoch_cache.clear()
+        self._wait_for_snapshots()
         self._producer_state.clear(offset)
         logger.info("[Log %s] truncated fully, restarting at offset %d", self._name, offset)
         self._check_invariants()
@@ -745,6 +758,7 @@ class Log:
             self._log_start_offset = offset
             self._recovery_point = max(self._recovery_point, offset)
         self._epoch_cache.truncate_from_start(offset)
+        self._wait_for_snapshots()
         self._producer_state.delete_snapshots_before(offset)
         count = 0
         while count < len(self._segments) - 1 and self._segments[count + 1].base_offset <= offset:
@@ -766,6 +780,7 @@ class Log:
             segment.delete()
         self._epoch_cache.truncate_from_start(self._log_start_offset)
         # A snapshot below the log start could not be replayed from any more.
+        self._wait_for_snapshots()
         self._producer_state.delete_snapshots_before(self._log_start_offset)
         logger.info(
             "[Log %s] deleted %d segment(s) (%s), log start offset now %d",
@@ -812,6 +827,7 @@ class Log:
                 return
             self._closed = True
             segments = list(self._segments)
+        self._wait_for_snapshots()
         if snapshot:
             self._snapshot_producer_state()
         for segment in segments:
@@ -838,12 +854,36 @@ class Log:
             for _, header in segment.iter_batches(position):
                 yield header
 
-    def _snapshot_producer_state(self) -> None:
+    def _snapshot_producer_state(self, *, in_background: bool = False) -> None:
+        if in_background and self._writer is not None:
+            path, data = self._producer_state.encode_snapshot()
+            self._pending_snapshots = [f for f in self._pending_snapshots if not f.done()]
+            future = self._writer.submit(atomic_write, path, data)
+            future.add_done_callback(self._snapshot_written)
+            self._pending_snapshots.append(future)
+            return
+        self._wait_for_snapshots()
         try:
             self._producer_state.take_snapshot()
         except OSError as exc:
-            # Not fatal: the state is rebuilt from the log headers on the next open.
-            logger.warning("[Log %s] could not write a producer snapshot: %s", self._name, exc)
+            self._snapshot_failed(exc)
+
+    def _wait_for_snapshots(self) -> None:
+        """Block until the snapshots handed to the writer are on disk (or failed)."""
+        pending, self._pending_snapshots = self._pending_snapshots, []
+        for future in pending:
+            future.exception()  # waits; a failure was logged by _snapshot_written
+
+    def _snapshot_written(self, future: Future[object]) -> None:
+        exc = future.exception()
+        if isinstance(exc, OSError):
+            self._snapshot_failed(exc)
+        elif exc is not None:
+            logger.error("[Log %s] producer snapshot write failed: %r", self._name, exc)
+
+    def _snapshot_failed(self, exc: OSError) -> None:
+        # Not fatal: the state is rebuilt from the log headers on the next open.
+        logger.warning("[Log %s] could not write a producer snapshot: %s", self._name, exc)
 
     # ------------------------------------------------------------------ internals
 

@@ -40,7 +40,7 @@ from broker.storage.checkpoints import (
     OffsetCheckpointFile,
 )
 from broker.storage.errors import StorageError
-from broker.storage.fileio import TMP_SUFFIX, atomic_write, fsync_directory
+from broker.storage.fileio import TMP_SUFFIX, SerialWriter, atomic_write, fsync_directory
 from broker.storage.log import Log, LogConfig, TopicPartition
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,8 @@ class LogManager:
         self._had_clean_shutdown = False
         self._lock_fd = -1
         self._started = False
+        # Producer snapshots of segment rolls are written here, off the event loop.
+        self._writer: SerialWriter | None = None
         self._hw_checkpoint = OffsetCheckpointFile(self.data_dir / REPLICATION_OFFSET_CHECKPOINT)
         self._recovery_checkpoint = OffsetCheckpointFile(self.data_dir / RECOVERY_POINT_CHECKPOINT)
         self._log_start_checkpoint = OffsetCheckpointFile(
@@ -82,6 +84,7 @@ class LogManager:
         assert not self._started, "startup() called twice"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._acquire_lock()
+        self._writer = SerialWriter(f"storage-writer {self.data_dir.name}")
         try:
             return self._load_logs()
         except BaseException:
@@ -125,6 +128,7 @@ class LogManager:
                 recovery_point=recovery_points.get(tp, 0),
                 log_start_offset=log_starts.get(tp, 0),
                 had_clean_shutdown=self._had_clean_shutdown,
+                writer=self._writer,
             )
             found.add(tp)
         self._started = True
@@ -154,7 +158,12 @@ class LogManager:
             raise ValueError(f"illegal partition {partition} for topic {topic!r}")
         dir = self.data_dir / f"{topic}-{partition}"
         # A directory that appeared since startup was never recovered: treat it as unclean.
-        log = Log.open(dir, config or self.default_config, had_clean_shutdown=not dir.exists())
+        log = Log.open(
+            dir,
+            config or self.default_config,
+            had_clean_shutdown=not dir.exists(),
+            writer=self._writer,
+        )
         fsync_directory(self.data_dir)  # the new directory entry survives a crash
         self._logs[tp] = log
         logger.info("Created log for partition %s-%d in %s", topic, partition, dir)
@@ -204,6 +213,7 @@ class LogManager:
         self.checkpoint_recovery_points_and_log_starts()
         for log in self._logs.values():
             log.close()
+        self._close_writer()
         atomic_write(self.data_dir / CLEAN_SHUTDOWN_FILE, b"")  # fsyncs the directory
         logger.info("Shut down %d log(s) in %s cleanly", len(self._logs), self.data_dir)
         self._logs.clear()
@@ -215,9 +225,15 @@ class LogManager:
         marking the shutdown clean (a fatal error; tests use it to simulate a crash)."""
         for log in self._logs.values():
             log.close(snapshot=False)
+        self._close_writer()
         self._logs.clear()
         self._started = False
         self._release_lock()
+
+    def _close_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     def _acquire_lock(self) -> None:
         fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
