@@ -33,6 +33,11 @@ def writer():
     w.close()
 
 
+def _open(log_dir: Path, writer: SerialWriter) -> Log:
+    config = LogConfig(segment_bytes=700, index_interval_bytes=0, retention_ms=-1)
+    return Log.open(log_dir, config, had_clean_shutdown=True, writer=writer)
+
+
 def _gate(writer: SerialWriter) -> threading.Event:
     """Park the writer thread until the returned event is set."""
     release = threading.Event()
@@ -65,12 +70,7 @@ def test_serial_writer_is_bounded(writer: SerialWriter) -> None:
 
 
 def test_a_roll_does_not_wait_for_the_snapshot_fsync(log_dir: Path, writer: SerialWriter) -> None:
-    log = Log.open(
-        log_dir,
-        LogConfig(segment_bytes=700, index_interval_bytes=0, retention_ms=-1),
-        had_clean_shutdown=True,
-        writer=writer,
-    )
+    log = _open(log_dir, writer)
     release = _gate(writer)
     for i in range(12):  # rolls on the way; each queues a snapshot behind the gate
         log.append_as_leader(batch(3 * i), 0)
@@ -91,12 +91,7 @@ def test_truncation_below_a_pending_snapshot_leaves_no_stale_file(
 ) -> None:
     """Without the wait, the queued snapshot at 18 would be written after truncate_to(12)
     deleted the snapshots above 12, and describe data that is gone."""
-    log = Log.open(
-        log_dir,
-        LogConfig(segment_bytes=700, index_interval_bytes=0, retention_ms=-1),
-        had_clean_shutdown=True,
-        writer=writer,
-    )
+    log = _open(log_dir, writer)
     release = _gate(writer)
     for i in range(8):
         log.append_as_leader(batch(3 * i), 0)
