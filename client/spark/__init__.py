@@ -11,9 +11,13 @@ Modules: datasource (the DataSource), options (option parsing), offsets (the
 checkpointed offset JSON), planning (pure planning rules), planner + cluster_view
 (driver-side I/O), stream_reader / batch_reader, partition_reader (what a task runs),
 writer (the sink), schema (the columns).
+
+Importing `client.spark` does not import pyspark (options, offsets and planning are
+plain Python); `MinibrokerDataSource` does, on first access.
 """
 
-from client.spark.datasource import MinibrokerDataSource
+from typing import Any
+
 from client.spark.offsets import Position, SourceOffset
 from client.spark.options import OptionError, SinkOptions, SourceOptions
 from client.spark.planning import DataLossError
@@ -27,3 +31,11 @@ __all__ = [
     "SourceOffset",
     "SourceOptions",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MinibrokerDataSource":
+        from client.spark.datasource import MinibrokerDataSource
+
+        return MinibrokerDataSource
+    raise AttributeError(f"module 'client.spark' has no attribute {name!r}")

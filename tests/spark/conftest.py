@@ -4,7 +4,8 @@
   first query ~6-10 s). PYSPARK_PYTHON is set to this interpreter before the JVM
   starts: the Python workers must import `client.spark` (the installed package) and
   have pyarrow. When Java or pyspark/pyarrow is missing the tests skip, loudly: the
-  reason is in every skip and in a banner at the end of the run. CI installs both.
+  reason is in every skip and in a banner at the end of the run. Never in CI (the CI
+  environment variable set): there they fail instead.
 - `cluster`: a real cluster (controller + brokers 1, 2, 3 as processes) shared by the
   tests that do not hurt it; tests that kill brokers build their own ScenarioCluster.
 """
@@ -46,6 +47,8 @@ def spark_unavailable() -> str | None:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     reason = spark_unavailable()
+    if reason is not None and os.environ.get("CI"):
+        pytest.fail(f"Spark tests cannot run in CI: {reason}")
     if reason is not None:
         _SKIPPED.append(reason)
         pytest.skip(f"SPARK TESTS SKIPPED: {reason}")
