@@ -20,6 +20,9 @@ is past the stored offset 9 again. Broker 2's end offset for E0 is 5: the diverg
   offset) and logged.
 - protection off (an offset without its epoch, as Spark's Kafka source keeps it): a read
   from offset 9 returns "new-4", "new-5" as if they followed "only-on-1-3"; nothing tells.
+- executors: a task whose range was planned before the election (offsets 5-8, epoch E0)
+  finds records of epoch E2 there and fails (or, failOnDataLoss=false, returns nothing);
+  a task starting at (9, E0) is stopped by the consumer's own validation (KIP-320).
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ from typing import Any
 
 import pytest
 
+from client.spark.offsets import Position
+from client.spark.options import SourceOptions
+from client.spark.partition_reader import read_range
+from client.spark.planning import DataLossError, OffsetRange
+from client.types import TopicPartition
 from tests.scenarios.scenario_cluster import ScenarioCluster, scenario_cluster
 from tests.scenarios.test_kip101_appendix_unclean_divergence import (
     DIVERGENCE,
@@ -120,3 +128,18 @@ async def test_truncation_between_micro_batches_is_detected_after_the_log_grew_b
                 .load()
                 .collect()
             )
+
+        # Executors: ranges planned before the election, read after it.
+        tp = TopicPartition(TOPIC, 0)
+        strict = SourceOptions.parse(stream_options(servers, TOPIC), streaming=True)
+        lenient = SourceOptions.parse(
+            stream_options(servers, TOPIC, failOnDataLoss=False), streaming=True
+        )
+        planned = OffsetRange.between(tp, Position(DIVERGENCE, s.e0), Position(STORED, s.e0))
+        with pytest.raises(DataLossError, match=f"offset {DIVERGENCE} carries leader epoch {s.e2}"):
+            list(read_range(planned, strict))
+        assert list(read_range(planned, lenient)) == []
+        past = OffsetRange.between(tp, Position(STORED, s.e0), Position(11, s.e2))
+        with pytest.raises(DataLossError, match="log truncation detected"):
+            list(read_range(past, strict))
+        assert list(read_range(past, lenient)) == []
