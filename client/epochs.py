@@ -47,6 +47,11 @@ from protocol.messages import (
 MAX_EPOCH_STEPS = 64
 
 
+class OffsetBeyondLogEndError(MinibrokerError):
+    """An offset to look up is past the current leader's log end: the log changed since
+    the offset was read (truncated), or another leader answered. Find the offset again."""
+
+
 class EpochEndOffset(NamedTuple):
     """The leader's answer for a requested epoch e: the largest epoch <= e it has
     records for, and the offset where that epoch ends (the start offset of the next
@@ -154,9 +159,9 @@ async def epochs_before_offsets(
     offsets: Mapping[TopicPartition, int],
 ) -> dict[TopicPartition, int]:
     """For each partition, the leader epoch of the record at `offset - 1` on the current
-    leader (-1 for offset 0). The offsets must not be past the leader's log end. Raises
-    the first error met (retriable ones too: the caller retries the whole walk), or
-    KafkaTimeoutError if a walk needs more than MAX_EPOCH_STEPS steps."""
+    leader (-1 for offset 0). Raises OffsetBeyondLogEndError for an offset past the
+    leader's log end, the first error met (retriable ones too: the caller retries the
+    whole walk), or KafkaTimeoutError if a walk needs more than MAX_EPOCH_STEPS steps."""
     out: dict[TopicPartition, int] = {}
     # Per partition: the candidate epoch (its records start at or before offset - 1
     # unless a step shows otherwise). First candidate: the latest epoch of the log.
@@ -172,9 +177,9 @@ async def epochs_before_offsets(
         latest = await _answers(cluster, first_ask)
         for tp, answer in latest.items():
             if answer.unknown or answer.end_offset < offsets[tp]:
-                raise KafkaTimeoutError(
-                    f"{tp}: offset {offsets[tp]} is past the leader's log end "
-                    f"{answer.end_offset}; ask again after a metadata refresh"
+                raise OffsetBeyondLogEndError(
+                    f"{tp}: offset {offsets[tp]} is past the current leader's log end "
+                    f"{answer.end_offset}"
                 )
             walking[tp] = answer.leader_epoch
     for _ in range(MAX_EPOCH_STEPS):

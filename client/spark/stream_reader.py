@@ -30,6 +30,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from client.epochs import OffsetBeyondLogEndError
 from client.spark.offsets import Position, SourceOffset
 from client.spark.options import SourceOptions
 from client.spark.partition_reader import read_range
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _REMEMBERED_PLANS = 8
+_PLAN_ATTEMPTS = 5
 
 
 class MinibrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -86,6 +88,18 @@ class MinibrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         stored = SourceOffset.from_json(start)
+        for attempt in range(1, _PLAN_ATTEMPTS + 1):
+            try:
+                return self._plan(stored, limit)
+            except OffsetBeyondLogEndError as exc:
+                # The log changed between reading the high watermark and looking up its
+                # epoch (a truncation or a leader change): plan again from the facts.
+                if attempt == _PLAN_ATTEMPTS:
+                    raise
+                log.info("planning again (%d/%d): %s", attempt, _PLAN_ATTEMPTS, exc)
+        raise AssertionError("unreachable")
+
+    def _plan(self, stored: SourceOffset, limit: ReadLimit) -> dict[str, Any]:
         decisions, losses = self.planner.decide_starts(dict(stored.positions))
         self.planner.report(losses)
         starts = {tp: d.start for tp, d in decisions.items()}
