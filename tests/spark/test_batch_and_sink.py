@@ -14,12 +14,16 @@ from tests.spark.streams import create_topic, produce, run_available_now, stream
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 
 
-def read_batch(spark: Any, servers: str, topic: str, **options: str) -> list[Any]:
+def batch_df(spark: Any, servers: str, topic: str, **options: str) -> Any:
     reader = spark.read.format("minibroker").option("kafka.bootstrap.servers", servers)
     reader = reader.option("subscribe", topic)
     for key, value in options.items():
         reader = reader.option(key, value)
-    return reader.load().orderBy("partition", "offset").collect()
+    return reader.load()
+
+
+def read_batch(spark: Any, servers: str, topic: str, **options: str) -> list[Any]:
+    return batch_df(spark, servers, topic, **options).orderBy("partition", "offset").collect()
 
 
 def test_batch_read_between_starting_and_ending_offsets(
@@ -32,7 +36,7 @@ def test_batch_read_between_starting_and_ending_offsets(
 
     everything = read_batch(spark, servers, "ranges")
     assert [(r.offset, r.value) for r in everything] == list(enumerate(produced))
-    middle = read_batch(
+    middle = batch_df(
         spark,
         servers,
         "ranges",
@@ -40,7 +44,9 @@ def test_batch_read_between_starting_and_ending_offsets(
         endingOffsets='{"ranges": {"0": {"offset": 15, "epoch": 0}}}',
         minPartitions="3",
     )
-    assert [(r.offset, r.value) for r in middle] == list(enumerate(produced))[5:15]
+    assert middle.rdd.getNumPartitions() == 3  # offsets 5-14 split in three tasks
+    rows = middle.orderBy("offset").collect()
+    assert [(r.offset, r.value) for r in rows] == list(enumerate(produced))[5:15]
     with pytest.raises(Exception, match="after the ending offset"):
         read_batch(
             spark,
