@@ -132,9 +132,7 @@ class Planner:
         if self.options.fail_on_data_loss:
             raise DataLossError("\n".join(loss.message for loss in losses) + "\n" + DATA_LOSS_HINT)
         for loss in losses:
-            log.warning(
-                "%s (failOnDataLoss=false: resuming at the first offset in the log)", loss.message
-            )
+            log.warning("%s failOnDataLoss=false: %s.", loss.message, loss.going_on)
 
     def input_partitions(
         self, starts: dict[TopicPartition, Position], ends: dict[TopicPartition, Position]

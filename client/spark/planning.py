@@ -27,10 +27,12 @@ class DataLossError(RuntimeError):
 
 @dataclass(frozen=True)
 class DataLoss:
-    """One detected loss: which partition, and the message naming what was lost."""
+    """One detected loss: which partition, the message naming what was lost, and what
+    the source does about it with failOnDataLoss=false."""
 
     tp: TopicPartition
     message: str
+    going_on: str
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ def validate_stored_position(
                     f"(leader epoch {stored.epoch}) is no longer in the log: the current "
                     f"leader has no record of leader epoch {stored.epoch} (the log now "
                     f"starts at offset {log_start}). Some data may have been lost.",
+                    f"going on from the log start, offset {log_start}",
                 ),
             )
         if epoch_end.end_offset < stored.offset:
@@ -80,6 +83,7 @@ def validate_stored_position(
                     f"there). Records {divergence} to {stored.offset - 1} that this query "
                     f"already read are no longer in the log (an unclean leader election); "
                     f"offsets from {divergence} on now hold other records.",
+                    f"going on from the divergence offset {divergence}, on the new lineage",
                 ),
             )
     if stored.offset < log_start:
@@ -91,6 +95,7 @@ def validate_stored_position(
                 f"{log_start - 1} are no longer in the log (the log starts at {log_start}): "
                 f"the data was deleted by retention, or the topic was recreated, before the "
                 f"query read it. Some data may have been lost.",
+                f"going on from the log start, offset {log_start}",
             ),
         )
     return StartDecision(stored)
@@ -108,6 +113,7 @@ def new_partition_start(tp: TopicPartition, log_start: int) -> StartDecision:
             f"added partition {tp.topic} partition {tp.partition} starts at offset "
             f"{log_start} instead of 0: records before it were deleted before the query "
             f"saw the partition. Some data may have been lost.",
+            f"reading it from offset {log_start}",
         ),
     )
 
@@ -119,6 +125,7 @@ def vanished_partition(tp: TopicPartition, stored: Position) -> DataLoss:
         f"{tp.topic} partition {tp.partition} is gone (topic deleted?) while the query "
         f"was at offset {stored.offset} (leader epoch {stored.epoch}). Some data may "
         f"have been lost.",
+        "no longer reading it",
     )
 
 

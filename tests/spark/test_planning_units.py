@@ -167,6 +167,7 @@ def test_truncation_below_the_stored_offset_is_found_even_if_the_log_grew_back()
     assert d.loss is not None
     for part in ("topic t partition 0", "stored offset 9 (leader epoch 0)", "diverges at offset 5"):
         assert part in d.loss.message, d.loss.message
+    assert d.loss.going_on == "going on from the divergence offset 5, on the new lineage"
 
 
 def test_unknown_epoch_and_retention_are_losses_resuming_at_log_start() -> None:
