@@ -6,7 +6,8 @@ the way a user starts them, on 127.0.0.1, port 0, readiness read from their logs
 under a fresh temp dir. `BenchCluster` adds topic creation and a teardown that
 SIGKILLs every process and removes the data: a bench's data is throwaway and a
 controlled shutdown would only slow the run down. Teardown runs on normal exit, on an
-exception, on Ctrl-C (KeyboardInterrupt) and on SIGTERM (turned into SystemExit).
+exception, on Ctrl-C (KeyboardInterrupt) and on SIGTERM (which kills the cluster and
+then interrupts the bench like Ctrl-C).
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ class BenchCluster:
         self.root = Path(tempfile.mkdtemp(prefix="minibroker-bench-"))
         self.cluster = Cluster(self.root)
         self._old_sigterm: Any = None
+        self._closing = False  # set once teardown began: no broker may start after it
 
     def __enter__(self) -> BenchCluster:
-        self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm_to_exit)
+        self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             self.cluster.start_controller(session_timeout_ms=self.session_timeout_ms)
             for node_id in range(1, self.broker_count + 1):
@@ -103,14 +105,25 @@ class BenchCluster:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        """SIGKILL everything we started, then remove the data (unless keep_data)."""
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        # Kill the cluster at once (an exception raised from here inside a running
+        # event loop may not unwind), then stop the way Ctrl-C does: asyncio.Runner
+        # turns SIGINT into a cancelled main task and a KeyboardInterrupt.
+        self._kill_all()
+        signal.raise_signal(signal.SIGINT)
+
+    def _kill_all(self) -> None:
+        self._closing = True
         procs = [*self.cluster.brokers.values()]
         if self.cluster.controller is not None:
             procs.append(self.cluster.controller)
         for proc in procs:
             with contextlib.suppress(Exception):
                 proc.kill()
+
+    def close(self) -> None:
+        """SIGKILL everything we started, then remove the data (unless keep_data)."""
+        self._kill_all()
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
@@ -129,6 +142,8 @@ class BenchCluster:
 
     def restart_broker(self, node_id: int, *, wait: bool = True) -> Any:
         """Start broker `node_id` again on its port and data dir (after kill/terminate)."""
+        if self._closing:
+            raise RuntimeError("the bench cluster is being torn down")
         proc = self.cluster.start_broker(node_id, *self.broker_args, wait=False)
         if wait:
             wait_broker_ready(proc)
@@ -163,10 +178,6 @@ def process_cpu_seconds(pid: int) -> float:
         return 0.0
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
-def _sigterm_to_exit(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 def wait_broker_ready(proc: Any) -> None:
