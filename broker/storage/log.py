@@ -558,12 +558,13 @@ class Log:
         *,
         max_offset: int | None = None,
         min_one_batch: bool = True,
-    ) -> bytes:
+    ) -> bytes | memoryview:
         """Whole batches from the one containing `start_offset`, possibly spanning
         segments: at most `max_bytes` (but the first batch whole when `min_one_batch`,
         KIP-74), none whose base offset is >= `max_offset` (exclusive, the high
         watermark for consumers). b"" at the LEO; OffsetOutOfRangeError outside
-        [log_start_offset, log_end_offset]."""
+        [log_start_offset, log_end_offset]. A read within one segment is the buffer
+        pread returned, or a memoryview of it when cut: never copied."""
         log_end = self.log_end_offset
         if start_offset == log_end:
             return b""
@@ -573,7 +574,7 @@ class Log:
             return b""  # e.g. a consumer already at the high watermark
         segments = self._segments
         index = max(0, bisect.bisect_right(self._bases, start_offset) - 1)
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         remaining = max_bytes
         offset = start_offset
         for segment in itertools.islice(segments, index, None):
@@ -588,6 +589,8 @@ class Log:
             if not part.reached_end or remaining <= 0:
                 break
             offset = segment.next_offset
+        if len(parts) == 1:
+            return parts[0]
         return b"".join(parts)
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int, int] | None:

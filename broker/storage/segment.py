@@ -76,7 +76,9 @@ def segment_file_name(base_offset: int, suffix: str) -> str:
 class SegmentRead(NamedTuple):
     """Whole batches read from one segment."""
 
-    data: bytes
+    # A memoryview when the read was cut before the end of what pread returned: the
+    # bytes go to the socket as they are (scatter-gather), so cutting must not copy.
+    data: bytes | memoryview
     # True when the read went to the end of the segment's data, so a log-level read
     # may continue in the next segment.
     reached_end: bool
@@ -304,14 +306,15 @@ class LogSegment:
         max_offset: int | None = None,
         min_one_batch: bool = True,
     ) -> bytes:
-        """Whole batches from the one containing `start_offset`; see `read_slice`."""
-        return self.read_slice(
+        """Whole batches from the one containing `start_offset`, as bytes; see `read_slice`."""
+        data = self.read_slice(
             start_offset,
             max_bytes,
             max_position,
             max_offset=max_offset,
             min_one_batch=min_one_batch,
         ).data
+        return data if isinstance(data, bytes) else bytes(data)
 
     def read_slice(
         self,
@@ -350,7 +353,7 @@ class LogSegment:
                 end = batch_position + header.size
         except CorruptRecordError as exc:
             raise self._corrupt(position + end, str(exc)) from exc
-        data = chunk if end == len(chunk) else chunk[:end]
+        data = chunk if end == len(chunk) else memoryview(chunk)[:end]
         return SegmentRead(data, not bounded and position + end == self._size)
 
     def translate_offset(self, offset: int) -> tuple[int, BatchHeader] | None:
