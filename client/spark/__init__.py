@@ -10,7 +10,8 @@
 Modules: datasource (the DataSource), options (option parsing), offsets (the
 checkpointed offset JSON), planning (pure planning rules), planner + cluster_view
 (driver-side I/O), stream_reader / batch_reader, partition_reader (what a task runs),
-writer (the sink), schema (the columns).
+writer (the sink), schema (the columns), session (local_session(): a local SparkSession
+with PYSPARK_PYTHON set and the format registered).
 
 Importing `client.spark` does not import pyspark (options, offsets and planning are
 plain Python); `MinibrokerDataSource` does, on first access.

@@ -16,7 +16,6 @@ import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,26 +51,12 @@ def spark() -> Iterator[Any]:
     if reason is not None:
         _SKIPPED.append(reason)
         pytest.skip(f"SPARK TESTS SKIPPED: {reason}")
-    # The workers run PYSPARK_PYTHON (default: `python3` on PATH, not this venv).
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    from client.spark.session import local_session  # sets PYSPARK_PYTHON first
 
-    from client.spark import MinibrokerDataSource
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("minibroker-spark-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.streaming.minBatchesToRetain", "5")
-        .getOrCreate()
+    session = local_session(
+        "minibroker-spark-tests",
+        **{"spark.default.parallelism": "2", "spark.sql.streaming.minBatchesToRetain": "5"},
     )
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(MinibrokerDataSource)
     try:
         yield session
     finally:
