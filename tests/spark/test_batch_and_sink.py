@@ -14,9 +14,11 @@ from tests.spark.streams import create_topic, produce, run_available_now, stream
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 
 
-def batch_df(spark: Any, servers: str, topic: str, **options: str) -> Any:
+def batch_df(spark: Any, servers: str, topic: str | None, **options: str) -> Any:
+    """spark.read of `topic` (subscribe), or of the `assign` option's partitions."""
     reader = spark.read.format("minibroker").option("kafka.bootstrap.servers", servers)
-    reader = reader.option("subscribe", topic)
+    if topic is not None:
+        reader = reader.option("subscribe", topic)
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
@@ -39,7 +41,8 @@ def test_batch_read_between_starting_and_ending_offsets(
     middle = batch_df(
         spark,
         servers,
-        "ranges",
+        None,
+        assign='{"ranges": [0]}',
         startingOffsets='{"ranges": {"0": 5}}',
         endingOffsets='{"ranges": {"0": {"offset": 15, "epoch": 0}}}',
         minPartitions="3",
@@ -47,6 +50,8 @@ def test_batch_read_between_starting_and_ending_offsets(
     assert middle.rdd.getNumPartitions() == 3  # offsets 5-14 split in three tasks
     rows = middle.orderBy("offset").collect()
     assert [(r.offset, r.value) for r in rows] == list(enumerate(produced))[5:15]
+    with pytest.raises(Exception, match=r"kafka\.bootstrap\.servers is required"):
+        spark.read.format("minibroker").option("subscribe", "ranges").load().collect()
     with pytest.raises(Exception, match="after the ending offset"):
         read_batch(
             spark,
