@@ -5,7 +5,9 @@ defaults to -1, the sentinel that skips its check. New fields are only ever adde
 with a default, so an older peer's message still decodes (unknown fields are ignored).
 
 Record data (`records`) is carried as raw bytes: one or more RecordBatch v2 batches,
-never re-encoded per record.
+never re-encoded per record. It is typed `memoryview` so that decoding does not copy
+it: the field is a view into the received frame (which the frame decoder hands over
+and never reuses). Any bytes-like value may be given when building a message.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class MetadataResponse(Message, kw_only=True):
 class ProducePartition(Message, kw_only=True):
     index: int
     current_leader_epoch: int = -1
-    records: bytes
+    records: memoryview  # see the module docstring; bytes are fine when sending
 
 
 class ProduceTopic(Message, kw_only=True):
@@ -176,7 +178,7 @@ class FetchPartitionResponse(Message, kw_only=True):
     log_start_offset: int = -1
     diverging_epoch: EpochEndOffset = msgspec.field(default_factory=EpochEndOffset)
     current_leader: LeaderIdAndEpoch = msgspec.field(default_factory=LeaderIdAndEpoch)
-    records: bytes = b""
+    records: memoryview = memoryview(b"")  # see the module docstring
 
 
 class FetchTopicResponse(Message, kw_only=True):

@@ -48,7 +48,7 @@ def for_type(t: mi.Type) -> st.SearchStrategy:
         return st.text(min_size=t.min_length or 0, max_size=max(t.min_length or 0, 12))
     if isinstance(t, mi.BoolType):
         return st.booleans()
-    if isinstance(t, mi.BytesType):
+    if isinstance(t, mi.BytesType | mi.MemoryViewType):
         return small_bytes
     if isinstance(t, mi.NoneType):
         return st.none()
