@@ -74,8 +74,11 @@ log = logging.getLogger(__name__)
 _RESET_TIMESTAMPS = {"earliest": EARLIEST_TIMESTAMP, "latest": LATEST_TIMESTAMP}
 _ISOLATION = {"read_uncommitted": 0, "read_committed": 1}
 _COORDINATOR_MAX_BACKOFF_S = 1.0
-# Partition or response errors after which the coordinator is looked up again.
-_COORDINATOR_MOVED = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
+# Partition or response errors after which the coordinator is looked up again (as
+# Kafka's commit handler marks the coordinator unknown).
+_COORDINATOR_MOVED = frozenset(
+    {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.REQUEST_TIMED_OUT}
+)
 
 
 def _answer_errors(response: Message, group: str) -> list[BrokerResponseError]:
