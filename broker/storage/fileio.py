@@ -97,6 +97,10 @@ class SerialWriter:
         self._queue.put((future, fn, args))
         return future
 
+    def drain(self) -> None:
+        """Block until everything submitted so far has run."""
+        self.submit(lambda: None).result()
+
     def close(self) -> None:
         """Run what is queued, then stop the thread."""
         if not self._closed:

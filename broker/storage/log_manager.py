@@ -184,7 +184,12 @@ class LogManager:
         fsync_directory(self.data_dir)
         # A partition created again under the same name must not inherit these offsets.
         self.checkpoint_recovery_points_and_log_starts()
-        shutil.rmtree(doomed)
+        if self._writer is not None:
+            # Removing the files can take long (a big log): the writer thread does it.
+            # Safe to leave unfinished: startup finishes any renamed `.delete` directory.
+            self._writer.submit(shutil.rmtree, doomed, True)
+        else:
+            shutil.rmtree(doomed)
         logger.info("Deleted log for partition %s-%d", *tp)
         return True
 
@@ -229,6 +234,11 @@ class LogManager:
         self._logs.clear()
         self._started = False
         self._release_lock()
+
+    def wait_for_background_writes(self) -> None:
+        """Block until the snapshots and directory removals queued so far are done."""
+        if self._writer is not None:
+            self._writer.drain()
 
     def _close_writer(self) -> None:
         if self._writer is not None:

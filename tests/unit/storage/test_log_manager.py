@@ -107,6 +107,7 @@ def test_delete_log_removes_it_and_its_checkpoint_entries(data_dir: Path, make_b
     manager.checkpoint_recovery_points_and_log_starts()
     assert manager.delete_log(("orders", 0))
     assert not manager.delete_log(("orders", 0))
+    manager.wait_for_background_writes()  # the files are removed on the writer thread
     assert sorted(os.listdir(data_dir)) == sorted(
         [".lock", "orders-1", RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT]
     )
