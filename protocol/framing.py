@@ -53,9 +53,8 @@ def frame(payload: bytes) -> bytes:
     return _LENGTH.pack(len(payload)) + payload
 
 
-# A frame at least this long is gathered in a buffer of its own, filled once from the
-# received chunks and handed over as it is, instead of being appended to the stream
-# buffer and then copied out of it.
+# A frame at least this long is gathered as its received chunks and joined once,
+# instead of being appended to the stream buffer and then copied out of it.
 LARGE_FRAME_BYTES = 64 * 1024
 
 
@@ -63,41 +62,44 @@ class FrameDecoder:
     """Splits a byte stream into frame payloads. Bounded: a frame longer than
     `max_frame_size` raises FrameTooLargeError before any of it is buffered.
 
-    A payload is `bytes`, or a `bytearray` the decoder never touches again for a frame
-    of LARGE_FRAME_BYTES or more: each received byte of a large frame is copied once."""
+    A payload is `bytes`. A frame of LARGE_FRAME_BYTES or more is gathered as the list
+    of received chunks (kept as they are, not copied) and joined once when complete:
+    each of its bytes is copied once, and no buffer is zero-filled first."""
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
         self._pos = 0
-        self._large: bytearray | None = None  # the large frame being filled
-        self._large_filled = 0
+        self._large: list[bytes] = []  # chunks of the large frame being gathered
+        self._large_size = 0  # its payload length, 0 when none is being gathered
+        self._large_have = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        large = self._large
-        if large is not None:
-            filled = self._large_filled
-            take = min(len(data), len(large) - filled)
-            with memoryview(data) as view:
-                large[filled : filled + take] = view[:take]
-                self._large_filled = filled + take
-                if take < len(data):
+        if self._large_size:
+            take = min(len(data), self._large_size - self._large_have)
+            if take == len(data):
+                # Kept by reference: a caller's reusable buffer must be copied first.
+                self._large.append(data if isinstance(data, bytes) else bytes(data))
+            else:
+                with memoryview(data) as view:
+                    self._large.append(bytes(view[:take]))
                     self._buf += view[take:]  # the next frames; _buf was emptied
+            self._large_have += take
             return
         self._buf += data
 
     @property
     def buffered(self) -> int:
-        return len(self._buf) - self._pos + self._large_filled
+        return len(self._buf) - self._pos + self._large_have
 
-    def next_frame(self) -> bytes | bytearray | None:
-        large = self._large
-        if large is not None:
-            if self._large_filled < len(large):
+    def next_frame(self) -> bytes | None:
+        if self._large_size:
+            if self._large_have < self._large_size:
                 return None
-            self._large = None
-            self._large_filled = 0
-            return large
+            payload = b"".join(self._large)
+            self._large = []
+            self._large_size = self._large_have = 0
+            return payload
         buf = self._buf
         pos = self._pos
         if len(buf) - pos < 4:
@@ -113,14 +115,11 @@ class FrameDecoder:
         end = pos + 4 + length
         if len(buf) < end:
             if length >= LARGE_FRAME_BYTES:
-                # Move what has arrived of it to a buffer of its own; the rest of the
-                # frame goes straight there.
-                large = bytearray(length)
-                have = len(buf) - pos - 4
+                # Gather it as chunks from now on, starting with what has arrived.
                 with memoryview(buf) as view:
-                    large[:have] = view[pos + 4 :]
-                self._large = large
-                self._large_filled = have
+                    self._large = [bytes(view[pos + 4 :])]
+                self._large_size = length
+                self._large_have = len(buf) - pos - 4
                 buf.clear()
                 self._pos = 0
             else:
@@ -151,7 +150,7 @@ def encode_request_header(header: RequestHeader) -> bytes:
     )
 
 
-def decode_request_header(payload: bytes | bytearray) -> tuple[RequestHeader, memoryview]:
+def decode_request_header(payload: bytes) -> tuple[RequestHeader, memoryview]:
     """Return the header and the body that follows it."""
     if len(payload) < _REQUEST_HEADER.size:
         raise DecodeError(f"request of {len(payload)} bytes is shorter than its header")
@@ -176,7 +175,7 @@ def encode_response_header(header: ResponseHeader) -> bytes:
     return _RESPONSE_HEADER.pack(header.correlation_id, header.error_code)
 
 
-def decode_response_header(payload: bytes | bytearray) -> tuple[ResponseHeader, memoryview]:
+def decode_response_header(payload: bytes) -> tuple[ResponseHeader, memoryview]:
     if len(payload) < _RESPONSE_HEADER.size:
         raise DecodeError(f"response of {len(payload)} bytes is shorter than its header")
     correlation_id, error_code = _RESPONSE_HEADER.unpack_from(payload)
