@@ -178,6 +178,36 @@ class ScenarioCluster(Cluster):
             resp = await client.call(request, timeout=timeout_ms / 1000 + 10)
         return resp.topics[0].partitions[0]  # type: ignore[attr-defined]
 
+    async def produce_ok(
+        self, node: int, topic: str, epoch: int, values: list[bytes], *, timeout: float = 30
+    ) -> int:
+        """acks=all at `node` with current_leader_epoch `epoch`; retried while the leader
+        catches up on metadata (NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH); the base
+        offset. Any other error fails the test."""
+        deadline = time.monotonic() + timeout
+        while True:
+            resp = await self.produce(node, topic, values, current_leader_epoch=epoch)
+            code = ErrorCode(resp.error_code)
+            if code == ErrorCode.NONE:
+                return resp.base_offset
+            assert code in {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_LEADER_EPOCH}, code
+            assert time.monotonic() < deadline, f"produce at {node} kept failing: {code.name}"
+            await asyncio.sleep(0.1)
+
+    async def wait_replica_end(
+        self, node: int, topic: str, end: int, *, timeout: float = 60
+    ) -> None:
+        """Until broker `node`'s replica has log end offset and high watermark `end`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lg = await self.replica_log(node, topic)
+            if (lg.log_end_offset, lg.high_watermark) == (end, end):
+                return
+            assert time.monotonic() < deadline, (
+                f"broker {node}: LEO {lg.log_end_offset} HW {lg.high_watermark}, want {end}"
+            )
+            await asyncio.sleep(0.1)
+
     async def read_values(self, node: int, topic: str, *, replica: bool = True) -> list[bytes]:
         """Every value in broker `node`'s replica, from its log start (as a debugging
         replica when `replica`, so past the high watermark; else as a consumer)."""

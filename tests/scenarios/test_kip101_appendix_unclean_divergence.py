@@ -35,7 +35,6 @@ Staging, on real processes (controller + brokers 1, 2, 3; one partition, replica
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +44,6 @@ import pytest
 from client import AsyncConsumer
 from client.errors import LogTruncationError, MinibrokerError
 from client.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
-from protocol.errors import ErrorCode
 from tests.scenarios.scenario_cluster import ScenarioCluster, scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(180)]
@@ -71,31 +69,6 @@ class Staged:
 
 def bootstrap(c: ScenarioCluster) -> list[str]:
     return [f"{h}:{p}" for h, p in (c.brokers[n].address for n in NODES)]
-
-
-async def produce_ok(c: ScenarioCluster, node: int, epoch: int, values: list[bytes]) -> int:
-    """acks=all at `node` with `epoch`; retried while the leader catches up on metadata."""
-    deadline = time.monotonic() + 30
-    while True:
-        resp = await c.produce(node, TOPIC, values, current_leader_epoch=epoch)
-        code = ErrorCode(resp.error_code)
-        if code == ErrorCode.NONE:
-            return resp.base_offset
-        assert code in {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_LEADER_EPOCH}, code
-        assert time.monotonic() < deadline, f"produce at {node} kept failing: {code.name}"
-        await asyncio.sleep(0.1)
-
-
-async def wait_replica_end(c: ScenarioCluster, node: int, end: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        lg = await c.replica_log(node, TOPIC)
-        if (lg.log_end_offset, lg.high_watermark) == (end, end):
-            return
-        assert time.monotonic() < deadline, (
-            f"broker {node}: LEO {lg.log_end_offset} HW {lg.high_watermark}, want {end}"
-        )
-        await asyncio.sleep(0.1)
 
 
 async def consume_n(consumer: AsyncConsumer, n: int, timeout: float = 60) -> list[ConsumerRecord]:
@@ -136,9 +109,9 @@ async def stage_unclean_divergence(
     await c.wait_isr(TOPIC, set(NODES))
     s.e0 = p.leader_epoch
     for i, v in enumerate(IN_SYNC):
-        assert await produce_ok(c, 1, s.e0, [v]) == i
+        assert await c.produce_ok(1, TOPIC, s.e0, [v]) == i
     for n in NODES:
-        await wait_replica_end(c, n, len(IN_SYNC))
+        await c.wait_replica_end(n, TOPIC, len(IN_SYNC))
     if before_followers_stop is not None:
         await before_followers_stop(c)
 
@@ -147,8 +120,8 @@ async def stage_unclean_divergence(
     p = await c.wait_isr(TOPIC, {1})
     assert (p.leader_id, p.leader_epoch) == (1, s.e0)
     for i, v in enumerate(ONLY_ON_1):
-        assert await produce_ok(c, 1, s.e0, [v]) == DIVERGENCE + i
-    await wait_replica_end(c, 1, DIVERGENCE + len(ONLY_ON_1))
+        assert await c.produce_ok(1, TOPIC, s.e0, [v]) == DIVERGENCE + i
+    await c.wait_replica_end(1, TOPIC, DIVERGENCE + len(ONLY_ON_1))
 
     old = IN_SYNC + ONLY_ON_1
     for consumer in consumers:
@@ -168,8 +141,8 @@ async def stage_unclean_divergence(
     c.start_broker(2, *BROKER_FLAGS)  # an out-of-sync replica comes back
     p = await c.wait_leader(TOPIC, 2, min_epoch=s.e0 + 1, timeout=60)
     s.e2 = p.leader_epoch
-    assert await produce_ok(c, 2, s.e2, NEW) == DIVERGENCE
-    await wait_replica_end(c, 2, DIVERGENCE + len(NEW))
+    assert await c.produce_ok(2, TOPIC, s.e2, NEW) == DIVERGENCE
+    await c.wait_replica_end(2, TOPIC, DIVERGENCE + len(NEW))
     assert await c.read_values(2, TOPIC, replica=False) == IN_SYNC + NEW
     assert await c.epoch_entries(2, TOPIC) == [(s.e0, 0), (s.e2, DIVERGENCE)]
     return s

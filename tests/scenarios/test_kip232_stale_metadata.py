@@ -45,7 +45,6 @@ from client import AsyncConsumer
 from client.errors import LogTruncationError, OffsetOutOfRangeError
 from client.types import ConsumerRecord, TopicPartition
 from protocol.api import ApiKey
-from protocol.errors import ErrorCode
 from protocol.messages import MetadataRequest, MetadataResponse
 from tests.scenarios.scenario_cluster import FaultRule, ScenarioCluster, scenario_cluster
 
@@ -68,18 +67,6 @@ async def wait_held(c: ScenarioCluster, at_least: int = 1, timeout: float = 30.0
     deadline = time.monotonic() + timeout
     while (await c.faults("controller")).held < at_least:
         assert time.monotonic() < deadline, "the controller never held the request"
-        await asyncio.sleep(0.1)
-
-
-async def produce_ok(c: ScenarioCluster, node: int, epoch: int, values: list[bytes]) -> int:
-    deadline = time.monotonic() + 30
-    while True:
-        resp = await c.produce(node, TOPIC, values, current_leader_epoch=epoch)
-        code = ErrorCode(resp.error_code)
-        if code == ErrorCode.NONE:
-            return resp.base_offset
-        assert code in {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_LEADER_EPOCH}, code
-        assert time.monotonic() < deadline, f"produce at {node} kept failing: {code.name}"
         await asyncio.sleep(0.1)
 
 
@@ -109,7 +96,7 @@ async def stage_lagging_old_leader(c: ScenarioCluster) -> Staged:
     await c.wait_isr(TOPIC, {1, 2, 3})
     epoch = (await c.wait_leader(TOPIC, STALE)).leader_epoch
     first = [f"a-{i}".encode() for i in range(5)]
-    assert await produce_ok(c, STALE, epoch, first) == 0
+    assert await c.produce_ok(STALE, TOPIC, epoch, first) == 0
     await c.faults(
         "controller",
         FaultRule(api_key=int(ApiKey.FETCH_METADATA), action="hold", peer_id=STALE),
@@ -127,7 +114,7 @@ async def stage_lagging_old_leader(c: ScenarioCluster) -> Staged:
         timeout=60,
     )
     second = [f"b-{i}".encode() for i in range(5)]
-    assert await produce_ok(c, NEW_LEADER, fresh.leader_epoch, second) == len(first)
+    assert await c.produce_ok(NEW_LEADER, TOPIC, fresh.leader_epoch, second) == len(first)
     view = await c.replica_log(STALE, TOPIC)
     assert (view.leader_id, view.leader_epoch, view.log_end_offset) == (STALE, epoch, 5), (
         "broker 1 must still believe it leads at E with the first 5 records"
@@ -189,7 +176,7 @@ async def test_client_keeps_fresher_view_against_lagging_broker(
                 # position (auto_offset_reset='none' would raise on any reset).
                 done = len(staged.values)
                 third = [f"c-{i}".encode() for i in range(5)]
-                assert await produce_ok(c, NEW_LEADER, staged.new_epoch, third) == done
+                assert await c.produce_ok(NEW_LEADER, TOPIC, staged.new_epoch, third) == done
                 more = await consume_n(consumer, len(third))
                 assert [(r.offset, r.value) for r in more] == list(enumerate(third, start=done))
                 assert meta.partition(TP).leader_epoch == staged.new_epoch
@@ -223,7 +210,7 @@ async def test_stale_metadata_misleads_client_without_kip232(
 
                 done = len(staged.values)
                 third = [f"c-{i}".encode() for i in range(5)]
-                assert await produce_ok(c, NEW_LEADER, staged.new_epoch, third) == done
+                assert await c.produce_ok(NEW_LEADER, TOPIC, staged.new_epoch, third) == done
                 with pytest.raises((OffsetOutOfRangeError, LogTruncationError)) as raised:
                     await consume_n(consumer, len(third), timeout=30)
                 print(f"protection off: the consumer raised {raised.value!r}")

@@ -40,31 +40,6 @@ BROKER_FLAGS = ("--replica-lag-time-max-ms", str(LAG_MS))
 RETRIABLE_NO_LEADER = {ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.NOT_LEADER_OR_FOLLOWER}
 
 
-async def produce_ok(c: ScenarioCluster, node: int, epoch: int, values: list[bytes]) -> int:
-    """acks=all at `node` with `epoch`; retried while the leader catches up on metadata."""
-    deadline = time.monotonic() + 15
-    while True:
-        resp = await c.produce(node, TOPIC, values, current_leader_epoch=epoch)
-        code = ErrorCode(resp.error_code)
-        if code == ErrorCode.NONE:
-            return resp.base_offset
-        assert code in {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_LEADER_EPOCH}, code
-        assert time.monotonic() < deadline, f"produce at {node} kept failing: {code.name}"
-        await asyncio.sleep(0.1)
-
-
-async def wait_replica_end(c: ScenarioCluster, node: int, end: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        lg = await c.replica_log(node, TOPIC)
-        if (lg.log_end_offset, lg.high_watermark) == (end, end):
-            return
-        assert time.monotonic() < deadline, (
-            f"broker {node}: LEO {lg.log_end_offset} HW {lg.high_watermark}, want {end}"
-        )
-        await asyncio.sleep(0.1)
-
-
 async def stage_whole_isr_down(c: ScenarioCluster, *, unclean: bool) -> tuple[int, list, list]:
     """Steps 1-3. Returns (E0, in-sync values, values only broker 1 had)."""
     c.start_controller(session_timeout_ms=SESSION_MS)
@@ -80,9 +55,9 @@ async def stage_whole_isr_down(c: ScenarioCluster, *, unclean: bool) -> tuple[in
 
     in_sync = [f"in-sync-{i}".encode() for i in range(5)]
     for i, v in enumerate(in_sync):
-        assert await produce_ok(c, 1, e0, [v]) == i
+        assert await c.produce_ok(1, TOPIC, e0, [v]) == i
     for n in NODES:
-        await wait_replica_end(c, n, len(in_sync))
+        await c.wait_replica_end(n, TOPIC, len(in_sync))
 
     for n in (2, 3):  # the followers stop first and leave the ISR
         assert c.brokers[n].terminate() == 0
@@ -90,7 +65,7 @@ async def stage_whole_isr_down(c: ScenarioCluster, *, unclean: bool) -> tuple[in
     assert (p.leader_id, p.leader_epoch) == (1, e0)
     only_on_1 = [f"only-on-1-{i}".encode() for i in range(4)]
     for i, v in enumerate(only_on_1):
-        assert await produce_ok(c, 1, e0, [v]) == len(in_sync) + i
+        assert await c.produce_ok(1, TOPIC, e0, [v]) == len(in_sync) + i
 
     c.brokers[1].kill()  # the whole ISR is down
     c.start_broker(2, *BROKER_FLAGS)  # an out-of-sync replica comes back
@@ -124,13 +99,13 @@ async def test_unclean_election_off_keeps_partition_leaderless_until_isr_returns
         c.start_broker(1, *BROKER_FLAGS)  # the ISR member returns
         p = await c.wait_leader(TOPIC, 1, min_epoch=e0 + 1)
         after = [f"after-{i}".encode() for i in range(3)]
-        base = await produce_ok(c, 1, p.leader_epoch, after)
+        base = await c.produce_ok(1, TOPIC, p.leader_epoch, after)
         assert base == len(in_sync) + len(only_on_1)
         acked = in_sync + only_on_1 + after
         c.start_broker(3, *BROKER_FLAGS)
         await c.wait_isr(TOPIC, set(NODES))
         for n in NODES:
-            await wait_replica_end(c, n, len(acked))
+            await c.wait_replica_end(n, TOPIC, len(acked))
             assert await c.read_values(n, TOPIC) == acked, f"broker {n}"
         assert await c.read_values(1, TOPIC, replica=False) == acked
         expected = [(e0, 0), (p.leader_epoch, base)]
@@ -155,7 +130,7 @@ async def test_unclean_election_on_elects_out_of_sync_replica_and_truncates_old_
         # Broker 2 never had the records only broker 1 acknowledged.
         assert await c.read_values(2, TOPIC) == in_sync
         new = [f"new-{i}".encode() for i in range(3)]
-        base = await produce_ok(c, 2, e2, new)
+        base = await c.produce_ok(2, TOPIC, e2, new)
         assert base == len(in_sync)
         assert await c.epoch_entries(2, TOPIC) == [(e0, 0), (e2, len(in_sync))]
 
@@ -164,7 +139,7 @@ async def test_unclean_election_on_elects_out_of_sync_replica_and_truncates_old_
         await c.wait_isr(TOPIC, set(NODES))
         survived = in_sync + new
         for n in NODES:
-            await wait_replica_end(c, n, len(survived))
+            await c.wait_replica_end(n, TOPIC, len(survived))
         log1 = c.brokers[1].log_text()
         assert re.search(rf"truncated log {len(in_sync) + len(only_on_1)} -> {len(in_sync)}", log1)
         expected = [(e0, 0), (e2, len(in_sync))]
