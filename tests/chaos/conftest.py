@@ -6,8 +6,9 @@ Markers (registered here too, so they work before pyproject lists them):
 
 The full campaign (RF=3, min.insync.replicas=2, acks=all, every fault, strict
 verdicts) is off by default: `pytest tests/chaos --chaos-full` or
-MINIBROKER_CHAOS_FULL=1. MINIBROKER_CHAOS_REQUIRE_DOCKER=1 turns the docker test's
-skip (no Docker, no image) into a failure, for CI machines that must run it.
+MINIBROKER_CHAOS_FULL=1. MINIBROKER_CHAOS_REQUIRE_DOCKER=1 (or CI set, as on
+CI machines, which must run it) turns the docker test's skip (no Docker, no image)
+into a failure.
 """
 
 from __future__ import annotations
