@@ -18,6 +18,7 @@ BENCHES = {
     "spark": "bench.spark",
     "plot": "bench.plot",
     "summary": "bench.summary",
+    "micro": "bench.micro",
 }
 # `all` runs these in this order (latency reads produce's result for its rate), then
 # plots and prints the table of figures against the targets.

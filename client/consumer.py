@@ -5,8 +5,9 @@ partitions (at most one in flight per broker), each partition carrying the cache
 current_leader_epoch (a stale or newer leader answers FENCED_LEADER_EPOCH /
 UNKNOWN_LEADER_EPOCH instead of serving a different lineage, KIP-320) and
 last_fetched_epoch, the leader epoch of the record just before the position. Records
-are decoded with `protocol.record_batch.iter_records`; those below the position (the
-start of the first batch) are skipped. A position is (offset, leader epoch of the
+are decoded batch by batch into ConsumerRecords with
+`protocol.record_batch.decode_batch_into`; those below the position (the start of the
+first batch) are skipped. A position is (offset, leader epoch of the
 last consumed record), as `OffsetAndMetadata` carries it.
 
 Retriable errors refresh metadata and back off the partition; OFFSET_OUT_OF_RANGE
@@ -67,7 +68,7 @@ from protocol.messages import (
     OffsetForLeaderPartition,
     OffsetForLeaderTopic,
 )
-from protocol.record_batch import iter_records
+from protocol.record_batch import check_batch, decode_batch_into, iter_headers
 
 log = logging.getLogger(__name__)
 
@@ -982,32 +983,24 @@ class AsyncConsumer:
     ) -> None:
         if not data:
             return
+        # Whole batches decode straight into ConsumerRecords, one pass per batch
+        # (decode_batch_into); control batches only move the next offset.
         records: list[ConsumerRecord] = []
         next_offset, next_epoch = fetch_offset, state.position_epoch
-        kd, vd = self._key_deserializer, self._value_deserializer
+        topic, partition = tp.topic, tp.partition
+        verify = self.check_crcs
         try:
-            for header, r in iter_records(
-                data, min_offset=fetch_offset, verify_crc=self.check_crcs
-            ):
+            for pos, header in iter_headers(data):
+                if verify:
+                    check_batch(data, pos, header)
+                if not header.is_control:
+                    start = len(records)
+                    decode_batch_into(records, data, pos, header, ConsumerRecord, topic, partition)
+                    if header.base_offset < fetch_offset:  # the batch holding the position
+                        records[start:] = [r for r in records[start:] if r[2] >= fetch_offset]
                 if header.next_offset > next_offset:
                     next_offset = header.next_offset
                     next_epoch = header.partition_leader_epoch
-                if header.is_control:
-                    continue
-                key = kd(r.key) if kd is not None and r.key is not None else r.key
-                value = vd(r.value) if vd is not None and r.value is not None else r.value
-                records.append(
-                    ConsumerRecord(
-                        tp.topic,
-                        tp.partition,
-                        r.offset,
-                        header.partition_leader_epoch,
-                        r.timestamp,
-                        key,
-                        value,
-                        r.headers,
-                    )
-                )
         except ProtocolCorruptRecordError as exc:
             # Records decoded before the bad batch are still good: return them first.
             if not records:
@@ -1018,6 +1011,15 @@ class AsyncConsumer:
                     partition=tp.partition,
                 )
                 return
+        kd, vd = self._key_deserializer, self._value_deserializer
+        if kd is not None or vd is not None:
+            records = [
+                r._replace(
+                    key=kd(r.key) if kd is not None and r.key is not None else r.key,
+                    value=vd(r.value) if vd is not None and r.value is not None else r.value,
+                )
+                for r in records
+            ]
         self._buffer[tp] = _Fetched(fetch_offset, records, next_offset, next_epoch)
 
     def _handle_diverging(

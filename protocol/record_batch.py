@@ -36,7 +36,7 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 from enum import IntEnum
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import cramjam
 import crc32c
@@ -89,6 +89,7 @@ class TimestampType(IntEnum):
 
 
 Header = tuple[str, bytes | None]
+_T = TypeVar("_T", bound=tuple)  # type: ignore[type-arg]
 
 
 class Record(NamedTuple):
@@ -423,6 +424,13 @@ def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHead
 def validate_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """Check length, magic, CRC and counts of the batch at `pos`; return its header."""
     header = parse_header(buf, pos)
+    check_batch(buf, pos, header)
+    return header
+
+
+def check_batch(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> None:
+    """The checks of `validate_batch` beyond `parse_header`: the batch is complete in
+    `buf`, its CRC matches, its counts are consistent."""
     end = pos + header.size
     if end > len(buf):
         raise CorruptRecordError(
@@ -445,7 +453,6 @@ def validate_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHe
             f"record_count {header.record_count} exceeds last_offset_delta+1 "
             f"{header.last_offset_delta + 1}"
         )
-    return header
 
 
 def validate_batches(buf: bytes | bytearray | memoryview) -> list[tuple[int, BatchHeader]]:
@@ -546,24 +553,48 @@ _new_tuple = tuple.__new__
 def decode_batch(
     buf: bytes | bytearray | memoryview, pos: int = 0, *, verify_crc: bool = True
 ) -> tuple[BatchHeader, list[Record]]:
-    """Decode one batch at `pos` into records with absolute offsets.
-
-    The per-record loop is the consumer's hot path: a varint whose first byte has
-    the high bit clear (every field of a small record but its length) is read
-    inline, longer ones through `decode_varint`, and each Record is made with
-    tuple.__new__ (no Python-level __new__ call)."""
+    """Decode one batch at `pos` into records with absolute offsets."""
     header = validate_batch(buf, pos) if verify_crc else parse_header(buf, pos)
+    full: list[tuple[object, ...]] = []
+    decode_batch_into(full, buf, pos, header, tuple, "", 0)
+    return header, [_new_tuple(Record, r[2:3] + r[4:]) for r in full]
+
+
+def decode_batch_into(
+    out: list[_T],
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    header: BatchHeader,
+    record_type: type[_T],
+    topic: str,
+    partition: int,
+) -> None:
+    """Append the records of the batch at `pos` (whose header, already parsed and
+    checked as the caller wishes, is `header`) to `out`, each made as
+    ``record_type((topic, partition, offset, leader_epoch, timestamp, key, value,
+    headers))`` with tuple.__new__ (the field order of client.types.ConsumerRecord),
+    key and value as bytes. On CorruptRecordError `out` is left as it was.
+
+    The per-record loop is the consumer's hot path, so it is one pass with no
+    function call per field: a varint whose first byte has the high bit clear (every
+    field of a small record but its length) or of two bytes is read inline, longer
+    ones through `decode_varint`, and the record tuple is built in one step."""
     end = pos + header.size
     if end > len(buf):
         raise CorruptRecordError("batch runs past the end of the buffer")
+    # One copy of the records as bytes (or the decompressed block): key and value
+    # slices of it are bytes with no further conversion.
     body = decompress(header.compression, memoryview(buf)[pos + HEADER_SIZE : end])
-    records: list[Record] = []
-    append = records.append
+    start = len(out)
+    append = out.append
+    new = _new_tuple
     p = 0
     body_len = len(body)
     base_offset = header.base_offset
+    epoch = header.partition_leader_epoch
     base_ts = header.base_timestamp
-    log_append_ts = header.max_timestamp if header.attributes & _ATTR_TIMESTAMP_TYPE else None
+    log_append = bool(header.attributes & _ATTR_TIMESTAMP_TYPE)
+    log_append_ts = header.max_timestamp
     no_headers: tuple[Header, ...] = ()
     try:
         for _ in range(header.record_count):
@@ -643,23 +674,29 @@ def decode_batch(
             if p != record_end:
                 raise CorruptRecordError("record length does not match its fields")
             append(
-                _new_tuple(
-                    Record,
+                new(
+                    record_type,
                     (
+                        topic,
+                        partition,
                         base_offset + offset_delta,
-                        base_ts + ts_delta if log_append_ts is None else log_append_ts,
+                        epoch,
+                        log_append_ts if log_append else base_ts + ts_delta,
                         key,
                         value,
                         headers,
                     ),
                 )
             )
+        if p != body_len:
+            raise CorruptRecordError("bytes left over after the last record")
     except IndexError:
         # A field read past the end of the body: the slice bounds hid it until now.
+        del out[start:]
         raise CorruptRecordError("record field runs past the end of the batch") from None
-    if p != body_len:
-        raise CorruptRecordError("bytes left over after the last record")
-    return header, records
+    except CorruptRecordError:
+        del out[start:]
+        raise
 
 
 def iter_batches(

@@ -644,3 +644,35 @@ def test_concatenated_batches_validate_and_scan(parts: list[bytes]) -> None:
     assert len(found) == len(parts)
     assert rb.scan_valid_prefix(buf) == (len(buf), found)
     assert list(rb.iter_headers(buf)) == found
+
+
+# ---------------------------------------------------------------- decode_batch_into
+
+
+def test_decode_batch_into_makes_full_records_with_topic_partition_and_epoch() -> None:
+    items = [(b"k", b"v", (("h", b"x"),), 1000), (None, None, (), 1001)]
+    buf = bytearray(rb.encode_batch(items, base_offset=40))
+    rb.stamp(buf, 0, 40, 7)
+    out: list[tuple[object, ...]] = [("earlier",)]
+    rb.decode_batch_into(out, buf, 0, rb.validate_batch(buf), tuple, "t", 3)
+    assert out == [
+        ("earlier",),
+        ("t", 3, 40, 7, 1000, b"k", b"v", (("h", b"x"),)),
+        ("t", 3, 41, 7, 1001, None, None, ()),
+    ]
+    assert all(type(r[5]) is bytes and type(r[6]) is bytes for r in out[1:2])
+
+
+@pytest.mark.parametrize(
+    ("name", "buf"),
+    [
+        ("fewer records than counted", patched(patched(GOOD, ">i", 23, 3), ">i", 57, 4)),
+        ("more records than counted", patched(GOOD, ">i", 57, 2)),
+    ],
+)
+def test_decode_batch_into_leaves_out_as_it_was_on_a_bad_batch(name: str, buf: bytes) -> None:
+    """Records of a batch that turns out corrupt half-way are not half-appended."""
+    out: list[tuple[object, ...]] = [("earlier",)]
+    with pytest.raises(CorruptRecordError):
+        rb.decode_batch_into(out, buf, 0, rb.validate_batch(buf), tuple, "t", 0)
+    assert out == [("earlier",)]

@@ -1,0 +1,122 @@
+"""Per-record client CPU cost: `python -m bench micro`.
+
+- decode: the consumer's decode of a fetched record set (`AsyncConsumer` turning
+  16 KiB batches of 100 B records into ConsumerRecords), in process, no network;
+  microseconds of CPU per record, best of a few repeats.
+- send: `AsyncProducer.send()` of 100 B records to a 1-broker cluster (acks 1),
+  send loop plus flush; microseconds of this process's CPU per record, so the
+  producer's encode, futures, requests and acks all count, the broker does not.
+
+Both are what bounds one client process at 100 B records; compare before/after a
+change back to back (the machine is shared, so noise is a few percent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from bench.harness import BenchCluster, build_batch, common_args, format_table, run, write_results
+from client.consumer import AsyncConsumer, _PartitionState
+from client.producer import AsyncProducer
+from client.types import TopicPartition
+from protocol.record_batch import stamp
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench micro",
+        description="Client CPU per record: consumer decode (no network) and producer send.",
+    )
+    common_args(p)
+    p.add_argument("--records", type=int, default=300_000, help="records per case [300000]")
+    p.add_argument("--repeats", type=int, default=5, help="decode repeats, best kept [5]")
+    p.add_argument("--case", default="decode,send", help="decode, send or both [decode,send]")
+    return p
+
+
+def fetched_record_set(records: int, record_size: int = 100) -> tuple[bytes, int]:
+    """Copies of one 16 KiB batch with consecutive offsets, as a fetch returns them."""
+    batch, per_batch = build_batch(record_size, 16 * 1024)
+    parts = []
+    offset = 0
+    while offset < records:
+        one = bytearray(batch)
+        stamp(one, 0, offset, 0)
+        parts.append(bytes(one))
+        offset += per_batch
+    return b"".join(parts), offset
+
+
+def measure_decode(records: int, repeats: int) -> dict[str, Any]:
+    data, count = fetched_record_set(records)
+    consumer = AsyncConsumer("127.0.0.1:1")  # never started: no connection
+    tp = TopicPartition("micro", 0)
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        state = _PartitionState()
+        state.set_position(0, 0)
+        consumer._buffer.clear()
+        started = time.process_time()
+        consumer._buffer_records(tp, state, 0, data)
+        best = min(best, time.process_time() - started)
+        assert len(consumer._buffer[tp].records) == count
+    return {"case": "decode", "records": count, "us_per_record": best / count * 1e6}
+
+
+async def measure_send(bootstrap: str, records: int) -> dict[str, Any]:
+    producer = AsyncProducer(bootstrap, acks=1, batch_size=16384, linger_ms=5)
+    await producer.start()
+    try:
+        await producer.partitions_for("micro")
+        value = bytes(100)
+        send = producer.send
+        started = time.process_time()
+        wall = time.perf_counter()
+        futures = []
+        for i in range(records):
+            future = await send("micro", value)
+            if i % 1000 == 0:
+                futures.append(future)
+                await asyncio.sleep(0)
+        futures.append(future)
+        await producer.flush()
+        cpu = time.process_time() - started
+        wall = time.perf_counter() - wall
+        for f in futures:
+            f.result()
+    finally:
+        await producer.close()
+    return {
+        "case": "send",
+        "records": records,
+        "us_per_record": cpu / records * 1e6,
+        "records_per_s": records / wall,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    began = time.monotonic()
+    records = 50_000 if args.quick else args.records
+    cases = set(args.case.split(","))
+    results: list[dict[str, Any]] = []
+    if "decode" in cases:
+        results.append(measure_decode(records, args.repeats))
+    if "send" in cases:
+        with BenchCluster(brokers=1, keep_data=args.keep_data) as cluster:
+            run(cluster.create_topic("micro", partitions=3, replication_factor=1))
+            results.append(run(measure_send(cluster.bootstrap, records)))
+    rows = [
+        [r["case"], r["records"], round(r["us_per_record"], 2), round(r.get("records_per_s", 0))]
+        for r in results
+    ]
+    print(format_table(["case", "records", "CPU us/record", "records/s (wall)"], rows))
+    write_results("micro", args=args, rows=results, started=began, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

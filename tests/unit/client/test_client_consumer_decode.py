@@ -1,0 +1,106 @@
+"""The consumer's one-pass decode (batches straight into ConsumerRecords) against the
+in-test broker: control batches skipped but counted, a fetch starting inside a batch,
+deserializers, and the records before a corrupt batch returned before its error."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import pytest
+from client_fakes import FakeBroker
+
+from client.consumer import AsyncConsumer
+from client.errors import CorruptRecordError
+from client.types import TopicPartition
+from protocol.record_batch import encode_batch, stamp
+
+T0 = TopicPartition("t", 0)
+EPOCH = 4
+
+
+@pytest.fixture
+async def broker():
+    b = FakeBroker()
+    b.create_topic("t", 1, leader_epoch=EPOCH)
+    await b.start()
+    yield b
+    await b.stop()
+
+
+def put(broker: FakeBroker, batch: bytes | bytearray, count: int) -> None:
+    """Append an encoded batch to partition 0 as a leader would (offset, epoch stamped)."""
+    part = broker.topics["t"][0]
+    data = bytearray(batch)
+    stamp(data, 0, part.log_end, EPOCH)
+    part.batches.append((part.log_end, bytes(data)))
+    part.log_end += count
+
+
+def control_batch() -> bytearray:
+    """A one-record batch with the control bit set (a transaction marker's shape)."""
+    data = bytearray(encode_batch([(b"\x00\x00\x00\x00", b"marker")]))
+    (attributes,) = struct.unpack_from(">h", data, 21)
+    struct.pack_into(">h", data, 21, attributes | 0x20)
+    struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[21:])))  # CRC from byte 21
+    return data
+
+
+async def poll_until(consumer: AsyncConsumer, n: int) -> list:
+    out: list = []
+    for _ in range(50):
+        out.extend((await consumer.poll(timeout_ms=100)).get(T0, []))
+        if len(out) >= n:
+            break
+    return out
+
+
+async def test_control_batches_are_skipped_and_deserializers_applied(broker: FakeBroker) -> None:
+    put(broker, encode_batch([(b"k0", b"0"), (None, b"1"), (b"k2", None)]), 3)
+    put(broker, control_batch(), 1)
+    put(broker, encode_batch([(b"k4", b"4"), (b"k5", b"5")]), 2)
+    async with AsyncConsumer(
+        broker.address,
+        auto_offset_reset="earliest",
+        key_deserializer=bytes.decode,
+        value_deserializer=lambda v: int(v),
+    ) as consumer:
+        consumer.assign([T0])
+        got = await poll_until(consumer, 5)
+        assert [(r.offset, r.key, r.value) for r in got] == [
+            (0, "k0", 0),
+            (1, None, 1),
+            (2, "k2", None),
+            (4, "k4", 4),
+            (5, "k5", 5),
+        ]
+        assert {(r.topic, r.partition, r.leader_epoch, r.headers) for r in got} == {
+            ("t", 0, EPOCH, ())
+        }
+        assert await consumer.position(T0) == 6
+
+
+async def test_a_fetch_inside_a_batch_skips_the_records_below_the_position(
+    broker: FakeBroker,
+) -> None:
+    put(broker, encode_batch([(None, b"%d" % i) for i in range(5)]), 5)
+    async with AsyncConsumer(broker.address) as consumer:
+        consumer.assign([T0])
+        consumer.seek(T0, 3)
+        got = await poll_until(consumer, 2)
+        assert [(r.offset, r.value) for r in got] == [(3, b"3"), (4, b"4")]
+
+
+async def test_records_before_a_corrupt_batch_come_first_then_the_error(
+    broker: FakeBroker,
+) -> None:
+    put(broker, encode_batch([(None, b"a"), (None, b"b")]), 2)
+    bad = bytearray(encode_batch([(None, b"c")]))
+    bad[-1] ^= 0xFF  # inside the CRC: the batch no longer matches it
+    put(broker, bad, 1)
+    async with AsyncConsumer(broker.address, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T0])
+        got = await poll_until(consumer, 2)
+        assert [r.value for r in got] == [b"a", b"b"]
+        with pytest.raises(CorruptRecordError, match="at offset 2"):
+            await poll_until(consumer, 1)
