@@ -116,6 +116,7 @@ class _Batch:
         "builder",
         "created",
         "done",
+        "facts",
         "is_full",
         "leader_epoch",
         "payload",
@@ -129,8 +130,12 @@ class _Batch:
         self.tp = tp
         self.builder: BatchBuilder | None = builder
         self.payload: bytes | None = None
-        # (future, offset delta, timestamp, key size, value size) per record
-        self.records: list[tuple[asyncio.Future[RecordMetadata], int, int, int, int]] = []
+        # One future per record (its offset delta is its index), and per record three
+        # ints in a flat list: timestamp, key size, value size. No tuple per record:
+        # a long-lived tuple holding a future is one more object for every GC pass
+        # while the batch waits (profiled: about half of the per-record GC cost).
+        self.records: list[asyncio.Future[RecordMetadata]] = []
+        self.facts: list[int] = []
         self.created = now
         self.attempts = 0
         self.retry_at = 0.0
@@ -207,6 +212,14 @@ class AsyncProducer:
         self._key_serializer = key_serializer
         self._value_serializer = value_serializer
         self._partitioner = partitioner or DefaultPartitioner()
+        # Per topic: its TopicPartitions and the partitioner's `available` callable.
+        self._topic_entries: dict[
+            str, tuple[tuple[TopicPartition, ...], Callable[[], list[int]]]
+        ] = {}
+        # The loop's create_future, bound once in start() (one record, one future).
+        self._loop_create_future: Callable[[], asyncio.Future[Any]] = lambda: (
+            asyncio.get_running_loop().create_future()
+        )
         self._cluster = ClusterClient(
             bootstrap_servers,
             client_id=client_id,
@@ -249,6 +262,7 @@ class AsyncProducer:
         await self._cluster.bootstrap()
         if self._idempotent:
             await self._init_producer_id()
+        self._loop_create_future = asyncio.get_running_loop().create_future
         self._sender = asyncio.get_running_loop().create_task(
             self._run_sender(), name="minibroker-producer-sender"
         )
@@ -335,31 +349,45 @@ class AsyncProducer:
         headers: Sequence[Header] | None = None,
     ) -> asyncio.Future[RecordMetadata]:
         """Queue one record; returns a future of its RecordMetadata."""
-        self._check_open()
+        if self._sender_error is not None or not self._started or self._closing:
+            self._check_open()
         key_bytes = self._key_serializer(key) if self._key_serializer and key is not None else key
         value_bytes = (
             self._value_serializer(value) if self._value_serializer and value is not None else value
         )
-        if not isinstance(key_bytes, bytes | None) or not isinstance(value_bytes, bytes | None):
+        # The exact-type test first: isinstance against a union is the slower check.
+        if not (
+            (value_bytes is None or type(value_bytes) is bytes)
+            and (key_bytes is None or type(key_bytes) is bytes)
+        ) and (
+            not isinstance(key_bytes, bytes | None) or not isinstance(value_bytes, bytes | None)
+        ):
             raise TypeError("key and value must be bytes or None (or pass serializers)")
-        headers = tuple(headers or ())
-        size = _RECORD_OVERHEAD + len(key_bytes or b"") + len(value_bytes or b"")
-        size += sum(len(k) + len(v or b"") + 8 for k, v in headers)
+        size = _RECORD_OVERHEAD
+        if key_bytes is not None:
+            size += len(key_bytes)
+        if value_bytes is not None:
+            size += len(value_bytes)
+        if headers:
+            headers = tuple(headers)
+            size += sum(len(k) + len(v or b"") + 8 for k, v in headers)
+        else:
+            headers = ()
         if size + HEADER_SIZE > self.max_request_size:
             raise MessageSizeTooLargeError(
                 f"a record of about {size} bytes is larger than max_request_size "
                 f"{self.max_request_size}",
                 topic=topic,
             )
-        meta = self._cluster.metadata
-        count = meta.partition_count(topic)
+        count = self._cluster.metadata.partition_count(topic)
         if count is None:
             await self._wait_for_topic(topic)
-            count = meta.partition_count(topic) or 0
+            count = self._cluster.metadata.partition_count(topic) or 0
+        topic_entry = self._topic_entries.get(topic)
+        if topic_entry is None or len(topic_entry[0]) != count:
+            topic_entry = self._topic_entry(topic, count)
         if partition is None:
-            partition = self._partitioner.partition(
-                topic, key_bytes, count, lambda: meta.available_partitions_for_topic(topic)
-            )
+            partition = self._partitioner.partition(topic, key_bytes, count, topic_entry[1])
         elif not 0 <= partition < count:
             raise UnknownTopicOrPartitionError(
                 f"partition {partition} does not exist (the topic has {count})", topic=topic
@@ -369,8 +397,21 @@ class AsyncProducer:
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
         return self._append(
-            TopicPartition(topic, partition), key_bytes, value_bytes, headers, timestamp_ms, size
+            topic_entry[0][partition], key_bytes, value_bytes, headers, timestamp_ms, size
         )
+
+    def _topic_entry(
+        self, topic: str, count: int
+    ) -> tuple[tuple[TopicPartition, ...], Callable[[], list[int]]]:
+        """The TopicPartitions of `topic` and its partitioner's `available` callable,
+        made once per topic (and partition count), not per send()."""
+        cluster = self._cluster
+        entry = (
+            tuple(TopicPartition(topic, p) for p in range(count)),
+            lambda: cluster.metadata.available_partitions_for_topic(topic),
+        )
+        self._topic_entries[topic] = entry
+        return entry
 
     async def send_and_wait(
         self,
@@ -428,16 +469,13 @@ class AsyncProducer:
             queue.append(batch)
             self._incomplete.add(batch)
         assert batch.builder is not None
-        delta = batch.builder.append(value, key, headers, timestamp)
-        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
-        batch.records.append(
-            (
-                future,
-                delta,
-                timestamp,
-                -1 if key is None else len(key),
-                -1 if value is None else len(value),
-            )
+        batch.builder.append(value, key, headers, timestamp)
+        future: asyncio.Future[RecordMetadata] = self._loop_create_future()
+        batch.records.append(future)
+        batch.facts += (
+            timestamp,
+            -1 if key is None else len(key),
+            -1 if value is None else len(value),
         )
         batch.size += size
         self._buffered += size
@@ -842,20 +880,27 @@ class AsyncProducer:
     def _complete(
         self, batch: _Batch, base_offset: int, log_append_time: int, log_start_offset: int
     ) -> None:
-        tp = batch.tp
-        for future, delta, timestamp, key_size, value_size in batch.records:
+        topic, partition = batch.tp
+        epoch = batch.leader_epoch
+        facts = batch.facts
+        new = tuple.__new__  # a NamedTuple's own __new__ is a Python-level call
+        for delta, future in enumerate(batch.records):
             if future.done():
                 continue
+            i = delta * 3
             future.set_result(
-                RecordMetadata(
-                    tp.topic,
-                    tp.partition,
-                    base_offset + delta if base_offset >= 0 else -1,
-                    log_append_time if log_append_time >= 0 else timestamp,
-                    batch.leader_epoch,
-                    log_start_offset,
-                    key_size,
-                    value_size,
+                new(
+                    RecordMetadata,
+                    (
+                        topic,
+                        partition,
+                        base_offset + delta if base_offset >= 0 else -1,
+                        log_append_time if log_append_time >= 0 else facts[i],
+                        epoch,
+                        log_start_offset,
+                        facts[i + 1],
+                        facts[i + 2],
+                    ),
                 )
             )
         self._release(batch)
@@ -863,7 +908,7 @@ class AsyncProducer:
     def _fail(self, batch: _Batch, error: BaseException) -> None:
         if batch.base_sequence is not None and batch in self._incomplete and not self._closing:
             self._need_reset(batch.tp)  # its sequence is a gap now: renumber the later ones
-        for future, *_ in batch.records:
+        for future in batch.records:
             if not future.done():
                 future.set_exception(error)
         self._release(batch)
