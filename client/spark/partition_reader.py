@@ -1,12 +1,26 @@
 """What a Spark task runs: read one OffsetRange and yield Arrow record batches.
 
 Stateless (Spark calls `read()` in separate, reused worker processes): each call opens
-its own blocking `client.Consumer` (own event loop thread), reads [start, end) and
-closes it. The consumer seeks with the plan's start epoch, so it validates the start
-with OffsetsForLeaderEpoch itself (KIP-320, auto_offset_reset='none'), and every record
-read is checked against the epochs the plan expects (OffsetRange: floor / ceiling,
-non-decreasing, exact at end - 1). A mismatch means the log changed between the plan
-and this read: failOnDataLoss=true fails the task with a message naming the partition,
+its own connection to the cluster on a private event loop driven from this thread (no
+loop thread), reads [start, end) and closes it.
+
+The fetch loop is the consumer's KIP-320 protocol, narrowed to one partition and one
+range, and decodes record batches straight into Arrow columns (client.record_columns:
+no record object per row). The next fetch is sent before the current one is decoded,
+so the broker reads while this process decodes.
+
+- The start position carries the plan's start epoch: it is validated with
+  OffsetsForLeaderEpoch before the first fetch, and again after any leader change
+  (a new leader may hold another lineage); fetches carry last_fetched_epoch, so the
+  leader also reports a divergence itself. A position past the end of its epoch on
+  the current leader is a truncation.
+- Every record read is checked against the epochs the plan expects (OffsetRange:
+  floor / ceiling, non-decreasing, exact at end - 1); records carry their batch's
+  epoch, so the check runs once per batch and names the first record concerned.
+- OFFSET_OUT_OF_RANGE: records deleted by retention inside the range are skipped
+  (reported like Spark's Kafka source), anything else is a loss.
+
+A loss with failOnDataLoss=true fails the task with a message naming the partition,
 the offset and the epochs; false logs a WARNING and stops the range there (nothing of
 the other lineage is emitted; the next plan finds the divergence and resumes there).
 Every wait is bounded by kafkaConsumer.pollTimeoutMs.
@@ -14,133 +28,406 @@ Every wait is bounded by kafkaConsumer.pollTimeoutMs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from client.errors import LogTruncationError, OffsetOutOfRangeError
+from client.cluster import ClusterClient
+from client.epochs import end_offsets_for_epochs
+from client.errors import BrokerResponseError, MinibrokerError, error_for
+from client.record_columns import ColumnBuffer, decode_columns
 from client.spark.options import SourceOptions
 from client.spark.planning import DATA_LOSS_HINT, DataLossError, OffsetRange
 from client.spark.schema import arrow_schema
-from client.sync import Consumer
-from client.types import ConsumerRecord, OffsetAndMetadata
+from protocol.api import CONSUMER_REPLICA_ID, NO_EPOCH
+from protocol.errors import CorruptRecordError, ErrorCode
+from protocol.messages import (
+    FetchPartition,
+    FetchPartitionResponse,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
+)
+from protocol.record_batch import iter_headers
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
-ROWS_PER_ARROW_BATCH = 8192
-POLL_MS = 500
+# Rows per Arrow batch handed to Spark: fewer, larger batches cost Spark less per row.
+ROWS_PER_ARROW_BATCH = 32_768
+# Bytes per fetch: several 1 MiB batches per round trip.
+FETCH_BYTES = 4 * 1024 * 1024
+FETCH_MAX_WAIT_MS = 500
+RETRY_BACKOFF_S = 0.1
 TIMESTAMP_TYPE_CREATE_TIME = 0
-
-
-class _Stop(Exception):
-    """The range ends early (failOnDataLoss=false after a loss)."""
 
 
 def read_range(r: OffsetRange, options: SourceOptions) -> Iterator[pa.RecordBatch]:
     """Every record of `r`, as Arrow batches with the source schema."""
     if r.size == 0:
         return
-    columns = _Columns(options.include_headers)
-    consumer = Consumer(
-        options.bootstrap_servers,
-        client_id="minibroker-spark-reader",
-        auto_offset_reset="none",
-        max_poll_records=ROWS_PER_ARROW_BATCH,
-        fetch_max_wait_ms=POLL_MS,
-        api_timeout_ms=options.poll_timeout_ms,
-    )
+    fetcher = _PartitionFetcher(options, r)
     try:
-        consumer.assign([r.tp])
-        if r.start_epoch >= 0 and r.start > 0:
-            consumer.seek(r.tp, OffsetAndMetadata(r.start, "", r.start_epoch))
-        else:
-            consumer.seek(r.tp, r.start)
-        for chunk in _records(consumer, r, options):
-            for record in chunk:
-                columns.add(record)
-            if len(columns) >= ROWS_PER_ARROW_BATCH:
-                yield columns.flush()
-        if len(columns):
-            yield columns.flush()
+        yield from _read(fetcher, r, options)
     finally:
-        consumer.close()
+        fetcher.close()
 
 
-def _records(
-    consumer: Consumer, r: OffsetRange, options: SourceOptions
-) -> Iterator[list[ConsumerRecord]]:
-    """Checked records of `r`, chunk by chunk, until end (or an early stop)."""
+def _read(
+    fetcher: _PartitionFetcher, r: OffsetRange, options: SourceOptions
+) -> Iterator[pa.RecordBatch]:
+    arrow = _ArrowBuilder(r, options.include_headers)
+    columns = ColumnBuffer(options.include_headers)
     checker = _EpochChecker(r)
-    next_offset = r.start
+    position = r.start
+    # Epoch of the record before `position`: validated before the first fetch.
+    position_epoch = r.start_epoch if r.start > 0 else NO_EPOCH
+    validate = position_epoch != NO_EPOCH
     last_progress = time.monotonic()
-    while next_offset < r.end:
-        try:
-            polled = consumer.poll(timeout_ms=POLL_MS)
-        except LogTruncationError as exc:
-            _loss(
-                options,
-                f"log truncation detected on topic {r.tp.topic} partition {r.tp.partition} "
-                f"while reading offsets {r.start} to {r.end - 1} (planned with leader epochs "
-                f"{r.floor_epoch} to {r.ceiling_epoch}): {exc}",
-            )
+    while position < r.end:
+        if time.monotonic() - last_progress > options.poll_timeout_ms / 1000:
+            _no_progress(fetcher, r, options, position)
             return
-        except OffsetOutOfRangeError as exc:
-            low = consumer.beginning_offsets([r.tp])[r.tp]
-            if next_offset < low < r.end:
+        leader_changed = fetcher.refresh_leader()
+        if leader_changed and position_epoch != NO_EPOCH:
+            validate = True
+        if validate:
+            outcome = fetcher.validate(position, position_epoch)
+            if outcome == _RETRY:
+                continue
+            if isinstance(outcome, str):
+                _loss(options, _truncation(r, outcome))
+                return
+            validate = False
+        answer = fetcher.fetch(position, position_epoch)
+        if answer is None:  # retriable error, or no leader yet: backed off already
+            continue
+        code = answer.error_code
+        if code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            low = answer.log_start_offset
+            why = (
+                f"offset {position} is out of range (log start {low}, high watermark "
+                f"{answer.high_watermark})"
+            )
+            if position < low < r.end:
                 _loss(
                     options,
-                    f"{r.tp.topic} partition {r.tp.partition}: offsets {next_offset} to "
-                    f"{low - 1} were deleted (retention) before this task read them ({exc}); "
+                    f"{r.tp.topic} partition {r.tp.partition}: offsets {position} to "
+                    f"{low - 1} were deleted (retention) before this task read them ({why}); "
                     f"skipping to {low}",
                     stop=False,
                 )
-                consumer.seek(r.tp, low)
-                next_offset = low
+                position, position_epoch, validate = low, NO_EPOCH, False
+                fetcher.forget_prefetch()
                 continue
             _loss(
                 options,
-                f"{r.tp.topic} partition {r.tp.partition}: offsets {next_offset} to "
-                f"{r.end - 1} are no longer in the log ({exc})",
+                f"{r.tp.topic} partition {r.tp.partition}: offsets {position} to "
+                f"{r.end - 1} are no longer in the log ({why})",
             )
             return
-        chunk = [rec for records in polled.values() for rec in records if rec.offset < r.end]
-        if chunk:
-            last_progress = time.monotonic()
-            bad = checker.first_mismatch(chunk)
-            if bad is not None:
-                index, why = bad
-                if index:
-                    yield chunk[:index]
-                _loss(options, why)
+        if code in _REVALIDATE:
+            validate = position_epoch != NO_EPOCH
+            fetcher.back_off(error_for(code, topic=r.tp.topic, partition=r.tp.partition))
+            continue
+        if code != ErrorCode.NONE:
+            error = error_for(code, topic=r.tp.topic, partition=r.tp.partition)
+            if not error.retriable:
+                raise error
+            fetcher.back_off(error)
+            continue
+        diverging = answer.diverging_epoch
+        if diverging.epoch >= 0:
+            if diverging.end_offset < position:
+                _loss(
+                    options,
+                    _truncation(
+                        r,
+                        f"the position {position} (leader epoch {position_epoch}) is past the "
+                        f"end of the current log lineage, which diverges at offset "
+                        f"{diverging.end_offset} (leader epoch {diverging.epoch})",
+                    ),
+                )
                 return
-            next_offset = chunk[-1].offset + 1
-            yield chunk
-        elif any(rec.offset >= r.end for records in polled.values() for rec in records):
-            return  # the records up to end were not there (compacted/control batches)
-        if (
-            next_offset < r.end
-            and time.monotonic() - last_progress > options.poll_timeout_ms / 1000
-        ):
-            high = consumer.end_offsets([r.tp])[r.tp]
-            why = (
-                f"{r.tp.topic} partition {r.tp.partition}: no record at offset {next_offset} "
-                f"within kafkaConsumer.pollTimeoutMs={options.poll_timeout_ms} (the range "
-                f"ends at {r.end}; the high watermark is {high})"
-            )
-            if high < r.end:
-                _loss(options, why + ": the log was truncated after the plan")
-                return
-            raise TimeoutError(why)
+            position_epoch = diverging.epoch  # our lineage is intact up to the position
+            continue
+        data = answer.records
+        if not data:
+            continue  # nothing new within the fetch wait; the timeout bounds this
+        next_offset, next_epoch = _next_position(data, position, position_epoch)
+        if next_offset < r.end:
+            fetcher.prefetch(next_offset, next_epoch)
+        try:
+            for pos, _ in iter_headers(data):
+                before = len(columns)
+                header = decode_columns(data, pos, columns, min_offset=position, end_offset=r.end)
+                if header.next_offset > position:
+                    position = header.next_offset
+                    position_epoch = header.partition_leader_epoch
+                    last_progress = time.monotonic()
+                added = columns.offsets[before:]
+                if added:
+                    bad = checker.first_mismatch(header.partition_leader_epoch, added)
+                    if bad is not None:
+                        index, why = bad
+                        columns.truncate(before + index)
+                        if len(columns):
+                            yield arrow.build(columns)
+                        _loss(options, why)
+                        return
+                if len(columns) >= ROWS_PER_ARROW_BATCH:
+                    yield arrow.build(columns)
+                if position >= r.end:
+                    break
+        except CorruptRecordError as exc:
+            raise error_for(
+                ErrorCode.CORRUPT_MESSAGE,
+                f"at offset {position}: {exc}",
+                topic=r.tp.topic,
+                partition=r.tp.partition,
+            ) from exc
+    if len(columns):
+        yield arrow.build(columns)
+
+
+def _next_position(data: memoryview, offset: int, epoch: int) -> tuple[int, int]:
+    """Where the fetch after this response starts: the end of its last whole batch,
+    and that batch's leader epoch (what decoding the response leaves as position)."""
+    for _, header in iter_headers(data):
+        if header.next_offset > offset:
+            offset, epoch = header.next_offset, header.partition_leader_epoch
+    return offset, epoch
+
+
+def _truncation(r: OffsetRange, detail: str) -> str:
+    return (
+        f"log truncation detected on topic {r.tp.topic} partition {r.tp.partition} "
+        f"while reading offsets {r.start} to {r.end - 1} (planned with leader epochs "
+        f"{r.floor_epoch} to {r.ceiling_epoch}): {detail}"
+    )
+
+
+def _no_progress(
+    fetcher: _PartitionFetcher, r: OffsetRange, options: SourceOptions, position: int
+) -> None:
+    high = fetcher.high_watermark
+    why = (
+        f"{r.tp.topic} partition {r.tp.partition}: no record at offset {position} "
+        f"within kafkaConsumer.pollTimeoutMs={options.poll_timeout_ms} (the range "
+        f"ends at {r.end}; the high watermark is {high})"
+    )
+    if 0 <= high < r.end:
+        _loss(options, why + ": the log was truncated after the plan")
+        return
+    raise TimeoutError(why)
 
 
 def _loss(options: SourceOptions, message: str, *, stop: bool = True) -> None:
     if options.fail_on_data_loss:
         raise DataLossError(f"{message}. {DATA_LOSS_HINT}")
     log.warning("%s (failOnDataLoss=false: %s)", message, "range stopped" if stop else "going on")
+
+
+# Errors after which the position is validated again (the leader changed under us).
+_REVALIDATE = frozenset(
+    {
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+    }
+)
+_RETRY = "retry"
+
+
+class _PartitionFetcher:
+    """One partition's leader, asked from this thread on a private event loop: the
+    loop runs only inside the calls below, so nothing runs behind the caller's back
+    (and there is no thread to hand work to)."""
+
+    def __init__(self, options: SourceOptions, r: OffsetRange) -> None:
+        self.tp = r.tp
+        self.timeout_ms = options.poll_timeout_ms
+        self.high_watermark = -1
+        self._leader: tuple[int, int] | None = None  # (node, leader epoch) fetched from
+        # ((offset, last epoch, node, leader epoch), the fetch already sent for them)
+        self._prefetched: tuple[tuple[int, int, int, int], asyncio.Task[FetchResponse]] | None = (
+            None
+        )
+        self._loop = asyncio.new_event_loop()
+        self.cluster = ClusterClient(options.bootstrap_servers, client_id="minibroker-spark-reader")
+        try:
+            self._run(self.cluster.bootstrap())
+            self._run(self.cluster.wait_for_topics({self.tp.topic}, timeout_ms=self.timeout_ms))
+        except BaseException:
+            self.close()
+            raise
+
+    def _run(self, coro):  # type: ignore[no-untyped-def]
+        return self._step(asyncio.wait_for(coro, self.timeout_ms / 1000 + 5))
+
+    def _step(self, awaitable):  # type: ignore[no-untyped-def]
+        """Run the private loop until `awaitable` is done. A caller with its own loop
+        running in this thread (a test, a notebook) is blocked for that time, as a
+        blocking client call blocks it: its loop is set aside and put back."""
+        outer = asyncio._get_running_loop()
+        if outer is not None:
+            asyncio._set_running_loop(None)
+        try:
+            return self._loop.run_until_complete(awaitable)
+        finally:
+            if outer is not None:
+                asyncio._set_running_loop(outer)
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self.forget_prefetch()
+            self._run(self.cluster.close())
+            pending = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                self._step(asyncio.gather(*pending, return_exceptions=True))
+        finally:
+            self._loop.close()
+
+    def refresh_leader(self) -> bool:
+        """Look up the leader in the cache; True when it changed since the last fetch
+        (the caller validates its position again)."""
+        try:
+            current = self.cluster.leader_for(self.tp)
+        except BrokerResponseError:
+            return False  # fetch() backs off and refreshes
+        changed = self._leader is not None and current != self._leader
+        if changed:
+            log.info("%s: leader changed %s -> %s", self.tp, self._leader, current)
+            self.forget_prefetch()
+        self._leader = current
+        return changed
+
+    def back_off(self, error: MinibrokerError) -> None:
+        log.info("%s: %s; refreshing metadata and retrying", self.tp, error)
+        self.forget_prefetch()
+        self._run(self._refresh_after(RETRY_BACKOFF_S))
+
+    async def _refresh_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        try:
+            await self.cluster.refresh_metadata({self.tp.topic})
+        except MinibrokerError as exc:
+            log.debug("metadata refresh failed: %s", exc)
+
+    def validate(self, position: int, epoch: int) -> str | None:
+        """OffsetsForLeaderEpoch(epoch) on the current leader: None when `position`
+        lies on its lineage, a description of the divergence when it does not,
+        _RETRY after a retriable error (backed off)."""
+        results, errors = self._run(end_offsets_for_epochs(self.cluster, {self.tp: epoch}))
+        if self.tp in errors:
+            error = errors[self.tp]
+            if not error.retriable:
+                raise error
+            self.back_off(error)
+            return _RETRY
+        answer = results[self.tp]
+        if answer.unknown:
+            return (
+                f"the position {position} (leader epoch {epoch}) is no longer in the log: "
+                f"the current leader has no record of leader epoch {epoch}"
+            )
+        if answer.end_offset < position:
+            return (
+                f"the position {position} (leader epoch {epoch}) is past the end of the "
+                f"current log lineage, which diverges at offset {answer.end_offset} "
+                f"(leader epoch {answer.leader_epoch})"
+            )
+        return None
+
+    def prefetch(self, offset: int, last_epoch: int) -> None:
+        """Send the fetch at (`offset`, `last_epoch`) now; fetch() with the same
+        position collects its answer."""
+        self.forget_prefetch()
+        if self._leader is None:
+            return
+        node, leader_epoch = self._leader
+        task = self._loop.create_task(self._send_fetch(node, leader_epoch, offset, last_epoch))
+        self._prefetched = ((offset, last_epoch, node, leader_epoch), task)
+        # Run the loop once so the request is written before this thread decodes.
+        self._step(asyncio.sleep(0))
+
+    def forget_prefetch(self) -> None:
+        if self._prefetched is not None:
+            self._prefetched[1].cancel()
+            self._prefetched = None
+
+    async def _send_fetch(
+        self, node: int, leader_epoch: int, offset: int, last_epoch: int
+    ) -> FetchResponse:
+        request = FetchRequest(
+            replica_id=CONSUMER_REPLICA_ID,
+            max_wait_ms=FETCH_MAX_WAIT_MS,
+            min_bytes=1,
+            max_bytes=FETCH_BYTES,
+            topics=[
+                FetchTopic(
+                    topic=self.tp.topic,
+                    partitions=[
+                        FetchPartition(
+                            partition=self.tp.partition,
+                            current_leader_epoch=leader_epoch,
+                            fetch_offset=offset,
+                            last_fetched_epoch=last_epoch,
+                            partition_max_bytes=FETCH_BYTES,
+                        )
+                    ],
+                )
+            ],
+        )
+        response = await self.cluster.send(
+            node, request, timeout_ms=self.cluster.request_timeout_ms + FETCH_MAX_WAIT_MS
+        )
+        assert isinstance(response, FetchResponse)
+        return response
+
+    def fetch(self, offset: int, last_epoch: int) -> FetchPartitionResponse | None:
+        """The leader's answer for this partition at `offset`; None after a retriable
+        failure (backed off, metadata refreshed)."""
+        try:
+            node, leader_epoch = self.cluster.leader_for(self.tp)
+        except BrokerResponseError as exc:
+            self.back_off(exc)
+            return None
+        self._leader = (node, leader_epoch)
+        prefetched, self._prefetched = self._prefetched, None
+        try:
+            if prefetched is not None and prefetched[0] == (offset, last_epoch, node, leader_epoch):
+                response = self._run(prefetched[1])
+            else:
+                if prefetched is not None:
+                    prefetched[1].cancel()
+                response = self._run(self._send_fetch(node, leader_epoch, offset, last_epoch))
+        except MinibrokerError as exc:
+            if not exc.retriable:
+                raise
+            self.back_off(exc)
+            return None
+        if response.error_code != ErrorCode.NONE:
+            error = error_for(response.error_code, f"Fetch refused by broker {node}")
+            if not error.retriable:
+                raise error
+            self.back_off(error)
+            return None
+        for topic in response.responses:
+            for p in topic.partitions:
+                if topic.topic == self.tp.topic and p.partition_index == self.tp.partition:
+                    if p.high_watermark >= 0:
+                        self.high_watermark = p.high_watermark
+                    return p
+        return None
 
 
 class _EpochChecker:
@@ -150,26 +437,28 @@ class _EpochChecker:
         self.r = r
         self.previous = r.floor_epoch
 
-    def first_mismatch(self, chunk: list[ConsumerRecord]) -> tuple[int, str] | None:
+    def first_mismatch(self, epoch: int, offsets: Sequence[int]) -> tuple[int, str] | None:
+        """Check records at `offsets` (in order), which all carry leader epoch `epoch`
+        (one batch): the index of the first that the plan does not expect, and why."""
         r = self.r
-        for i, rec in enumerate(chunk):
-            epoch = rec.leader_epoch
-            wrong = (
-                (r.floor_epoch >= 0 and epoch < r.floor_epoch)
-                or (r.ceiling_epoch >= 0 and epoch > r.ceiling_epoch)
-                or epoch < self.previous
-                or (rec.offset == r.end - 1 and r.end_epoch >= 0 and epoch != r.end_epoch)
-            )
-            if wrong:
-                return i, (
-                    f"log truncation detected on topic {r.tp.topic} partition {r.tp.partition}: "
-                    f"the record at offset {rec.offset} carries leader epoch {epoch}, but the "
-                    f"plan for offsets {r.start} to {r.end - 1} expects leader epochs "
-                    f"{_bounds(r)} (the log changed after the plan: another lineage is there "
-                    f"now)"
-                )
+        bad: int | None = None
+        if (
+            (r.floor_epoch >= 0 and epoch < r.floor_epoch)
+            or (r.ceiling_epoch >= 0 and epoch > r.ceiling_epoch)
+            or epoch < self.previous
+        ):
+            bad = 0
+        elif r.end_epoch >= 0 and epoch != r.end_epoch and offsets[-1] >= r.end - 1:
+            bad = next((i for i, off in enumerate(offsets) if off == r.end - 1), None)
+        if bad is None:
             self.previous = epoch
-        return None
+            return None
+        return bad, (
+            f"log truncation detected on topic {r.tp.topic} partition {r.tp.partition}: "
+            f"the record at offset {offsets[bad]} carries leader epoch {epoch}, but the "
+            f"plan for offsets {r.start} to {r.end - 1} expects leader epochs "
+            f"{_bounds(r)} (the log changed after the plan: another lineage is there now)"
+        )
 
 
 def _bounds(r: OffsetRange) -> str:
@@ -179,55 +468,54 @@ def _bounds(r: OffsetRange) -> str:
     return f"from {low} to {high}, non-decreasing{end}"
 
 
-class _Columns:
-    """Column buffers for one Arrow batch."""
+class _ArrowBuilder:
+    """Arrow batches with the source schema from a ColumnBuffer; the columns that are
+    the same on every row (topic, partition, timestampType) are built once."""
 
-    def __init__(self, include_headers: bool) -> None:
-        self.include_headers = include_headers
-        self.schema = arrow_schema(include_headers)
-        self._clear()
-
-    def _clear(self) -> None:
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.topics: list[str] = []
-        self.partitions: list[int] = []
-        self.offsets: list[int] = []
-        self.timestamps: list[int] = []
-        self.headers: list[list[dict[str, Any]]] = []
-        self.epochs: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def add(self, rec: ConsumerRecord) -> None:
-        self.keys.append(rec.key)
-        self.values.append(rec.value)
-        self.topics.append(rec.topic)
-        self.partitions.append(rec.partition)
-        self.offsets.append(rec.offset)
-        self.timestamps.append(rec.timestamp * 1000)  # ms -> us
-        if self.include_headers:
-            self.headers.append([{"key": k, "value": v} for k, v in rec.headers])
-        self.epochs.append(rec.leader_epoch)
-
-    def flush(self) -> pa.RecordBatch:
+    def __init__(self, r: OffsetRange, include_headers: bool) -> None:
         import pyarrow as pa
 
+        self.include_headers = include_headers
+        self.schema = arrow_schema(include_headers)
         types = self.schema.types
-        n = len(self.offsets)
+        self._constants = [
+            pa.repeat(pa.scalar(r.tp.topic, types[2]), ROWS_PER_ARROW_BATCH),
+            pa.repeat(pa.scalar(r.tp.partition, types[3]), ROWS_PER_ARROW_BATCH),
+            pa.repeat(pa.scalar(TIMESTAMP_TYPE_CREATE_TIME, types[6]), ROWS_PER_ARROW_BATCH),
+        ]
+
+    def _constant(self, which: int, n: int) -> pa.Array:
+        import pyarrow as pa
+
+        column = self._constants[which]
+        if n <= len(column):
+            return column.slice(0, n)
+        return pa.repeat(column[0], n)
+
+    def build(self, columns: ColumnBuffer) -> pa.RecordBatch:
+        """The buffered rows as one Arrow batch; empties `columns`."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        types = self.schema.types
+        n = len(columns)
+        timestamps = pc.multiply(pa.array(columns.timestamps, pa.int64()), 1000)  # ms -> us
         arrays = [
-            pa.array(self.keys, types[0]),
-            pa.array(self.values, types[1]),
-            pa.array(self.topics, types[2]),
-            pa.array(self.partitions, types[3]),
-            pa.array(self.offsets, types[4]),
-            pa.array(self.timestamps, types[5]),
-            pa.array([TIMESTAMP_TYPE_CREATE_TIME] * n, types[6]),
+            pa.array(columns.keys, types[0]),
+            pa.array(columns.values, types[1]),
+            self._constant(0, n),
+            self._constant(1, n),
+            pa.array(columns.offsets, types[4]),
+            timestamps.cast(types[5]),
+            self._constant(2, n),
         ]
         if self.include_headers:
-            arrays.append(pa.array(self.headers, types[7]))
-        arrays.append(pa.array(self.epochs, types[-1]))
-        batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
-        self._clear()
-        return batch
+            assert columns.headers is not None
+            arrays.append(
+                pa.array(
+                    [[{"key": k, "value": v} for k, v in hs] for hs in columns.headers], types[7]
+                )
+            )
+        arrays.append(pa.array(columns.epochs(), types[-1]))
+        columns.clear()
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)

@@ -18,7 +18,7 @@ from client.spark.planning import (
     split_ranges,
     validate_stored_position,
 )
-from client.types import ConsumerRecord, TopicPartition
+from client.types import TopicPartition
 
 T0, T1, U0 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
 SERVERS = {"kafka.bootstrap.servers": "127.0.0.1:9092"}
@@ -217,15 +217,29 @@ def test_split_ranges_for_min_partitions_keeps_epoch_checks_at_the_ends() -> Non
 # ------------------------------------------------------------ executor epoch checks
 
 
-def _records(*offset_epochs: tuple[int, int]) -> list[ConsumerRecord]:
-    return [ConsumerRecord("t", 0, o, e, 0, None, b"v") for o, e in offset_epochs]
+def _check(checker: _EpochChecker, *offset_epochs: tuple[int, int]) -> tuple[int, str] | None:
+    """Feed records batch by batch (a run of one epoch is one batch), as the reader
+    does; the index returned is over all the records given."""
+    seen = 0
+    runs: list[tuple[int, list[int]]] = []
+    for offset, epoch in offset_epochs:
+        if runs and runs[-1][0] == epoch:
+            runs[-1][1].append(offset)
+        else:
+            runs.append((epoch, [offset]))
+    for epoch, offsets in runs:
+        found = checker.first_mismatch(epoch, offsets)
+        if found is not None:
+            return seen + found[0], found[1]
+        seen += len(offsets)
+    return None
 
 
 def test_executor_accepts_records_carrying_the_planned_epochs() -> None:
     r = OffsetRange.between(T0, Position(3, 1), Position(7, 2))
     checker = _EpochChecker(r)
-    assert checker.first_mismatch(_records((3, 1), (4, 2))) is None
-    assert checker.first_mismatch(_records((5, 2), (6, 2))) is None
+    assert _check(checker, (3, 1), (4, 2)) is None
+    assert _check(checker, (5, 2), (6, 2)) is None
 
 
 @pytest.mark.parametrize(
@@ -241,8 +255,9 @@ def test_executor_stops_at_the_first_record_of_another_lineage(
     records: tuple[tuple[int, int], ...], bad_index: int
 ) -> None:
     checker = _EpochChecker(OffsetRange.between(T0, Position(3, 1), Position(7, 2)))
-    found = checker.first_mismatch(_records(*records))
+    found = _check(checker, *records)
     assert found is not None
     index, message = found
     assert index == bad_index
+    assert f"the record at offset {records[bad_index][0]} carries leader epoch" in message
     assert "topic t partition 0" in message and "expects leader epochs from 1 to 2" in message

@@ -1,0 +1,220 @@
+"""Decode record batches straight into columns (one Python list per field), for readers
+that build columnar output (the Spark source's Arrow batches) and never need a record
+object.
+
+`decode_columns(buf, pos, columns, ...)` appends the records of the batch at `pos` to
+`columns`: the per-record work is reading the varints and appending the fields, no
+Record / ConsumerRecord tuple per record. The format checks are decode_batch's
+(protocol.record_batch): CRC, record lengths, fields inside the batch, nothing left
+over. The partition leader epoch is a per-batch fact and is stored once per batch,
+with the number of rows it covers (`ColumnBuffer.epoch_runs`).
+"""
+
+from __future__ import annotations
+
+from protocol.errors import CorruptRecordError
+from protocol.record_batch import (
+    HEADER_SIZE,
+    BatchHeader,
+    decode_varint,
+    decompress,
+    parse_header,
+    validate_batch,
+)
+from protocol.record_batch import (
+    _decode_headers as decode_record_headers,
+)
+
+_ATTR_TIMESTAMP_TYPE = 0x08
+_NO_HEADERS: tuple[tuple[str, bytes | None], ...] = ()
+
+
+class ColumnBuffer:
+    """Fields of the decoded records, one list per column, in offset order."""
+
+    __slots__ = ("epoch_runs", "headers", "keys", "offsets", "timestamps", "values")
+
+    def __init__(self, with_headers: bool) -> None:
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []  # ms
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.headers: list[tuple[tuple[str, bytes | None], ...]] | None = (
+            [] if with_headers else None
+        )
+        # (leader epoch, rows): consecutive rows carrying that epoch (one run per batch)
+        self.epoch_runs: list[tuple[int, int]] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def epochs(self) -> list[int]:
+        out: list[int] = []
+        for epoch, rows in self.epoch_runs:
+            out += [epoch] * rows
+        return out
+
+    def truncate(self, rows: int) -> None:
+        """Keep the first `rows` rows."""
+        del self.offsets[rows:], self.timestamps[rows:], self.keys[rows:], self.values[rows:]
+        if self.headers is not None:
+            del self.headers[rows:]
+        runs: list[tuple[int, int]] = []
+        left = rows
+        for epoch, n in self.epoch_runs:
+            if left <= 0:
+                break
+            runs.append((epoch, min(n, left)))
+            left -= n
+        self.epoch_runs = runs
+
+    def clear(self) -> None:
+        self.offsets = []
+        self.timestamps = []
+        self.keys = []
+        self.values = []
+        if self.headers is not None:
+            self.headers = []
+        self.epoch_runs = []
+
+
+def decode_columns(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    columns: ColumnBuffer,
+    *,
+    min_offset: int = 0,
+    end_offset: int | None = None,
+    verify_crc: bool = True,
+) -> BatchHeader:
+    """Append the records of the batch at `pos` with min_offset <= offset < end_offset
+    to `columns`; returns the batch header. Control batches add nothing (the caller
+    reads that from the header). Raises CorruptRecordError on a malformed batch, with
+    nothing of that batch appended."""
+    header = validate_batch(buf, pos) if verify_crc else parse_header(buf, pos)
+    end = pos + header.size
+    if end > len(buf):
+        raise CorruptRecordError("batch runs past the end of the buffer")
+    if header.attributes & 0x20:  # control batch: no data records
+        return header
+    body = decompress(header.compression, memoryview(buf)[pos + HEADER_SIZE : end])
+    if isinstance(body, memoryview):
+        body = body.tobytes()  # indexing and slicing bytes is cheaper than a memoryview
+    offsets: list[int] = []
+    timestamps: list[int] = []
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    headers_out: list[tuple[tuple[str, bytes | None], ...]] = []
+    add_offset, add_ts = offsets.append, timestamps.append
+    add_key, add_value, add_headers = keys.append, values.append, headers_out.append
+    p = 0
+    body_len = len(body)
+    base_offset = header.base_offset
+    base_ts = header.base_timestamp
+    log_append = bool(header.attributes & _ATTR_TIMESTAMP_TYPE)
+    # The same varint decoding as protocol.record_batch.decode_batch (inline for the
+    # one- and two-byte forms), appending fields instead of building records.
+    try:
+        for _ in range(header.record_count):
+            b = body[p]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                p += 1
+            elif body[p + 1] < 0x80:
+                b = (b & 0x7F) | (body[p + 1] << 7)
+                length = (b >> 1) ^ -(b & 1)
+                p += 2
+            else:
+                length, p = decode_varint(body, p)
+            record_end = p + length
+            if length < 1 or record_end > body_len:
+                raise CorruptRecordError(f"record length {length} runs past the end of the batch")
+            b = body[p + 1]  # attributes (unused in v2) at p, then the timestamp delta
+            if b < 0x80:
+                add_ts(base_ts + ((b >> 1) ^ -(b & 1)))
+                p += 2
+            else:
+                ts_delta, p = decode_varint(body, p + 1)
+                add_ts(base_ts + ts_delta)
+            b = body[p]
+            if b < 0x80:
+                add_offset(base_offset + ((b >> 1) ^ -(b & 1)))
+                p += 1
+            elif body[p + 1] < 0x80:
+                b = (b & 0x7F) | (body[p + 1] << 7)
+                add_offset(base_offset + ((b >> 1) ^ -(b & 1)))
+                p += 2
+            else:
+                offset_delta, p = decode_varint(body, p)
+                add_offset(base_offset + offset_delta)
+            b = body[p]
+            if b == 1:  # null key
+                add_key(None)
+                p += 1
+            else:
+                if b < 0x80:
+                    n = (b >> 1) ^ -(b & 1)
+                    p += 1
+                elif body[p + 1] < 0x80:
+                    b = (b & 0x7F) | (body[p + 1] << 7)
+                    n = (b >> 1) ^ -(b & 1)
+                    p += 2
+                else:
+                    n, p = decode_varint(body, p)
+                if n < 0:
+                    add_key(None)
+                else:
+                    add_key(body[p : p + n])
+                    p += n
+            b = body[p]
+            if b == 1:  # null value
+                add_value(None)
+                p += 1
+            else:
+                if b < 0x80:
+                    n = (b >> 1) ^ -(b & 1)
+                    p += 1
+                elif body[p + 1] < 0x80:
+                    b = (b & 0x7F) | (body[p + 1] << 7)
+                    n = (b >> 1) ^ -(b & 1)
+                    p += 2
+                else:
+                    n, p = decode_varint(body, p)
+                if n < 0:
+                    add_value(None)
+                else:
+                    add_value(body[p : p + n])
+                    p += n
+            if p < record_end and body[p] == 0:
+                add_headers(_NO_HEADERS)
+                p += 1
+            else:
+                record_headers, p = decode_record_headers(body, p, length)
+                add_headers(record_headers)
+            if p != record_end:
+                raise CorruptRecordError("record length does not match its fields")
+    except IndexError:
+        raise CorruptRecordError("record field runs past the end of the batch") from None
+    if p != body_len:
+        raise CorruptRecordError("bytes left over after the last record")
+    if log_append:
+        timestamps = [header.max_timestamp] * len(timestamps)
+    first = 0
+    if offsets and offsets[0] < min_offset:
+        first = next((i for i, off in enumerate(offsets) if off >= min_offset), len(offsets))
+    last = len(offsets)
+    if end_offset is not None and offsets and offsets[-1] >= end_offset:
+        last = next((i for i, off in enumerate(offsets) if off >= end_offset), len(offsets))
+    if first or last < len(offsets):
+        offsets, timestamps = offsets[first:last], timestamps[first:last]
+        keys, values, headers_out = keys[first:last], values[first:last], headers_out[first:last]
+    if not offsets:
+        return header
+    columns.offsets += offsets
+    columns.timestamps += timestamps
+    columns.keys += keys
+    columns.values += values
+    if columns.headers is not None:
+        columns.headers += headers_out
+    columns.epoch_runs.append((header.partition_leader_epoch, len(offsets)))
+    return header

@@ -1,0 +1,126 @@
+"""client.record_columns.decode_columns against protocol.record_batch.decode_batch (the
+reference decode): the same fields for every record, offsets cut at min/end, epochs
+once per batch, truncate(), and corrupt batches refused with nothing appended."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from client.record_columns import ColumnBuffer, decode_columns
+from protocol.errors import CorruptRecordError
+from protocol.record_batch import BatchBuilder, Compression, decode_batch
+
+headers_strategy = st.lists(
+    st.tuples(st.text(max_size=5), st.none() | st.binary(max_size=8)), max_size=2
+)
+record_strategy = st.tuples(
+    st.none() | st.binary(max_size=300),  # value
+    st.none() | st.binary(max_size=20),  # key
+    headers_strategy,
+    st.integers(min_value=-5000, max_value=5000),  # timestamp delta
+)
+
+
+def build(
+    records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
+    *,
+    base_offset: int = 100,
+    epoch: int = 7,
+    compression: Compression = Compression.NONE,
+) -> bytes:
+    builder = BatchBuilder(
+        compression=compression, partition_leader_epoch=epoch, base_timestamp=1_700_000_000_000
+    )
+    for value, key, headers, ts_delta in records:
+        builder.append(value, key, headers, 1_700_000_000_000 + ts_delta)
+    return builder.build(base_offset)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    records=st.lists(record_strategy, min_size=1, max_size=40),
+    compression=st.sampled_from([Compression.NONE, Compression.LZ4]),
+)
+def test_columns_match_the_reference_decode(records, compression) -> None:
+    batch = build(records, compression=compression)
+    header, expected = decode_batch(batch)
+    columns = ColumnBuffer(True)
+    got = decode_columns(batch, 0, columns)
+    assert got == header
+    assert columns.offsets == [r.offset for r in expected]
+    assert columns.timestamps == [r.timestamp for r in expected]
+    assert columns.keys == [r.key for r in expected]
+    assert columns.values == [r.value for r in expected]
+    assert columns.headers == [r.headers for r in expected]
+    assert columns.epochs() == [7] * len(expected)
+
+
+def test_many_records_three_byte_offset_deltas_and_bounds() -> None:
+    """A batch of 20,000 records (offset deltas past 8191 take three varint bytes),
+    cut to [min_offset, end_offset)."""
+    batch = build([(b"v%d" % i, None, [], 0) for i in range(20_000)], base_offset=0)
+    columns = ColumnBuffer(False)
+    decode_columns(batch, 0, columns, min_offset=9_000, end_offset=15_000)
+    assert columns.offsets == list(range(9_000, 15_000))
+    assert columns.values == [b"v%d" % i for i in range(9_000, 15_000)]
+    assert columns.headers is None
+    assert columns.epoch_runs == [(7, 6_000)]
+
+
+def test_batches_append_and_truncate_keeps_epoch_runs() -> None:
+    columns = ColumnBuffer(False)
+    first = build([(b"a", None, [], 0)] * 3, base_offset=0, epoch=1)
+    second = build([(b"b", None, [], 0)] * 4, base_offset=3, epoch=2)
+    decode_columns(first, 0, columns)
+    decode_columns(second, 0, columns)
+    assert columns.offsets == list(range(7))
+    assert columns.epochs() == [1, 1, 1, 2, 2, 2, 2]
+    columns.truncate(5)
+    assert columns.offsets == list(range(5)) and columns.values == [b"a"] * 3 + [b"b"] * 2
+    assert columns.epoch_runs == [(1, 3), (2, 2)]
+    columns.truncate(2)
+    assert columns.epoch_runs == [(1, 2)]
+    columns.clear()
+    assert len(columns) == 0 and columns.epoch_runs == []
+
+
+def test_a_batch_wholly_outside_the_bounds_adds_nothing() -> None:
+    batch = build([(b"x", None, [], 0)] * 5, base_offset=10)
+    columns = ColumnBuffer(False)
+    header = decode_columns(batch, 0, columns, min_offset=15)
+    assert header.next_offset == 15
+    assert len(columns) == 0 and columns.epoch_runs == []
+
+
+def _recrc(batch: bytearray) -> None:
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+
+
+def _flip_a_body_byte(batch: bytearray) -> None:
+    batch[70] ^= 0xFF  # the CRC no longer matches
+
+
+def _first_record_too_long(batch: bytearray) -> None:
+    batch[61] = 0x7E  # length varint 63: past the end of the body
+    _recrc(batch)
+
+
+def _byte_left_over(batch: bytearray) -> None:
+    batch.append(0)
+    struct.pack_into(">i", batch, 8, len(batch) - 12)
+    _recrc(batch)
+
+
+@pytest.mark.parametrize("damage", [_flip_a_body_byte, _first_record_too_long, _byte_left_over])
+def test_corrupt_batches_raise_and_append_nothing(damage) -> None:
+    batch = bytearray(build([(b"value-%d" % i, b"k", [], i) for i in range(3)]))
+    damage(batch)
+    columns = ColumnBuffer(False)
+    with pytest.raises(CorruptRecordError):
+        decode_columns(bytes(batch), 0, columns)
+    assert len(columns) == 0 and columns.epoch_runs == []
