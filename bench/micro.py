@@ -6,6 +6,8 @@
 - send: `AsyncProducer.send()` of 100 B records to a 1-broker cluster (acks 1),
   send loop plus flush; microseconds of this process's CPU per record, so the
   producer's encode, futures, requests and acks all count, the broker does not.
+- send_batch: the same records through `create_batch()` / `send_batch()` (16 KiB
+  batches round robin over the 3 partitions), one future per batch.
 
 Both are what bounds one client process at 100 B records; compare before/after a
 change back to back (the machine is shared, so noise is a few percent).
@@ -33,7 +35,11 @@ def parser() -> argparse.ArgumentParser:
     common_args(p)
     p.add_argument("--records", type=int, default=300_000, help="records per case [300000]")
     p.add_argument("--repeats", type=int, default=5, help="decode repeats, best kept [5]")
-    p.add_argument("--case", default="decode,send", help="decode, send or both [decode,send]")
+    p.add_argument(
+        "--case",
+        default="decode,send,send_batch",
+        help="comma-separated: decode, send, send_batch [all three]",
+    )
     return p
 
 
@@ -66,7 +72,7 @@ def measure_decode(records: int, repeats: int) -> dict[str, Any]:
     return {"case": "decode", "records": count, "us_per_record": best / count * 1e6}
 
 
-async def measure_send(bootstrap: str, records: int) -> dict[str, Any]:
+async def measure_send(bootstrap: str, records: int, *, batches: bool) -> dict[str, Any]:
     producer = AsyncProducer(bootstrap, acks=1, batch_size=16384, linger_ms=5)
     await producer.start()
     try:
@@ -76,12 +82,21 @@ async def measure_send(bootstrap: str, records: int) -> dict[str, Any]:
         started = time.process_time()
         wall = time.perf_counter()
         futures = []
-        for i in range(records):
-            future = await send("micro", value)
-            if i % 1000 == 0:
-                futures.append(future)
+        if batches:
+            sent = 0
+            while sent < records:
+                batch = producer.create_batch()
+                while sent < records and batch.append(value=value) is not None:
+                    sent += 1
+                futures.append(await producer.send_batch(batch, "micro", partition=sent % 3))
                 await asyncio.sleep(0)
-        futures.append(future)
+        else:
+            for i in range(records):
+                future = await send("micro", value)
+                if i % 1000 == 0:
+                    futures.append(future)
+                    await asyncio.sleep(0)
+            futures.append(future)
         await producer.flush()
         cpu = time.process_time() - started
         wall = time.perf_counter() - wall
@@ -90,7 +105,7 @@ async def measure_send(bootstrap: str, records: int) -> dict[str, Any]:
     finally:
         await producer.close()
     return {
-        "case": "send",
+        "case": "send_batch" if batches else "send",
         "records": records,
         "us_per_record": cpu / records * 1e6,
         "records_per_s": records / wall,
@@ -105,10 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     if "decode" in cases:
         results.append(measure_decode(records, args.repeats))
-    if "send" in cases:
+    if cases & {"send", "send_batch"}:
         with BenchCluster(brokers=1, keep_data=args.keep_data) as cluster:
             run(cluster.create_topic("micro", partitions=3, replication_factor=1))
-            results.append(run(measure_send(cluster.bootstrap, records)))
+            for case in ("send", "send_batch"):
+                if case in cases:
+                    batches = case == "send_batch"
+                    results.append(run(measure_send(cluster.bootstrap, records, batches=batches)))
     rows = [
         [r["case"], r["records"], round(r["us_per_record"], 2), round(r.get("records_per_s", 0))]
         for r in results

@@ -9,6 +9,10 @@ last producer's flush; MB/s counts value bytes (1 MB = 10^6 B). Each cell gets a
 topic of `--partitions` partitions, deleted afterwards, and is checked: the sum of the
 partitions' end offsets must equal the records sent (nothing lost or duplicated).
 
+`--api batch` measures `create_batch()` / `send_batch()` instead of `send()`: each
+producer fills whole batches of `batch_size` and sends them round robin over the
+partitions (results in bench/results/produce-batch.json, beside send()'s).
+
     python -m bench produce                      # the whole matrix
     python -m bench produce --rf 3 --acks all --record-size 100 --batch-size 16384 \\
         --producers 1                            # one cell
@@ -71,6 +75,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--brokers", type=int, default=3, help="brokers in the cluster [3]")
     p.add_argument("--linger-ms", type=int, default=5, help="producer linger_ms [5]")
     p.add_argument("--seconds", type=float, help="sending time per cell [4; 1.5 with --quick]")
+    p.add_argument(
+        "--api",
+        choices=["send", "batch"],
+        default="send",
+        help="send() per record, or create_batch()/send_batch() [send]",
+    )
     return p
 
 
@@ -127,14 +137,17 @@ async def _produce(spec: dict[str, Any], ready: Any, go: Any) -> dict[str, Any]:
         cpu_start = time.process_time()
         started_wall = time.time()
         end = time.perf_counter() + spec["seconds"]
-        send = producer.send
-        while time.perf_counter() < end:
-            for _ in range(YIELD_EVERY):
-                future = await send(topic, value)
-                sent += 1
-                if sent % sample_every == 0:
-                    samples.append(future)
-            await asyncio.sleep(0)
+        if spec.get("api") == "batch":
+            sent, future = await _produce_batches(producer, spec, value, end, samples)
+        else:
+            send = producer.send
+            while time.perf_counter() < end:
+                for _ in range(YIELD_EVERY):
+                    future = await send(topic, value)
+                    sent += 1
+                    if sent % sample_every == 0:
+                        samples.append(future)
+                await asyncio.sleep(0)
         samples.append(future)
         await producer.flush()
         finished_wall = time.time()
@@ -144,6 +157,33 @@ async def _produce(spec: dict[str, Any], ready: Any, go: Any) -> dict[str, Any]:
         return {"sent": sent, "start": started_wall, "end": finished_wall, "cpu_s": cpu}
     finally:
         await producer.close()
+
+
+async def _produce_batches(
+    producer: AsyncProducer,
+    spec: dict[str, Any],
+    value: bytes,
+    end: float,
+    samples: list[asyncio.Future[Any]],
+) -> tuple[int, asyncio.Future[Any]]:
+    """Whole batches through send_batch(), round robin over the partitions, until
+    `end`; every batch's future is kept (one per batch). Returns (records, last future)."""
+    sent = 0
+    partition = 0
+    future: asyncio.Future[Any] | None = None
+    while time.perf_counter() < end:
+        batch = producer.create_batch()
+        append = batch.append
+        while append(value=value) is not None:
+            pass
+        count = batch.record_count()
+        future = await producer.send_batch(batch, spec["topic"], partition=partition)
+        samples.append(future)
+        sent += count
+        partition = (partition + 1) % spec["partitions"]
+        await asyncio.sleep(0)
+    assert future is not None
+    return sent, future
 
 
 # ------------------------------------------------------------------ one cell
@@ -287,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             progress.update(label)
             spec = {
                 **cell,
+                "api": args.api,
                 "partitions": args.partitions,
                 "linger_ms": args.linger_ms,
                 "seconds": args.seconds,
@@ -295,7 +336,13 @@ def main(argv: list[str] | None = None) -> int:
             progress.step(label)
     table = [table_row(r) for r in rows]
     return report(
-        NAME, args=args, progress=progress, columns=COLUMNS, table=table, rows=rows, started=started
+        NAME if args.api == "send" else f"{NAME}-batch",
+        args=args,
+        progress=progress,
+        columns=COLUMNS,
+        table=table,
+        rows=rows,
+        started=started,
     )
 
 

@@ -37,6 +37,12 @@ leaders fence the old epoch (INVALID_PRODUCER_EPOCH) once they have seen the new
 A broker that does not support InitProducerId (INVALID_REQUEST / UNSUPPORTED_VERSION)
 makes the producer fall back to non-idempotent delivery with a WARNING.
 
+`create_batch()` / `send_batch(batch, topic, partition=...)` (aiokafka's batch API)
+send records built by the caller as one batch with one future: per record only the
+batch encoding, no future, no partitioner, no size bookkeeping. The batch joins the
+partition's queue behind the records sent before it, with the same idempotence,
+retries and epoch handling as any other batch.
+
 Without idempotence at most one batch per partition is in flight, so a retry never
 overtakes a later batch, but a retry after a lost answer may write a batch twice, as
 with Kafka's producer when enable.idempotence=false.
@@ -109,6 +115,65 @@ def parse_acks(acks: int | str) -> int:
     raise ValueError(f"acks must be 0, 1 or all (-1), not {acks!r}")
 
 
+class ProducerBatch:
+    """Records to send as one batch with `AsyncProducer.send_batch` (make it with
+    `AsyncProducer.create_batch()`, as in aiokafka). Keys and values are bytes (no
+    serializers). Encoded as they are appended."""
+
+    __slots__ = ("_builder", "_max_size")
+
+    def __init__(self, builder: BatchBuilder, max_size: int) -> None:
+        self._builder = builder
+        self._max_size = max_size
+
+    def append(
+        self,
+        *,
+        key: bytes | None = None,
+        value: bytes | None = None,
+        timestamp: int | None = None,
+        headers: Sequence[Header] = (),
+    ) -> int | None:
+        """Add a record: its offset delta in the batch, or None when the batch is full
+        (`max_size` bytes; the first record always fits). Timestamps default to now."""
+        builder = self._builder
+        if builder is None:
+            raise IllegalStateError("this batch was already sent")
+        if not (
+            (value is None or type(value) is bytes) and (key is None or type(key) is bytes)
+        ) and (not isinstance(key, bytes | None) or not isinstance(value, bytes | None)):
+            raise TypeError("key and value must be bytes or None")
+        size = builder.estimated_size + _RECORD_OVERHEAD
+        if key is not None:
+            size += len(key)
+        if value is not None:
+            size += len(value)
+        if headers:
+            size += sum(len(k) + len(v or b"") + 8 for k, v in headers)
+        if size > self._max_size and len(builder):
+            return None
+        return builder.append(value, key, headers, timestamp)
+
+    @property
+    def sent(self) -> bool:
+        return self._builder is None
+
+    def record_count(self) -> int:
+        return len(self._builder) if self._builder is not None else 0
+
+    def size(self) -> int:
+        """Bytes of the batch so far (uncompressed, header included)."""
+        return self._builder.estimated_size if self._builder is not None else 0
+
+    def _take(self) -> BatchBuilder:
+        """The builder, once: a batch is sent at most once."""
+        builder = self._builder
+        if builder is None:
+            raise IllegalStateError("this batch was already sent")
+        self._builder = None  # type: ignore[assignment]
+        return builder
+
+
 class _Batch:
     __slots__ = (
         "attempts",
@@ -144,6 +209,10 @@ class _Batch:
         self.leader_epoch = -1
         self.base_sequence: int | None = None  # assigned when first sent (idempotence)
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def record_count(self) -> int:
+        return len(self.builder) if self.builder is not None else len(self.records)
 
 
 class AsyncProducer:
@@ -381,8 +450,7 @@ class AsyncProducer:
             )
         count = self._cluster.metadata.partition_count(topic)
         if count is None:
-            await self._wait_for_topic(topic)
-            count = self._cluster.metadata.partition_count(topic) or 0
+            count = await self._wait_for_partition_count(topic)
         topic_entry = self._topic_entries.get(topic)
         if topic_entry is None or len(topic_entry[0]) != count:
             topic_entry = self._topic_entry(topic, count)
@@ -413,6 +481,56 @@ class AsyncProducer:
         self._topic_entries[topic] = entry
         return entry
 
+    def create_batch(self) -> ProducerBatch:
+        """An empty batch for `send_batch()`, at most `batch_size` bytes (or one
+        record), compressed as this producer's batches are."""
+        return ProducerBatch(BatchBuilder(compression=self.compression), self.batch_size)
+
+    async def send_batch(
+        self, batch: ProducerBatch, topic: str, *, partition: int
+    ) -> asyncio.Future[RecordMetadata]:
+        """Queue a batch from `create_batch()` for `partition` of `topic`; returns a
+        future of the RecordMetadata of its first record (the batch's base offset, as
+        aiokafka's). A batch is sent once; an empty one is refused."""
+        self._check_open()
+        if batch.sent:
+            raise IllegalStateError("this batch was already sent")
+        if batch.record_count() == 0:
+            raise ValueError("send_batch() of an empty batch")
+        size = batch.size()
+        if size > self.max_request_size:
+            raise MessageSizeTooLargeError(
+                f"a batch of {size} bytes is larger than max_request_size {self.max_request_size}",
+                topic=topic,
+            )
+        count = self._cluster.metadata.partition_count(topic)
+        if count is None:
+            count = await self._wait_for_partition_count(topic)
+        if not 0 <= partition < count:
+            raise UnknownTopicOrPartitionError(
+                f"partition {partition} does not exist (the topic has {count})", topic=topic
+            )
+        if self._buffered + size > self.buffer_memory:
+            await self._wait_for_buffer(size)
+        builder = batch._take()
+        tp = TopicPartition(topic, partition)
+        queue = self._batches[tp]
+        if queue and not queue[-1].is_full:
+            # The open batch of send() goes first: it holds records sent before this one.
+            queue[-1].is_full = True
+            self._partitioner.on_batch_closed(topic, partition)
+        whole = _Batch(tp, builder, time.monotonic())
+        whole.is_full = True
+        future: asyncio.Future[RecordMetadata] = self._loop_create_future()
+        whole.records.append(future)  # one future, resolved with the base offset
+        whole.facts += (builder.base_timestamp, -1, -1)
+        whole.size = size
+        self._buffered += size
+        queue.append(whole)
+        self._incomplete.add(whole)
+        self._wakeup.set()
+        return future
+
     async def send_and_wait(
         self,
         topic: str,
@@ -428,6 +546,11 @@ class AsyncProducer:
 
     async def _wait_for_topic(self, topic: str) -> None:
         await self._cluster.wait_for_topics([topic], timeout_ms=self.max_block_ms)
+
+    async def _wait_for_partition_count(self, topic: str) -> int:
+        """The topic's partition count once its metadata is in (up to max_block_ms)."""
+        await self._wait_for_topic(topic)
+        return self._cluster.metadata.partition_count(topic) or 0
 
     async def _wait_for_buffer(self, size: int) -> None:
         deadline = time.monotonic() + self.max_block_ms / 1000
@@ -529,7 +652,7 @@ class AsyncProducer:
                 self._fail(
                     expired,
                     KafkaTimeoutError(
-                        f"expiring {len(expired.records)} record(s) for {tp}: "
+                        f"expiring {expired.record_count} record(s) for {tp}: "
                         f"{self.delivery_timeout_ms} ms passed since the batch was created "
                         f"({expired.attempts} attempts)"
                     ),
@@ -866,7 +989,7 @@ class AsyncProducer:
         batch.retry_at = now + backoff
         log.info(
             "retrying %d record(s) for %s in %d ms (attempt %d, sent with leader epoch %d): %s",
-            len(batch.records),
+            batch.record_count,
             batch.tp,
             backoff * 1000,
             batch.attempts,

@@ -298,6 +298,11 @@ class BatchBuilder:
         """Uncompressed size so far, header included."""
         return self._size
 
+    @property
+    def base_timestamp(self) -> int:
+        """Timestamp of the first record (-1 while empty)."""
+        return -1 if self._base_timestamp is None else self._base_timestamp
+
     def append(
         self,
         value: bytes | None,

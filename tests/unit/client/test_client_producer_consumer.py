@@ -1,5 +1,6 @@
 """AsyncProducer and AsyncConsumer against the in-test broker: batching, leader
-epochs in requests (KIP-320 / KIP-359), retries after fencing, positions."""
+epochs in requests (KIP-320 / KIP-359), retries after fencing, positions; the
+batch API (create_batch / send_batch)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from client_fakes import FakeBroker
 from client.admin import AsyncAdmin
 from client.consumer import AsyncConsumer
 from client.errors import (
+    IllegalStateError,
     KafkaTimeoutError,
     LogTruncationError,
     NoOffsetForPartitionError,
@@ -29,6 +31,7 @@ from protocol.messages import (
     ListOffsetsRequest,
     ProduceRequest,
 )
+from protocol.record_batch import iter_headers
 
 T0 = TopicPartition("t", 0)
 
@@ -300,3 +303,65 @@ async def test_diverging_epoch_resumes_at_the_divergence_point(broker: FakeBroke
         assert await consumer.position(T0) == 5
         records = await consume_all(consumer, 5)
         assert [r.offset for r in records] == [5, 6, 7, 8, 9]
+
+
+# ------------------------------------------------------------ create_batch / send_batch
+
+T1 = TopicPartition("t", 1)
+
+
+async def test_send_batch_lands_between_the_sends_around_it(broker: FakeBroker) -> None:
+    async with AsyncProducer(broker.address, linger_ms=20) as producer:
+        before = await producer.send("t", b"first", partition=1)
+        batch = producer.create_batch()
+        deltas = [batch.append(value=b"b%d" % i, key=b"k") for i in range(3)]
+        assert deltas == [0, 1, 2] and batch.record_count() == 3
+        whole = await producer.send_batch(batch, "t", partition=1)
+        after = await producer.send("t", b"last", partition=1)
+        first_md, batch_md, last_md = await asyncio.gather(before, whole, after)
+    assert (first_md.offset, batch_md.offset, last_md.offset) == (0, 1, 4)
+    assert (batch_md.topic, batch_md.partition, batch_md.leader_epoch) == ("t", 1, 2)
+    async with AsyncConsumer(broker.address, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T1])
+        got: list = []
+        for _ in range(50):
+            got.extend((await consumer.poll(timeout_ms=50)).get(T1, []))
+            if len(got) >= 5:
+                break
+    assert [(r.offset, r.key, r.value) for r in got] == [
+        (0, None, b"first"),
+        (1, b"k", b"b0"),
+        (2, b"k", b"b1"),
+        (3, b"k", b"b2"),
+        (4, None, b"last"),
+    ]
+    # Idempotent (acks=all): the batch carries the sequence after the send() before it.
+    sequences = [
+        (header.base_sequence, header.record_count)
+        for request in broker.requests_of(ProduceRequest)
+        for topic in request.topics
+        for part in topic.partitions
+        if part.index == 1
+        for _, header in iter_headers(part.records)
+    ]
+    assert sequences == [(0, 1), (1, 3), (4, 1)]
+
+
+async def test_a_full_batch_refuses_records_and_a_batch_is_sent_once(broker: FakeBroker) -> None:
+    async with AsyncProducer(broker.address, batch_size=300) as producer:
+        batch = producer.create_batch()
+        added = 0
+        while batch.append(value=bytes(100)) is not None:
+            added += 1
+            assert added < 10
+        assert added == batch.record_count() == 2 and batch.size() <= 300
+        with pytest.raises(ValueError, match="empty"):
+            await producer.send_batch(producer.create_batch(), "t", partition=0)
+        md = await (await producer.send_batch(batch, "t", partition=0))
+        assert md.offset == 0
+        with pytest.raises(IllegalStateError):
+            await producer.send_batch(batch, "t", partition=0)
+        with pytest.raises(IllegalStateError):
+            batch.append(value=b"late")
+        with pytest.raises(TypeError):
+            producer.create_batch().append(value="text")  # type: ignore[arg-type]
