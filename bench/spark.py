@@ -13,8 +13,14 @@ timed; then
 
 is timed from start() until the query ends: rows/s = rows read / that time. The rows
 read are the sum of numInputRows over the query's progress reports and must equal the
-records written. The first micro-batch includes starting the Python workers; the
-best `processedRowsPerSecond` of a micro-batch is reported too.
+records written. The query runs `--queries` times (default 2) in the same session,
+each from a fresh checkpoint over the whole topic: the first is cold (Spark starts its
+Python workers and the JVM compiles the read path on the way), the next ones warm.
+Each row also says how long the micro-batches themselves took (`triggerExecution`;
+the rest is Spark starting and stopping the query: it launches a Python process per
+query for the stream reader), the best `processedRowsPerSecond` of a micro-batch, and
+the CPU seconds the query took in the Spark JVM, in Spark's Python processes and in
+the broker (so what bounds it shows: 2 cores = 2 CPU-s per second).
 
 Needs Java and the spark extra (pyspark, pyarrow); without them the bench says so and
 exits 2 (`all` counts it as failed, the other benches still run).
@@ -29,6 +35,7 @@ import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.harness import (
@@ -55,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=4, help="partitions [4]")
     p.add_argument(
         "--max-offsets-per-trigger", type=int, help="maxOffsetsPerTrigger [none: one batch]"
+    )
+    p.add_argument(
+        "--queries", type=int, default=2, help="queries in one session, the first cold [2]"
     )
     return p
 
@@ -104,12 +114,53 @@ def start_spark() -> Any:
     return session
 
 
-def stream_once(session: Any, bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
+def spark_cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of this process's Spark JVM (`jvm`) and of the Python
+    processes it started (`python`: the live ones plus those it has reaped)."""
+    parents: dict[int, int] = {}
+    times: dict[int, tuple[float, float]] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        head, _, rest = stat.rpartition(")")
+        fields = rest.split()
+        pid = int(entry.name)
+        names[pid] = head.partition("(")[2]
+        parents[pid] = int(fields[1])
+        ticks = os.sysconf("SC_CLK_TCK")
+        times[pid] = (
+            (int(fields[11]) + int(fields[12])) / ticks,  # utime + stime
+            (int(fields[13]) + int(fields[14])) / ticks,  # cutime + cstime (reaped children)
+        )
+    jvms = [pid for pid, ppid in parents.items() if ppid == os.getpid() and names[pid] == "java"]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    out = {"jvm": 0.0, "python": 0.0}
+    for jvm in jvms:
+        own, reaped = times[jvm]
+        out["jvm"] += own
+        out["python"] += reaped
+        stack = [jvm]
+        while stack:
+            parent = stack.pop()
+            for pid in children.get(parent, ()):
+                out["python"] += times[pid][0]
+                stack.append(pid)
+    return out
+
+
+def stream_once(session: Any, cluster: BenchCluster, args: argparse.Namespace) -> dict[str, Any]:
     checkpoint = tempfile.mkdtemp(prefix="minibroker-bench-spark-")
     try:
         reader = (
             session.readStream.format("minibroker")
-            .option("kafka.bootstrap.servers", bootstrap)
+            .option("kafka.bootstrap.servers", cluster.bootstrap)
             .option("subscribe", TOPIC)
             .option("startingOffsets", "earliest")
         )
@@ -121,21 +172,29 @@ def stream_once(session: Any, bootstrap: str, args: argparse.Namespace) -> dict[
             .trigger(availableNow=True)
             .option("checkpointLocation", checkpoint)
         )
+        cpu_before, broker_before = spark_cpu_seconds(), cluster.broker_cpu_seconds()
         start = time.perf_counter()
         handle = query.start()
         handle.awaitTermination()
         elapsed = time.perf_counter() - start
+        cpu = {k: v - cpu_before[k] for k, v in spark_cpu_seconds().items()}
+        broker_cpu = cluster.broker_cpu_seconds() - broker_before
         if handle.exception() is not None:
             raise RuntimeError(f"the streaming query failed: {handle.exception()}")
         progress = handle.recentProgress
         rows = sum(p["numInputRows"] for p in progress)
         best = max((p.get("processedRowsPerSecond") or 0 for p in progress), default=0)
+        batches_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in progress)
         return {
             "rows": rows,
             "seconds": round(elapsed, 3),
             "rows_per_s": round(rows / elapsed),
             "micro_batches": sum(1 for p in progress if p["numInputRows"]),
+            "batches_s": round(batches_ms / 1000, 3),
             "best_batch_rows_per_s": round(best),
+            "jvm_cpu_s": round(cpu["jvm"], 2),
+            "python_cpu_s": round(cpu["python"], 2),
+            "broker_cpu_s": round(broker_cpu, 2),
         }
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
@@ -156,28 +215,53 @@ def main(argv: list[str] | None = None) -> int:
         written = run(fill(cluster, args.records, args.partitions))
         progress.step("starting Spark (not timed)")
         session = start_spark()
+        rows: list[dict[str, Any]] = []
         try:
-            progress.step("streaming (availableNow)")
-            row = {
-                "records": written,
-                "partitions": args.partitions,
-                **stream_once(session, cluster.bootstrap, args),
-            }
+            for query in range(1, args.queries + 1):
+                progress.update(f"streaming (availableNow), query {query}/{args.queries}")
+                rows.append(
+                    {
+                        "query": query,
+                        "session": "cold" if query == 1 else "warm",
+                        "records": written,
+                        "partitions": args.partitions,
+                        **stream_once(session, cluster, args),
+                    }
+                )
         finally:
             session.stop()
         progress.step("done")
-    if row["rows"] != written:
-        raise RuntimeError(f"the query read {row['rows']} rows, the topic holds {written}")
-    columns = ["records", "partitions", "micro-batches", "seconds", "rows/s", "best batch rows/s"]
+    for row in rows:
+        if row["rows"] != written:
+            raise RuntimeError(f"the query read {row['rows']} rows, the topic holds {written}")
+    columns = [
+        "query",
+        "records",
+        "partitions",
+        "micro-batches",
+        "seconds",
+        "rows/s",
+        "batches s",
+        "best batch rows/s",
+        "JVM CPU s",
+        "Python CPU s",
+        "broker CPU s",
+    ]
     table = [
         [
+            f"{row['query']} ({row['session']})",
             row["records"],
             row["partitions"],
             row["micro_batches"],
             row["seconds"],
             row["rows_per_s"],
+            row["batches_s"],
             row["best_batch_rows_per_s"],
+            row["jvm_cpu_s"],
+            row["python_cpu_s"],
+            row["broker_cpu_s"],
         ]
+        for row in rows
     ]
     return report(
         NAME,
@@ -185,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         progress=progress,
         columns=columns,
         table=table,
-        rows=[row],
+        rows=rows,
         started=started,
         extra={"spark": "local[2], noop sink, trigger availableNow"},
     )
