@@ -11,6 +11,7 @@ import time
 
 BENCHES = {
     "produce": "bench.produce",
+    "produce-batch": "bench.produce",
     "consume": "bench.consume",
     "latency": "bench.latency",
     "failover": "bench.failover",
@@ -20,9 +21,22 @@ BENCHES = {
     "summary": "bench.summary",
     "micro": "bench.micro",
 }
+# Options a bench name implies: produce-batch is the produce bench through
+# create_batch()/send_batch(), only the RF 3 acks=all cells the targets are about.
+IMPLIED_ARGS = {"produce-batch": ["--api", "batch", "--rf", "3", "--acks", "all"]}
 # `all` runs these in this order (latency reads produce's result for its rate), then
 # plots and prints the table of figures against the targets.
-ALL = ["produce", "consume", "latency", "failover", "recovery", "spark", "plot", "summary"]
+ALL = [
+    "produce",
+    "produce-batch",
+    "consume",
+    "latency",
+    "failover",
+    "recovery",
+    "spark",
+    "plot",
+    "summary",
+]
 
 
 def usage() -> str:
@@ -45,7 +59,7 @@ def main(argv: list[str]) -> int:
         print(f"error: no bench named {name!r}\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(BENCHES[name])
-    return int(module.main(rest) or 0)
+    return int(module.main(IMPLIED_ARGS.get(name, []) + rest) or 0)
 
 
 def run_all(rest: list[str]) -> int:
@@ -58,7 +72,7 @@ def run_all(rest: list[str]) -> int:
     for name in ALL:
         print(f"\n=== bench {name} ===", flush=True)
         t0 = time.monotonic()
-        args = [] if name in ("plot", "summary") else list(rest)
+        args = [] if name in ("plot", "summary") else IMPLIED_ARGS.get(name, []) + list(rest)
         try:
             code = int(importlib.import_module(BENCHES[name]).main(args) or 0)
         except Exception as exc:  # one broken bench must not hide the others' figures

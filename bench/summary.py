@@ -31,23 +31,32 @@ def _summary_of(doc: dict[str, Any], kind: str) -> dict[str, Any] | None:
 # (bench, what, target text, figure(doc) -> value or None, unit, met(value) -> bool)
 Line = tuple[str, str, str, Callable[[dict[str, Any]], float | None], str, Callable[[float], bool]]
 
+
+def _produce_lines(bench: str, how: str) -> list[Line]:
+    """The two produce targets, for send() (bench produce) or send_batch() (produce-batch)."""
+    return [
+        (
+            bench,
+            f"produce RF=3 acks=all, 1 KiB records{how}",
+            ">= 250 MB/s",
+            lambda d: _best(d["results"], "mb_per_s", rf=3, acks="all", record_size=1024),
+            "MB/s",
+            lambda v: v >= 250,
+        ),
+        (
+            bench,
+            f"produce RF=3 acks=all, 100 B records{how}",
+            ">= 420,000 records/s",
+            lambda d: _best(d["results"], "records_per_s", rf=3, acks="all", record_size=100),
+            "records/s",
+            lambda v: v >= 420_000,
+        ),
+    ]
+
+
 LINES: list[Line] = [
-    (
-        "produce",
-        "produce RF=3 acks=all, 1 KiB records",
-        ">= 250 MB/s",
-        lambda d: _best(d["results"], "mb_per_s", rf=3, acks="all", record_size=1024),
-        "MB/s",
-        lambda v: v >= 250,
-    ),
-    (
-        "produce",
-        "produce RF=3 acks=all, 100 B records",
-        ">= 420,000 records/s",
-        lambda d: _best(d["results"], "records_per_s", rf=3, acks="all", record_size=100),
-        "records/s",
-        lambda v: v >= 420_000,
-    ),
+    *_produce_lines("produce", ""),
+    *_produce_lines("produce-batch", ", send_batch()"),
     (
         "consume",
         "consume 100 B records, AsyncConsumer",
