@@ -12,6 +12,8 @@ with the number of rows it covers (`ColumnBuffer.epoch_runs`).
 
 from __future__ import annotations
 
+from functools import cache
+
 from protocol.errors import CorruptRecordError
 from protocol.record_batch import (
     HEADER_SIZE,
@@ -26,6 +28,12 @@ from protocol.record_batch import (
 )
 
 _ATTR_TIMESTAMP_TYPE = 0x08
+# After a record whose successors are not laid out like it, decode this many one by one.
+_RUN_RETRY_AFTER = 64
+# Largest offset delta whose zigzag varint takes 1, 2, 3 bytes.
+_DELTA_LIMITS = {1: 63, 2: 8191, 3: 1_048_575}
+# ts delta byte (a one-byte zigzag varint) -> delta
+_ONE_BYTE_ZIGZAG = [(b >> 1) ^ -(b & 1) for b in range(128)]
 _NO_HEADERS: tuple[tuple[str, bytes | None], ...] = ()
 
 
@@ -115,7 +123,11 @@ def decode_columns(
     # The same varint decoding as protocol.record_batch.decode_batch (inline for the
     # one- and two-byte forms), appending fields instead of building records.
     try:
-        for _ in range(header.record_count):
+        count = header.record_count
+        done = 0
+        next_run_try = 1
+        while done < count:
+            record_start = p
             b = body[p]
             if b < 0x80:
                 length = (b >> 1) ^ -(b & 1)
@@ -193,6 +205,27 @@ def decode_columns(
                 add_headers(record_headers)
             if p != record_end:
                 raise CorruptRecordError("record length does not match its fields")
+            done += 1
+            if done >= next_run_try and done < count:
+                # The records after this one may be laid out like it: take them in bulk.
+                taken = _take_run(
+                    body,
+                    record_start,
+                    p,
+                    count - done,
+                    offsets[-1] - base_offset,
+                    base_ts,
+                    offsets,
+                    timestamps,
+                    keys,
+                    values,
+                    headers_out,
+                )
+                if taken:
+                    done += taken
+                    p += taken * (p - record_start)
+                else:
+                    next_run_try = done + _RUN_RETRY_AFTER
     except IndexError:
         raise CorruptRecordError("record field runs past the end of the batch") from None
     if p != body_len:
@@ -218,3 +251,100 @@ def decode_columns(
         columns.headers += headers_out
     columns.epoch_runs.append((header.partition_leader_epoch, len(offsets)))
     return header
+
+
+@cache
+def _delta_bytes(size: int) -> tuple[bytes, ...]:
+    """For offset deltas whose zigzag varint takes `size` bytes: table[i][v] is byte i
+    of the encoding of delta v (for v up to _DELTA_LIMITS[size]); built by repeating
+    patterns, not per value."""
+    limit = _DELTA_LIMITS[size] + 1
+    if size == 1:
+        return (bytes(range(0, 128, 2)),)  # zigzag(v) = 2v
+    low = bytes(0x80 | (2 * v & 0x7F) for v in range(64)) * (limit // 64)
+    # zigzag(v) >> 7 == v >> 6: each value 64 times
+    mid = b"".join(bytes([x]) * 64 for x in range(limit // 64 if size == 2 else 128))
+    if size == 2:
+        return (low, mid)
+    mid = bytes(0x80 | x for x in mid) * (limit // 8192)
+    high = b"".join(bytes([x]) * 8192 for x in range(limit // 8192))
+    return (low, mid, high)
+
+
+def _take_run(
+    body: bytes,
+    start: int,
+    end: int,
+    left: int,
+    delta: int,
+    base_ts: int,
+    offsets: list[int],
+    timestamps: list[int],
+    keys: list[bytes | None],
+    values: list[bytes | None],
+    headers: list[tuple[tuple[str, bytes | None], ...]],
+) -> int:
+    """The record at [start, end) (offset delta `delta`) was just decoded. If the next
+    records are laid out exactly like it (same length, null key, same value length,
+    no headers, a one-byte timestamp delta, offset deltas following on), append up to
+    `left` of them and return how many; 0 when they are not. Every byte that the
+    per-record decode would read is checked here too, with strided slices (C loops);
+    only values are sliced one by one."""
+    stride = end - start
+    lv = 1 if body[start] < 0x80 else 2  # length varint bytes
+    if lv == 2 and body[start + 1] >= 0x80:
+        return 0
+    ts_at = start + lv + 1
+    if body[ts_at] >= 0x80:
+        return 0
+    od_at = ts_at + 1
+    d = 1
+    while body[od_at + d - 1] >= 0x80:
+        d += 1
+        if d > 3:
+            return 0
+    key_at = od_at + d
+    if body[key_at] != 1:  # the key is not null
+        return 0
+    vl_at = key_at + 1
+    if body[vl_at] < 0x80:
+        vl, zigzag_size = 1, body[vl_at]
+    elif body[vl_at + 1] < 0x80:
+        vl, zigzag_size = 2, (body[vl_at] & 0x7F) | (body[vl_at + 1] << 7)
+    else:
+        return 0
+    value_at = vl_at + vl
+    size = zigzag_size >> 1
+    # A null (or negative) value length, or headers after the value: not this layout.
+    if zigzag_size & 1 or value_at + size + 1 != end or body[end - 1] != 0:
+        return 0
+    n = min(left, (len(body) - end) // stride, _DELTA_LIMITS[d] - delta)
+    if n <= 0:
+        return 0
+    run = body[end : end + n * stride]
+    for at in range(start, start + lv):  # the same record length
+        if run[at - start :: stride] != body[at : at + 1] * n:
+            return 0
+    for at in range(vl_at, value_at):  # the same value length
+        if run[at - start :: stride] != body[at : at + 1] * n:
+            return 0
+    if run[key_at - start :: stride] != b"\x01" * n or run[stride - 1 :: stride] != b"\x00" * n:
+        return 0
+    for i, table in enumerate(_delta_bytes(d)):  # deltas delta+1, delta+2, ...
+        if run[od_at - start + i :: stride] != table[delta + 1 : delta + 1 + n]:
+            return 0
+    ts = run[ts_at - start :: stride]
+    if max(ts) >= 0x80:
+        return 0
+    first = offsets[-1] + 1
+    offsets += range(first, first + n)
+    if ts.count(ts[0]) == n:
+        timestamps += [base_ts + _ONE_BYTE_ZIGZAG[ts[0]]] * n
+    else:
+        zigzag = _ONE_BYTE_ZIGZAG
+        timestamps += [base_ts + zigzag[b] for b in ts]
+    keys += [None] * n
+    first_value = value_at - start
+    values += [run[at : at + size] for at in range(first_value, n * stride, stride)]
+    headers += [_NO_HEADERS] * n
+    return n
