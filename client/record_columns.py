@@ -13,6 +13,7 @@ with the number of rows it covers (`ColumnBuffer.epoch_runs`).
 from __future__ import annotations
 
 from functools import cache
+from typing import NamedTuple
 
 from protocol.errors import CorruptRecordError
 from protocol.record_batch import (
@@ -30,6 +31,8 @@ from protocol.record_batch import (
 _ATTR_TIMESTAMP_TYPE = 0x08
 # After a record whose successors are not laid out like it, decode this many one by one.
 _RUN_RETRY_AFTER = 64
+# Fewer alike records than this are decoded one by one.
+_MIN_RUN = 8
 # Largest offset delta whose zigzag varint takes 1, 2, 3 bytes.
 _DELTA_LIMITS = {1: 63, 2: 8191, 3: 1_048_575}
 # ts delta byte (a one-byte zigzag varint) -> delta
@@ -37,16 +40,62 @@ _ONE_BYTE_ZIGZAG = [(b >> 1) ^ -(b & 1) for b in range(128)]
 _NO_HEADERS: tuple[tuple[str, bytes | None], ...] = ()
 
 
+class ValueRun(NamedTuple):
+    """`count` values of `size` bytes in `data`, one per record of `stride` bytes from
+    `start`, each `offset` bytes into its record (a run of records laid out alike):
+    a column builder can cut them out in one vectorised step (Arrow: fixed-size
+    binary of `stride`, then a binary slice)."""
+
+    data: bytes
+    start: int
+    offset: int
+    stride: int
+    size: int
+    count: int
+
+    def cut(self, begin: int, stop: int) -> ValueRun:
+        """Values [begin, stop) of this run."""
+        return self._replace(start=self.start + begin * self.stride, count=stop - begin)
+
+    def to_list(self) -> list[bytes]:
+        first = self.start + self.offset
+        end = first + self.count * self.stride
+        return [self.data[at : at + self.size] for at in range(first, end, self.stride)]
+
+
+# A piece of a value column: values one by one, or a run of alike records.
+ValuePiece = list[bytes | None] | ValueRun
+
+
+def _piece_len(piece: ValuePiece) -> int:
+    return piece.count if isinstance(piece, ValueRun) else len(piece)
+
+
+def slice_pieces(pieces: list[ValuePiece], begin: int, stop: int) -> list[ValuePiece]:
+    """Values [begin, stop) of a column made of `pieces`."""
+    out: list[ValuePiece] = []
+    at = 0
+    for piece in pieces:
+        n = _piece_len(piece)
+        lo, hi = max(begin - at, 0), min(stop - at, n)
+        if lo < hi:
+            out.append(piece[lo:hi] if isinstance(piece, list) else piece.cut(lo, hi))
+        at += n
+        if at >= stop:
+            break
+    return out
+
+
 class ColumnBuffer:
     """Fields of the decoded records, one list per column, in offset order."""
 
-    __slots__ = ("epoch_runs", "headers", "keys", "offsets", "timestamps", "values")
+    __slots__ = ("epoch_runs", "headers", "keys", "offsets", "timestamps", "value_pieces")
 
     def __init__(self, with_headers: bool) -> None:
         self.offsets: list[int] = []
         self.timestamps: list[int] = []  # ms
         self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
+        self.value_pieces: list[ValuePiece] = []  # the value column, in pieces
         self.headers: list[tuple[tuple[str, bytes | None], ...]] | None = (
             [] if with_headers else None
         )
@@ -56,6 +105,14 @@ class ColumnBuffer:
     def __len__(self) -> int:
         return len(self.offsets)
 
+    @property
+    def values(self) -> list[bytes | None]:
+        """The value column as one list (builders should read `value_pieces`)."""
+        out: list[bytes | None] = []
+        for piece in self.value_pieces:
+            out += piece if isinstance(piece, list) else piece.to_list()
+        return out
+
     def epochs(self) -> list[int]:
         out: list[int] = []
         for epoch, rows in self.epoch_runs:
@@ -64,7 +121,8 @@ class ColumnBuffer:
 
     def truncate(self, rows: int) -> None:
         """Keep the first `rows` rows."""
-        del self.offsets[rows:], self.timestamps[rows:], self.keys[rows:], self.values[rows:]
+        del self.offsets[rows:], self.timestamps[rows:], self.keys[rows:]
+        self.value_pieces = slice_pieces(self.value_pieces, 0, rows)
         if self.headers is not None:
             del self.headers[rows:]
         runs: list[tuple[int, int]] = []
@@ -80,7 +138,7 @@ class ColumnBuffer:
         self.offsets = []
         self.timestamps = []
         self.keys = []
-        self.values = []
+        self.value_pieces = []
         if self.headers is not None:
             self.headers = []
         self.epoch_runs = []
@@ -113,6 +171,7 @@ def decode_columns(
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
     headers_out: list[tuple[tuple[str, bytes | None], ...]] = []
+    pieces: list[ValuePiece] = []
     add_offset, add_ts = offsets.append, timestamps.append
     add_key, add_value, add_headers = keys.append, values.append, headers_out.append
     p = 0
@@ -208,7 +267,7 @@ def decode_columns(
             done += 1
             if done >= next_run_try and done < count:
                 # The records after this one may be laid out like it: take them in bulk.
-                taken = _take_run(
+                run = _take_run(
                     body,
                     record_start,
                     p,
@@ -218,12 +277,15 @@ def decode_columns(
                     offsets,
                     timestamps,
                     keys,
-                    values,
                     headers_out,
                 )
-                if taken:
-                    done += taken
-                    p += taken * (p - record_start)
+                if run is not None:
+                    done += run.count
+                    p += run.count * run.stride
+                    pieces.append(values)
+                    pieces.append(run)
+                    values = []
+                    add_value = values.append
                 else:
                     next_run_try = done + _RUN_RETRY_AFTER
     except IndexError:
@@ -238,15 +300,17 @@ def decode_columns(
     last = len(offsets)
     if end_offset is not None and offsets and offsets[-1] >= end_offset:
         last = next((i for i, off in enumerate(offsets) if off >= end_offset), len(offsets))
+    pieces.append(values)
     if first or last < len(offsets):
         offsets, timestamps = offsets[first:last], timestamps[first:last]
-        keys, values, headers_out = keys[first:last], values[first:last], headers_out[first:last]
+        keys, headers_out = keys[first:last], headers_out[first:last]
+        pieces = slice_pieces(pieces, first, last)
     if not offsets:
         return header
     columns.offsets += offsets
     columns.timestamps += timestamps
     columns.keys += keys
-    columns.values += values
+    columns.value_pieces += [piece for piece in pieces if _piece_len(piece)]
     if columns.headers is not None:
         columns.headers += headers_out
     columns.epoch_runs.append((header.partition_leader_epoch, len(offsets)))
@@ -281,61 +345,63 @@ def _take_run(
     offsets: list[int],
     timestamps: list[int],
     keys: list[bytes | None],
-    values: list[bytes | None],
     headers: list[tuple[tuple[str, bytes | None], ...]],
-) -> int:
+) -> ValueRun | None:
     """The record at [start, end) (offset delta `delta`) was just decoded. If the next
     records are laid out exactly like it (same length, null key, same value length,
     no headers, a one-byte timestamp delta, offset deltas following on), append up to
-    `left` of them and return how many; 0 when they are not. Every byte that the
-    per-record decode would read is checked here too, with strided slices (C loops);
-    only values are sliced one by one."""
+    `left` of them (all columns but the values) and return their values as a
+    ValueRun; None when they are not. Every byte that the per-record decode would
+    read is checked here too, with strided slices (C loops)."""
     stride = end - start
     lv = 1 if body[start] < 0x80 else 2  # length varint bytes
     if lv == 2 and body[start + 1] >= 0x80:
-        return 0
+        return None
     ts_at = start + lv + 1
     if body[ts_at] >= 0x80:
-        return 0
+        return None
     od_at = ts_at + 1
     d = 1
     while body[od_at + d - 1] >= 0x80:
         d += 1
         if d > 3:
-            return 0
+            return None
     key_at = od_at + d
     if body[key_at] != 1:  # the key is not null
-        return 0
+        return None
     vl_at = key_at + 1
     if body[vl_at] < 0x80:
         vl, zigzag_size = 1, body[vl_at]
     elif body[vl_at + 1] < 0x80:
         vl, zigzag_size = 2, (body[vl_at] & 0x7F) | (body[vl_at + 1] << 7)
     else:
-        return 0
+        return None
     value_at = vl_at + vl
     size = zigzag_size >> 1
     # A null (or negative) value length, or headers after the value: not this layout.
     if zigzag_size & 1 or value_at + size + 1 != end or body[end - 1] != 0:
-        return 0
+        return None
+    # the same record length and the same value length
+    same_bytes = [*range(start, start + lv), *range(vl_at, value_at)]
     n = min(left, (len(body) - end) // stride, _DELTA_LIMITS[d] - delta)
-    if n <= 0:
-        return 0
-    run = body[end : end + n * stride]
-    for at in range(start, start + lv):  # the same record length
-        if run[at - start :: stride] != body[at : at + 1] * n:
-            return 0
-    for at in range(vl_at, value_at):  # the same value length
-        if run[at - start :: stride] != body[at : at + 1] * n:
-            return 0
-    if run[key_at - start :: stride] != b"\x01" * n or run[stride - 1 :: stride] != b"\x00" * n:
-        return 0
-    for i, table in enumerate(_delta_bytes(d)):  # deltas delta+1, delta+2, ...
-        if run[od_at - start + i :: stride] != table[delta + 1 : delta + 1 + n]:
-            return 0
-    ts = run[ts_at - start :: stride]
-    if max(ts) >= 0x80:
-        return 0
+    # An odd record inside the run: try its first half, and so on.
+    while True:
+        if n < _MIN_RUN:
+            return None
+        run = body[end : end + n * stride]
+        ts = run[ts_at - start :: stride]
+        if (
+            all(run[at - start :: stride] == body[at : at + 1] * n for at in same_bytes)
+            and run[key_at - start :: stride] == b"\x01" * n  # null key
+            and run[stride - 1 :: stride] == b"\x00" * n  # no headers
+            and all(  # offset deltas delta+1, delta+2, ...
+                run[od_at - start + i :: stride] == table[delta + 1 : delta + 1 + n]
+                for i, table in enumerate(_delta_bytes(d))
+            )
+            and max(ts) < 0x80  # one-byte timestamp deltas
+        ):
+            break
+        n //= 2
     first = offsets[-1] + 1
     offsets += range(first, first + n)
     if ts.count(ts[0]) == n:
@@ -344,7 +410,5 @@ def _take_run(
         zigzag = _ONE_BYTE_ZIGZAG
         timestamps += [base_ts + zigzag[b] for b in ts]
     keys += [None] * n
-    first_value = value_at - start
-    values += [run[at : at + size] for at in range(first_value, n * stride, stride)]
     headers += [_NO_HEADERS] * n
-    return n
+    return ValueRun(body, end, value_at - start, stride, size, n)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from client.cluster import ClusterClient
 from client.epochs import end_offsets_for_epochs
 from client.errors import BrokerResponseError, MinibrokerError, error_for
-from client.record_columns import ColumnBuffer, decode_columns
+from client.record_columns import ColumnBuffer, ValuePiece, decode_columns
 from client.spark.options import SourceOptions
 from client.spark.planning import DATA_LOSS_HINT, DataLossError, OffsetRange
 from client.spark.schema import arrow_schema
@@ -502,7 +502,7 @@ class _ArrowBuilder:
         timestamps = pc.multiply(pa.array(columns.timestamps, pa.int64()), 1000)  # ms -> us
         arrays = [
             pa.array(columns.keys, types[0]),
-            pa.array(columns.values, types[1]),
+            _value_array(columns.value_pieces, types[1]),
             self._constant(0, n),
             self._constant(1, n),
             pa.array(columns.offsets, types[4]),
@@ -519,3 +519,26 @@ class _ArrowBuilder:
         arrays.append(pa.array(columns.epochs(), types[-1]))
         columns.clear()
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def _value_array(pieces: list[ValuePiece], binary: pa.DataType) -> pa.Array:
+    """The value column: lists of values as they are; a run of alike records as
+    fixed-size binary records (no copy) whose value bytes are sliced out in C."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arrays = []
+    for piece in pieces:
+        if isinstance(piece, list):
+            arrays.append(pa.array(piece, binary))
+            continue
+        records = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(piece.stride),
+            piece.count,
+            [None, pa.py_buffer(piece.data).slice(piece.start, piece.count * piece.stride)],
+        )
+        values = pc.binary_slice(records, piece.offset, piece.offset + piece.size)
+        arrays.append(values.cast(binary))
+    if not arrays:
+        return pa.array([], binary)
+    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)

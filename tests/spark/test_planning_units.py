@@ -261,3 +261,30 @@ def test_executor_stops_at_the_first_record_of_another_lineage(
     assert index == bad_index
     assert f"the record at offset {records[bad_index][0]} carries leader epoch" in message
     assert "topic t partition 0" in message and "expects leader epochs from 1 to 2" in message
+
+
+# ------------------------------------------------------------ Arrow value column
+
+
+@pytest.mark.parametrize("size", [0, 1, 100, 300])
+def test_the_arrow_value_column_is_the_records_values(size: int) -> None:
+    """Runs of alike records become fixed-size binary sliced in Arrow; with odd
+    records among them, and after truncate(), the column is still every value."""
+    import pyarrow as pa
+
+    from client.record_columns import ColumnBuffer, ValueRun, decode_columns
+    from client.spark.partition_reader import _value_array
+    from protocol.record_batch import BatchBuilder, decode_batch
+
+    builder = BatchBuilder()
+    for i in range(300):
+        value = None if i == 120 else b"odd" if i in (50, 200) else bytes([i % 256]) * size
+        builder.append(value, None, (), 1000 + i % 3)
+    batch = builder.build(0)
+    expected = [r.value for r in decode_batch(batch)[1]]
+    columns = ColumnBuffer(False)
+    decode_columns(batch, 0, columns)
+    assert any(isinstance(piece, ValueRun) for piece in columns.value_pieces)
+    assert _value_array(columns.value_pieces, pa.binary()).to_pylist() == expected
+    columns.truncate(150)
+    assert _value_array(columns.value_pieces, pa.binary()).to_pylist() == expected[:150]
