@@ -19,13 +19,11 @@ from protocol.errors import CorruptRecordError
 from protocol.record_batch import (
     HEADER_SIZE,
     BatchHeader,
+    decode_record_headers,
     decode_varint,
     decompress,
     parse_header,
     validate_batch,
-)
-from protocol.record_batch import (
-    _decode_headers as decode_record_headers,
 )
 
 _ATTR_TIMESTAMP_TYPE = 0x08

@@ -32,9 +32,11 @@ them without recomputing it and without ever decoding a record.
 from __future__ import annotations
 
 import gzip
+import mmap
 import struct
 import time
-from collections.abc import Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from enum import IntEnum
 from typing import NamedTuple, TypeVar
 
@@ -225,22 +227,55 @@ def compress(codec: Compression, data: bytes) -> bytes:
     raise ValueError(f"unknown compression codec {codec}")
 
 
-def decompress(codec: int, data: bytes | memoryview) -> bytes:
+# A batch decompresses into at most this many bytes: a small batch that expands beyond
+# it (a compression bomb, or a corrupt length) is refused before it takes the reader's
+# memory. Producers build batches of batch_size (16 KiB by default) before compression.
+MAX_DECOMPRESSED_SIZE = MAX_BATCH_SIZE
+
+_DECOMPRESS_INTO: dict[int, Callable[[bytes | memoryview, mmap.mmap], int]] = {
+    Compression.LZ4: cramjam.lz4.decompress_into,
+    Compression.ZSTD: cramjam.zstd.decompress_into,
+}
+
+
+def decompress(codec: int, data: bytes | memoryview, limit: int = MAX_DECOMPRESSED_SIZE) -> bytes:
+    """The records block of a batch, decompressed; CorruptRecordError if it is not valid
+    `codec` data or would decompress into more than `limit` bytes."""
+    if codec == Compression.NONE:
+        return bytes(data)
+    name = Compression(codec).name if 0 <= codec <= _MAX_CODEC else f"codec {codec}"
+    too_large = CorruptRecordError(
+        f"batch ({name}) decompresses into more than {limit} bytes: refusing it "
+        "(a corrupt or hostile batch; producers send batches of batch_size)"
+    )
     try:
-        if codec == Compression.NONE:
-            return bytes(data)
         if codec == Compression.GZIP:
-            return gzip.decompress(bytes(data))
+            inflater = zlib.decompressobj(wbits=31)  # one gzip member, as Kafka writes
+            out = inflater.decompress(data, limit + 1)
+            if len(out) > limit:
+                raise too_large
+            if not inflater.eof:
+                raise CorruptRecordError(f"gzip data of a batch ends early ({len(data)} bytes)")
+            return out
         if codec == Compression.SNAPPY:
-            return bytes(cramjam.snappy.decompress_raw(bytes(data)))
-        if codec == Compression.LZ4:
-            return bytes(cramjam.lz4.decompress(bytes(data)))
-        if codec == Compression.ZSTD:
-            return bytes(cramjam.zstd.decompress(bytes(data)))
+            if cramjam.snappy.decompress_raw_len(data) > limit:
+                raise too_large
+            return bytes(cramjam.snappy.decompress_raw(data))
+        decompress_into = _DECOMPRESS_INTO.get(codec)
+        if decompress_into is not None:
+            # An anonymous map costs only the pages written; the codec stops at its end.
+            with mmap.mmap(-1, limit) as out:
+                try:
+                    size = decompress_into(data, out)
+                except cramjam.DecompressionError as exc:
+                    if "whole buffer" in str(exc):
+                        raise too_large from None
+                    raise
+                return out[:size]
+    except CorruptRecordError:
+        raise
     except Exception as exc:  # each codec raises its own type; all mean "corrupt"
-        raise CorruptRecordError(
-            f"cannot decompress batch ({Compression(codec).name}): {exc}"
-        ) from exc
+        raise CorruptRecordError(f"cannot decompress batch ({name}): {exc}") from exc
     raise CorruptRecordError(f"unknown compression codec {codec}")
 
 
@@ -535,7 +570,11 @@ def _read_bytes(data: bytes, pos: int) -> tuple[bytes | None, int]:
     return data[pos:end], end
 
 
-def _decode_headers(body: bytes, p: int, record_length: int) -> tuple[tuple[Header, ...], int]:
+def decode_record_headers(
+    body: bytes, p: int, record_length: int
+) -> tuple[tuple[Header, ...], int]:
+    """The headers of the record whose header count is at `body[p]`, and the position
+    after them; `record_length` bounds the count (a corrupt count cannot loop long)."""
     header_count, p = decode_varint(body, p)
     if header_count < 0 or header_count > record_length:
         raise CorruptRecordError(f"bad header count {header_count}")
@@ -675,7 +714,7 @@ def decode_batch_into(
                 headers = no_headers
                 p += 1
             else:
-                headers, p = _decode_headers(body, p, length)
+                headers, p = decode_record_headers(body, p, length)
             if p != record_end:
                 raise CorruptRecordError("record length does not match its fields")
             append(

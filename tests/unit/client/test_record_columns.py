@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 
 from client.record_columns import ColumnBuffer, decode_columns
 from protocol.errors import CorruptRecordError
-from protocol.record_batch import BatchBuilder, Compression, decode_batch
+from protocol.record_batch import (
+    MAX_DECOMPRESSED_SIZE,
+    BatchBuilder,
+    Compression,
+    decode_batch,
+)
 
 headers_strategy = st.lists(
     st.tuples(st.text(max_size=5), st.none() | st.binary(max_size=8)), max_size=2
@@ -195,3 +200,13 @@ def test_corrupt_batches_raise_and_append_nothing(damage) -> None:
     with pytest.raises(CorruptRecordError):
         decode_columns(bytes(batch), 0, columns)
     assert len(columns) == 0 and columns.epoch_runs == []
+
+
+def test_a_compression_bomb_is_refused_with_nothing_appended() -> None:
+    """The column decoder inflates through the same bounded decompress as decode_batch."""
+    bomb = BatchBuilder(compression=Compression.ZSTD)
+    bomb.append(bytes(MAX_DECOMPRESSED_SIZE), timestamp=0)
+    columns = ColumnBuffer(with_headers=False)
+    with pytest.raises(CorruptRecordError, match="decompresses into more than"):
+        decode_columns(bomb.build(), 0, columns)
+    assert columns.offsets == []

@@ -398,6 +398,38 @@ def test_compression_actually_compresses(codec: Compression) -> None:
     assert len(rb.encode_batch(items, compression=codec)) < len(rb.encode_batch(items)) // 4
 
 
+def bomb_batch(codec: Compression) -> bytes:
+    """A batch of one record whose compressed block (a few KiB) inflates past
+    MAX_DECOMPRESSED_SIZE: a compression bomb (our encoder builds it as asked)."""
+    return rb.encode_batch([(None, bytes(rb.MAX_DECOMPRESSED_SIZE))], compression=codec)
+
+
+@pytest.mark.parametrize(
+    "codec", [c for c in Compression if c != Compression.NONE], ids=lambda c: c.name
+)
+def test_a_compression_bomb_is_refused_before_it_inflates(codec: Compression) -> None:
+    """Invariant: a reader never holds more than MAX_DECOMPRESSED_SIZE for one batch,
+    whatever the batch claims; without the bound this batch takes 64 MiB per decode."""
+    bomb = bomb_batch(codec)
+    assert len(bomb) < rb.MAX_DECOMPRESSED_SIZE // 16  # small on the wire
+    rb.validate_batch(bomb)  # CRC-valid: the broker stores it, readers must refuse it
+    with pytest.raises(CorruptRecordError, match="decompresses into more than"):
+        rb.decode_batch(bomb)
+    # Inside the bound the same codec decodes (no false alarm at the limit itself).
+    assert rb.decompress(codec, rb.compress(codec, bytes(1000)), limit=1000) == bytes(1000)
+    with pytest.raises(CorruptRecordError, match="more than 999 bytes"):
+        rb.decompress(codec, rb.compress(codec, bytes(1000)), limit=999)
+
+
+@pytest.mark.parametrize(
+    "codec", [c for c in Compression if c != Compression.NONE], ids=lambda c: c.name
+)
+def test_a_truncated_compressed_block_is_corrupt(codec: Compression) -> None:
+    block = rb.compress(codec, bytes(range(256)) * 64)
+    with pytest.raises(CorruptRecordError, match=codec.name.lower() + "|" + codec.name):
+        rb.decompress(codec, block[: len(block) // 2])
+
+
 # ---------------------------------------------------------------- stamping in place
 
 
