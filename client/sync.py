@@ -34,7 +34,7 @@ from client.admin import (
 from client.consumer import AsyncConsumer
 from client.errors import IllegalStateError, KafkaTimeoutError
 from client.health import ClusterHealth
-from client.producer import AsyncProducer
+from client.producer import AsyncProducer, ProducerBatch
 from client.types import (
     ConsumerRecord,
     Header,
@@ -220,10 +220,28 @@ class Producer(_SyncClient):
         headers: Sequence[Header] | None = None,
     ) -> concurrent.futures.Future[RecordMetadata]:
         """Queue one record (blocking only while buffer_memory is full)."""
+        return self._queue(self._client.send(topic, value, key, partition, timestamp_ms, headers))
+
+    def create_batch(self) -> ProducerBatch:
+        """An empty batch for `send_batch()`; fill it on any thread with
+        `batch.append(key=..., value=...)` (no loop is involved until it is sent)."""
+        return self.async_producer.create_batch()
+
+    def send_batch(
+        self, batch: ProducerBatch, topic: str, *, partition: int
+    ) -> concurrent.futures.Future[RecordMetadata]:
+        """Queue a whole batch for `partition` of `topic`: a future of the RecordMetadata
+        of its first record (AsyncProducer.send_batch)."""
+        return self._queue(self._client.send_batch(batch, topic, partition=partition))
+
+    def _queue(
+        self, sending: Awaitable[asyncio.Future[RecordMetadata]]
+    ) -> concurrent.futures.Future[RecordMetadata]:
+        """Run a send on the loop; its delivery future, copied to a thread-safe one."""
         result: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
 
         async def queue() -> None:
-            future = await self._client.send(topic, value, key, partition, timestamp_ms, headers)
+            future = await sending
             future.add_done_callback(lambda f: _copy(f, result))
 
         self._run(queue())

@@ -99,10 +99,15 @@ def test_sync_api_from_a_plain_thread(cluster: Cluster) -> None:
             with Producer(servers, linger_ms=0) as producer:
                 for i in range(10):
                     producer.send_and_wait("sync", b"v%d" % i, partition=0)
+                batch = producer.create_batch()  # filled on this thread, sent whole
+                for i in range(10, 15):
+                    assert batch.append(value=b"v%d" % i) == i - 10
+                first = producer.send_batch(batch, "sync", partition=0).result(30)
+                assert (first.partition, first.offset) == (0, 10)
             with Consumer(servers, auto_offset_reset="earliest") as consumer:
                 consumer.assign([TopicPartition("sync", 0)])
                 deadline = time.monotonic() + 30
-                while len(values) < 10 and time.monotonic() < deadline:
+                while len(values) < 15 and time.monotonic() < deadline:
                     for records in consumer.poll(500).values():
                         values.extend(r.value for r in records)  # type: ignore[misc]
         except BaseException as exc:
@@ -117,4 +122,4 @@ def test_sync_api_from_a_plain_thread(cluster: Cluster) -> None:
     thread.start()
     thread.join(90)
     assert not errors, errors
-    assert values == [b"v%d" % i for i in range(10)]
+    assert values == [b"v%d" % i for i in range(15)]
