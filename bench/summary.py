@@ -145,14 +145,19 @@ LINES: list[Line] = [
         "MB/s",
         lambda v: v >= 500,
     ),
-    (
-        "spark",
-        "Spark source, availableNow, local[2]",
-        ">= 300,000 rows/s",
-        lambda d: _best(d["results"], "rows_per_s"),
-        "rows/s",
-        lambda v: v >= 300_000,
-    ),
+    *[
+        (
+            "spark",
+            f"Spark source, availableNow, local[2], {session} query",
+            ">= 300,000 rows/s",
+            lambda d, session=session: _best(d["results"], "rows_per_s", session=session),
+            "rows/s",
+            lambda v: v >= 300_000,
+        )
+        # The first query of a session pays for Spark's Python workers and the JVM's
+        # compiling of the read path; a long-running stream runs warm.
+        for session in ("cold", "warm")
+    ],
 ]
 
 
