@@ -220,7 +220,9 @@ class Producer(_SyncClient):
         headers: Sequence[Header] | None = None,
     ) -> concurrent.futures.Future[RecordMetadata]:
         """Queue one record (blocking only while buffer_memory is full)."""
-        return self._queue(self._client.send(topic, value, key, partition, timestamp_ms, headers))
+        return self._queue(
+            lambda: self._client.send(topic, value, key, partition, timestamp_ms, headers)
+        )
 
     def create_batch(self) -> ProducerBatch:
         """An empty batch for `send_batch()`; fill it on any thread with
@@ -232,16 +234,17 @@ class Producer(_SyncClient):
     ) -> concurrent.futures.Future[RecordMetadata]:
         """Queue a whole batch for `partition` of `topic`: a future of the RecordMetadata
         of its first record (AsyncProducer.send_batch)."""
-        return self._queue(self._client.send_batch(batch, topic, partition=partition))
+        return self._queue(lambda: self._client.send_batch(batch, topic, partition=partition))
 
     def _queue(
-        self, sending: Awaitable[asyncio.Future[RecordMetadata]]
+        self, send: Callable[[], Awaitable[asyncio.Future[RecordMetadata]]]
     ) -> concurrent.futures.Future[RecordMetadata]:
-        """Run a send on the loop; its delivery future, copied to a thread-safe one."""
+        """Run `send()` on the loop (called there, so a closed producer makes no
+        coroutine); its delivery future, copied to a thread-safe one."""
         result: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
 
         async def queue() -> None:
-            future = await sending
+            future = await send()
             future.add_done_callback(lambda f: _copy(f, result))
 
         self._run(queue())
