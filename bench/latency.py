@@ -1,5 +1,6 @@
 """End-to-end latency, produce to consume, acks=all, replication factor 3, at a fixed
-rate of about 10% of the measured maximum.
+rate of about 10% of the measured maximum (`--rf 1` / `--acks 1` take replication
+hops out of the path, to see what each costs).
 
 The producer (AsyncProducer, acks=all, linger_ms=0) runs in this process and sends
 100 B records at `--rate` records/s, paced every millisecond; each value starts with
@@ -56,6 +57,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, help="measured sending time [20; 3 with --quick]")
     p.add_argument("--warmup", type=float, help="seconds left out first [2; 0.5 with --quick]")
     p.add_argument("--partitions", type=int, default=1, help="partitions [1]")
+    # The target is about RF 3 acks=all; RF 1 / acks 1 take hops out of the path, to
+    # see what each one costs.
+    p.add_argument("--rf", type=int, choices=(1, 2, 3), default=3, help="replication factor [3]")
+    p.add_argument("--acks", choices=("all", "1"), default="all", help="producer acks [all]")
     return p
 
 
@@ -111,13 +116,15 @@ async def _consume(bootstrap: str, partitions: int, ready: Any, stop: Any) -> di
 
 
 async def produce_at_rate(
-    bootstrap: str, rate: int, seconds: float, progress: Progress
+    bootstrap: str, rate: int, seconds: float, progress: Progress, producer_acks: str = "all"
 ) -> tuple[int, list[tuple[int, int]]]:
     """Send `rate` records/s for `seconds`; returns (count, [(stamp, ack ns)])."""
     acks: list[tuple[int, int]] = []
     clock = time.monotonic_ns
     padding = b"\0" * (RECORD_SIZE - STAMP.size)
-    async with AsyncProducer(bootstrap, acks="all", linger_ms=0) as producer:
+    async with AsyncProducer(
+        bootstrap, acks="all" if producer_acks == "all" else int(producer_acks), linger_ms=0
+    ) as producer:
         await producer.partitions_for(TOPIC)
         start = time.monotonic()
         sent = 0
@@ -157,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         args.seconds = 3.0 if args.quick else 20.0
     if args.warmup is None:
         args.warmup = 0.5 if args.quick else 2.0
+    if args.out is None and (args.rf, args.acks) != (3, "all"):
+        # latency.json stays the target's configuration (the summary and plot read it).
+        args.out = RESULTS_DIR / f"{NAME}-rf{args.rf}-acks{args.acks}.json"
     rate_source = "--rate"
     if args.rate is None:
         args.rate, rate_source = default_rate()
@@ -166,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = multiprocessing.get_context("spawn")
     with BenchCluster(3, keep_data=args.keep_data) as cluster:
         progress.update("creating the topic")
-        run(cluster.create_topic(TOPIC, partitions=args.partitions, replication_factor=3))
+        run(cluster.create_topic(TOPIC, partitions=args.partitions, replication_factor=args.rf))
         ready, stop, results = ctx.Event(), ctx.Event(), ctx.Queue()
         consumer = ctx.Process(
             target=_consumer,
@@ -177,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if not ready.wait(CONSUMER_START_TIMEOUT_S):
                 raise RuntimeError("the consumer process did not start")
-            sent, acks = run(produce_at_rate(cluster.bootstrap, args.rate, total, progress))
+            sent, acks = run(
+                produce_at_rate(cluster.bootstrap, args.rate, total, progress, args.acks)
+            )
             time.sleep(1.0)  # the last records reach the consumer
             stop.set()
             try:
@@ -205,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows
     ]
     columns = ["measure", "records", *(f"p{q:g} ms" for q in PERCENTILES), "max ms"]
-    print(f"rate {args.rate:,} records/s ({rate_source}); consumer in another process")
+    print(
+        f"RF {args.rf}, acks={args.acks}, rate {args.rate:,} records/s ({rate_source}); "
+        "consumer in another process"
+    )
     return report(
         NAME,
         args=args,
@@ -217,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         extra={
             "rate_source": rate_source,
             "consumer": "separate process (spawned), CLOCK_MONOTONIC stamps",
-            "replication_factor": 3,
-            "acks": "all",
+            "replication_factor": args.rf,
+            "acks": args.acks,
             "record_size": RECORD_SIZE,
         },
     )

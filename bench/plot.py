@@ -115,7 +115,9 @@ def plot_latency(doc: dict[str, Any], out: Path) -> Path:
     ax.legend(loc="lower right")
     rate = doc["settings"].get("rate")
     fig.suptitle(
-        f"End-to-end latency, acks=all RF3, {rate:,} records/s\n{_subtitle(doc)}", fontsize=10
+        f"End-to-end latency, acks={doc.get('acks', 'all')} RF{doc.get('replication_factor', 3)}, "
+        f"{rate:,} records/s\n{_subtitle(doc)}",
+        fontsize=10,
     )
     fig.tight_layout()
     path = out / "latency_cdf.png"
