@@ -32,8 +32,8 @@ them without recomputing it and without ever decoding a record.
 from __future__ import annotations
 
 import gzip
-import mmap
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -232,10 +232,41 @@ def compress(codec: Compression, data: bytes) -> bytes:
 # memory. Producers build batches of batch_size (16 KiB by default) before compression.
 MAX_DECOMPRESSED_SIZE = MAX_BATCH_SIZE
 
-_DECOMPRESS_INTO: dict[int, Callable[[bytes | memoryview, mmap.mmap], int]] = {
+_DECOMPRESS_INTO: dict[int, Callable[[bytes | memoryview, memoryview], int]] = {
     Compression.LZ4: cramjam.lz4.decompress_into,
     Compression.ZSTD: cramjam.zstd.decompress_into,
 }
+# LZ4 and ZSTD decompress into a per-thread scratch buffer, then one copy out: first
+# into a window of this size (or 8x the compressed size), 8x larger on each overflow.
+_FIRST_WINDOW = 256 * 1024
+_SCRATCH_KEEP = 1 << 20  # a thread keeps at most this much scratch between batches
+_scratch = threading.local()
+
+
+def _decompress_bounded(
+    decompress_into: Callable[[bytes | memoryview, memoryview], int],
+    data: bytes | memoryview,
+    limit: int,
+    too_large: CorruptRecordError,
+) -> bytes:
+    window = min(limit, max(_FIRST_WINDOW, 8 * len(data)))
+    while True:
+        buf: bytearray | None = getattr(_scratch, "buf", None)
+        if buf is None or len(buf) < window:
+            buf = bytearray(window)
+            if window <= _SCRATCH_KEEP:
+                _scratch.buf = buf
+        view = memoryview(buf)
+        try:
+            size = decompress_into(data, view[:window])
+        except cramjam.DecompressionError as exc:
+            if "whole buffer" not in str(exc):
+                raise
+            if window >= limit:
+                raise too_large from None
+            window = min(limit, window * 8)
+            continue
+        return bytes(view[:size])  # one copy out of the scratch
 
 
 def decompress(codec: int, data: bytes | memoryview, limit: int = MAX_DECOMPRESSED_SIZE) -> bytes:
@@ -263,15 +294,7 @@ def decompress(codec: int, data: bytes | memoryview, limit: int = MAX_DECOMPRESS
             return bytes(cramjam.snappy.decompress_raw(data))
         decompress_into = _DECOMPRESS_INTO.get(codec)
         if decompress_into is not None:
-            # An anonymous map costs only the pages written; the codec stops at its end.
-            with mmap.mmap(-1, limit) as out:
-                try:
-                    size = decompress_into(data, out)
-                except cramjam.DecompressionError as exc:
-                    if "whole buffer" in str(exc):
-                        raise too_large from None
-                    raise
-                return out[:size]
+            return _decompress_bounded(decompress_into, data, limit, too_large)
     except CorruptRecordError:
         raise
     except Exception as exc:  # each codec raises its own type; all mean "corrupt"
