@@ -44,7 +44,7 @@ from protocol.messages import (
     ProduceResponse,
     ProduceTopic,
 )
-from protocol.record_batch import HEADER_SIZE, BatchBuilder, iter_headers
+from protocol.record_batch import HEADER_SIZE, BatchBuilder, Compression, iter_headers
 from tests.integration.cluster import _BROKER_READY, Cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -209,10 +209,13 @@ async def wait_full_isr(
 # ------------------------------------------------------------------ raw produce and fetch
 
 
-def build_batch(record_size: int, batch_bytes: int) -> tuple[bytes, int]:
-    """One encoded batch of `record_size`-byte values filling about `batch_bytes`;
-    returns (batch, record count). The leader stamps offsets, so it can be resent."""
-    builder = BatchBuilder()
+def build_batch(
+    record_size: int, batch_bytes: int, compression: Compression = Compression.NONE
+) -> tuple[bytes, int]:
+    """One encoded batch of `record_size`-byte values filling about `batch_bytes`
+    (before compression); returns (batch, record count). The leader stamps offsets,
+    so it can be resent."""
+    builder = BatchBuilder(compression=compression)
     value = os.urandom(record_size)
     now = int(time.time() * 1000)
     per_record = record_size + 8  # length, attributes, deltas, key/value lengths, headers

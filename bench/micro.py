@@ -2,7 +2,8 @@
 
 - decode: the consumer's decode of a fetched record set (`AsyncConsumer` turning
   16 KiB batches of 100 B records into ConsumerRecords), in process, no network;
-  microseconds of CPU per record, best of a few repeats.
+  microseconds of CPU per record, best of a few repeats. `--compression zstd` (or
+  gzip, snappy, lz4) compresses the batches, to see what decompression adds.
 - send: `AsyncProducer.send()` of 100 B records to a 1-broker cluster (acks 1),
   send loop plus flush; microseconds of this process's CPU per record, so the
   producer's encode, futures, requests and acks all count, the broker does not.
@@ -24,7 +25,7 @@ from bench.harness import BenchCluster, build_batch, common_args, format_table, 
 from client.consumer import AsyncConsumer, _PartitionState
 from client.producer import AsyncProducer
 from client.types import TopicPartition
-from protocol.record_batch import stamp
+from protocol.record_batch import Compression, stamp
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,6 +37,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--records", type=int, default=300_000, help="records per case [300000]")
     p.add_argument("--repeats", type=int, default=5, help="decode repeats, best kept [5]")
     p.add_argument(
+        "--compression",
+        choices=[c.name.lower() for c in Compression],
+        default="none",
+        help="codec of the decoded batches [none]",
+    )
+    p.add_argument(
         "--case",
         default="decode,send,send_batch",
         help="comma-separated: decode, send, send_batch [all three]",
@@ -43,9 +50,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def fetched_record_set(records: int, record_size: int = 100) -> tuple[bytes, int]:
+def fetched_record_set(
+    records: int, record_size: int = 100, compression: Compression = Compression.NONE
+) -> tuple[bytes, int]:
     """Copies of one 16 KiB batch with consecutive offsets, as a fetch returns them."""
-    batch, per_batch = build_batch(record_size, 16 * 1024)
+    batch, per_batch = build_batch(record_size, 16 * 1024, compression)
     parts = []
     offset = 0
     while offset < records:
@@ -56,8 +65,8 @@ def fetched_record_set(records: int, record_size: int = 100) -> tuple[bytes, int
     return b"".join(parts), offset
 
 
-def measure_decode(records: int, repeats: int) -> dict[str, Any]:
-    data, count = fetched_record_set(records)
+def measure_decode(records: int, repeats: int, compression: Compression) -> dict[str, Any]:
+    data, count = fetched_record_set(records, compression=compression)
     consumer = AsyncConsumer("127.0.0.1:1")  # never started: no connection
     tp = TopicPartition("micro", 0)
     best = float("inf")
@@ -69,7 +78,8 @@ def measure_decode(records: int, repeats: int) -> dict[str, Any]:
         consumer._buffer_records(tp, state, 0, data)
         best = min(best, time.process_time() - started)
         assert len(consumer._buffer[tp].records) == count
-    return {"case": "decode", "records": count, "us_per_record": best / count * 1e6}
+    case = "decode" if compression == Compression.NONE else f"decode ({compression.name.lower()})"
+    return {"case": case, "records": count, "us_per_record": best / count * 1e6}
 
 
 async def measure_send(bootstrap: str, records: int, *, batches: bool) -> dict[str, Any]:
@@ -119,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = set(args.case.split(","))
     results: list[dict[str, Any]] = []
     if "decode" in cases:
-        results.append(measure_decode(records, args.repeats))
+        codec = Compression.from_name(args.compression)
+        results.append(measure_decode(records, args.repeats, codec))
     if cases & {"send", "send_batch"}:
         with BenchCluster(brokers=1, keep_data=args.keep_data) as cluster:
             run(cluster.create_topic("micro", partitions=3, replication_factor=1))
