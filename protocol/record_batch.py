@@ -243,12 +243,19 @@ _SCRATCH_KEEP = 1 << 20  # a thread keeps at most this much scratch between batc
 _scratch = threading.local()
 
 
-def _decompress_bounded(
-    decompress_into: Callable[[bytes | memoryview, memoryview], int],
-    data: bytes | memoryview,
-    limit: int,
-    too_large: CorruptRecordError,
-) -> bytes:
+def _codec_name(codec: int) -> str:
+    return Compression(codec).name if 0 <= codec <= _MAX_CODEC else f"codec {codec}"
+
+
+def _too_large(codec: int, limit: int) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"batch ({_codec_name(codec)}) decompresses into more than {limit} bytes: refusing "
+        "it (a corrupt or hostile batch; producers send batches of batch_size)"
+    )
+
+
+def _decompress_bounded(codec: int, data: bytes | memoryview, limit: int) -> bytes:
+    decompress_into = _DECOMPRESS_INTO[codec]
     window = min(limit, max(_FIRST_WINDOW, 8 * len(data)))
     while True:
         buf: bytearray | None = getattr(_scratch, "buf", None)
@@ -263,7 +270,7 @@ def _decompress_bounded(
             if "whole buffer" not in str(exc):
                 raise
             if window >= limit:
-                raise too_large from None
+                raise _too_large(codec, limit) from None
             window = min(limit, window * 8)
             continue
         return bytes(view[:size])  # one copy out of the scratch
@@ -274,31 +281,25 @@ def decompress(codec: int, data: bytes | memoryview, limit: int = MAX_DECOMPRESS
     `codec` data or would decompress into more than `limit` bytes."""
     if codec == Compression.NONE:
         return bytes(data)
-    name = Compression(codec).name if 0 <= codec <= _MAX_CODEC else f"codec {codec}"
-    too_large = CorruptRecordError(
-        f"batch ({name}) decompresses into more than {limit} bytes: refusing it "
-        "(a corrupt or hostile batch; producers send batches of batch_size)"
-    )
     try:
         if codec == Compression.GZIP:
             inflater = zlib.decompressobj(wbits=31)  # one gzip member, as Kafka writes
             out = inflater.decompress(data, limit + 1)
             if len(out) > limit:
-                raise too_large
+                raise _too_large(codec, limit)
             if not inflater.eof:
                 raise CorruptRecordError(f"gzip data of a batch ends early ({len(data)} bytes)")
             return out
         if codec == Compression.SNAPPY:
             if cramjam.snappy.decompress_raw_len(data) > limit:
-                raise too_large
+                raise _too_large(codec, limit)
             return bytes(cramjam.snappy.decompress_raw(data))
-        decompress_into = _DECOMPRESS_INTO.get(codec)
-        if decompress_into is not None:
-            return _decompress_bounded(decompress_into, data, limit, too_large)
+        if codec in _DECOMPRESS_INTO:
+            return _decompress_bounded(codec, data, limit)
     except CorruptRecordError:
         raise
     except Exception as exc:  # each codec raises its own type; all mean "corrupt"
-        raise CorruptRecordError(f"cannot decompress batch ({name}): {exc}") from exc
+        raise CorruptRecordError(f"cannot decompress batch ({_codec_name(codec)}): {exc}") from exc
     raise CorruptRecordError(f"unknown compression codec {codec}")
 
 
