@@ -663,62 +663,70 @@ def check_records(
 
 def _walk_records(body: bytes | bytearray, p: int, end: int, count: int, where: str) -> None:
     """The loop of `check_records` over body[p:end]. One pass, no object per record:
-    one-byte varints (and two-byte record lengths) are read inline, longer ones
-    through decode_varint."""
+    one- and two-byte varints are read inline (decoded through a table), longer ones
+    through decode_varint; runs of alike records are checked in bulk (_alike_run)."""
     first = record_start = p
+    unzigzag = _UNZIGZAG
     i = 0
     next_run = 1  # after this many records, look for a run of records laid out alike
     try:
         while i < count:
-            if i >= next_run and body[p - 1] == 0:  # the previous record has no headers
-                run, stride = _alike_run(body, record_start, p, end, count - i, i - 1)
-                if run:
+            if i >= next_run:
+                # The previous record has no headers and this one's length starts alike:
+                # they may begin a run of records laid out alike.
+                if body[p - 1] == 0 and body[p] == body[record_start]:
+                    run, stride = _alike_run(body, record_start, p, end, count - i, i - 1)
                     i += run
                     p += run * stride
                     if i == count:
                         break
+                    # after a run, look again past the next record; else walk a while
+                    next_run = i + (1 if run >= _RUN_PROBE else _RUN_RETRY_AFTER)
                 else:
-                    next_run = i + _RUN_RETRY_AFTER
+                    next_run = i + _RUN_PROBE
             record_start = p
             b = body[p]
             if b < 0x80:
-                length = (b >> 1) ^ -(b & 1)
+                length = unzigzag[b]
                 p += 1
-            elif body[p + 1] < 0x80:
-                b = (b & 0x7F) | (body[p + 1] << 7)
-                length = (b >> 1) ^ -(b & 1)
-                p += 2
             else:
-                length, p = decode_varint(body, p)
+                c = body[p + 1]
+                if c < 0x80:
+                    length = unzigzag[(b & 0x7F) | (c << 7)]
+                    p += 2
+                else:
+                    length, p = decode_varint(body, p)
             record_end = p + length
-            if length < 1 or record_end > end:
+            if not 0 < length <= end - p:
                 raise _length_fault(i, count, length, end - p, p - first)
             # attributes (any value: unused in v2), then the timestamp delta
             q = p + 2 if body[p + 1] < 0x80 else decode_varint(body, p + 1)[1]
             b = body[q]  # the offset delta, zig-zag encoded: must be i
             if b < 0x80:
                 q += 1
-            elif body[q + 1] < 0x80:
-                b = (b & 0x7F) | (body[q + 1] << 7)
-                q += 2
             else:
-                delta, q = decode_varint(body, q)
-                b = delta << 1 if delta >= 0 else ~(delta << 1)  # zig-zag again
+                c = body[q + 1]
+                if c < 0x80:
+                    b = (b & 0x7F) | (c << 7)
+                    q += 2
+                else:
+                    delta, q = decode_varint(body, q)
+                    b = delta << 1 if delta >= 0 else ~(delta << 1)  # zig-zag again
             if b != i << 1:
                 raise InvalidRecordError(
-                    f"record {i} has offset delta {(b >> 1) ^ -(b & 1)}, expected {i} "
-                    "(inner offsets must be consecutive from 0)"
+                    f"record {i} has offset delta {unzigzag[b] if b < 1 << 14 else b}, "
+                    f"expected {i} (inner offsets must be consecutive from 0)"
                 )
             b = body[q]
             if b == 1:  # null key
                 q += 1
             else:
                 if b < 0x80:
-                    n = (b >> 1) ^ -(b & 1)
+                    n = unzigzag[b]
                     q += 1
                 else:
                     n, q = decode_varint(body, q)
-                if n > record_end - q or n < -1:
+                if not -1 <= n <= record_end - q:
                     raise _field_fault(i, "key", n, record_end - q)
                 if n > 0:
                     q += n
@@ -727,15 +735,16 @@ def _walk_records(body: bytes | bytearray, p: int, end: int, count: int, where: 
                 q += 1
             else:
                 if b < 0x80:
-                    n = (b >> 1) ^ -(b & 1)
+                    n = unzigzag[b]
                     q += 1
-                elif body[q + 1] < 0x80:
-                    b = (b & 0x7F) | (body[q + 1] << 7)
-                    n = (b >> 1) ^ -(b & 1)
-                    q += 2
                 else:
-                    n, q = decode_varint(body, q)
-                if n > record_end - q or n < -1:
+                    c = body[q + 1]
+                    if c < 0x80:
+                        n = unzigzag[(b & 0x7F) | (c << 7)]
+                        q += 2
+                    else:
+                        n, q = decode_varint(body, q)
+                if not -1 <= n <= record_end - q:
                     raise _field_fault(i, "value", n, record_end - q)
                 if n > 0:
                     q += n
@@ -766,11 +775,14 @@ def _walk_records(body: bytes | bytearray, p: int, end: int, count: int, where: 
         raise InvalidRecordError(f"{where}: record {i}: {exc}") from None
 
 
+# One- and two-byte zig-zag varints (their 14 payload bits) -> value.
+_UNZIGZAG = tuple((v >> 1) ^ -(v & 1) for v in range(1 << 14))
 # After a record whose successors are not laid out like it, walk this many one by one.
 _RUN_RETRY_AFTER = 64
 # A run is checked in chunks of records, the first of this many, doubling while they
 # match (halving when not): a run that breaks early costs little.
 _FIRST_RUN_CHUNK = 256
+_RUN_PROBE = 8  # when the first chunk does not match: try this many, then halve
 _HIGH_BIT = bytes(b ^ 0x80 for b in range(256))  # translate: high bit set -> clear
 
 
@@ -837,7 +849,9 @@ def _alike_run(
         if ok:
             done += n
             chunk *= 2
-        elif n > 1:
+        elif done == 0 and n > _RUN_PROBE:
+            chunk = _RUN_PROBE  # not alike so far: a few more tries, small ones
+        elif n > 1 and (done or n <= _RUN_PROBE):
             chunk = n // 2
         else:
             break
