@@ -861,6 +861,8 @@ def _alike_run(
 def _length_fault(i: int, count: int, length: int, remaining: int, at: int) -> InvalidRecordError:
     if remaining <= 0:
         return InvalidRecordError(f"the batch declares {count} records but holds {i}")
+    if length < 1:
+        return InvalidRecordError(f"record {i} (byte {at} of the records) has length {length}")
     return InvalidRecordError(
         f"record {i} (byte {at} of the records) claims {length} bytes, only {remaining} remain"
     )

@@ -116,6 +116,8 @@ def test_a_record_length_that_disagrees_with_its_fields_is_refused() -> None:
         "is 12 bytes long but its fields take 11",
     )
     refused(raw_batch(record(0, length=200), 1), InvalidRecordError, "claims 200 bytes")
+    for length in (0, -1):
+        refused(raw_batch(record(0, length=length), 1), InvalidRecordError, f"length {length}$")
 
 
 def test_trailing_bytes_after_the_last_record_are_refused() -> None:
