@@ -640,28 +640,32 @@ def check_records(
     data). Raises InvalidRecordError naming the batch, the record and the fault."""
     start = pos + HEADER_SIZE
     end = pos + header.size
-    where = f"batch at byte {pos}"
     codec = header.attributes & _ATTR_COMPRESSION_MASK
     if codec:
         body: bytes | bytearray = decompress(codec, memoryview(buf)[start:end], limit)
         start, end = 0, len(body)
-        where += f" ({_codec_name(codec)}, {end} bytes decompressed)"
     elif isinstance(buf, memoryview):
         body = buf[start:end].tobytes()  # indexing bytes is cheaper than a memoryview
         start, end = 0, end - start
     else:
         body = buf
-    count = header.record_count
-    # The smallest record is 7 bytes (length, attributes and five one-byte varints):
-    # a count beyond that is refused before walking anything.
-    if count > (end - start) // 7:
-        raise InvalidRecordError(
-            f"{where}: {count} records cannot fit in {end - start} bytes of records"
-        )
-    _walk_records(body, start, end, count, where)
+    try:
+        count = header.record_count
+        # The smallest record is 7 bytes (length, attributes and five one-byte
+        # varints): a count beyond that is refused before walking anything.
+        if count > (end - start) // 7:
+            raise InvalidRecordError(
+                f"{count} records cannot fit in {end - start} bytes of records"
+            )
+        _walk_records(body, start, end, count)
+    except InvalidRecordError as exc:
+        where = f"batch at byte {pos}"
+        if codec:
+            where += f" ({_codec_name(codec)}, {end} bytes decompressed)"
+        raise InvalidRecordError(f"{where}: {exc}") from None
 
 
-def _walk_records(body: bytes | bytearray, p: int, end: int, count: int, where: str) -> None:
+def _walk_records(body: bytes | bytearray, p: int, end: int, count: int) -> None:
     """The loop of `check_records` over body[p:end]. One pass, no object per record:
     one- and two-byte varints are read inline (decoded through a table), longer ones
     through decode_varint; runs of alike records are checked in bulk (_alike_run)."""
@@ -765,14 +769,14 @@ def _walk_records(body: bytes | bytearray, p: int, end: int, count: int, where: 
             )
     except IndexError:
         if p >= end:  # at a record's start: the records ran out
-            raise InvalidRecordError(f"{where}: {_length_fault(i, count, 0, 0, 0)}") from None
+            raise _length_fault(i, count, 0, 0, 0) from None
         raise InvalidRecordError(
-            f"{where}: record {i} runs past the end of the records (byte {end - first})"
+            f"record {i} runs past the end of the records (byte {end - first})"
         ) from None
-    except InvalidRecordError as exc:
-        raise InvalidRecordError(f"{where}: {exc}") from None
+    except InvalidRecordError:  # a CorruptRecordError too: through as it is
+        raise
     except CorruptRecordError as exc:  # a varint of decode_varint
-        raise InvalidRecordError(f"{where}: record {i}: {exc}") from None
+        raise InvalidRecordError(f"record {i}: {exc}") from None
 
 
 # One- and two-byte zig-zag varints (their 14 payload bits) -> value.
