@@ -53,7 +53,7 @@ from broker.storage.log import LogConfig
 from broker.storage.log_manager import LogManager
 from broker.storage.producer_state import ProducerStateError
 from protocol.api import DEBUGGING_REPLICA_ID, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NO_EPOCH
-from protocol.errors import CorruptRecordError, DecodeError, ErrorCode
+from protocol.errors import CorruptRecordError, DecodeError, ErrorCode, InvalidRecordError
 from protocol.messages import (
     AlterPartitionPartitionResult,
     AlterPartitionRequest,
@@ -482,6 +482,11 @@ class ReplicaManager:
                     continue
                 try:
                     info = p.append_as_leader(part.records)
+                except InvalidRecordError as exc:
+                    r.error_code = ErrorCode.INVALID_RECORD
+                    r.error_message = str(exc)
+                    log.info("%s: refused an invalid produce: %s", p.name, exc)
+                    continue
                 except (CorruptRecordError, InvalidAppendError, DecodeError) as exc:
                     r.error_code = ErrorCode.CORRUPT_MESSAGE
                     r.error_message = str(exc)

@@ -12,16 +12,17 @@ with the number of rows it covers (`ColumnBuffer.epoch_runs`).
 
 from __future__ import annotations
 
-from functools import cache
 from typing import NamedTuple
 
 from protocol.errors import CorruptRecordError
 from protocol.record_batch import (
     HEADER_SIZE,
+    OFFSET_DELTA_LIMITS,
     BatchHeader,
     decode_record_headers,
     decode_varint,
     decompress,
+    offset_delta_bytes,
     parse_header,
     validate_batch,
 )
@@ -31,8 +32,6 @@ _ATTR_TIMESTAMP_TYPE = 0x08
 _RUN_RETRY_AFTER = 64
 # Fewer alike records than this are decoded one by one.
 _MIN_RUN = 8
-# Largest offset delta whose zigzag varint takes 1, 2, 3 bytes.
-_DELTA_LIMITS = {1: 63, 2: 8191, 3: 1_048_575}
 # ts delta byte (a one-byte zigzag varint) -> delta
 _ONE_BYTE_ZIGZAG = [(b >> 1) ^ -(b & 1) for b in range(128)]
 _NO_HEADERS: tuple[tuple[str, bytes | None], ...] = ()
@@ -315,24 +314,6 @@ def decode_columns(
     return header
 
 
-@cache
-def _delta_bytes(size: int) -> tuple[bytes, ...]:
-    """For offset deltas whose zigzag varint takes `size` bytes: table[i][v] is byte i
-    of the encoding of delta v (for v up to _DELTA_LIMITS[size]); built by repeating
-    patterns, not per value."""
-    limit = _DELTA_LIMITS[size] + 1
-    if size == 1:
-        return (bytes(range(0, 128, 2)),)  # zigzag(v) = 2v
-    low = bytes(0x80 | (2 * v & 0x7F) for v in range(64)) * (limit // 64)
-    # zigzag(v) >> 7 == v >> 6: each value 64 times
-    mid = b"".join(bytes([x]) * 64 for x in range(limit // 64 if size == 2 else 128))
-    if size == 2:
-        return (low, mid)
-    mid = bytes(0x80 | x for x in mid) * (limit // 8192)
-    high = b"".join(bytes([x]) * 8192 for x in range(limit // 8192))
-    return (low, mid, high)
-
-
 def _take_run(
     body: bytes,
     start: int,
@@ -381,7 +362,7 @@ def _take_run(
         return None
     # the same record length and the same value length
     same_bytes = [*range(start, start + lv), *range(vl_at, value_at)]
-    n = min(left, (len(body) - end) // stride, _DELTA_LIMITS[d] - delta)
+    n = min(left, (len(body) - end) // stride, OFFSET_DELTA_LIMITS[d] - delta)
     # An odd record inside the run: try its first half, and so on.
     while True:
         if n < _MIN_RUN:
@@ -394,7 +375,7 @@ def _take_run(
             and run[stride - 1 :: stride] == b"\x00" * n  # no headers
             and all(  # offset deltas delta+1, delta+2, ...
                 run[od_at - start + i :: stride] == table[delta + 1 : delta + 1 + n]
-                for i, table in enumerate(_delta_bytes(d))
+                for i, table in enumerate(offset_delta_bytes(d))
             )
             and max(ts) < 0x80  # one-byte timestamp deltas
         ):

@@ -111,3 +111,10 @@ class FrameTooLargeError(DecodeError):
 
 class CorruptRecordError(DecodeError):
     """A record batch failed validation (length, magic, CRC, offsets)."""
+
+
+class InvalidRecordError(CorruptRecordError):
+    """A batch whose header and CRC are sound but whose records break the format's
+    rules (they do not parse, their count or offsets disagree with the header) or
+    that a client may not write (control or transactional batches). A broker answers
+    INVALID_RECORD for it, as Kafka does; a reader treats it as any corrupt batch."""

@@ -59,7 +59,7 @@ from broker.storage.offset_index import INT32_MAX
 from broker.storage.producer_state import LeaderAppendCheck, ProducerStateManager
 from broker.storage.segment import LogSegment
 from protocol.errors import CorruptRecordError
-from protocol.record_batch import BatchHeader, stamp, validate_batches
+from protocol.record_batch import BatchHeader, check_produce_batches, stamp, validate_batches
 
 logger = logging.getLogger(__name__)
 
@@ -331,14 +331,20 @@ class Log:
     ) -> AppendInfo:
         """Validate, assign offsets from the LEO, stamp `leader_epoch`, append.
 
-        CorruptRecordError (bad length, magic or CRC) propagates for the caller to
-        answer CORRUPT_MESSAGE; RecordTooLargeError for a batch over max.message.bytes.
+        A client's batches are validated in full, records included, as Kafka's
+        LogValidator does (validate_produce_batches), so nothing a reader would trip
+        on is stored: InvalidRecordError (records that break the format's rules) and
+        CorruptRecordError (bad length, magic, CRC or compressed data) propagate for
+        the caller to answer INVALID_RECORD / CORRUPT_MESSAGE; RecordTooLargeError for
+        a batch over max.message.bytes. Nothing is appended unless every batch passes.
         """
         self._check_open()
-        batches = validate_batches(records)
+        buf = bytearray(records)  # the copy that is stamped and written, walked first
+        batches = validate_batches(buf)
         for _, header in batches:
             if header.size > self._config.max_message_bytes:
                 raise RecordTooLargeError(header.size, self._config.max_message_bytes)
+        check_produce_batches(buf, batches)
         if leader_epoch < 0:
             raise ValueError(f"leader epoch must be >= 0, got {leader_epoch}")
         if leader_epoch < self._epoch_cache.latest_epoch:
@@ -346,7 +352,6 @@ class Log:
                 f"[Log {self._name}] refusing a leader append in epoch {leader_epoch}: the log "
                 f"already has epoch {self._epoch_cache.latest_epoch} (a deposed leader?)"
             )
-        buf = bytearray(records)
         first_offset = offset = self.log_end_offset
         stamped: list[tuple[int, BatchHeader]] = []
         for position, header in batches:

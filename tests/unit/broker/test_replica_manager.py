@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from pathlib import Path
 
+import crc32c
 import pytest
 from broker_harness import Harness, batch
 
@@ -207,6 +209,24 @@ async def test_produce_validation(harness: Harness) -> None:
     assert h.rm.partitions[("t", 0)].log_end_offset == 0  # nothing was appended
     r = await produce(h, "t", batch(b"ok"), acks=0)
     assert r.error_code == 0 and r.base_offset == 0
+
+
+async def test_a_record_set_with_one_unreadable_batch_is_refused_whole(harness: Harness) -> None:
+    """Kafka's LogValidator: a batch whose records no reader could read (here its
+    record count disagrees with its last offset delta, under a valid CRC) is answered
+    INVALID_RECORD naming the batch; the partition's other batches in the same request
+    are not appended either."""
+    h = harness
+    await h.create_topic("t")
+    good = batch(b"a", b"b")
+    bad = bytearray(batch(b"c", b"d", b"e"))
+    struct.pack_into(">i", bad, 57, 2)  # record_count 2, last_offset_delta 2
+    bad[17:21] = crc32c.crc32c(bytes(bad[21:])).to_bytes(4, "big")
+    r = await produce(h, "t", good + bytes(bad))
+    assert r.error_code == ErrorCode.INVALID_RECORD
+    assert r.error_message.startswith(f"batch at byte {len(good)}: 2 records")
+    assert h.rm.partitions[("t", 0)].log_end_offset == 0  # nothing was appended
+    assert (await produce(h, "t", good)).base_offset == 0
 
 
 async def test_acks_all(harness: Harness) -> None:

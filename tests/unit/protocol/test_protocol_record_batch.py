@@ -538,10 +538,13 @@ def test_validate_rejects(name: str, buf: bytes) -> None:
     ],
 )
 def test_records_that_do_not_match_a_sound_header(name: str, buf: bytes) -> None:
-    """CRC-valid, so the broker accepts them, but a reader must refuse them."""
+    """CRC-valid, so the header checks pass them, but a reader must refuse them, and
+    so does the broker on produce (the record walk)."""
     rb.validate_batch(buf)
     with pytest.raises(CorruptRecordError):
         rb.decode_batch(buf)
+    with pytest.raises(CorruptRecordError):
+        rb.validate_produce_batches(bytearray(buf))
 
 
 def test_unknown_codec_header_never_raises_value_error() -> None:
