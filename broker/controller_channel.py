@@ -109,6 +109,9 @@ class ControllerChannel:
         self._heartbeat_now = asyncio.Event()
         self._heartbeat_failures = 0
         self._closing = False
+        # "<path>: <error>" of failed log directories; while any, heartbeats ask to be
+        # fenced (the controller then moves our leaderships and keeps us fenced).
+        self._offline_log_dirs: list[str] = []
 
     @property
     def controller_address(self) -> str:
@@ -219,7 +222,9 @@ class ControllerChannel:
             broker_id=self.node_id,
             broker_epoch=self.broker_epoch,
             current_metadata_offset=self._metadata_offset(),
+            want_fence=bool(self._offline_log_dirs),
             want_shut_down=want_shut_down,
+            offline_log_dirs=list(self._offline_log_dirs),
         )
         # A heartbeat older than the session timeout is useless: time out well before.
         timeout_s = max(0.5, 2 * self.config.heartbeat_interval_ms / 1000)
@@ -255,6 +260,14 @@ class ControllerChannel:
         else:
             self.unfenced.set()
         return resp
+
+    def report_offline_log_dir(self, path: str, error: str) -> None:
+        """A log directory failed: from now on every heartbeat asks to be fenced and
+        names it; the next heartbeat goes at once."""
+        entry = f"{path}: {error}"
+        if entry not in self._offline_log_dirs:
+            self._offline_log_dirs.append(entry)
+        self._heartbeat_now.set()
 
     async def controlled_shutdown(self, timeout_s: float) -> bool:
         """Ask the controller to move our leaderships away (heartbeats with

@@ -197,7 +197,7 @@ class Partition:
         if new_term:
             # KIP-101: the new epoch starts at our log end offset; every batch we
             # append from now on is stamped with it.
-            self.log.epoch_cache.assign(self.leader_epoch, self.log.log_end_offset)
+            self.log.assign_epoch_at_end(self.leader_epoch)
             self.leader_epoch_start_offset = self.log.log_end_offset
             # Every follower's LEO is unknown until it fetches in this epoch, so the
             # high watermark waits for all of them (KIP-320's fencing argument).

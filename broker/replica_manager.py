@@ -45,6 +45,7 @@ from broker.metadata_image import MetadataDelta, MetadataImage, PartitionState, 
 from broker.partition import MIN_INSYNC_REPLICAS, Partition, Role
 from broker.storage.errors import (
     InvalidAppendError,
+    LogDirFailureError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
     StorageError,
@@ -221,6 +222,10 @@ class ReplicaManager:
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="broker-io")
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # built outside a loop (tests): start_background sets it
+            self._loop = None
         self._controller: ControllerChannel | None = None
         self._own_channel: ControllerChannel | None = None  # until one is attached
         # How long an ISR change refused for stale state waits for the metadata log.
@@ -243,6 +248,10 @@ class ReplicaManager:
             broker_epoch=self.broker_epoch,
             send=send_alter_partition or self._send_alter_partition,
         )
+        # The data directory's failure once it went offline (log_dir_failure.py): from
+        # then on no replica here is served, replicated, checkpointed or deleted.
+        self.log_dir_failure: LogDirFailureError | None = None
+        log_manager.dir_failure.add_listener(self._log_dir_failed)
         # Called after each leadership change of a partition here (became leader, or
         # stopped leading: follower, offline, deleted) with (partition, is_leader); the
         # offsets coordinator loads / drops its cache on them. Must not raise.
@@ -279,10 +288,48 @@ class ReplicaManager:
             channel = self._own_channel
         return await channel.alter_partition(request)
 
+    # ------------------------------------------------------------------ log dir failure
+
+    def _log_dir_failed(self, failure: LogDirFailureError) -> None:
+        """LogDirFailureChannel listener; may run on a worker thread."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._take_replicas_offline, failure)
+
+    def _take_replicas_offline(self, failure: LogDirFailureError) -> None:
+        """The data directory failed: stop every replica here (appends, reads and
+        replication), fail waiting requests, and ask the controller to fence this broker
+        so that its leaderships move to the other ISR members (Kafka's handling of an
+        offline log directory when it is the broker's only one)."""
+        if self.log_dir_failure is not None:
+            return
+        self.log_dir_failure = failure
+        leaders = [p.name for p in self.partitions.values() if p.is_leader]
+        log.error(
+            "log directory %s is offline: its %d replica(s) are no longer served "
+            "(KAFKA_STORAGE_ERROR), leaderships of %s are given up; asking the controller "
+            "to fence broker %d. Restart the broker once the disk is fixed.",
+            failure.data_dir,
+            len(self.partitions),
+            ", ".join(leaders) or "no partition",
+            self.node_id,
+        )
+        for p in self.partitions.values():
+            was_leader = p.is_leader
+            self.fetchers.remove_partition(p.tp)
+            p.stop()
+            self._notify(p.tp)
+            if was_leader:
+                self._leadership_changed(p, False)
+        if self._controller is not None:
+            self._controller.report_offline_log_dir(str(failure.data_dir), str(failure.cause))
+
     # ------------------------------------------------------------------ metadata
 
     async def apply_delta(self, delta: MetadataDelta) -> None:
         """Act on the part of a metadata delta that concerns this broker."""
+        if self.log_dir_failure is not None:
+            return  # nothing here can be led, followed or deleted until a restart
         changes = delta.local_changes(self.node_id)
         ts = mono_ms()
         for tp, topic_id in changes.deletes.items():
@@ -437,10 +484,17 @@ class ReplicaManager:
         return LeaderIdAndEpoch(leader_id=state.leader, leader_epoch=state.leader_epoch)
 
     def _lookup(self, topic: str, index: int) -> tuple[Partition | None, ErrorCode]:
+        state = self.image.partition(topic, index)
+        if self.log_dir_failure is not None and (
+            (topic, index) in self.partitions or (state and self.node_id in state.replicas)
+        ):
+            # Kafka's answer for a replica in an offline log directory (retriable: the
+            # client refreshes metadata and finds the partition's new leader).
+            return None, ErrorCode.KAFKA_STORAGE_ERROR
         p = self.partitions.get((topic, index))
         if p is not None and p.role is not Role.STOPPED:
             return p, ErrorCode.NONE
-        if self.image.partition(topic, index) is not None:
+        if state is not None:
             # It exists, just not here: the client's metadata is stale.
             return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
         return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -837,6 +891,7 @@ class ReplicaManager:
     # ------------------------------------------------------------------ background
 
     def start_background(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self.fetchers.start()
         self.alter_partitions.start()
         self._tasks = [
@@ -857,6 +912,8 @@ class ReplicaManager:
     async def _every(self, interval_ms: int, job: Callable[[], object]) -> None:
         while True:
             await asyncio.sleep(interval_ms / 1000)
+            if self.log_dir_failure is not None:
+                continue  # nothing to check, flush, checkpoint or delete any more
             try:
                 result = job()
                 if asyncio.iscoroutine(result):
@@ -956,8 +1013,9 @@ class ReplicaManager:
         for lock in list(self._flush_locks.values()):
             async with lock:
                 pass
-        try:
-            await self.checkpoint()
-        except (StorageError, OSError) as exc:
-            log.error("final checkpoint failed: %s", exc)
+        if self.log_dir_failure is None:
+            try:
+                await self.checkpoint()
+            except (StorageError, OSError) as exc:
+                log.error("final checkpoint failed: %s", exc)
         self._executor.shutdown(wait=True)

@@ -40,7 +40,7 @@ from broker.handlers import Handlers
 from broker.metadata_image import MetadataDelta, MetadataImage
 from broker.network import ListenerServer
 from broker.replica_manager import ReplicaManager
-from broker.storage.errors import StorageError
+from broker.storage.errors import StorageError, describe_os_error, os_error_advice
 from broker.storage.log import LogConfig
 from broker.storage.log_manager import LogManager
 from broker.storage.meta_properties import MetaProperties
@@ -172,8 +172,10 @@ class Broker:
         try:
             # Claim the directory for this node id (the lock is held from here on).
             self._meta = MetaProperties.check_or_write(config.data_dir, node_id=self.node_id)
-        except (StorageError, OSError) as exc:
+        except StorageError as exc:
             raise StartupError(str(exc)) from exc
+        except OSError as exc:
+            raise StartupError(self._disk_error("cannot write meta.properties", exc)) from exc
         await self._bind_listeners()
         assert self.log_manager is not None and self.replica_manager is not None
         self.controller = ControllerChannel(
@@ -217,6 +219,9 @@ class Broker:
                 "check that the controller is healthy"
             ) from None
         await self._publish()
+        failure = self.log_manager.dir_failure.failure
+        if failure is not None:  # creating or leading a replica failed on the disk
+            raise StartupError(str(failure))
         for server in self.listeners:
             await server.start_serving()
         assert self.replica_manager is not None
@@ -243,6 +248,12 @@ class Broker:
             len(self.replica_manager.partitions),
         )
         self.started.set()
+
+    def _disk_error(self, what: str, exc: OSError) -> str:
+        """One line for a start-up step the file system refused: what, where, why, and
+        what to do."""
+        data_dir = self.config.data_dir
+        return f"{what} in {data_dir}: {describe_os_error(exc)}; {os_error_advice(exc, data_dir)}"
 
     def _read_meta_properties(self) -> MetaProperties | None:
         try:
@@ -271,8 +282,10 @@ class Broker:
             self._meta = MetaProperties.check_or_write(
                 self.config.data_dir, node_id=self.node_id, cluster_id=cluster_id
             )
-        except (StorageError, OSError) as exc:
+        except StorageError as exc:
             raise StartupError(f"cannot record the cluster id: {exc}") from exc
+        except OSError as exc:
+            raise StartupError(self._disk_error("cannot record the cluster id", exc)) from exc
 
     async def _load_logs(self) -> None:
         manager = NoFsyncLogManager if self.config.unsafe_skip_fsync else LogManager
@@ -282,6 +295,8 @@ class Broker:
             hws = self.log_manager.read_high_watermarks()
         except StorageError as exc:
             raise StartupError(f"cannot load the logs in {self.config.data_dir}: {exc}") from exc
+        except OSError as exc:
+            raise StartupError(self._disk_error("cannot load the logs", exc)) from exc
         self._logs_loaded = True
         log.info(
             "loaded %d logs from %s (%s shutdown)",

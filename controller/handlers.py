@@ -442,12 +442,13 @@ class ControllerHandlers:
                 )
             if request.want_fence:
                 if not broker.fenced:
-                    records.append(FenceBrokerRecord(broker_id=broker_id, broker_epoch=epoch))
-                    records.extend(
-                        self._broker_gone_records(
-                            image, {broker_id}, f"broker {broker_id} asked to be fenced"
-                        )
+                    why = (
+                        f"log directory of broker {broker_id} offline"
+                        if request.offline_log_dirs
+                        else f"broker {broker_id} asked to be fenced"
                     )
+                    records.append(FenceBrokerRecord(broker_id=broker_id, broker_epoch=epoch))
+                    records.extend(self._broker_gone_records(image, {broker_id}, why))
                     events.append("fence")
                 return records, BrokerHeartbeatResponse(is_caught_up=caught_up, is_fenced=True)
             if broker.fenced:
@@ -470,6 +471,15 @@ class ControllerHandlers:
                 "broker %d epoch %d: controlled shutdown, leaderships moved, broker fenced",
                 broker_id,
                 request.broker_epoch,
+            )
+        elif "fence" in events and request.offline_log_dirs:
+            log.warning(
+                "broker %d epoch %d fenced at its request, its leaderships moved: log "
+                "director%s offline: %s; it stays fenced until it restarts",
+                broker_id,
+                request.broker_epoch,
+                "y" if len(request.offline_log_dirs) == 1 else "ies",
+                "; ".join(request.offline_log_dirs),
             )
         elif "fence" in events:
             log.info("broker %d epoch %d fenced at its request", broker_id, request.broker_epoch)

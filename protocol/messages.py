@@ -344,6 +344,9 @@ class BrokerHeartbeatRequest(Message, kw_only=True):
     current_metadata_offset: int = -1
     want_fence: bool = False
     want_shut_down: bool = False
+    # Log directories that failed (KIP-858's OfflineLogDirs, by path): the broker
+    # then also asks to be fenced, and "<path>: <error>" says why in the controller's log.
+    offline_log_dirs: list[str] = []
 
 
 class BrokerHeartbeatResponse(Message, kw_only=True):

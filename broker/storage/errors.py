@@ -8,6 +8,7 @@ CORRUPT_MESSAGE (follower side), any other StorageError -> KAFKA_STORAGE_ERROR.
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 
@@ -64,3 +65,42 @@ class RecordTooLargeError(StorageError, ValueError):
         )
         self.size = size
         self.max_message_bytes = max_message_bytes
+
+
+class LogDirFailureError(StorageError):
+    """The file system under the data directory failed an operation (no space, I/O
+    error, read-only, ...). The directory is offline from then on: no log in it is
+    read or written again until the broker restarts (Kafka's LogDirFailureChannel)."""
+
+    def __init__(self, data_dir: Path, operation: str, cause: OSError) -> None:
+        super().__init__(
+            f"log directory {data_dir} is offline: {operation} failed: "
+            f"{describe_os_error(cause)}; {os_error_advice(cause, data_dir)}"
+        )
+        self.data_dir = data_dir
+        self.operation = operation
+        self.cause = cause
+
+
+def describe_os_error(exc: OSError) -> str:
+    """`<file>: <strerror> (<ERRNO NAME>)`, the parts of an OSError an operator needs."""
+    name = errno.errorcode.get(exc.errno or 0, "") if exc.errno else ""
+    text = exc.strerror or str(exc) or type(exc).__name__
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{text}" + (f" ({name})" if name else "")
+
+
+def os_error_advice(exc: OSError, data_dir: Path) -> str:
+    """What to do about a failed file operation under `data_dir`."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"free space on the file system of {data_dir}, then restart the broker"
+    if exc.errno == errno.EROFS:
+        return f"the file system of {data_dir} is read-only; remount it read-write and restart"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"give the broker's user write access to {data_dir} and restart"
+    if exc.errno == errno.EIO:
+        return (
+            f"the disk under {data_dir} reports I/O errors; check the kernel log, replace the "
+            "disk if needed (its replicas are re-replicated from the others) and restart"
+        )
+    return f"check the disk and file system of {data_dir}, then restart the broker"

@@ -34,15 +34,16 @@ written costs only a longer replay of batch headers at the next open.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import logging
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import NamedTuple
+from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
 
 import msgspec
 
@@ -54,6 +55,7 @@ from broker.storage.errors import (
     StorageError,
 )
 from broker.storage.fileio import SerialWriter, atomic_write, fsync_directory
+from broker.storage.log_dir_failure import LogDirFailureChannel
 from broker.storage.log_loader import LogLoader
 from broker.storage.offset_index import INT32_MAX
 from broker.storage.producer_state import LeaderAppendCheck, ProducerStateManager
@@ -169,6 +171,27 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _touches_disk(
+    operation: str,
+) -> Callable[[Callable[Concatenate[Log, _P], _R]], Callable[Concatenate[Log, _P], _R]]:
+    """A Log method that reads or writes files: refused once the data directory is
+    offline, and an OSError in it takes the directory offline (LogDirFailureError)."""
+
+    def decorate(method: Callable[Concatenate[Log, _P], _R]) -> Callable[Concatenate[Log, _P], _R]:
+        @functools.wraps(method)
+        def guarded(self: Log, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+            with self._dir_failure.guard(f"{operation} of log {self._name}"):
+                return method(self, *args, **kwargs)
+
+        return guarded
+
+    return decorate
+
+
 class Log:
     """One partition replica's log. Build it with `Log.open`."""
 
@@ -184,9 +207,12 @@ class Log:
         now_ms: int,
         producer_state: ProducerStateManager | None = None,
         writer: SerialWriter | None = None,
+        dir_failure: LogDirFailureChannel | None = None,
     ) -> None:
         self._dir = dir
         self._writer = writer
+        # Shared by every log of the data directory (the LogManager's).
+        self._dir_failure = dir_failure or LogDirFailureChannel(dir.parent)
         self._pending_snapshots: list[Future[object]] = []
         self._config = config
         self._topic_partition = parse_topic_partition(dir)
@@ -218,6 +244,7 @@ class Log:
         had_clean_shutdown: bool,
         now_ms: int | None = None,
         writer: SerialWriter | None = None,
+        dir_failure: LogDirFailureChannel | None = None,
     ) -> Log:
         """Open (creating if needed) and, after an unclean shutdown, recover the log in
         `dir`. See log_loader.py for the procedure."""
@@ -243,6 +270,7 @@ class Log:
             recovery_point=loaded.recovery_point,
             now_ms=now,
             writer=writer,
+            dir_failure=dir_failure,
         )
         log._producer_state.remove_expired(now)
         logger.info(
@@ -322,6 +350,7 @@ class Log:
 
     # ------------------------------------------------------------------ appends
 
+    @_touches_disk("append")
     def append_as_leader(
         self,
         records: bytes | bytearray | memoryview,
@@ -385,6 +414,13 @@ class Log:
             self._producer_state.map_end_offset = self.log_end_offset
         return info
 
+    @_touches_disk("leader epoch checkpoint")
+    def assign_epoch_at_end(self, epoch: int) -> None:
+        """KIP-101: a new leader's epoch starts at the log end offset (written to the
+        leader-epoch checkpoint before any batch of the epoch is appended)."""
+        self._epoch_cache.assign(epoch, self.log_end_offset)
+
+    @_touches_disk("append")
     def append_as_follower(
         self, records: bytes | bytearray | memoryview, *, now_ms: int | None = None
     ) -> AppendInfo:
@@ -505,11 +541,13 @@ class Log:
 
     # ------------------------------------------------------------------ rolling
 
+    @_touches_disk("roll")
     def roll(self, *, now_ms: int | None = None) -> LogSegment:
         """Start a new active segment at the LEO (no-op when the active one is empty)."""
         self._check_open()
         return self._roll_to(self.log_end_offset, _now_ms() if now_ms is None else now_ms)
 
+    @_touches_disk("roll")
     def maybe_roll(self, incoming_bytes: int = 0, *, now_ms: int | None = None) -> LogSegment:
         """Roll when the active segment is non-empty and either `incoming_bytes` more
         would pass segment.bytes or it is older than segment.ms."""
@@ -556,6 +594,7 @@ class Log:
 
     # ------------------------------------------------------------------ reads
 
+    @_touches_disk("read")
     def read(
         self,
         start_offset: int,
@@ -598,6 +637,7 @@ class Log:
             return parts[0]
         return b"".join(parts)
 
+    @_touches_disk("timestamp lookup")
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int, int] | None:
         """(offset, timestamp, leader epoch) of the first batch whose max timestamp is
         >= `timestamp`, or None. The offset is the batch's base offset (the broker does
@@ -621,6 +661,7 @@ class Log:
 
     # ------------------------------------------------------------------ truncation
 
+    @_touches_disk("truncation")
     def truncate_to(self, offset: int) -> bool:
         """Remove every offset >= `offset`; returns whether any data was removed.
 
@@ -675,6 +716,7 @@ class Log:
         self._check_invariants()
         return True
 
+    @_touches_disk("truncation")
     def truncate_fully_and_start_at(self, offset: int, *, now_ms: int | None = None) -> None:
         """Delete everything and restart the log empty at `offset` (a follower whose log
         is entirely below or above the leader's). Clears the epoch cache."""
@@ -706,6 +748,7 @@ class Log:
 
     # ------------------------------------------------------------------ retention
 
+    @_touches_disk("retention")
     def delete_old_segments(self, *, high_watermark: int, now_ms: int) -> int:
         """Delete the oldest segments breaching retention.ms or retention.bytes, or
         wholly below the log start offset. Only whole segments entirely below the high
@@ -749,6 +792,7 @@ class Log:
         self._producer_state.remove_expired(now_ms)
         return count
 
+    @_touches_disk("record deletion")
     def delete_records_before(self, offset: int, *, high_watermark: int | None = None) -> int:
         """Advance the log start offset to `offset` (DeleteRecords), deleting the whole
         segments below it. The log start moves exactly to `offset`, which may be inside
@@ -801,6 +845,7 @@ class Log:
 
     # ------------------------------------------------------------------ durability
 
+    @_touches_disk("flush")
     def flush(self, up_to: int | None = None, *, now_ms: int | None = None) -> None:
         """fsync the segments holding data below `up_to` (default: the LEO) and advance
         the recovery point. Safe on a worker thread while the event loop appends."""
@@ -836,10 +881,11 @@ class Log:
             self._closed = True
             segments = list(self._segments)
         self._wait_for_snapshots()
-        if snapshot:
+        online = self._dir_failure.failure is None  # else nothing is written any more
+        if snapshot and online:
             self._snapshot_producer_state()
         for segment in segments:
-            segment.close()
+            segment.close(final_time_entry=online)
 
     def delete(self) -> None:
         """Close and remove the whole directory."""

@@ -42,6 +42,7 @@ from broker.storage.checkpoints import (
 from broker.storage.errors import StorageError
 from broker.storage.fileio import TMP_SUFFIX, SerialWriter, atomic_write, fsync_directory
 from broker.storage.log import Log, LogConfig, TopicPartition
+from broker.storage.log_dir_failure import LogDirFailureChannel
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class LogManager:
         self._log_start_checkpoint = OffsetCheckpointFile(
             self.data_dir / LOG_START_OFFSET_CHECKPOINT
         )
+        # Offline after the first failed file operation (log_dir_failure.py).
+        self.dir_failure = LogDirFailureChannel(self.data_dir)
 
     @property
     def had_clean_shutdown(self) -> bool:
@@ -129,6 +132,7 @@ class LogManager:
                 log_start_offset=log_starts.get(tp, 0),
                 had_clean_shutdown=self._had_clean_shutdown,
                 writer=self._writer,
+                dir_failure=self.dir_failure,
             )
             found.add(tp)
         self._started = True
@@ -157,14 +161,16 @@ class LogManager:
         if partition < 0:
             raise ValueError(f"illegal partition {partition} for topic {topic!r}")
         dir = self.data_dir / f"{topic}-{partition}"
-        # A directory that appeared since startup was never recovered: treat it as unclean.
-        log = Log.open(
-            dir,
-            config or self.default_config,
-            had_clean_shutdown=not dir.exists(),
-            writer=self._writer,
-        )
-        fsync_directory(self.data_dir)  # the new directory entry survives a crash
+        with self.dir_failure.guard(f"creating the log of {topic}-{partition}"):
+            # A directory that appeared since startup was never recovered: unclean.
+            log = Log.open(
+                dir,
+                config or self.default_config,
+                had_clean_shutdown=not dir.exists(),
+                writer=self._writer,
+                dir_failure=self.dir_failure,
+            )
+            fsync_directory(self.data_dir)  # the new directory entry survives a crash
         self._logs[tp] = log
         logger.info("Created log for partition %s-%d in %s", topic, partition, dir)
         return log
@@ -175,13 +181,15 @@ class LogManager:
     def delete_log(self, tp: TopicPartition) -> bool:
         """Remove the log of `tp` from disk; returns whether there was one."""
         self._check_started()
+        self.dir_failure.check()
         log = self._logs.pop(tp, None)
         if log is None:
             return False
         log.close(snapshot=False)
         doomed = log.dir.with_name(f"{log.dir.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
-        os.rename(log.dir, doomed)
-        fsync_directory(self.data_dir)
+        with self.dir_failure.guard(f"deleting the log of {tp[0]}-{tp[1]}"):
+            os.rename(log.dir, doomed)
+            fsync_directory(self.data_dir)
         # A partition created again under the same name must not inherit these offsets.
         self.checkpoint_recovery_points_and_log_starts()
         if self._writer is not None:
@@ -197,22 +205,37 @@ class LogManager:
 
     def checkpoint_high_watermarks(self, high_watermarks: Mapping[TopicPartition, int]) -> None:
         """Write exactly these high watermarks to `replication-offset-checkpoint`."""
-        self._hw_checkpoint.write(high_watermarks)
+        with self.dir_failure.guard("the high-watermark checkpoint"):
+            self._hw_checkpoint.write(high_watermarks)
 
     def read_high_watermarks(self) -> dict[TopicPartition, int]:
         return self._hw_checkpoint.read()
 
     def checkpoint_recovery_points_and_log_starts(self) -> None:
         logs = list(self._logs.items())
-        self._recovery_checkpoint.write({tp: log.recovery_point for tp, log in logs})
-        self._log_start_checkpoint.write({tp: log.log_start_offset for tp, log in logs})
+        with self.dir_failure.guard("the recovery-point checkpoint"):
+            self._recovery_checkpoint.write({tp: log.recovery_point for tp, log in logs})
+        with self.dir_failure.guard("the log-start-offset checkpoint"):
+            self._log_start_checkpoint.write({tp: log.log_start_offset for tp, log in logs})
 
     # ------------------------------------------------------------------ lifecycle
 
     def shutdown(self) -> None:
         """Flush every log, write the checkpoints, close, and only then write the
-        clean-shutdown marker. Checkpoint high watermarks before calling this."""
+        clean-shutdown marker. Checkpoint high watermarks before calling this.
+
+        With the directory offline nothing is written: the logs are closed as after a
+        crash, so the next start recovers them from their recovery points."""
         self._check_started()
+        if self.dir_failure.failure is not None:
+            logger.warning(
+                "Log directory %s is offline: closing its %d log(s) without flushing, "
+                "checkpoints or the clean-shutdown marker (the next start recovers them)",
+                self.data_dir,
+                len(self._logs),
+            )
+            self.close()
+            return
         for log in self._logs.values():
             log.flush()
         self.checkpoint_recovery_points_and_log_starts()

@@ -31,6 +31,7 @@ while the event loop appends, and close() waits for an fsync in progress.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -38,7 +39,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from broker.storage.errors import CorruptIndexError, CorruptSegmentError, StorageError
+from broker.storage.errors import CorruptIndexError, CorruptSegmentError
 from broker.storage.fileio import write_all
 from broker.storage.offset_index import INT32_MAX, OffsetIndex
 from broker.storage.time_index import TimeIndex
@@ -224,11 +225,10 @@ class LogSegment:
             write_all(self._fd, view)
         except OSError as exc:
             # Leave no partial batch behind for readers; recovery would cut it anyway.
-            os.ftruncate(self._fd, position)
-            raise StorageError(
-                f"writing {total} bytes to {self.log_path} failed ({exc.strerror}); the "
-                "segment is unchanged; check the disk (space, errors)"
-            ) from exc
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, position)
+            # os.write names no file: say which one (the log directory goes offline).
+            raise OSError(exc.errno, exc.strerror, str(self.log_path)) from exc
         self._size += total
         for header in headers:
             self._index_batch(position, header)
@@ -266,9 +266,10 @@ class LogSegment:
             self.offset_index.flush()
             self.time_index.flush()
 
-    def close(self) -> None:
-        """Close the files, recording the largest timestamp in the time index first."""
-        self._close(final_time_entry=True)
+    def close(self, *, final_time_entry: bool = True) -> None:
+        """Close the files, first recording the largest timestamp in the time index
+        (unless told not to write: a data directory gone offline)."""
+        self._close(final_time_entry=final_time_entry)
 
     def _close(self, *, final_time_entry: bool) -> None:
         with self._io_lock:

@@ -1,0 +1,86 @@
+"""LogDirFailureChannel: whether a data directory may still be used, and the one place
+where a failed file operation turns into the directory going offline.
+
+Kafka's rule (LogDirFailureChannel, KIP-112): an I/O error on a log directory means
+its state can no longer be trusted (a torn write, an index that could not be
+extended, a checkpoint half replaced), so every log in it stops being read or
+written and the broker gives up the replicas it holds there. Here a broker has one
+data directory, so "offline" means: no append, read, roll, truncation, flush or
+checkpoint touches the directory again until the process restarts, and the broker
+asks the controller to fence it so that its leaderships move to other replicas.
+
+Thread-safe: failures are reported from the event loop and from worker threads
+(fsyncs, checkpoints). Listeners run on the reporting thread, once, after the
+state is set; they must only hand the news over (e.g. `call_soon_threadsafe`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from broker.storage.errors import LogDirFailureError
+
+logger = logging.getLogger(__name__)
+
+OfflineListener = Callable[[LogDirFailureError], None]
+
+
+class LogDirFailureChannel:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = Path(data_dir)
+        self._failure: LogDirFailureError | None = None
+        self._lock = threading.Lock()
+        self._listeners: list[OfflineListener] = []
+
+    @property
+    def failure(self) -> LogDirFailureError | None:
+        """The first failure, once the directory is offline; None while it is usable."""
+        return self._failure
+
+    def add_listener(self, listener: OfflineListener) -> None:
+        """Call `listener(failure)` once when the directory goes offline (at once if it
+        already is)."""
+        with self._lock:
+            failure = self._failure
+            if failure is None:
+                self._listeners.append(listener)
+        if failure is not None:
+            listener(failure)
+
+    def check(self) -> None:
+        """Raise the directory's failure if it is offline."""
+        failure = self._failure
+        if failure is not None:
+            raise failure
+
+    def fail(self, operation: str, cause: OSError) -> LogDirFailureError:
+        """Take the directory offline because `operation` failed with `cause`; returns
+        the error for the caller to raise. Only the first failure is logged and
+        announced: later ones are consequences."""
+        error = LogDirFailureError(self.data_dir, operation, cause)
+        with self._lock:
+            if self._failure is not None:
+                return error
+            self._failure = error
+            listeners, self._listeners = self._listeners, []
+        logger.error("%s", error)
+        for listener in listeners:
+            try:
+                listener(error)
+            except Exception:
+                logger.exception("a log directory failure listener failed")
+        return error
+
+    @contextlib.contextmanager
+    def guard(self, operation: str) -> Iterator[None]:
+        """Run a file operation on the directory: refused while it is offline, and an
+        OSError takes it offline (raised as LogDirFailureError)."""
+        self.check()
+        try:
+            yield
+        except OSError as exc:
+            raise self.fail(operation, exc) from exc
