@@ -56,6 +56,7 @@ from broker.storage.errors import (
 from broker.storage.fileio import SerialWriter, atomic_write, fsync_directory
 from broker.storage.log_loader import LogLoader
 from broker.storage.offset_index import INT32_MAX
+from broker.storage.partition_metadata import read_topic_id, write_topic_id
 from broker.storage.producer_state import LeaderAppendCheck, ProducerStateManager
 from broker.storage.segment import LogSegment
 from protocol.errors import CorruptRecordError
@@ -184,8 +185,10 @@ class Log:
         now_ms: int,
         producer_state: ProducerStateManager | None = None,
         writer: SerialWriter | None = None,
+        topic_id: str | None = None,
     ) -> None:
         self._dir = dir
+        self._topic_id = topic_id
         self._writer = writer
         self._pending_snapshots: list[Future[object]] = []
         self._config = config
@@ -225,6 +228,7 @@ class Log:
         topic, partition = parse_topic_partition(dir)
         dir.mkdir(parents=True, exist_ok=True)
         now = _now_ms() if now_ms is None else now_ms
+        topic_id = read_topic_id(dir)
         loaded = LogLoader(
             dir,
             name=f"{topic}-{partition}",
@@ -243,6 +247,7 @@ class Log:
             recovery_point=loaded.recovery_point,
             now_ms=now,
             writer=writer,
+            topic_id=topic_id,
         )
         log._producer_state.remove_expired(now)
         logger.info(
@@ -262,6 +267,24 @@ class Log:
     @property
     def dir(self) -> Path:
         return self._dir
+
+    @property
+    def topic_id(self) -> str | None:
+        """The topic id in `partition.metadata`; None for a directory an older version
+        wrote (or one created and never assigned)."""
+        return self._topic_id
+
+    def assign_topic_id(self, topic_id: str) -> None:
+        """Record the topic id this replica belongs to (durably, before any append
+        of the topic's data). A log never changes topic: another id raises."""
+        if self._topic_id == topic_id:
+            return
+        if self._topic_id is not None:
+            raise StorageError(
+                f"log {self._dir} belongs to topic id {self._topic_id}, not {topic_id}"
+            )
+        write_topic_id(self._dir, topic_id)
+        self._topic_id = topic_id
 
     @property
     def config(self) -> LogConfig:
