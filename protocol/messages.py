@@ -368,6 +368,8 @@ class FetchMetadataRequest(Message, kw_only=True):
 
 class FetchMetadataResponse(Message, kw_only=True):
     error_code: int = 0
+    error_message: str | None = None
+    # The controller's cluster; a broker applies nothing of another cluster's.
     cluster_id: str = ""
     # When `is_snapshot`, the broker must discard its image and rebuild it from
     # `entries`, which describe the whole state as of `next_offset - 1`.
