@@ -364,7 +364,7 @@ class ReplicaManager:
                 f"topic {tp[0]} now has topic id {state.topic_id}; this replica belongs to "
                 f"topic id {topic_id}, which the metadata does not know"
             )
-        return f"topic id {topic_id} is not in the cluster metadata"
+        return f"the cluster metadata has no partition {tp[0]}-{tp[1]} of topic id {topic_id}"
 
     def _local_topic_id(self, tp: TopicPartition) -> str | None:
         """The topic id of the replica of `tp` here (None when there is none)."""
