@@ -9,6 +9,7 @@ durable and applied. Handlers that only read answer from the image directly.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -824,8 +825,32 @@ class ControllerHandlers:
         )
         return result, records
 
+    async def _await_silent_brokers(self, request: CreateTopicsRequest) -> None:
+        """Right after a restart the controller has not yet heard from live brokers
+        (their next heartbeat is a moment away): when that leaves fewer placeable
+        brokers than a topic's replication factor, wait until every silent broker
+        heartbeated or its session ran out (fenced), at most one session timeout."""
+        needed = max(
+            (
+                self.config.default_replication_factor
+                if t.replication_factor == -1
+                else t.replication_factor
+                for t in request.topics
+                if not t.assignments
+            ),
+            default=0,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.session_timeout_s
+        while loop.time() < deadline:
+            placeable = self._placeable_brokers(self.image)
+            if len(placeable) >= needed or len(self.image.unfenced_broker_ids()) == len(placeable):
+                return
+            await asyncio.sleep(0.05)
+
     async def create_topics(self, request: CreateTopicsRequest) -> CreateTopicsResponse:
         counts = Counter(t.name for t in request.topics)
+        await self._await_silent_brokers(request)
 
         def build(image: MetadataImage) -> tuple[list[MetadataRecord], CreateTopicsResponse]:
             results: list[CreatableTopicResult] = []

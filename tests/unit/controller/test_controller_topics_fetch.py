@@ -283,16 +283,21 @@ async def test_fetch_metadata_snapshot_when_log_was_compacted(make_harness, tmp_
 
 
 async def test_new_replicas_only_on_brokers_heard_from_since_the_controller_started(
-    harness,
+    make_harness, tmp_path: Path
 ) -> None:
     """Issue 13 item 8: after a controller restart, the replayed log still calls a
     broker that died meanwhile unfenced (until its session runs out); new replicas
-    go only to brokers that registered or heartbeated to this controller process."""
-    h = harness
+    go only to brokers that registered or heartbeated to this controller process.
+    (Sessions run on the harness's frozen clock; a CreateTopics short of brokers waits
+    at most one real session timeout, 0.2 s here, for silent ones.)"""
+    h = await make_harness(tmp_path / "c", session_timeout_ms=200)
     epochs = {b: await h.start_broker(b) for b in (1, 2, 3)}
     await h.reopen()  # broker 3 died while the controller was down
     assert h.image.unfenced_broker_ids() == [1, 2, 3]
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
     (refused,) = await create(h, CreatableTopic(name="t3", replication_factor=3))
+    assert 0.15 <= loop.time() - t0 < 5  # waited for the silent brokers, boundedly
     assert refused.error_code == ErrorCode.INVALID_REPLICATION_FACTOR
     assert "brokers [1, 2, 3] are registered but have not heartbeated" in refused.error_message
     for b in (1, 2):
