@@ -373,25 +373,28 @@ class ControllerChannel:
                     log.warning("metadata fetch failed (%d in a row): %s", failures, exc)
                 await asyncio.sleep(min(1.0, 0.05 * failures))
                 continue
-            failures = 0
             assert isinstance(resp, FetchMetadataResponse)
             if epoch != self.broker_epoch or not self.accepted.is_set():
                 continue  # the registration changed meanwhile: ask again as it is now
             if resp.error_code != ErrorCode.NONE:
+                failures += 1
                 code = _code(resp.error_code)
                 if code == ErrorCode.STALE_BROKER_EPOCH:
                     # The controller does not hold our registration: the heartbeat loop
                     # registers again; nothing is applied meanwhile.
                     self.accepted.clear()
                     self._heartbeat_now.set()
-                log.warning(
-                    "metadata fetch from offset %d answered %s%s",
-                    next_offset,
-                    code.name,
-                    f": {resp.error_message}" if resp.error_message else "",
-                )
-                await asyncio.sleep(0.1)  # bounded retry pace for other errors
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.warning(
+                        "metadata fetch from offset %d answered %s (%d in a row)%s",
+                        next_offset,
+                        code.name,
+                        failures,
+                        f": {resp.error_message}" if resp.error_message else "",
+                    )
+                await asyncio.sleep(min(1.0, 0.05 * failures))
                 continue
+            failures = 0
             if resp.cluster_id != self.cluster_id:
                 self._heartbeat_now.set()
                 self._refused(

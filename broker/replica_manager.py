@@ -3,7 +3,8 @@
 - applies the local part of each metadata delta: lead (new epoch in the epoch cache,
   stamped on every append; the follower fetcher lets go of the partition), follow
   (the fetcher reconciles by epoch, then replicates: broker/fetcher.py), go offline,
-  or stop and delete;
+  stop and delete (only when a record names the replica's topic id), or stop and set
+  the replica aside as stray (anything the metadata merely no longer shows);
 - Produce with acks 0/1/all (acks=all: NOT_ENOUGH_REPLICAS before the append when the
   ISR is below min.insync.replicas, then a delayed produce answered when the high
   watermark passes the batch, NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank
