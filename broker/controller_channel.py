@@ -9,6 +9,15 @@ and a long-polling FetchMetadata must not hold up a heartbeat:
 Registration retries an unreachable controller for a bounded period, then fails with
 a message that says so. A heartbeat answered STALE_BROKER_EPOCH re-registers (same
 incarnation id, so a retried registration is recognised by the controller).
+
+Metadata is applied only from a controller that holds this incarnation's current
+registration (`accepted`: set by a registration or a heartbeat answered at our broker
+epoch, cleared by STALE_BROKER_EPOCH or a refused re-registration) and whose cluster
+id is this broker's (meta.properties, or learnt at the first registration). A
+controller that lost its data directory formats a new cluster id and refuses the
+re-registration: the broker then applies nothing from it, keeps every replica, says
+so in one line (repeated at most once a minute) and retries until a controller of its
+own cluster answers.
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+
+import msgspec
 
 from broker.config import BrokerConfig
 from broker.faults import NO_FAULTS, Faults
@@ -55,6 +66,10 @@ class ClusterIdMismatchError(ControllerError):
 
 
 MetadataCallback = Callable[[FetchMetadataResponse], Awaitable[None]]
+
+# A refusal that repeats (a foreign controller answering every retry) is logged again
+# at most this often.
+REFUSAL_LOG_INTERVAL_S = 60.0
 
 
 def _code(value: int) -> ErrorCode:
@@ -100,11 +115,17 @@ class ControllerChannel:
         self._metadata_offset = metadata_offset
         self._registration: BrokerRegistrationRequest | None = None
         self.broker_epoch = -1
+        # This broker's cluster: from meta.properties, or learnt at the first
+        # registration; never changes afterwards.
         self.cluster_id: str | None = None
         self.is_fenced = True
         self.unfenced = asyncio.Event()
         self.caught_up = asyncio.Event()
-        self._epoch_changed = asyncio.Event()
+        # The controller holds this incarnation's registration at `broker_epoch`: only
+        # then is metadata fetched and applied.
+        self.accepted = asyncio.Event()
+        self._refusals = 0
+        self._refusal_logged_at = -REFUSAL_LOG_INTERVAL_S
         # Set to send the next heartbeat now (e.g. once caught up, to be unfenced sooner).
         self._heartbeat_now = asyncio.Event()
         self._heartbeat_failures = 0
@@ -128,7 +149,9 @@ class ControllerChannel:
         clean_shutdown: bool,
         timeout_s: float,
     ) -> int:
-        """BrokerRegistration, retried until `timeout_s` passes. Returns the epoch."""
+        """BrokerRegistration, retried until `timeout_s` passes. Returns the epoch.
+        `cluster_id`: this broker's cluster (meta.properties), None on a first start."""
+        self.cluster_id = cluster_id
         self._registration = BrokerRegistrationRequest(
             broker_id=self.node_id,
             cluster_id=cluster_id,
@@ -158,14 +181,20 @@ class ControllerChannel:
                 ) from exc
             assert isinstance(resp, BrokerRegistrationResponse)
             code = _code(resp.error_code)
-            if code == ErrorCode.NONE:
+            if code == ErrorCode.NONE and (
+                self.cluster_id is None or resp.cluster_id == self.cluster_id
+            ):
                 break
             detail = resp.error_message or code.name
-            if code == ErrorCode.INCONSISTENT_CLUSTER_ID:
+            if code in (ErrorCode.NONE, ErrorCode.INCONSISTENT_CLUSTER_ID):
                 raise ClusterIdMismatchError(
-                    f"cluster id mismatch: the controller at {self.controller_address} refused "
-                    f"--data-dir {self.config.data_dir} (cluster "
-                    f"{self._registration.cluster_id}): {detail}"
+                    f"cluster id mismatch: the controller at {self.controller_address} runs "
+                    f"cluster {resp.cluster_id or 'unknown'}, but --data-dir "
+                    f"{self.config.data_dir} belongs to cluster {self.cluster_id} "
+                    f"(meta.properties); nothing from that controller is applied and every "
+                    f"replica here is kept. If the controller lost its data directory, "
+                    f"restore it and restart the controller; if the broker points at the "
+                    f"wrong controller, fix --controller (controller: {detail})"
                 )
             if not code.retriable and code != ErrorCode.DUPLICATE_BROKER_REGISTRATION:
                 raise ControllerError(
@@ -181,12 +210,25 @@ class ControllerChannel:
             log.warning("registration refused (%s); retrying", last_error)
             await asyncio.sleep(min(1.0, self.config.heartbeat_interval_ms / 1000))
         old = self.broker_epoch
-        assert resp.broker_epoch >= old, f"broker epoch went back {old} -> {resp.broker_epoch}"
+        if resp.broker_epoch < old:
+            # A controller whose log is shorter than the one that gave us `old` (restored
+            # from an older backup): its metadata is behind ours, and epochs must grow.
+            raise ControllerError(
+                f"the controller at {self.controller_address} gave broker epoch "
+                f"{resp.broker_epoch}, older than this incarnation's {old}: its metadata "
+                "log is behind the one this broker followed (restored from an older "
+                "backup?); restart this broker to register as a new incarnation"
+            )
         self.broker_epoch = resp.broker_epoch
-        self.cluster_id = resp.cluster_id or self.cluster_id
+        if self.cluster_id is None and resp.cluster_id:
+            self.cluster_id = resp.cluster_id
+            # Every later registration of this incarnation names the cluster.
+            self._registration = msgspec.structs.replace(
+                self._registration, cluster_id=resp.cluster_id
+            )
         self.is_fenced = True
         self.unfenced.clear()
-        self._epoch_changed.set()
+        self._set_accepted()
         log.info(
             "registered with the controller at %s: broker epoch %d, cluster %s",
             self.controller_address,
@@ -197,19 +239,46 @@ class ControllerChannel:
 
     # ------------------------------------------------------------------ heartbeats
 
+    def _set_accepted(self) -> None:
+        if self._refusals:
+            log.info(
+                "the controller at %s accepts this broker again (broker epoch %d) after %d "
+                "refusal(s)",
+                self.controller_address,
+                self.broker_epoch,
+                self._refusals,
+            )
+            self._refusals = 0
+            self._refusal_logged_at = -REFUSAL_LOG_INTERVAL_S
+        self.accepted.set()
+
+    def _refused(self, why: str) -> None:
+        """Stop applying metadata from this controller; say why (rate-limited)."""
+        self.accepted.clear()
+        self._refusals += 1
+        now = time.monotonic()
+        if now - self._refusal_logged_at >= REFUSAL_LOG_INTERVAL_S:
+            self._refusal_logged_at = now
+            again = f" (refused {self._refusals} times so far)" if self._refusals > 1 else ""
+            log.error("%s; retrying%s", why, again)
+
     async def heartbeat_loop(self) -> None:
         interval_s = self.config.heartbeat_interval_ms / 1000
         while not self._closing:
             resp = await self._heartbeat(want_shut_down=False)
             if resp is not None and resp.error_code == ErrorCode.STALE_BROKER_EPOCH:
-                log.warning(
-                    "heartbeat with broker epoch %d is stale; registering again",
-                    self.broker_epoch,
-                )
+                # The controller does not hold our registration: apply nothing from it
+                # until it accepts us again.
+                self.accepted.clear()
+                if not self._refusals:
+                    log.warning(
+                        "heartbeat with broker epoch %d is stale; registering again",
+                        self.broker_epoch,
+                    )
                 try:
                     await self._register(self.config.controller_connect_timeout_ms / 1000)
                 except ControllerError as exc:
-                    log.error("re-registration failed: %s; will retry", exc)
+                    self._refused(f"re-registration failed: {exc}")
                 else:
                     continue  # heartbeat with the new epoch at once
             with contextlib.suppress(TimeoutError):
@@ -248,6 +317,8 @@ class ControllerChannel:
             if resp.error_code != ErrorCode.STALE_BROKER_EPOCH:
                 log.warning("heartbeat answered %s", _code(resp.error_code).name)
             return resp
+        if request.broker_epoch == self.broker_epoch and not self.accepted.is_set():
+            self._set_accepted()  # it holds our registration (e.g. restored controller)
         if resp.is_fenced != self.is_fenced:
             log.info(
                 "the controller %s this broker (broker epoch %d)",
@@ -286,14 +357,22 @@ class ControllerChannel:
     # ------------------------------------------------------------------ metadata
 
     async def metadata_loop(self, on_metadata: MetadataCallback, from_offset: int = 0) -> None:
-        """Follow the metadata log forever: long-poll once caught up."""
+        """Follow the metadata log forever: long-poll once caught up. Fetches only while
+        the controller accepts this incarnation; applies only answers of our cluster
+        for our current broker epoch."""
         next_offset = from_offset
         failures = 0
         while not self._closing:
+            if not self.accepted.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await self.accepted.wait()
+                continue
             max_wait_ms = self.config.metadata_max_wait_ms if self.caught_up.is_set() else 0
+            epoch = self.broker_epoch
             request = FetchMetadataRequest(
                 broker_id=self.node_id,
-                broker_epoch=self.broker_epoch,
+                broker_epoch=epoch,
                 from_offset=next_offset,
                 max_wait_ms=max_wait_ms,
             )
@@ -307,16 +386,35 @@ class ControllerChannel:
                     log.warning("metadata fetch failed (%d in a row): %s", failures, exc)
                 await asyncio.sleep(min(1.0, 0.05 * failures))
                 continue
-            failures = 0
             assert isinstance(resp, FetchMetadataResponse)
+            if epoch != self.broker_epoch or not self.accepted.is_set():
+                continue  # the registration changed meanwhile: ask again as it is now
             if resp.error_code != ErrorCode.NONE:
+                failures += 1
                 code = _code(resp.error_code)
-                log.warning("metadata fetch from offset %d answered %s", next_offset, code.name)
-                self._epoch_changed.clear()
-                # STALE_BROKER_EPOCH: the heartbeat loop re-registers; wait for it.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(1.0):
-                        await self._epoch_changed.wait()
+                if code == ErrorCode.STALE_BROKER_EPOCH:
+                    # The controller does not hold our registration: the heartbeat loop
+                    # registers again; nothing is applied meanwhile.
+                    self.accepted.clear()
+                    self._heartbeat_now.set()
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.warning(
+                        "metadata fetch from offset %d answered %s (%d in a row)%s",
+                        next_offset,
+                        code.name,
+                        failures,
+                        f": {resp.error_message}" if resp.error_message else "",
+                    )
+                await asyncio.sleep(min(1.0, 0.05 * failures))
+                continue
+            failures = 0
+            if resp.cluster_id != self.cluster_id:
+                self._heartbeat_now.set()
+                self._refused(
+                    f"the controller at {self.controller_address} serves metadata of cluster "
+                    f"{resp.cluster_id or 'unknown'}, but this broker belongs to cluster "
+                    f"{self.cluster_id}; nothing of it is applied and every replica is kept"
+                )
                 continue
             if resp.entries or resp.is_snapshot:
                 await on_metadata(resp)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import shutil
 from collections.abc import Callable
 
 from broker.controller_channel import ControllerChannel
@@ -44,6 +45,11 @@ from protocol.messages import (
     DescribeClusterBroker,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    DescribeLogDirsPartition,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
+    DescribeLogDirsResult,
+    DescribeLogDirsTopicResult,
     DescribeReplicaLogRequest,
     DescribeReplicaLogResponse,
     EpochStartOffset,
@@ -62,6 +68,7 @@ from protocol.messages import (
     OffsetForLeaderEpochRequest,
     ProduceRequest,
     ReplicaBatchInfo,
+    StrayReplica,
 )
 from protocol.metadata_records import NO_LEADER
 
@@ -112,6 +119,7 @@ class Handlers:
             ApiKey.DELETE_TOPICS: self.delete_topics,
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
             ApiKey.DESCRIBE_REPLICA_LOG: self.describe_replica_log,
+            ApiKey.DESCRIBE_LOG_DIRS: self.describe_log_dirs,
         }
         if self.coordinator is not None:
             # Offsets coordinator (broker/group_coordinator.py).
@@ -324,6 +332,63 @@ class Handlers:
             resp.error_message = f"cannot read the log of {p.name}: {exc}"
         resp.batches = batches
         return resp
+
+    async def describe_log_dirs(
+        self, ctx: RequestContext, req: DescribeLogDirsRequest
+    ) -> DescribeLogDirsResponse:
+        """Kafka's DescribeLogDirs over this broker's one data directory: its
+        partitions (size, offset lag, topic id) and the stray replicas set aside in it
+        (`cluster health` reports them). Read-only; sizes come from the open segments,
+        a stray's from listing its directory."""
+        manager = self.replicas.log_manager
+        wanted = (
+            None
+            if req.topics is None
+            else {(t.topic, index) for t in req.topics for index in t.partitions}
+        )
+        by_topic: dict[str, list[DescribeLogDirsPartition]] = {}
+        for log_ in manager.all_logs():
+            tp = log_.topic_partition
+            if wanted is not None and tp not in wanted:
+                continue
+            p = self.replicas.partitions.get(tp)
+            lag = 0 if p is None else max(0, p.high_watermark - log_.log_end_offset)
+            by_topic.setdefault(tp[0], []).append(
+                DescribeLogDirsPartition(
+                    partition_index=tp[1],
+                    partition_size=log_.size_in_bytes,
+                    offset_lag=lag,
+                    topic_id=log_.topic_id,
+                )
+            )
+        result = DescribeLogDirsResult(
+            log_dir=str(manager.data_dir.resolve()),
+            topics=[
+                DescribeLogDirsTopicResult(
+                    name=name, partitions=sorted(parts, key=lambda x: x.partition_index)
+                )
+                for name, parts in sorted(by_topic.items())
+            ],
+            strays=[
+                StrayReplica(
+                    dir_name=stray.path.name,
+                    topic=stray.topic,
+                    partition=stray.partition,
+                    topic_id=stray.topic_id,
+                    size_bytes=stray.size_bytes(),
+                )
+                for stray in manager.stray_logs()
+                if wanted is None or (stray.topic, stray.partition) in wanted
+            ],
+        )
+        try:
+            usage = shutil.disk_usage(manager.data_dir)
+            result.total_bytes, result.usable_bytes = usage.total, usage.free
+        except OSError as exc:
+            log.warning(
+                "DescribeLogDirs: cannot read the disk usage of %s: %s", manager.data_dir, exc
+            )
+        return DescribeLogDirsResponse(results=[result])
 
     async def fault_control(
         self, ctx: RequestContext, req: FaultControlRequest

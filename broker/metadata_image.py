@@ -2,17 +2,26 @@
 
 `MetadataImage.apply(entries, is_snapshot=...)` applies a FetchMetadata answer and
 returns a `MetadataDelta`: which partitions changed (new state), which disappeared,
-which topics changed configs, whether brokers changed. `MetadataDelta.local_changes`
-turns that into what this broker must do: lead, follow, or delete a replica.
+which topics a RemoveTopicRecord deleted, which topics changed configs, whether
+brokers changed. `MetadataDelta.local_changes` turns that into what this broker must
+do: lead, follow, delete a replica, or set one aside as stray.
 
 A snapshot answer replaces the whole image; its delta is the difference between the
-old and the new image, so a broker that was far behind acts exactly as if it had
-seen every record.
+old and the new image.
+
+Nothing is deleted on an inference (`local_changes`): a replica is deleted only when
+a RemoveTopicRecord names its topic id, or when a PartitionRecord of the same topic id
+takes this broker out of the partition's replica set (Kafka's TopicDelta rule, ready
+for reassignment; the controller never moves replicas today). A replica that merely
+disappeared (a snapshot without its topic, e.g. from a controller whose metadata was
+restored from an older backup) is set aside as stray, never deleted: unlike Kafka,
+which reads a topic missing from a snapshot as deleted.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -33,6 +42,11 @@ from protocol.metadata_records import (
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+
+# Topic ids of RemoveTopicRecords remembered for the start-up pass over local logs
+# (broker/replica_manager.py). Forgetting the oldest is safe: a leftover replica of a
+# forgotten deletion is then set aside as stray instead of deleted.
+MAX_REMEMBERED_DELETIONS = 10_000
 
 
 @dataclass(frozen=True)
@@ -86,11 +100,14 @@ class LocalChanges:
     followers: dict[TopicPartition, PartitionState] = field(default_factory=dict)
     # Replicas this broker holds but that have no leader now (leader == -1).
     offline: dict[TopicPartition, PartitionState] = field(default_factory=dict)
-    # tp -> topic_id of the replica to stop and delete.
+    # tp -> topic_id of the replica to stop and delete (an explicit record said so).
     deletes: dict[TopicPartition, str] = field(default_factory=dict)
+    # tp -> topic_id of the replica to stop and set aside as stray (it vanished from
+    # the metadata without a record saying so).
+    strays: dict[TopicPartition, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.leaders or self.followers or self.offline or self.deletes)
+        return bool(self.leaders or self.followers or self.offline or self.deletes or self.strays)
 
 
 @dataclass
@@ -99,16 +116,25 @@ class MetadataDelta:
     changed: dict[TopicPartition, PartitionState] = field(default_factory=dict)
     # Partitions that no longer exist: tp -> old state.
     removed: dict[TopicPartition, PartitionState] = field(default_factory=dict)
+    # State before the delta of every partition in `changed` or `removed` (None: new).
+    previous: dict[TopicPartition, PartitionState | None] = field(default_factory=dict)
+    # Topics a RemoveTopicRecord in this delta deleted: topic id -> name.
+    deleted_topics: dict[str, str] = field(default_factory=dict)
     # Topics whose configs changed (or that are new): name -> configs.
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
     brokers_changed: bool = False
     is_snapshot: bool = False
 
     def local_changes(self, node_id: int) -> LocalChanges:
+        """What `node_id` must do; see the module doc for when a replica is deleted."""
         out = LocalChanges()
         for tp, old in self.removed.items():
-            if node_id in old.replicas:
+            if node_id not in old.replicas:
+                continue
+            if old.topic_id in self.deleted_topics:
                 out.deletes[tp] = old.topic_id
+            else:
+                out.strays[tp] = old.topic_id
         for tp, state in self.changed.items():
             if state.leader == node_id:
                 out.leaders[tp] = state
@@ -118,8 +144,13 @@ class MetadataDelta:
                 else:
                     out.followers[tp] = state
             else:
-                # Reassigned away from this broker (or never here): drop any local replica.
-                out.deletes[tp] = state.topic_id
+                old = self.previous.get(tp)
+                if old is None or old.topic_id != state.topic_id or node_id not in old.replicas:
+                    continue  # never ours: a local directory of that name is not judged here
+                if self.is_snapshot:
+                    out.strays[tp] = state.topic_id
+                else:
+                    out.deletes[tp] = state.topic_id  # a PartitionRecord moved it away
         return out
 
 
@@ -132,6 +163,9 @@ class MetadataImage:
         self.brokers: dict[int, BrokerInfo] = {}
         self.topics_by_id: dict[str, TopicInfo] = {}
         self.topics_by_name: dict[str, TopicInfo] = {}
+        # Topic ids deleted by a RemoveTopicRecord this image applied, oldest first
+        # (at most MAX_REMEMBERED_DELETIONS): id -> name.
+        self.deleted_topic_ids: OrderedDict[str, str] = OrderedDict()
 
     # ------------------------------------------------------------------ queries
 
@@ -191,9 +225,11 @@ class MetadataImage:
             new = new_states.get(tp)
             if new is None or new.topic_id != old.topic_id:
                 delta.removed[tp] = old
+                delta.previous[tp] = old
         for tp, new in new_states.items():
             if old_states.get(tp) != new:
                 delta.changed[tp] = new
+                delta.previous[tp] = old_states.get(tp)
         for info in self.topics_by_id.values():
             if old_configs.get(info.name) != info.configs:
                 delta.topic_configs[info.name] = dict(info.configs)
@@ -249,6 +285,8 @@ class MetadataImage:
             if info is not None:
                 self._remove_topic(info, before)
                 delta.topic_configs.pop(info.name, None)
+                delta.deleted_topics[record.topic_id] = info.name
+                self._remember_deletion(record.topic_id, info.name)
         elif isinstance(record, RegisterBrokerRecord):
             self.brokers[record.broker_id] = BrokerInfo(
                 broker_id=record.broker_id,
@@ -277,6 +315,11 @@ class MetadataImage:
         else:
             log.warning("unknown metadata record %s ignored", type(record).__name__)
 
+    def _remember_deletion(self, topic_id: str, name: str) -> None:
+        self.deleted_topic_ids[topic_id] = name
+        while len(self.deleted_topic_ids) > MAX_REMEMBERED_DELETIONS:
+            self.deleted_topic_ids.popitem(last=False)
+
     def _remove_topic(
         self, info: TopicInfo, before: dict[TopicPartition, PartitionState | None]
     ) -> None:
@@ -293,5 +336,7 @@ class MetadataImage:
             new = self.partition(*tp)
             if old is not None and (new is None or new.topic_id != old.topic_id):
                 delta.removed[tp] = old
+                delta.previous[tp] = old
             if new is not None and new != old:
                 delta.changed[tp] = new
+                delta.previous[tp] = old

@@ -3,7 +3,8 @@
 - applies the local part of each metadata delta: lead (new epoch in the epoch cache,
   stamped on every append; the follower fetcher lets go of the partition), follow
   (the fetcher reconciles by epoch, then replicates: broker/fetcher.py), go offline,
-  or stop and delete;
+  stop and delete (only when a record names the replica's topic id), or stop and set
+  the replica aside as stray (anything the metadata merely no longer shows);
 - Produce with acks 0/1/all (acks=all: NOT_ENOUGH_REPLICAS before the append when the
   ISR is below min.insync.replicas, then a delayed produce answered when the high
   watermark passes the batch, NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR shrank
@@ -51,7 +52,7 @@ from broker.storage.errors import (
     StorageError,
 )
 from broker.storage.log import LogConfig
-from broker.storage.log_manager import LogManager
+from broker.storage.log_manager import STRAY_ADVICE, LogManager
 from broker.storage.producer_state import ProducerStateError
 from protocol.api import DEBUGGING_REPLICA_ID, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NO_EPOCH
 from protocol.errors import CorruptRecordError, DecodeError, ErrorCode, InvalidRecordError
@@ -333,10 +334,21 @@ class ReplicaManager:
         changes = delta.local_changes(self.node_id)
         ts = mono_ms()
         for tp, topic_id in changes.deletes.items():
-            current = self.partitions.get(tp)
             # A replica of a newer topic with the same name is not the one to delete.
-            if current is None or current.topic_id == topic_id:
-                await self._delete_replica(tp, reason="no longer assigned here or topic deleted")
+            if self._local_topic_id(tp) == topic_id:
+                why = (
+                    f"topic {delta.deleted_topics[topic_id]} (id {topic_id}) deleted"
+                    if topic_id in delta.deleted_topics
+                    else f"a partition record of topic id {topic_id} moved it off this broker"
+                )
+                await self._delete_replica(tp, reason=why)
+        for tp, topic_id in changes.strays.items():
+            if self._local_topic_id(tp) == topic_id:
+                await self._set_aside_as_stray(
+                    tp,
+                    reason=f"topic id {topic_id} vanished from the cluster metadata (a "
+                    "snapshot without it) and no deletion record names it",
+                )
         for tp, state in changes.leaders.items():
             p = await self._get_or_create(state)
             if p is not None:
@@ -368,21 +380,47 @@ class ReplicaManager:
         for topic, configs in delta.topic_configs.items():
             self._apply_topic_configs(topic, configs)
 
-    async def delete_stray_logs(self) -> None:
-        """After the first metadata catch-up: delete local logs of partitions that are
-        not (any more) assigned to this broker, e.g. topics deleted while it was down."""
-        for tp in list(self._local_log_tps()):
+    async def handle_unassigned_logs(self) -> None:
+        """After the first metadata catch-up (and `apply_delta` of the whole image): a
+        local log the metadata does not assign here is deleted only if a
+        RemoveTopicRecord named its topic id (a topic deleted while this broker was
+        down); any other is set aside as stray, never deleted on that inference."""
+        for log_ in list(self.log_manager.all_logs()):
+            tp = log_.topic_partition
             if tp in self.partitions:
                 continue
-            state = self.image.partition(*tp)
-            if state is not None and self.node_id in state.replicas:
-                continue
-            await self._delete_replica(
-                tp, reason="stray: not in the cluster metadata for this broker"
-            )
+            topic_id = log_.topic_id
+            if topic_id is not None and topic_id in self.image.deleted_topic_ids:
+                name = self.image.deleted_topic_ids[topic_id]
+                why = f"topic {name} (id {topic_id}) was deleted while this broker was down"
+                await self._delete_replica(tp, reason=why)
+            else:
+                await self._set_aside_as_stray(tp, reason=self._why_unassigned(tp, topic_id))
 
-    def _local_log_tps(self) -> list[TopicPartition]:
-        return [lg.topic_partition for lg in self.log_manager.all_logs()]
+    def _why_unassigned(self, tp: TopicPartition, topic_id: str | None) -> str:
+        state = self.image.partition(*tp)
+        if topic_id is None:
+            assigned = "" if state is None else f" (it is on brokers {list(state.replicas)})"
+            return (
+                f"its directory records no topic id and the metadata assigns no partition "
+                f"{tp[0]}-{tp[1]} to broker {self.node_id}{assigned}"
+            )
+        if state is not None and state.topic_id == topic_id:
+            return f"partition of topic id {topic_id} is on brokers {list(state.replicas)}"
+        if state is not None:
+            return (
+                f"topic {tp[0]} now has topic id {state.topic_id}; this replica belongs to "
+                f"topic id {topic_id}, which the metadata does not know"
+            )
+        return f"the cluster metadata has no partition {tp[0]}-{tp[1]} of topic id {topic_id}"
+
+    def _local_topic_id(self, tp: TopicPartition) -> str | None:
+        """The topic id of the replica of `tp` here (None when there is none)."""
+        p = self.partitions.get(tp)
+        if p is not None:
+            return p.topic_id
+        log_ = self.log_manager.get_log(tp)
+        return log_.topic_id if log_ is not None else None
 
     def _log_config_for(self, topic: str) -> LogConfig:
         info = self.image.topics_by_name.get(topic)
@@ -400,14 +438,27 @@ class ReplicaManager:
     async def _get_or_create(self, state: PartitionState) -> Partition | None:
         tp = state.tp
         p = self.partitions.get(tp)
-        if p is not None and p.topic_id != state.topic_id:
-            # Same name, new topic: the old replica's data must not leak into it.
-            await self._delete_replica(tp, reason=f"topic re-created with id {state.topic_id}")
-            p = None
-        if p is not None:
+        if p is not None and p.topic_id == state.topic_id:
             return p
+        old_id = self._local_topic_id(tp)
+        if old_id is not None and old_id != state.topic_id:
+            # Same name, another topic id: the old replica's data must not leak into the
+            # new topic. Deleted only if a RemoveTopicRecord named the old id.
+            if old_id in self.image.deleted_topic_ids:
+                await self._delete_replica(
+                    tp, reason=f"topic id {old_id} was deleted; re-created as {state.topic_id}"
+                )
+            else:
+                await self._set_aside_as_stray(
+                    tp,
+                    reason=f"topic {state.topic} now has topic id {state.topic_id}; this "
+                    f"replica belongs to topic id {old_id}, which no deletion record names",
+                )
         try:
             log_ = self.log_manager.get_or_create_log(tp, self._log_config_for(state.topic))
+            # New, or written by a version without partition.metadata: from now on the
+            # directory names its topic id (before any record of the topic lands).
+            log_.assign_topic_id(state.topic_id)
         except (StorageError, OSError, ValueError) as exc:
             log.error("%s-%d: cannot open the log: %s", state.topic, state.partition, exc)
             return None
@@ -440,7 +491,8 @@ class ReplicaManager:
                 else:
                     self._timed_flush.discard(p.tp)
 
-    async def _delete_replica(self, tp: TopicPartition, *, reason: str) -> None:
+    async def _stop_replica(self, tp: TopicPartition) -> None:
+        """Take the replica of `tp` out of service (its log stays open)."""
         p = self.partitions.pop(tp, None)
         self._timed_flush.discard(tp)
         self.fetchers.remove_partition(tp)
@@ -453,6 +505,32 @@ class ReplicaManager:
         if lock is not None:
             async with lock:  # a flush in a worker thread must finish first
                 pass
+
+    async def _set_aside_as_stray(self, tp: TopicPartition, *, reason: str) -> None:
+        """Stop the replica and rename its directory aside (`-stray`), data kept."""
+        await self._stop_replica(tp)
+        if self.log_manager.get_log(tp) is None:
+            return
+        try:
+            # The rename rewrites the recovery-point checkpoint: not while a worker
+            # thread writes it too.
+            async with self._checkpoint_lock:
+                stray = self.log_manager.set_aside_as_stray(tp)
+        except (StorageError, OSError) as exc:
+            log.error("%s-%d: cannot set the replica aside as stray: %s", tp[0], tp[1], exc)
+            return
+        if stray is not None:
+            log.warning(
+                "%s-%d: stray replica (%s) set aside as %s, NOT deleted: %s",
+                tp[0],
+                tp[1],
+                reason,
+                stray.path,
+                STRAY_ADVICE,
+            )
+
+    async def _delete_replica(self, tp: TopicPartition, *, reason: str) -> None:
+        await self._stop_replica(tp)
         if self.log_manager.get_log(tp) is None:
             return
         log.info("%s-%d: deleting the replica (%s)", tp[0], tp[1], reason)

@@ -8,7 +8,9 @@ Start-up:
     in meta.properties on first start; another cluster's controller is refused);
  4. start heartbeats and follow the metadata log until caught up;
  5. publish the image: become leader / follower of the assigned partitions, then
-    delete local logs that are no longer assigned (topics deleted while down);
+    delete the local logs whose topic a RemoveTopicRecord deleted (while this broker
+    was down) and set every other unassigned local log aside as stray (never deleted
+    on that inference);
  6. accept connections, start the background jobs, wait until the controller
     unfences this broker, and log `broker N started ...`.
 
@@ -374,7 +376,7 @@ class Broker:
         assert self.replica_manager is not None
         async with self._metadata_lock:
             await self.replica_manager.apply_delta(full_delta(self.image))
-            await self.replica_manager.delete_stray_logs()
+            await self.replica_manager.handle_unassigned_logs()
             self._published = True
         self._install_handlers()
 

@@ -35,6 +35,7 @@ from client.health import (
     SOURCE_BROKER,
     SOURCE_CONTROLLER,
     ClusterHealth,
+    StrayReplicaHealth,
     evaluate_health,
 )
 from client.offsets import list_offsets
@@ -42,7 +43,6 @@ from client.types import OffsetAndTimestamp, TopicPartition
 from protocol.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from protocol.errors import ErrorCode
 from protocol.messages import (
-    ApiVersionsRequest,
     CreatableTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
@@ -50,6 +50,8 @@ from protocol.messages import (
     DeleteTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
     DescribeReplicaLogRequest,
     DescribeReplicaLogResponse,
     Message,
@@ -428,8 +430,9 @@ class AsyncAdmin:
         Asks a bootstrap broker (DescribeCluster, Metadata for all topics); with
         `controller` (HOST:PORT) also the controller, whose answer is then the one
         evaluated (a broker's image may lag it). With `probe_brokers`, every broker
-        the metadata says is live must answer ApiVersions within `probe_timeout_ms`
-        (a killed broker stays unfenced until the controller's session timeout).
+        the metadata says is live must answer DescribeLogDirs within `probe_timeout_ms`
+        (a killed broker stays unfenced until the controller's session timeout); the
+        answers also list the stray replicas each broker set aside.
         Works on an admin that is not started: it tries to bootstrap first."""
         errors: list[str] = []
         broker_view: tuple[ClusterDescription, list[TopicDescription]] | None = None
@@ -463,6 +466,7 @@ class AsyncAdmin:
 
         view = controller_view or broker_view
         unreachable: list[int] = []
+        strays: list[StrayReplicaHealth] = []
         if view is not None and probe_brokers:
             # Prefer the addresses a broker gave: they are those of the listener this
             # client reached it on; the controller knows the first listener only.
@@ -473,10 +477,11 @@ class AsyncAdmin:
             answers = await asyncio.gather(
                 *(self._probe(*addresses[n], n, probe_timeout_ms) for n in live)
             )
-            for node_id, why in zip(live, answers, strict=True):
+            for node_id, (why, found) in zip(live, answers, strict=True):
                 if why is not None:
                     unreachable.append(node_id)
                     errors.append(f"broker {node_id}: {why}")
+                strays.extend(found)
         return evaluate_health(
             view[0] if view is not None else None,
             view[1] if view is not None else [],
@@ -486,6 +491,7 @@ class AsyncAdmin:
             controller_reachable=None if controller is None else controller_view is not None,
             unreachable_brokers=unreachable,
             errors=errors,
+            stray_replicas=strays,
         )
 
     async def describe_replica_log(
@@ -599,18 +605,25 @@ class AsyncAdmin:
         finally:
             await conn.close()
 
-    async def _probe(self, host: str, port: int, node_id: int, timeout_ms: int) -> str | None:
-        """None when the broker answers ApiVersions in time (an error answer is an
-        answer too), else why not."""
+    async def _probe(
+        self, host: str, port: int, node_id: int, timeout_ms: int
+    ) -> tuple[str | None, list[StrayReplicaHealth]]:
+        """(None when the broker answers DescribeLogDirs in time (an error answer is
+        an answer too), else why not; the stray replicas it reports)."""
         try:
-            await self._ask_directly(
-                host, port, [ApiVersionsRequest()], timeout_ms=timeout_ms, node_id=node_id
+            (response,) = await self._ask_directly(
+                host, port, [DescribeLogDirsRequest()], timeout_ms=timeout_ms, node_id=node_id
             )
         except (ConnectionFailedError, RequestTimedOutError) as exc:
-            return _reason(exc)
+            return _reason(exc), []
         except BrokerResponseError:
-            pass
-        return None
+            return None, []  # alive; an older broker without DescribeLogDirs
+        assert isinstance(response, DescribeLogDirsResponse)
+        return None, [
+            StrayReplicaHealth(node_id, s.dir_name, s.topic, s.partition, s.topic_id, s.size_bytes)
+            for result in response.results
+            for s in result.strays
+        ]
 
 
 def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:

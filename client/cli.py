@@ -423,8 +423,9 @@ def _check_address(
     "--probe/--no-probe",
     default=True,
     show_default=True,
-    help="Check that every broker the metadata calls live answers (ApiVersions); a "
-    "killed broker stays unfenced until the controller's session timeout.",
+    help="Check that every broker the metadata calls live answers (DescribeLogDirs, "
+    "which also lists its stray replicas); a killed broker stays unfenced until the "
+    "controller's session timeout.",
 )
 @click.option(
     "--request-timeout-ms",
@@ -456,6 +457,10 @@ def cluster_health(
       brokers_down                 a broker is fenced or does not answer
       leaderless_partitions        a partition has no leader (-1)
       under_replicated_partitions  a partition's ISR is smaller than its replicas
+
+    Also listed, not a reason: stray replicas, directories a broker set aside as
+    <topic>-<partition>.<uuid>-stray because the metadata does not assign them
+    (never deleted automatically; check them, then delete or restore them).
 
     Exit code 0 when healthy, 1 when not (or when --timeout passed first).
     For scripts and container health checks:

@@ -7,6 +7,14 @@ but not answering a probe), which partitions have no leader (leader -1) and whic
 are under-replicated (ISR smaller than the replica set), and turns each finding into
 an unhealthy reason. The cluster is healthy when there is no reason.
 
+It also lists the stray replicas the probed brokers hold (DescribeLogDirs): replica
+directories a broker set aside as `<topic>-<partition>.<uuid>-stray` because the
+metadata does not assign them (never deleted automatically). They are reported, not
+a reason, as rpk reports what it sees without making a leftover fatal: a stray is
+data out of service, not a cluster that serves its partitions less well, and
+failing health on it would keep `--exit-when-healthy` (start-up gates, container
+health checks) failing until someone deletes files by hand.
+
 Reasons (stable names, scripts match on them):
 
     no_broker_reachable          no bootstrap broker answered
@@ -74,6 +82,23 @@ class PartitionHealth(NamedTuple):
         }
 
 
+class StrayReplicaHealth(NamedTuple):
+    """A replica directory a broker set aside as stray."""
+
+    broker: int
+    dir_name: str
+    topic: str
+    partition: int
+    topic_id: str | None
+    size_bytes: int
+
+    def __str__(self) -> str:
+        return f"{self.broker}:{self.dir_name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._asdict())
+
+
 class ClusterHealth(NamedTuple):
     """The verdict and what it is based on.
 
@@ -99,6 +124,8 @@ class ClusterHealth(NamedTuple):
     leaderless_partitions: tuple[PartitionHealth, ...]
     under_replicated_partitions: tuple[PartitionHealth, ...]
     errors: tuple[str, ...] = ()  # why an answer is missing, one line each
+    # Replica directories the probed brokers set aside as stray (not a reason).
+    stray_replicas: tuple[StrayReplicaHealth, ...] = ()
 
     @property
     def down_brokers(self) -> tuple[int, ...]:
@@ -123,6 +150,7 @@ class ClusterHealth(NamedTuple):
             "partition_count": self.partition_count,
             "leaderless_partitions": [p.to_dict() for p in self.leaderless_partitions],
             "under_replicated_partitions": [p.to_dict() for p in self.under_replicated_partitions],
+            "stray_replicas": [s.to_dict() for s in self.stray_replicas],
             "errors": list(self.errors),
         }
 
@@ -154,6 +182,7 @@ def evaluate_health(
     controller_reachable: bool | None = None,
     unreachable_brokers: Iterable[int] = (),
     errors: Iterable[str] = (),
+    stray_replicas: Iterable[StrayReplicaHealth] = (),
 ) -> ClusterHealth:
     """The health verdict over one view of the cluster.
 
@@ -218,6 +247,7 @@ def evaluate_health(
         leaderless_partitions=tuple(leaderless),
         under_replicated_partitions=tuple(under),
         errors=tuple(errors),
+        stray_replicas=tuple(sorted(stray_replicas)),
     )
 
 
@@ -244,6 +274,7 @@ def render_text(health: ClusterHealth) -> str:
         source = "none: nothing answered"
     leaderless = health.leaderless_partitions
     under = health.under_replicated_partitions
+    strays = health.stray_replicas
     rows = [
         ("Healthy:", str(health.healthy).lower()),
         ("Unhealthy reasons:", _ids(health.unhealthy_reasons)),
@@ -259,6 +290,7 @@ def render_text(health: ClusterHealth) -> str:
         ("Topics / partitions:", f"{health.topic_count} / {health.partition_count}"),
         (f"Leaderless partitions ({len(leaderless)}):", _ids(leaderless)),
         (f"Under-replicated partitions ({len(under)}):", _ids(under)),
+        (f"Stray replicas ({len(strays)}):", _ids(strays)),
     ]
     width = max(len(label) for label, _ in rows) + 2
     lines = ["CLUSTER HEALTH OVERVIEW", "======================="]

@@ -26,6 +26,7 @@ from controller.errors import (
 from controller.handlers import ControllerHandlers
 from controller.liveness import BrokerSessions
 from controller.meta_properties import (
+    META_PROPERTIES,
     DataDirLock,
     load_or_create,
     prepare_data_dir,
@@ -101,6 +102,8 @@ class ControllerProcess:
         self.lock.acquire()
         try:
             try:
+                # No identity yet: this start formats a new cluster id.
+                new_cluster = not (config.data_dir / META_PROPERTIES).exists()
                 meta = load_or_create(
                     config.data_dir, config.node_id, has_metadata=_has_metadata(config)
                 )
@@ -124,7 +127,9 @@ class ControllerProcess:
             sessions.touch_all(
                 (b.broker_id, b.broker_epoch) for b in image.brokers.values() if not b.fenced
             )
-            self.handlers = ControllerHandlers(config, self.writer, sessions, meta.cluster_id)
+            self.handlers = ControllerHandlers(
+                config, self.writer, sessions, meta.cluster_id, new_cluster=new_cluster
+            )
             self.server = ControllerServer(config, self.handlers)
             try:
                 host, port = await self.server.start()

@@ -9,8 +9,10 @@ durable and applied. Handlers that only read answer from the image directly.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -106,6 +108,11 @@ CONTROLLER_APIS = (
 
 # Producer ids handed to a broker per AllocateProducerIds (Kafka's block size).
 PRODUCER_ID_BLOCK_SIZE = 1000
+# Brokers of another cluster retry their registration every heartbeat: the refusal is
+# logged once per foreign cluster id, then at most this often; at most this many
+# foreign clusters are tracked.
+FOREIGN_CLUSTER_LOG_INTERVAL_S = 300.0
+MAX_FOREIGN_CLUSTERS = 16
 
 
 def _tp(image: MetadataImage, record: PartitionRecord) -> str:
@@ -121,9 +128,11 @@ class ControllerHandlers:
         sessions: BrokerSessions,
         cluster_id: str,
         *,
+        new_cluster: bool = False,
         rng: random.Random | None = None,
         faults: Faults | None = None,
     ) -> None:
+        """`new_cluster`: this start formatted `cluster_id` on an empty data dir."""
         self.config = config
         if faults is None:
             faults = (
@@ -135,6 +144,9 @@ class ControllerHandlers:
         self.writer = writer
         self.sessions = sessions
         self.cluster_id = cluster_id
+        self.new_cluster = new_cluster
+        # Foreign cluster id -> (broker ids seen, refusals, when last logged).
+        self._foreign_clusters: dict[str, tuple[set[int], int, float]] = {}
         self.rng = rng or random.Random()
         # (broker id, broker epoch) of brokers in controlled shutdown: never unfenced
         # again in that epoch. One entry per broker at most (dropped on re-registration).
@@ -283,6 +295,20 @@ class ControllerHandlers:
                 out.append(changed)
         return out
 
+    def _placeable_brokers(self, image: MetadataImage) -> list[int]:
+        """Brokers that may get new replicas: unfenced, not shutting down, and heard
+        from (registration or heartbeat) by this controller process within their
+        session. An unfenced state replayed from the log after a restart is not
+        enough: that broker may have died while the controller was down."""
+        out = []
+        for broker_id in image.unfenced_broker_ids():
+            epoch = image.brokers[broker_id].broker_epoch
+            if (broker_id, epoch) in self.shutting_down:
+                continue
+            if self.sessions.heard_from(broker_id, epoch):
+                out.append(broker_id)
+        return out
+
     # ------------------------------------------------------------------ ApiVersions
 
     async def api_versions(self, request: ApiVersionsRequest) -> ApiVersionsResponse:
@@ -317,12 +343,7 @@ class ControllerHandlers:
 
         def build(image: MetadataImage) -> tuple[list[MetadataRecord], Any]:
             if request.cluster_id and request.cluster_id != self.cluster_id:
-                return error(
-                    ErrorCode.INCONSISTENT_CLUSTER_ID,
-                    f"broker {request.broker_id} belongs to cluster {request.cluster_id}, this "
-                    f"controller runs cluster {self.cluster_id}; point the broker at its own "
-                    "controller or give it an empty --data-dir",
-                )
+                return [], self._refuse_foreign_cluster(request.broker_id, request.cluster_id)
             if request.broker_id < 0:
                 return error(ErrorCode.INVALID_REQUEST, f"broker id {request.broker_id} < 0")
             if not request.incarnation_id:
@@ -411,6 +432,63 @@ class ControllerHandlers:
                 request.clean_shutdown,
             )
         return BrokerRegistrationResponse(broker_epoch=epoch, cluster_id=self.cluster_id)
+
+    def _refuse_foreign_cluster(
+        self, broker_id: int, cluster_id: str
+    ) -> BrokerRegistrationResponse:
+        """INCONSISTENT_CLUSTER_ID, and one clear log line per foreign cluster (then at
+        most one per FOREIGN_CLUSTER_LOG_INTERVAL_S), not one per retry."""
+        if self.new_cluster:
+            message = (
+                f"brokers of an existing cluster (id {cluster_id}) are knocking (broker "
+                f"{broker_id}), but this controller formatted a NEW cluster id "
+                f"{self.cluster_id} when it started on the empty data dir "
+                f"{self.config.data_dir}, probably because its data directory was lost; "
+                "they are refused, keep their data and apply nothing from this controller. "
+                "To recover: stop this controller, restore its data directory from a backup "
+                "and start it again (the brokers rejoin by themselves); do NOT empty the "
+                "brokers' data directories, they hold the cluster's data"
+            )
+        else:
+            message = (
+                f"broker {broker_id} of another cluster (id {cluster_id}) tried to register; "
+                f"this controller runs cluster {self.cluster_id} (data dir "
+                f"{self.config.data_dir}); refused: point that broker's --controller at its "
+                "own cluster's controller"
+            )
+        now = time.monotonic()
+        seen = self._foreign_clusters.get(cluster_id)
+        if seen is None:
+            while len(self._foreign_clusters) >= MAX_FOREIGN_CLUSTERS:
+                del self._foreign_clusters[next(iter(self._foreign_clusters))]
+            log.error("%s", message)
+            self._foreign_clusters[cluster_id] = ({broker_id}, 1, now)
+        else:
+            brokers, refusals, logged_at = seen
+            brokers.add(broker_id)
+            if now - logged_at >= FOREIGN_CLUSTER_LOG_INTERVAL_S:
+                log.error(
+                    "still refusing brokers %s of cluster %s (%d registrations refused); %s",
+                    sorted(brokers),
+                    cluster_id,
+                    refusals + 1,
+                    message,
+                )
+                logged_at = now
+            self._foreign_clusters[cluster_id] = (brokers, refusals + 1, logged_at)
+        reply = (
+            f"broker {broker_id} belongs to cluster {cluster_id}; this controller runs "
+            f"cluster {self.cluster_id}"
+        ) + (
+            ", formatted anew when it started on an empty data dir (its data lost?)"
+            if self.new_cluster
+            else ""
+        )
+        return BrokerRegistrationResponse(
+            error_code=int(ErrorCode.INCONSISTENT_CLUSTER_ID),
+            error_message=reply,
+            cluster_id=self.cluster_id,
+        )
 
     # ------------------------------------------------------------------ heartbeat
 
@@ -566,6 +644,18 @@ class ControllerHandlers:
     # ------------------------------------------------------------------ FetchMetadata
 
     async def fetch_metadata(self, request: FetchMetadataRequest) -> FetchMetadataResponse:
+        """Metadata only for a registered broker at its current broker epoch: an
+        unregistered one (e.g. a broker of another cluster, or one this controller lost
+        with its data) must not act on this controller's image."""
+        broker = self.image.brokers.get(request.broker_id)
+        if broker is None or broker.broker_epoch != request.broker_epoch:
+            known = "not registered" if broker is None else f"registered at {broker.broker_epoch}"
+            return FetchMetadataResponse(
+                error_code=int(ErrorCode.STALE_BROKER_EPOCH),
+                error_message=f"broker {request.broker_id} epoch {request.broker_epoch} is "
+                f"{known} here (cluster {self.cluster_id}); register first",
+                cluster_id=self.cluster_id,
+            )
         from_offset = max(0, request.from_offset)
         max_records = max(1, min(request.max_records, self.config.max_metadata_records))
         entries = self.writer.entries_from(from_offset, max_records)
@@ -621,7 +711,7 @@ class ControllerHandlers:
             return error(ErrorCode.INVALID_TOPIC_EXCEPTION, str(exc))
         if topic.name in image.topic_ids:
             return error(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {topic.name!r} already exists")
-        unfenced = image.unfenced_broker_ids()
+        unfenced = self._placeable_brokers(image)
         if topic.assignments:
             if topic.num_partitions != -1 or topic.replication_factor != -1:
                 return error(
@@ -701,7 +791,14 @@ class ControllerHandlers:
                     num_partitions, replication_factor, unfenced, rng=self.rng
                 )
             except PlacementError as exc:
-                return error(ErrorCode.INVALID_REPLICATION_FACTOR, str(exc))
+                silent = sorted(set(image.unfenced_broker_ids()) - set(unfenced))
+                hint = (
+                    f"; brokers {silent} are registered but have not heartbeated to this "
+                    "controller since it started: retry in a moment if they are alive"
+                    if silent
+                    else ""
+                )
+                return error(ErrorCode.INVALID_REPLICATION_FACTOR, f"{exc}{hint}")
         try:
             configs = validate_topic_configs(
                 topic.configs,
@@ -738,8 +835,32 @@ class ControllerHandlers:
         )
         return result, records
 
+    async def _await_silent_brokers(self, request: CreateTopicsRequest) -> None:
+        """Right after a restart the controller has not yet heard from live brokers
+        (their next heartbeat is a moment away): when that leaves fewer placeable
+        brokers than a topic's replication factor, wait until every silent broker
+        heartbeated or its session ran out (fenced), at most one session timeout."""
+        needed = max(
+            (
+                self.config.default_replication_factor
+                if t.replication_factor == -1
+                else t.replication_factor
+                for t in request.topics
+                if not t.assignments
+            ),
+            default=0,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.session_timeout_s
+        while loop.time() < deadline:
+            placeable = self._placeable_brokers(self.image)
+            if len(placeable) >= needed or len(self.image.unfenced_broker_ids()) == len(placeable):
+                return
+            await asyncio.sleep(0.05)
+
     async def create_topics(self, request: CreateTopicsRequest) -> CreateTopicsResponse:
         counts = Counter(t.name for t in request.topics)
+        await self._await_silent_brokers(request)
 
         def build(image: MetadataImage) -> tuple[list[MetadataRecord], CreateTopicsResponse]:
             results: list[CreatableTopicResult] = []

@@ -39,7 +39,7 @@ def assign_replicas(
     if replication_factor > n:
         raise PlacementError(
             f"replication factor {replication_factor} is larger than the {n} available "
-            f"(registered, unfenced) brokers {brokers}"
+            f"(registered, unfenced, live) brokers {brokers}"
         )
     rng = rng or random.Random()
     start = rng.randrange(n) if start_index is None else start_index

@@ -371,6 +371,8 @@ class FetchMetadataRequest(Message, kw_only=True):
 
 class FetchMetadataResponse(Message, kw_only=True):
     error_code: int = 0
+    error_message: str | None = None
+    # The controller's cluster; a broker applies nothing of another cluster's.
     cluster_id: str = ""
     # When `is_snapshot`, the broker must discard its image and rebuild it from
     # `entries`, which describe the whole state as of `next_offset - 1`.
@@ -629,6 +631,60 @@ class DescribeReplicaLogResponse(Message, kw_only=True):
     batches: list[ReplicaBatchInfo] = []
 
 
+# ------------------------------------------------------------------ log dirs
+
+
+class DescribeLogDirsTopic(Message, kw_only=True):
+    topic: str
+    partitions: list[int]
+
+
+class DescribeLogDirsRequest(Message, kw_only=True):
+    """Kafka's DescribeLogDirs (api key 35): what a broker holds on disk."""
+
+    topics: list[DescribeLogDirsTopic] | None = None  # None: every partition
+
+
+class DescribeLogDirsPartition(Message, kw_only=True):
+    partition_index: int
+    partition_size: int = 0  # bytes of its segments
+    offset_lag: int = 0  # Kafka's: max(0, high watermark - log end offset)
+    is_future_key: bool = False  # no future replicas here (no intra-broker moves)
+    topic_id: str | None = None  # from partition.metadata
+
+
+class DescribeLogDirsTopicResult(Message, kw_only=True):
+    name: str
+    partitions: list[DescribeLogDirsPartition] = []
+
+
+class StrayReplica(Message, kw_only=True):
+    """A replica directory set aside as `<topic>-<partition>.<uuid>-stray`: not served,
+    never deleted automatically (broker/storage/log_manager.py)."""
+
+    dir_name: str
+    topic: str
+    partition: int
+    topic_id: str | None = None
+    size_bytes: int = 0
+
+
+class DescribeLogDirsResult(Message, kw_only=True):
+    # Per log dir, so that an offline dir can answer KAFKA_STORAGE_ERROR on its own.
+    error_code: int = 0
+    error_message: str | None = None
+    log_dir: str
+    topics: list[DescribeLogDirsTopicResult] = []
+    total_bytes: int = -1
+    usable_bytes: int = -1
+    strays: list[StrayReplica] = []
+
+
+class DescribeLogDirsResponse(Message, kw_only=True):
+    error_code: int = 0
+    results: list[DescribeLogDirsResult] = []
+
+
 # ------------------------------------------------------------------ the registry
 
 
@@ -669,6 +725,7 @@ API_SPECS: dict[int, ApiSpec] = {
         ),
         ApiSpec(ApiKey.FAULT_CONTROL, FaultControlRequest, FaultControlResponse),
         ApiSpec(ApiKey.DESCRIBE_REPLICA_LOG, DescribeReplicaLogRequest, DescribeReplicaLogResponse),
+        ApiSpec(ApiKey.DESCRIBE_LOG_DIRS, DescribeLogDirsRequest, DescribeLogDirsResponse),
     )
 }
 

@@ -10,6 +10,7 @@ Modules, one job each (the owner of an on-disk format documents it at its top):
 - log.py              the log of one partition replica: append, read, truncate, retention
 - checkpoints.py      broker-wide offset checkpoint files
 - meta_properties.py  `meta.properties`, the identity of a data directory
+- partition_metadata.py  `partition.metadata`, the topic id of a partition directory
 - log_manager.py      every log of a data directory, clean-shutdown marker
 - fileio.py           durable write primitives (write_all, fsync_directory, atomic_write)
 - errors.py           the exceptions

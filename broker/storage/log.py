@@ -58,6 +58,7 @@ from broker.storage.fileio import SerialWriter, atomic_write, fsync_directory
 from broker.storage.log_dir_failure import LogDirFailureChannel
 from broker.storage.log_loader import LogLoader
 from broker.storage.offset_index import INT32_MAX
+from broker.storage.partition_metadata import read_topic_id, write_topic_id
 from broker.storage.producer_state import LeaderAppendCheck, ProducerStateManager
 from broker.storage.segment import LogSegment
 from protocol.errors import CorruptRecordError
@@ -208,8 +209,10 @@ class Log:
         producer_state: ProducerStateManager | None = None,
         writer: SerialWriter | None = None,
         dir_failure: LogDirFailureChannel | None = None,
+        topic_id: str | None = None,
     ) -> None:
         self._dir = dir
+        self._topic_id = topic_id
         self._writer = writer
         # Shared by every log of the data directory (the LogManager's).
         self._dir_failure = dir_failure or LogDirFailureChannel(dir.parent)
@@ -252,6 +255,7 @@ class Log:
         topic, partition = parse_topic_partition(dir)
         dir.mkdir(parents=True, exist_ok=True)
         now = _now_ms() if now_ms is None else now_ms
+        topic_id = read_topic_id(dir)
         loaded = LogLoader(
             dir,
             name=f"{topic}-{partition}",
@@ -271,6 +275,7 @@ class Log:
             now_ms=now,
             writer=writer,
             dir_failure=dir_failure,
+            topic_id=topic_id,
         )
         log._producer_state.remove_expired(now)
         logger.info(
@@ -290,6 +295,24 @@ class Log:
     @property
     def dir(self) -> Path:
         return self._dir
+
+    @property
+    def topic_id(self) -> str | None:
+        """The topic id in `partition.metadata`; None for a directory an older version
+        wrote (or one created and never assigned)."""
+        return self._topic_id
+
+    def assign_topic_id(self, topic_id: str) -> None:
+        """Record the topic id this replica belongs to (durably, before any append
+        of the topic's data). A log never changes topic: another id raises."""
+        if self._topic_id == topic_id:
+            return
+        if self._topic_id is not None:
+            raise StorageError(
+                f"log {self._dir} belongs to topic id {self._topic_id}, not {topic_id}"
+            )
+        write_topic_id(self._dir, topic_id)
+        self._topic_id = topic_id
 
     @property
     def config(self) -> LogConfig:

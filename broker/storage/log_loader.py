@@ -5,6 +5,7 @@ A partition directory `<topic>-<partition>/` holds exactly::
     <20 digits>.log, .index, .timeindex     the segments (segment.py)
     leader-epoch-checkpoint                 the epoch cache (epoch_cache.py)
     <20 digits>.snapshot                    producer state (producer_state.py)
+    partition.metadata                      the topic id (partition_metadata.py)
 
 plus, after a crash, `*.tmp` (an interrupted atomic write) and `*.deleted` (an
 interrupted segment deletion) files, which are removed. Index files without their
@@ -52,6 +53,7 @@ from broker.storage.errors import (
     StorageError,
 )
 from broker.storage.fileio import TMP_SUFFIX, fsync_directory
+from broker.storage.partition_metadata import PARTITION_METADATA
 from broker.storage.producer_state import is_snapshot_file
 from broker.storage.segment import DELETED_SUFFIX, LOG_SUFFIX, SEGMENT_SUFFIXES, LogSegment
 
@@ -171,7 +173,7 @@ class LogLoader:
                 os.unlink(entry.path)
                 self._dir_changed = True
                 continue
-            if name == LEADER_EPOCH_CHECKPOINT and entry.is_file():
+            if name in (LEADER_EPOCH_CHECKPOINT, PARTITION_METADATA) and entry.is_file():
                 continue
             if is_snapshot_file(name) and entry.is_file():
                 continue  # producer state, loaded by producer_state.py

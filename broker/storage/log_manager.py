@@ -10,6 +10,7 @@ Data directory layout::
     log-start-offset-checkpoint         log start offsets    }
     <topic>-<partition>/                one log per partition replica (log.py)
     <topic>-<partition>.<uuid hex>-delete/   a log being deleted
+    <topic>-<partition>.<uuid hex>-stray/    a replica set aside: never opened or deleted
 
 The clean-shutdown marker is written last by `shutdown()`, after every log is flushed
 and every checkpoint written, and is deleted at `startup()`: a crash therefore never
@@ -19,6 +20,13 @@ Deleting a log renames its directory to `<dir>.<uuid hex>-delete` (one atomic st
 fsynced) and then removes the tree; a crash in between is finished at the next
 startup. Other files in the data directory belong to other parts of the broker and
 are left alone.
+
+A replica that the cluster metadata does not know (its topic id is not there, or not
+assigned to this broker) is never deleted on that inference: `set_aside_as_stray`
+renames its directory to `<dir>.<uuid hex>-stray` (Kafka's name for it), and startup
+leaves such directories alone, with a WARNING each. Only the operator deletes them.
+Both renamed forms keep the whole name within 255 bytes by shortening the topic part,
+as Kafka does.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import shutil
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from broker.storage.checkpoints import (
     LOG_START_OFFSET_CHECKPOINT,
@@ -43,16 +52,59 @@ from broker.storage.errors import StorageError
 from broker.storage.fileio import TMP_SUFFIX, SerialWriter, atomic_write, fsync_directory
 from broker.storage.log import Log, LogConfig, TopicPartition
 from broker.storage.log_dir_failure import LogDirFailureChannel
+from broker.storage.partition_metadata import read_topic_id
 
 logger = logging.getLogger(__name__)
 
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
+# What an operator does about a stray replica (one place: startup and set-aside say it).
+STRAY_ADVICE = (
+    "the cluster metadata does not assign this replica to this broker, so it is out of "
+    "service; it is never deleted automatically: check its data (it may be the only "
+    "copy of records of a lost or re-created topic), then delete the directory; or, once "
+    "the metadata assigns it here again (e.g. the controller's data was restored), stop "
+    "the broker and rename it back to <topic>-<partition>"
+)
 LOCK_FILE = ".lock"
 DELETE_DIR_SUFFIX = "-delete"
+STRAY_DIR_SUFFIX = "-stray"
+_MAX_DIR_NAME = 255
 
 _PARTITION_DIR = re.compile(r"^(?P<topic>[A-Za-z0-9._-]+)-(?P<partition>0|[1-9][0-9]*)$")
 _DELETE_DIR = re.compile(r"^.+\.[0-9a-f]{32}" + re.escape(DELETE_DIR_SUFFIX) + "$")
+_STRAY_DIR = re.compile(
+    r"^(?P<topic>[A-Za-z0-9._-]*)-(?P<partition>0|[1-9][0-9]*)\.[0-9a-f]{32}"
+    + re.escape(STRAY_DIR_SUFFIX)
+    + "$"
+)
 _LEGAL_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def aside_dir_name(tp: TopicPartition, suffix: str) -> str:
+    """`<topic>-<partition>.<uuid hex><suffix>`, the topic shortened so the name fits
+    in 255 bytes (Kafka's logDirNameWithSuffixCappedLength)."""
+    topic, partition = tp
+    tail = f"-{partition}.{uuid.uuid4().hex}{suffix}"
+    return topic[: _MAX_DIR_NAME - len(tail)] + tail
+
+
+class StrayLog(NamedTuple):
+    """A replica directory set aside as stray: what it held, for the operator."""
+
+    path: Path
+    topic: str  # as in the directory name (shortened when the name was too long)
+    partition: int
+    topic_id: str | None  # from its partition.metadata; None if absent or unreadable
+
+    def size_bytes(self) -> int:
+        """Bytes of the files in the directory (0 once it is gone)."""
+        total = 0
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.path):
+                with contextlib.suppress(OSError):
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+        return total
 
 
 class LogManager:
@@ -62,6 +114,7 @@ class LogManager:
         self.data_dir = Path(data_dir)
         self.default_config = default_config
         self._logs: dict[TopicPartition, Log] = {}
+        self._strays: dict[str, StrayLog] = {}  # by directory name
         self._had_clean_shutdown = False
         self._lock_fd = -1
         self._started = False
@@ -119,6 +172,18 @@ class LogManager:
             if _DELETE_DIR.match(entry.name):
                 logger.info("Finishing the interrupted deletion of %s", entry.path)
                 shutil.rmtree(entry.path)
+                continue
+            stray = _STRAY_DIR.match(entry.name)
+            if stray is not None:
+                found_stray = self._remember_stray(
+                    Path(entry.path), (stray["topic"], int(stray["partition"]))
+                )
+                logger.warning(
+                    "Stray replica %s (topic id %s) is kept aside, not loaded: %s",
+                    entry.path,
+                    found_stray.topic_id or "unknown",
+                    STRAY_ADVICE,
+                )
                 continue
             match = _PARTITION_DIR.match(entry.name)
             if match is None:
@@ -178,6 +243,37 @@ class LogManager:
     def all_logs(self) -> list[Log]:
         return list(self._logs.values())
 
+    def stray_logs(self) -> list[StrayLog]:
+        """Replica directories set aside as stray (at startup or since), by name."""
+        return [self._strays[name] for name in sorted(self._strays)]
+
+    def set_aside_as_stray(self, tp: TopicPartition) -> StrayLog | None:
+        """Flush and close the log of `tp` and rename its directory to
+        `<dir>.<uuid hex>-stray`: out of service, its data kept. None if no log."""
+        self._check_started()
+        log = self._logs.get(tp)
+        if log is None:
+            return None
+        log.flush()
+        log.close()
+        del self._logs[tp]
+        aside = log.dir.with_name(aside_dir_name(tp, STRAY_DIR_SUFFIX))
+        with self.dir_failure.guard(f"setting aside the log of {tp[0]}-{tp[1]}"):
+            os.rename(log.dir, aside)
+            fsync_directory(self.data_dir)
+        # A partition created again under the same name must not inherit these offsets.
+        self.checkpoint_recovery_points_and_log_starts()
+        return self._remember_stray(aside, tp)
+
+    def _remember_stray(self, path: Path, tp: TopicPartition) -> StrayLog:
+        try:
+            topic_id = read_topic_id(path)
+        except StorageError:
+            topic_id = None
+        stray = StrayLog(path=path, topic=tp[0], partition=tp[1], topic_id=topic_id)
+        self._strays[path.name] = stray
+        return stray
+
     def delete_log(self, tp: TopicPartition) -> bool:
         """Remove the log of `tp` from disk; returns whether there was one."""
         self._check_started()
@@ -186,7 +282,7 @@ class LogManager:
         if log is None:
             return False
         log.close(snapshot=False)
-        doomed = log.dir.with_name(f"{log.dir.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+        doomed = log.dir.with_name(aside_dir_name(tp, DELETE_DIR_SUFFIX))
         with self.dir_failure.guard(f"deleting the log of {tp[0]}-{tp[1]}"):
             os.rename(log.dir, doomed)
             fsync_directory(self.data_dir)

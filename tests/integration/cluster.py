@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -239,6 +240,16 @@ class Cluster:
                     proc.popen.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     proc.kill()
+
+
+@contextlib.contextmanager
+def running_cluster(root: Path) -> Iterator[Cluster]:
+    """A Cluster under `root` whose processes are all stopped on the way out."""
+    c = Cluster(root)
+    try:
+        yield c
+    finally:
+        c.stop_all()
 
 
 class TestClient:

@@ -180,7 +180,9 @@ async def register(client: Client, broker_id: int, incarnation: str) -> int:
 
 
 async def unfence(client: Client, broker_id: int, epoch: int) -> None:
-    fetched = await client.ok(FetchMetadataRequest(broker_id=broker_id, from_offset=0))
+    fetched = await client.ok(
+        FetchMetadataRequest(broker_id=broker_id, broker_epoch=epoch, from_offset=0)
+    )
     assert isinstance(fetched, FetchMetadataResponse)
     beat = await client.ok(
         BrokerHeartbeatRequest(

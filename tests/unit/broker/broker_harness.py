@@ -107,5 +107,26 @@ class Harness:
         self.log_manager.shutdown()
 
 
+def partition_record(
+    topic_id: str,
+    index: int = 0,
+    *,
+    replicas: list[int],
+    leader: int,
+    epoch: int = 0,
+    partition_epoch: int | None = None,
+) -> PartitionRecord:
+    """A partition with every replica in the ISR."""
+    return PartitionRecord(
+        topic_id=topic_id,
+        partition_id=index,
+        replicas=replicas,
+        isr=list(replicas),
+        leader=leader,
+        leader_epoch=epoch,
+        partition_epoch=epoch if partition_epoch is None else partition_epoch,
+    )
+
+
 def batch(*values: bytes, timestamp: int | None = None) -> bytes:
     return encode_batch([(None, v, (), timestamp) for v in values])

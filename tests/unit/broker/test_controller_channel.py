@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -38,11 +40,20 @@ class FakeController:
         self.heartbeats: list[BrokerHeartbeatRequest] = []
         self.log: list[MetadataEntry] = []
         self.stale_next_heartbeat = False
+        # Answer as a controller that lost its data: another cluster id, no broker
+        # registered, and (as a careless controller might) metadata to anyone.
+        self.foreign = False
         self.server: ListenerServer | None = None
 
     async def register(self, ctx: RequestContext, req: Message) -> Message:
         assert isinstance(req, BrokerRegistrationRequest)
         self.registrations.append(req)
+        if self.foreign:
+            return BrokerRegistrationResponse(
+                error_code=ErrorCode.INCONSISTENT_CLUSTER_ID,
+                error_message="this controller runs cluster D",
+                cluster_id="D",
+            )
         if req.cluster_id not in (None, "C"):
             return BrokerRegistrationResponse(
                 error_code=ErrorCode.INCONSISTENT_CLUSTER_ID, error_message="wrong cluster"
@@ -64,6 +75,8 @@ class FakeController:
     async def heartbeat(self, ctx: RequestContext, req: Message) -> Message:
         assert isinstance(req, BrokerHeartbeatRequest)
         self.heartbeats.append(req)
+        if self.foreign:
+            return BrokerHeartbeatResponse(error_code=ErrorCode.STALE_BROKER_EPOCH)
         if self.stale_next_heartbeat:
             self.stale_next_heartbeat = False
             return BrokerHeartbeatResponse(error_code=ErrorCode.STALE_BROKER_EPOCH)
@@ -85,6 +98,10 @@ class FakeController:
         if not entries and req.max_wait_ms:
             await asyncio.sleep(min(req.max_wait_ms, 50) / 1000)
             entries = self.log[req.from_offset :]
+        if self.foreign:  # an empty image, from the start of a fresh log
+            return FetchMetadataResponse(
+                cluster_id="D", is_snapshot=True, entries=[], next_offset=1, high_watermark=1
+            )
         return FetchMetadataResponse(
             cluster_id="C",
             entries=entries,
@@ -122,6 +139,29 @@ def make_channel(port: int, offset: list[int]) -> ControllerChannel:
 LISTENERS = [Listener(name="PLAINTEXT", host="127.0.0.1", port=1)]
 
 
+@contextlib.asynccontextmanager
+async def running(
+    channel: ControllerChannel,
+    fake: FakeController,
+    on_metadata: Callable[[FetchMetadataResponse], Awaitable[None]],
+) -> AsyncIterator[None]:
+    """The heartbeat and metadata loops, stopped and everything closed afterwards."""
+    tasks = [
+        asyncio.create_task(channel.metadata_loop(on_metadata)),
+        asyncio.create_task(channel.heartbeat_loop()),
+    ]
+    try:
+        yield
+    finally:
+        channel.stop_loops()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await channel.close()
+        assert fake.server is not None
+        await fake.server.close()
+
+
 async def test_register_follow_unfence_reregister_and_shut_down() -> None:
     fake = FakeController()
     port = await fake.start()
@@ -135,11 +175,7 @@ async def test_register_follow_unfence_reregister_and_shut_down() -> None:
     async def on_metadata(resp: FetchMetadataResponse) -> None:
         offset[0] = resp.entries[-1].offset
 
-    tasks = [
-        asyncio.create_task(channel.metadata_loop(on_metadata)),
-        asyncio.create_task(channel.heartbeat_loop()),
-    ]
-    try:
+    async with running(channel, fake, on_metadata):
         async with asyncio.timeout(5):
             await channel.caught_up.wait()
             await channel.unfenced.wait()
@@ -153,13 +189,50 @@ async def test_register_follow_unfence_reregister_and_shut_down() -> None:
         channel.stop_loops()
         assert await channel.controlled_shutdown(2) is True
         assert fake.heartbeats[-1].want_shut_down
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await channel.close()
-        assert fake.server is not None
-        await fake.server.close()
+
+
+async def test_nothing_is_applied_from_a_controller_that_lost_its_data() -> None:
+    """The controller comes back with a new cluster id and no registrations: the
+    broker's re-registration (naming the cluster it learnt) is refused, and no
+    FetchMetadata answer of that controller reaches the image, even one it sends
+    against the rules. Once the old controller is back, metadata flows again."""
+    fake = FakeController()
+    port = await fake.start()
+    offset = [-1]
+    channel = make_channel(port, offset)
+    await channel.register(cluster_id=None, listeners=LISTENERS, clean_shutdown=True, timeout_s=5)
+    applied: list[FetchMetadataResponse] = []
+
+    async def on_metadata(resp: FetchMetadataResponse) -> None:
+        applied.append(resp)
+        if resp.entries:
+            offset[0] = resp.entries[-1].offset
+
+    async with running(channel, fake, on_metadata):
+        async with asyncio.timeout(5):
+            await channel.caught_up.wait()
+        fake.foreign = True
+        async with asyncio.timeout(5):
+            while channel.accepted.is_set():
+                await asyncio.sleep(0.01)
+        seen = len(applied)
+        await asyncio.sleep(0.5)  # many heartbeats and fetch attempts
+        assert len(applied) == seen
+        assert all(r.cluster_id == "C" for r in applied)
+        refused = fake.registrations[1:]
+        assert refused and all(r.cluster_id == "C" for r in refused)
+        fake.foreign = False  # the controller's data is back
+        async with asyncio.timeout(5):
+            await channel.accepted.wait()
+            while len(applied) == seen:
+                fake.log.append(
+                    MetadataEntry(
+                        offset=len(fake.log),
+                        record=UnfenceBrokerRecord(broker_id=1, broker_epoch=fake.epoch),
+                    )
+                )
+                await asyncio.sleep(0.05)
+        assert all(r.cluster_id == "C" and not r.is_snapshot for r in applied)
 
 
 async def test_cluster_id_mismatch() -> None:

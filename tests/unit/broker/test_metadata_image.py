@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from broker.metadata_image import MetadataImage
+from broker_harness import partition_record
+
+from broker.metadata_image import MAX_REMEMBERED_DELETIONS, MetadataImage
 from protocol.messages import MetadataEntry
 from protocol.metadata_records import (
     FenceBrokerRecord,
     ListenerInfo,
-    PartitionRecord,
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
@@ -20,14 +21,8 @@ def entries(*records: object, start: int = 0) -> list[MetadataEntry]:
 
 
 def part(topic_id: str, index: int, replicas: list[int], leader: int, epoch: int = 0, pe: int = 0):
-    return PartitionRecord(
-        topic_id=topic_id,
-        partition_id=index,
-        replicas=replicas,
-        isr=list(replicas),
-        leader=leader,
-        leader_epoch=epoch,
-        partition_epoch=pe,
+    return partition_record(
+        topic_id, index, replicas=replicas, leader=leader, epoch=epoch, partition_epoch=pe
     )
 
 
@@ -68,7 +63,9 @@ def test_partition_changes_and_local_roles() -> None:
     assert set(local.leaders) == {("t", 0)}
     assert set(local.followers) == {("t", 1)}
     assert set(local.offline) == {("t", 3)}
-    assert set(local.deletes) == {("t", 2)}  # not ours: make sure no stale replica stays
+    # Not ours and never was: nothing to delete on that inference (a local directory
+    # of that name is judged by its topic id at start-up, replica_manager.py).
+    assert not local.deletes and not local.strays
 
     # A leader change bumps the epoch; replaying an old entry is ignored.
     delta = image.apply(entries(part("T1", 1, [2, 1], leader=1, epoch=1, pe=1), start=5))
@@ -90,9 +87,12 @@ def test_remove_topic_and_recreate_in_one_batch() -> None:
     )
     assert delta.removed[("t", 0)].topic_id == "T1"
     assert delta.changed[("t", 0)].topic_id == "T2"
+    assert delta.deleted_topics == {"T1": "t"}
     local = delta.local_changes(1)
     assert local.deletes == {("t", 0): "T1"}
+    assert not local.strays
     assert local.leaders[("t", 0)].topic_id == "T2"
+    assert image.deleted_topic_ids == {"T1": "t"}
 
 
 def test_snapshot_replaces_the_image_with_a_diff() -> None:
@@ -118,3 +118,65 @@ def test_snapshot_replaces_the_image_with_a_diff() -> None:
     assert delta.changed[("kept", 0)].leader_epoch == 3
     assert image.offset == 11
     assert "gone" not in image.topics_by_name
+    # A snapshot without the topic is no deletion record: the replica is set aside as
+    # stray, never deleted (Kafka would delete it here).
+    local = delta.local_changes(1)
+    assert local.strays == {("gone", 0): "G"}
+    assert not local.deletes
+    assert not image.deleted_topic_ids
+
+
+def test_only_a_remove_topic_record_naming_the_topic_id_deletes_a_replica() -> None:
+    image = MetadataImage()
+    image.apply(entries(TopicRecord(name="t", topic_id="T1"), part("T1", 0, [1, 2], leader=1)))
+    # An empty snapshot (a controller that lost its data, restored from an old backup):
+    # the replica vanished, nobody deleted it.
+    delta = image.apply(entries(start=5), is_snapshot=True, next_offset=5)
+    assert delta.local_changes(1).strays == {("t", 0): "T1"}
+    assert not delta.local_changes(1).deletes
+    # The topic comes back (same id) and is then deleted by a record: that deletes it.
+    image.apply(
+        entries(TopicRecord(name="t", topic_id="T1"), part("T1", 0, [1, 2], leader=1), start=5),
+        is_snapshot=True,
+        next_offset=7,
+    )
+    delta = image.apply(entries(RemoveTopicRecord(topic_id="T1"), start=7))
+    local = delta.local_changes(2)
+    assert local.deletes == {("t", 0): "T1"} and not local.strays
+    # A broker that was never a replica has nothing to do.
+    assert not delta.local_changes(3)
+
+
+def test_a_partition_record_moving_the_replica_away_deletes_it() -> None:
+    # Kafka's TopicDelta rule (reassignment): the same topic id, the broker was in the
+    # replica set and a PartitionRecord takes it out. The controller never moves
+    # replicas today; the rule is kept for when it does.
+    image = MetadataImage()
+    image.apply(entries(TopicRecord(name="t", topic_id="T1"), part("T1", 0, [1, 2], leader=1)))
+    delta = image.apply(entries(part("T1", 0, [2, 3], leader=2, epoch=1, pe=1), start=2))
+    assert delta.local_changes(1).deletes == {("t", 0): "T1"}
+    assert set(delta.local_changes(3).followers) == {("t", 0)}
+    # The same move seen only through a snapshot is set aside, not deleted.
+    image = MetadataImage()
+    image.apply(entries(TopicRecord(name="t", topic_id="T1"), part("T1", 0, [1, 2], leader=1)))
+    delta = image.apply(
+        entries(TopicRecord(name="t", topic_id="T1"), part("T1", 0, [2, 3], leader=2, epoch=1)),
+        is_snapshot=True,
+        next_offset=9,
+    )
+    local = delta.local_changes(1)
+    assert local.strays == {("t", 0): "T1"} and not local.deletes
+
+
+def test_remembered_deletions_are_bounded() -> None:
+    image = MetadataImage()
+    n = MAX_REMEMBERED_DELETIONS + 3
+    records: list[object] = []
+    for i in range(n):
+        records += [
+            TopicRecord(name=f"t{i}", topic_id=f"T{i}"),
+            RemoveTopicRecord(topic_id=f"T{i}"),
+        ]
+    image.apply(entries(*records))
+    assert len(image.deleted_topic_ids) == MAX_REMEMBERED_DELETIONS
+    assert "T0" not in image.deleted_topic_ids and f"T{n - 1}" in image.deleted_topic_ids

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import crc32c
 import pytest
-from broker_harness import Harness, batch
+from broker_harness import Harness, batch, partition_record
 
 from broker.partition import Role
+from broker.server import full_delta
 from protocol.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -21,6 +22,7 @@ from protocol.messages import (
     ListOffsetsPartition,
     ListOffsetsRequest,
     ListOffsetsTopic,
+    MetadataEntry,
     OffsetForLeaderEpochRequest,
     OffsetForLeaderPartition,
     OffsetForLeaderTopic,
@@ -28,6 +30,7 @@ from protocol.messages import (
     ProduceRequest,
     ProduceTopic,
 )
+from protocol.metadata_records import RemoveTopicRecord, TopicRecord
 from protocol.record_batch import iter_headers, iter_records
 
 
@@ -432,14 +435,88 @@ async def test_delete_topic_and_recreate(harness: Harness) -> None:
     assert (await produce(h, "t", batch(b"new"))).base_offset == 0
 
 
-async def test_stray_logs_are_deleted(harness: Harness) -> None:
+async def test_unassigned_logs_are_set_aside_as_stray_not_deleted(harness: Harness) -> None:
+    """Nothing is deleted on an inference: local logs the metadata does not assign
+    here are renamed `<dir>.<uuid>-stray` with their data, and reported."""
     h = harness
-    h.log_manager.get_or_create_log(("gone", 0))
+    gone = h.log_manager.get_or_create_log(("gone", 0))
+    gone.append_as_leader(batch(b"keep me"), leader_epoch=0)
     h.log_manager.get_or_create_log(("gone", 1))
     await h.create_topic("kept")
-    await h.rm.delete_stray_logs()
+    await h.rm.handle_unassigned_logs()
     assert sorted(lg.topic_partition for lg in h.log_manager.all_logs()) == [("kept", 0)]
     assert not (h.config.data_dir / "gone-0").exists()
+    strays = h.log_manager.stray_logs()
+    assert sorted((s.topic, s.partition) for s in strays) == [("gone", 0), ("gone", 1)]
+    for stray in strays:
+        assert stray.path.name.startswith(f"gone-{stray.partition}.")
+        assert stray.path.name.endswith("-stray") and stray.path.is_dir()
+    kept = next(s for s in strays if s.partition == 0)
+    assert any(f.suffix == ".log" and f.stat().st_size > 0 for f in kept.path.iterdir())
+    assert kept.size_bytes() > 0
+
+
+async def test_a_topic_deleted_while_down_is_deleted_at_start_up(tmp_path: Path) -> None:
+    """The broker replays the metadata log at start-up: a RemoveTopicRecord naming the
+    local replica's topic id (seen in that replay) deletes it; a re-created topic of
+    the same name starts empty, without the old data."""
+    h = Harness(tmp_path / "b")
+    await h.create_topic("t", topic_id="old-id")
+    await produce(h, "t", batch(b"old"))
+    await h.create_topic("u", topic_id="u-id")
+    await h.close()
+    h2 = Harness(tmp_path / "b")  # restarted: replays the log, publishes at the end
+    h2._topic_ids["t"] = "old-id"
+    h2.image.apply(
+        [
+            MetadataEntry(offset=0, record=TopicRecord(name="t", topic_id="old-id")),
+            MetadataEntry(offset=1, record=RemoveTopicRecord(topic_id="old-id")),
+            MetadataEntry(offset=2, record=TopicRecord(name="t", topic_id="new-id")),
+            MetadataEntry(offset=3, record=partition_record("new-id", replicas=[1], leader=1)),
+        ]
+    )
+    await h2.rm.apply_delta(full_delta(h2.image))
+    await h2.rm.handle_unassigned_logs()
+    p = h2.rm.partitions[("t", 0)]
+    assert p.topic_id == "new-id" and p.log_end_offset == 0
+    assert p.log.topic_id == "new-id"
+    # "u" was never deleted by a record: set aside, not deleted.
+    assert [(s.topic, s.topic_id) for s in h2.log_manager.stray_logs()] == [("u", "u-id")]
+    await h2.close()
+
+
+async def test_a_replica_of_an_unknown_older_topic_id_is_set_aside(harness: Harness) -> None:
+    """Same name, new topic id, no RemoveTopicRecord seen for the old id (e.g. a
+    snapshot): the old replica is renamed aside, the new topic starts empty."""
+    h = harness
+    await h.create_topic("t", topic_id="old-id")
+    await produce(h, "t", batch(b"old"))
+    snapshot = [
+        MetadataEntry(offset=9, record=TopicRecord(name="t", topic_id="new-id")),
+        MetadataEntry(offset=9, record=partition_record("new-id", replicas=[1], leader=1)),
+    ]
+    await h.rm.apply_delta(h.image.apply(snapshot, is_snapshot=True, next_offset=10))
+    assert h.rm.partitions[("t", 0)].log_end_offset == 0
+    assert [(s.topic, s.topic_id) for s in h.log_manager.stray_logs()] == [("t", "old-id")]
+
+
+async def test_a_log_without_a_topic_id_is_adopted_when_assigned(tmp_path: Path) -> None:
+    """Upgrade path: a directory written before partition.metadata existed keeps
+    serving when the metadata assigns that partition here, and gets the file."""
+    h = Harness(tmp_path / "b")
+    await h.create_topic("t", topic_id="the-id")
+    await produce(h, "t", batch(b"a"))
+    log_dir = h.rm.partitions[("t", 0)].log.dir
+    await h.close()
+    (log_dir / "partition.metadata").unlink()  # as an older version left it
+    h2 = Harness(tmp_path / "b")
+    assert h2.log_manager.get_log(("t", 0)).topic_id is None
+    await h2.create_topic("t", topic_id="the-id")
+    await h2.rm.handle_unassigned_logs()
+    assert h2.rm.partitions[("t", 0)].log_end_offset == 1
+    assert (log_dir / "partition.metadata").read_text() == "version: 0\ntopic_id: the-id\n"
+    assert h2.log_manager.stray_logs() == []
+    await h2.close()
 
 
 async def test_checkpoints_and_flush_messages(tmp_path: Path) -> None:

@@ -15,6 +15,9 @@ from protocol.messages import (
     DescribeClusterBroker,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
+    DescribeLogDirsResult,
     EpochEndOffsetResult,
     FetchPartitionResponse,
     FetchRequest,
@@ -50,6 +53,7 @@ from protocol.messages import (
     ProduceRequest,
     ProduceResponse,
     ProduceTopicResponse,
+    StrayReplica,
 )
 from protocol.record_batch import stamp, validate_batches
 
@@ -122,6 +126,7 @@ class FakeBroker:
         # False: answer InitProducerId with INVALID_REQUEST (a broker without it).
         self.supports_idempotence = True
         self.next_producer_id = 1000
+        self.strays: list[StrayReplica] = []  # what DescribeLogDirs reports
         self.committed: dict[tuple[str, str, int], tuple[int, int, str | None]] = {}
 
     def create_topic(self, name: str, partitions: int, leader_epoch: int = 0) -> None:
@@ -207,6 +212,10 @@ class FakeBroker:
                 brokers=[
                     DescribeClusterBroker(broker_id=self.node_id, host=self.host, port=self.port)
                 ],
+            )
+        if isinstance(body, DescribeLogDirsRequest):
+            return DescribeLogDirsResponse(
+                results=[DescribeLogDirsResult(log_dir="/fake", strays=list(self.strays))]
             )
         raise NotImplementedError(type(body).__name__)
 

@@ -20,6 +20,7 @@ from client.health import (
     NO_BROKER_REACHABLE,
     SOURCE_BROKER,
     SOURCE_CONTROLLER,
+    render_text,
 )
 from protocol.connection import RejectedRequest, ServerConnection
 from protocol.errors import ErrorCode
@@ -29,6 +30,7 @@ from protocol.messages import (
     DescribeClusterBroker,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    DescribeLogDirsRequest,
     DescribeReplicaLogRequest,
     DescribeReplicaLogResponse,
     EpochStartOffset,
@@ -37,6 +39,7 @@ from protocol.messages import (
     MetadataResponse,
     MetadataTopic,
     ReplicaBatchInfo,
+    StrayReplica,
 )
 
 
@@ -78,7 +81,8 @@ async def test_healthy_from_a_broker(broker: FakeBroker) -> None:
     assert h.source == SOURCE_BROKER and h.controller_reachable is None
     assert h.brokers == h.live_brokers == (1,)
     assert (h.topic_count, h.partition_count) == (1, 2)
-    assert len(broker.requests_of(ApiVersionsRequest)) == 1  # the probe
+    assert len(broker.requests_of(DescribeLogDirsRequest)) == 1  # the probe
+    assert h.stray_replicas == ()
 
 
 async def test_a_dead_unfenced_broker_and_a_fenced_one_are_down(broker: FakeBroker) -> None:
@@ -130,7 +134,38 @@ async def test_the_controller_view_wins_when_it_answers(broker: FakeBroker) -> N
     assert h.unhealthy_reasons == (LEADERLESS_PARTITIONS,)
     # Probed at the address the broker gave, not the controller's (unroutable) one.
     assert h.unreachable_brokers == ()
-    assert not controller.requests_of(ApiVersionsRequest)
+    assert not controller.requests_of(DescribeLogDirsRequest)
+
+
+async def test_stray_replicas_are_reported_without_making_the_cluster_unhealthy(
+    broker: FakeBroker,
+) -> None:
+    broker.strays = [
+        StrayReplica(
+            dir_name="ghost-0.0123456789abcdef0123456789abcdef-stray",
+            topic="ghost",
+            partition=0,
+            topic_id="G1",
+            size_bytes=1234,
+        )
+    ]
+    async with AsyncAdmin(broker.address) as admin:
+        h = await admin.cluster_health()
+    assert h.healthy and h.unhealthy_reasons == ()
+    (stray,) = h.stray_replicas
+    assert (stray.broker, stray.topic, stray.partition, stray.size_bytes) == (1, "ghost", 0, 1234)
+    assert h.to_dict()["stray_replicas"] == [
+        {
+            "broker": 1,
+            "dir_name": "ghost-0.0123456789abcdef0123456789abcdef-stray",
+            "topic": "ghost",
+            "partition": 0,
+            "topic_id": "G1",
+            "size_bytes": 1234,
+        }
+    ]
+    (line,) = [x for x in render_text(h).splitlines() if x.startswith("Stray replicas (1):")]
+    assert line.endswith(" [1:ghost-0.0123456789abcdef0123456789abcdef-stray]")
 
 
 async def test_an_unreachable_controller_is_a_verdict(broker: FakeBroker) -> None:

@@ -20,7 +20,10 @@ from protocol.errors import ErrorCode
 from protocol.messages import (
     ApiVersionsRequest,
     ApiVersionsResponse,
+    BrokerRegistrationRequest,
+    BrokerRegistrationResponse,
     FetchMetadataRequest,
+    Listener,
     Message,
 )
 
@@ -178,10 +181,24 @@ async def test_handler_exception_answers_unknown_server_error(process, caplog) -
 async def test_bounded_in_flight_and_ordered_responses(process) -> None:
     port = process.server.address[1]
     client = await Client.connect(port)
-    # Two long-polls fill the in-flight limit; the ApiVersions behind them waits, then
-    # everything comes back in request order.
+    registered = await client.receive(
+        client.send(
+            BrokerRegistrationRequest(
+                broker_id=1,
+                incarnation_id="i",
+                listeners=[Listener(name="PLAINTEXT", host="127.0.0.1", port=1)],
+            )
+        )
+    )
+    assert isinstance(registered.body, BrokerRegistrationResponse)
+    epoch = registered.body.broker_epoch
+    end = epoch + 1
+    # Two long-polls (at the log end) fill the in-flight limit; the ApiVersions behind
+    # them waits, then everything comes back in request order.
     polls = [
-        client.send(FetchMetadataRequest(broker_id=1, from_offset=0, max_wait_ms=300))
+        client.send(
+            FetchMetadataRequest(broker_id=1, broker_epoch=epoch, from_offset=end, max_wait_ms=300)
+        )
         for _ in range(2)
     ]
     quick = client.send(ApiVersionsRequest())

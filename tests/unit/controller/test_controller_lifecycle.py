@@ -105,6 +105,28 @@ async def test_registration_errors(harness) -> None:
     assert bad_port.error_code == ErrorCode.INVALID_REQUEST
 
 
+async def test_a_fresh_controller_says_once_that_brokers_of_an_existing_cluster_knock(
+    harness, caplog
+) -> None:
+    """A controller that formatted a new cluster id (its data dir was lost) refuses
+    the brokers of the old cluster with ONE clear line, not one per retry."""
+    h = harness
+    h.handlers.new_cluster = True
+    for _ in range(5):  # every broker retries at each heartbeat
+        for broker_id in (1, 2, 3):
+            refused = await h.register(broker_id, cluster_id="old-cluster")
+            assert refused.error_code == ErrorCode.INCONSISTENT_CLUSTER_ID
+            assert refused.cluster_id == "test-cluster-id"
+    lines = [r.getMessage() for r in caplog.records if "old-cluster" in r.getMessage()]
+    assert len(lines) == 1, lines
+    (line,) = lines
+    assert "brokers of an existing cluster (id old-cluster) are knocking" in line
+    assert "formatted a NEW cluster id test-cluster-id" in line
+    assert "probably because its data directory was lost" in line
+    assert "restore its data directory" in line
+    assert not h.image.brokers  # nothing registered
+
+
 async def test_heartbeat_stale_epoch(harness) -> None:
     h = harness
     r = await h.register(1)

@@ -173,3 +173,59 @@ def test_illegal_topic_names_are_refused(data_dir: Path):
     with pytest.raises(ValueError, match="illegal partition"):
         manager.get_or_create_log(("orders", -1))
     manager.close()
+
+
+def test_a_stray_log_is_renamed_aside_with_its_data_and_skipped_at_startup(
+    data_dir: Path, make_batch: MakeBatch
+):
+    manager = _started(data_dir)
+    log = manager.get_or_create_log(("orders", 0))
+    log.assign_topic_id("T-orders")
+    log.append_as_leader(make_batch(3), 0, now_ms=0)
+    manager.get_or_create_log(("kept", 0))
+    stray = manager.set_aside_as_stray(("orders", 0))
+    assert stray is not None and stray.topic_id == "T-orders"
+    assert (stray.topic, stray.partition) == ("orders", 0)
+    assert stray.path.name.startswith("orders-0.") and stray.path.name.endswith("-stray")
+    assert not (data_dir / "orders-0").exists()
+    assert manager.get_log(("orders", 0)) is None
+    assert stray.size_bytes() > 0
+    recovery_points = OffsetCheckpointFile(data_dir / RECOVERY_POINT_CHECKPOINT).read()
+    assert ("orders", 0) not in recovery_points and ("kept", 0) in recovery_points
+    manager.shutdown()
+    again = LogManager(data_dir, CONFIG)
+    assert again.startup() == {("kept", 0)}  # the stray is neither loaded nor deleted
+    assert again.stray_logs() == [stray]
+    assert stray.path.is_dir()
+    again.close()
+
+
+def test_set_aside_names_fit_in_255_bytes(data_dir: Path):
+    manager = _started(data_dir)
+    topic = "t" * 249
+    manager.get_or_create_log((topic, 12345))
+    stray = manager.set_aside_as_stray((topic, 12345))
+    assert stray is not None and len(stray.path.name) == 255
+    assert stray.path.name.endswith("-12345." + stray.path.name.split(".")[-1])
+    manager.close()
+    again = _started(data_dir)
+    assert [s.partition for s in again.stray_logs()] == [12345]
+    again.close()
+
+
+def test_partition_metadata_records_the_topic_id(data_dir: Path):
+    manager = _started(data_dir)
+    log = manager.get_or_create_log(("t", 0))
+    assert log.topic_id is None
+    log.assign_topic_id("abc")
+    log.assign_topic_id("abc")  # idempotent
+    with pytest.raises(StorageError, match="belongs to topic id abc"):
+        log.assign_topic_id("other")
+    assert (data_dir / "t-0" / "partition.metadata").read_text() == "version: 0\ntopic_id: abc\n"
+    manager.shutdown()
+    again = _started(data_dir)
+    assert again.get_log(("t", 0)).topic_id == "abc"
+    again.close()
+    (data_dir / "t-0" / "partition.metadata").write_text("version: 7\ntopic_id: abc\n")
+    with pytest.raises(CorruptCheckpointError, match=r"partition\.metadata: version 7, expected 0"):
+        _started(data_dir)
