@@ -918,9 +918,12 @@ class AsyncConsumer:
         asked = {tp: (epoch, last_epoch) for tp, _, epoch, last_epoch in parts}
         sent = {tp: (offset, last_epoch) for tp, offset, _, last_epoch in parts}
         try:
-            outcomes = await ask_leader(
-                self._cluster, node, asked, timeout_ms=self.request_timeout_ms
-            )
+            try:
+                outcomes = await ask_leader(
+                    self._cluster, node, asked, timeout_ms=self.request_timeout_ms
+                )
+            except MinibrokerError as exc:  # ask_leader reports most errors per partition
+                outcomes = dict.fromkeys(asked, exc)
             for tp, outcome in outcomes.items():
                 self._handle_validation(tp, sent[tp], outcome)
         except asyncio.CancelledError:
