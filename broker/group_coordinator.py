@@ -342,7 +342,7 @@ class GroupCoordinator:
         warned = False
         # Everything earlier leaders acknowledged lies below our epoch's start offset;
         # it is committed once the high watermark reaches it.
-        while p.high_watermark < p.leader_epoch_start_offset:
+        while p.high_watermark_behind_epoch_start:
             if not self._still_leading(p, shard):
                 return
             if not warned and time.monotonic() - started > LOAD_SLOW_WARNING_S:

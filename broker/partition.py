@@ -127,6 +127,15 @@ class Partition:
         return self.log.log_start_offset
 
     @property
+    def high_watermark_behind_epoch_start(self) -> bool:
+        """A leader whose high watermark has not reached the offset where its epoch
+        started (KIP-207; Kafka's Partition.fetchOffsetForTimestamp): it took over with
+        records its predecessor may have acknowledged, and learns they are committed
+        only once every ISR member fetched in its epoch. Until then it cannot say where
+        the committed log ends: consumers' ListOffsets answer OFFSET_NOT_AVAILABLE."""
+        return self.is_leader and self.leader_epoch_start_offset > self.high_watermark
+
+    @property
     def maximal_isr(self) -> tuple[int, ...]:
         """The committed ISR plus the members a pending change would add: what the
         high watermark and acks=all count (a pending shrink still counts the member

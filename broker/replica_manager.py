@@ -927,11 +927,18 @@ class ReplicaManager:
                     r.error_code = err
                     continue
                 ts = lp.timestamp
+                # Kafka's fetchOffsetForTimestamp: for consumers, a new leader whose
+                # HW lags its epoch start has no "latest" to give (it would go back),
+                # nor a timestamp answer at or past its HW; earliest is served.
+                lagging = not to_leo and p.high_watermark_behind_epoch_start
                 if ts == EARLIEST_TIMESTAMP:
                     r.offset = p.log_start_offset
                     epoch = p.log.epoch_cache.epoch_for_offset(r.offset)
                     r.leader_epoch = epoch if epoch is not None else -1
                 elif ts == LATEST_TIMESTAMP:
+                    if lagging:
+                        r.error_code = ErrorCode.OFFSET_NOT_AVAILABLE
+                        continue
                     r.offset = p.log_end_offset if to_leo else p.high_watermark
                     r.leader_epoch = p.leader_epoch
                 elif ts >= 0:
@@ -939,6 +946,8 @@ class ReplicaManager:
                     limit = p.log_end_offset if to_leo else p.high_watermark
                     if found is not None and found[0] < limit:
                         r.offset, r.timestamp, r.leader_epoch = found[0], found[1], found[2]
+                    elif lagging:
+                        r.error_code = ErrorCode.OFFSET_NOT_AVAILABLE
                 else:
                     r.error_code = ErrorCode.INVALID_REQUEST
         return ListOffsetsResponse(topics=topics_out)

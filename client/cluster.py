@@ -9,6 +9,14 @@ the client back to a deposed leader, or make a consumer reset its offset for not
 (KAFKA-6262). The last seen epoch of a partition outlives its cache entry (a broker
 that does not know the topic yet does not reset it); a new topic id (the topic was
 deleted and created again) resets it, since epochs restart at 0.
+
+A position about to be validated can carry a newer leader epoch than any answer so far
+(a seek or a committed offset with its epoch, a Spark plan): `await_leader_epoch`
+records it, and until an answer reaches it the partition's entry is not current
+(`leader_for` refuses it) and older answers count as stale, so the refresh goes to
+another broker. This is Kafka's `Metadata.updateLastSeenEpochIfNewer` (called from
+seek and from committed offsets) with `partitionMetadataIfCurrent` (KIP-320: "wait
+until the metadata has at least reached the epoch of the committed offset").
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from client.errors import (
     START_HINT,
     ConnectionFailedError,
     KafkaTimeoutError,
+    LeaderEpochBehindError,
     LeaderNotAvailableError,
     MinibrokerError,
     NoBrokersAvailableError,
@@ -107,7 +116,9 @@ class ClusterMetadata:
 
     `unsafe_accept_stale_metadata` is TEST-ONLY: it switches the KIP-232 rule off, so an
     answer older for a partition than the cache replaces the entry (how clients before
-    KIP-232 behaved). Scenario 6 uses it to show the anomaly the rule prevents; never
+    KIP-232 behaved), and with it the awaited epochs of positions (Kafka keeps both in
+    one last-seen-epoch map): a position's epoch no longer holds the client back from
+    an older leader. Scenario 6 uses it to show the anomaly the rule prevents; never
     set it in an application.
     """
 
@@ -123,6 +134,9 @@ class ClusterMetadata:
         self._topic_ids: dict[str, str] = {}
         # Survives removal of the topic from the cache; reset by a new topic id.
         self._last_seen_epochs: dict[TopicPartition, int] = {}
+        # Epochs of positions to validate, newer than any answer yet (see the module
+        # docstring); dropped once an answer reaches them.
+        self._awaited_epochs: dict[TopicPartition, int] = {}
 
     # ------------------------------------------------------------ reads
 
@@ -156,6 +170,23 @@ class ClusterMetadata:
     def last_seen_epoch(self, tp: TopicPartition) -> int:
         """Highest leader epoch seen for the partition (KIP-232), -1 if none."""
         return self._last_seen_epochs.get(tp, NO_EPOCH)
+
+    def awaited_epoch(self, tp: TopicPartition) -> int:
+        """The leader epoch a position to validate needs and no answer has reached yet
+        (-1: none): the entry is not current until it does."""
+        return self._awaited_epochs.get(tp, NO_EPOCH)
+
+    def await_leader_epoch(self, tp: TopicPartition, epoch: int) -> None:
+        """A position of leader epoch `epoch` is to be validated: treat every answer
+        older than it as stale (Kafka's updateLastSeenEpochIfNewer)."""
+        if self.unsafe_accept_stale_metadata:
+            return  # test-only: the rule is off (see the class docstring)
+        if epoch > max(self._last_seen_epochs.get(tp, NO_EPOCH), self.awaited_epoch(tp)):
+            self._awaited_epochs[tp] = epoch
+
+    def stop_awaiting(self, tp: TopicPartition) -> None:
+        """The position that needed an epoch is gone (a seek without one, a reset)."""
+        self._awaited_epochs.pop(tp, None)
 
     def broker(self, node_id: int) -> BrokerMetadata | None:
         """A cached broker by id (None: not live)."""
@@ -194,21 +225,30 @@ class ClusterMetadata:
             for p in topic.partitions:
                 tp = TopicPartition(topic.name, p.partition_index)
                 seen = self._last_seen_epochs.get(tp, NO_EPOCH)
-                if p.leader_epoch != NO_EPOCH and p.leader_epoch < seen:
+                newest = max(seen, self.awaited_epoch(tp))
+                current = True
+                if p.leader_epoch != NO_EPOCH and p.leader_epoch < newest:
                     if not self.unsafe_accept_stale_metadata:
                         # KIP-232: an older view of this partition than we have seen.
                         stale.append(tp)
-                        continue
-                    log.warning(
-                        "UNSAFE (test-only unsafe_accept_stale_metadata): adopting leader %d "
-                        "at epoch %d for %s although epoch %d was seen",
-                        p.leader_id,
-                        p.leader_epoch,
-                        tp,
-                        seen,
-                    )
+                        if p.leader_epoch < seen or tp in self._partitions:
+                            continue
+                        # Older only than an awaited epoch, and nothing cached: keep
+                        # it so the partition is known; leader_for refuses it.
+                        current = False
+                    else:
+                        log.warning(
+                            "UNSAFE (test-only unsafe_accept_stale_metadata): adopting "
+                            "leader %d at epoch %d for %s although epoch %d was seen",
+                            p.leader_id,
+                            p.leader_epoch,
+                            tp,
+                            newest,
+                        )
                 if p.leader_epoch != NO_EPOCH:
                     self._last_seen_epochs[tp] = p.leader_epoch
+                    if p.leader_epoch >= self.awaited_epoch(tp):
+                        self._awaited_epochs.pop(tp, None)
                 self._partitions[tp] = PartitionMetadata(
                     topic.name,
                     p.partition_index,
@@ -220,7 +260,8 @@ class ClusterMetadata:
                     p.error_code,
                 )
                 ids.add(p.partition_index)
-                updated.append(tp)
+                if current:
+                    updated.append(tp)
             self._topic_partitions[topic.name] = sorted(ids)
         brokers = {
             b.node_id: BrokerMetadata(b.node_id, b.host, b.port, b.rack) for b in response.brokers
@@ -244,8 +285,9 @@ class ClusterMetadata:
                 self._last_seen_epochs.pop(tp, None)
         if forget_epochs:
             self._topic_ids.pop(topic, None)
-            for tp in [tp for tp in self._last_seen_epochs if tp.topic == topic]:
-                del self._last_seen_epochs[tp]
+            for epochs in (self._last_seen_epochs, self._awaited_epochs):
+                for tp in [tp for tp in epochs if tp.topic == topic]:
+                    del epochs[tp]
 
 
 def _code(value: int) -> ErrorCode:
@@ -289,6 +331,8 @@ class ClusterClient:
         self._refresh_lock = asyncio.Lock()
         self._refresh_task: asyncio.Task[None] | None = None
         self._stale_refreshes = 0
+        # The broker whose last answer was stale: refreshes try the others first.
+        self._stale_node = -1
         self._bootstrapped = False
         self._closed = False
 
@@ -356,11 +400,21 @@ class ClusterClient:
 
     def leader_for(self, tp: TopicPartition) -> tuple[int, int]:
         """(leader node id, leader epoch) from the cache. Raises
-        UnknownTopicOrPartitionError / LeaderNotAvailableError (both retriable)."""
+        UnknownTopicOrPartitionError / LeaderNotAvailableError, or LeaderEpochBehindError
+        while the entry is older than an awaited epoch (all retriable after a refresh)."""
         meta = self.metadata.partition(tp)
         if meta is None:
             raise UnknownTopicOrPartitionError(
                 "not in this client's metadata", topic=tp.topic, partition=tp.partition
+            )
+        awaited = self.metadata.awaited_epoch(tp)
+        if meta.leader_epoch < awaited:
+            raise LeaderEpochBehindError(
+                f"the metadata has leader {meta.leader} at leader epoch {meta.leader_epoch}, "
+                f"older than leader epoch {awaited} of a position to validate; waiting for "
+                "a metadata refresh to reach it",
+                topic=tp.topic,
+                partition=tp.partition,
             )
         if meta.leader < 0:
             raise LeaderNotAvailableError(
@@ -415,7 +469,7 @@ class ClusterClient:
             self.add_topics(topics)
         async with self._refresh_lock:
             request = MetadataRequest(topics=None if all_topics else sorted(self._topics))
-            response, conn = await self._send_any_with_conn(request)
+            response, conn = await self._send_any_with_conn(request, avoid_node=self._stale_node)
             assert isinstance(response, MetadataResponse)
             return response, self._apply(response, conn)
 
@@ -425,12 +479,13 @@ class ClusterClient:
         if self._closed or (self._refresh_task is not None and not self._refresh_task.done()):
             return
         self._refresh_task = asyncio.get_running_loop().create_task(
-            self._background_refresh(0.0), name="minibroker-metadata-refresh"
+            self._background_refresh(0.0, self._stale_node), name="minibroker-metadata-refresh"
         )
 
     def _apply(self, response: MetadataResponse, conn: BrokerConnection) -> MetadataUpdate:
         update = self.metadata.update(response)
         if update.stale:
+            self._stale_node = conn.node_id
             self._stale_refreshes += 1
             log.info(
                 "ignored stale metadata from %s for %s (older leader epochs than cached, "
@@ -444,6 +499,7 @@ class ClusterClient:
                 self._schedule_stale_refresh(conn.node_id)
         else:
             self._stale_refreshes = 0
+            self._stale_node = -1
         return update
 
     def _schedule_stale_refresh(self, avoid_node: int) -> None:

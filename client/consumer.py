@@ -13,10 +13,17 @@ last consumed record), as `OffsetAndMetadata` carries it.
 Retriable errors refresh metadata and back off the partition; OFFSET_OUT_OF_RANGE
 resets per `auto_offset_reset` ('earliest', 'latest' or 'none' to raise).
 
-Truncation detection with OffsetsForLeaderEpoch after a leader change is a later
-issue: see `_validate_position`. A diverging_epoch in a Fetch answer is already
-handled (LogTruncationError with 'none', else resume at the divergence point).
-Consumer groups (subscribe, commit) are a later issue too.
+Truncation detection (KIP-320): after a leader change seen in metadata (or a
+FENCED_LEADER_EPOCH / NOT_LEADER_OR_FOLLOWER answer), after a seek with an epoch and
+when starting from a committed offset, the position awaits validation: the leader is
+asked with OffsetsForLeaderEpoch where the position's epoch ends, under the rules of
+client/epochs.py (never ask a leader older than the position's epoch: wait for the
+metadata to reach it, with backoff, bounded by default_api_timeout_ms; an "unknown"
+answer is retried, never a truncation). A leader epoch change drops the partition's
+buffered records first, as Kafka's fetcher drops completed fetches of a partition
+that is no longer FETCHING, so nothing of a lost lineage is handed out once the
+change is known. A diverging_epoch in a Fetch answer is handled the same way
+(LogTruncationError with 'none', else resume at the divergence point).
 """
 
 from __future__ import annotations
@@ -31,10 +38,12 @@ from types import TracebackType
 from typing import Any
 
 from client.cluster import ClusterClient
+from client.epochs import EpochEndOffset, ask_leader, leader_for_epoch
 from client.errors import (
     BrokerResponseError,
     IllegalStateError,
     KafkaTimeoutError,
+    LeaderEpochBehindError,
     LogTruncationError,
     MinibrokerError,
     NoOffsetForPartitionError,
@@ -47,7 +56,6 @@ from protocol.api import CONSUMER_REPLICA_ID, EARLIEST_TIMESTAMP, LATEST_TIMESTA
 from protocol.errors import CorruptRecordError as ProtocolCorruptRecordError
 from protocol.errors import ErrorCode
 from protocol.messages import (
-    EpochEndOffsetResult,
     FetchPartition,
     FetchPartitionResponse,
     FetchRequest,
@@ -63,10 +71,6 @@ from protocol.messages import (
     OffsetFetchRequest,
     OffsetFetchResponse,
     OffsetFetchTopic,
-    OffsetForLeaderEpochRequest,
-    OffsetForLeaderEpochResponse,
-    OffsetForLeaderPartition,
-    OffsetForLeaderTopic,
 )
 from protocol.record_batch import check_batch, decode_batch_into, iter_headers
 
@@ -75,6 +79,9 @@ log = logging.getLogger(__name__)
 _RESET_TIMESTAMPS = {"earliest": EARLIEST_TIMESTAMP, "latest": LATEST_TIMESTAMP}
 _ISOLATION = {"read_uncommitted": 0, "read_committed": 1}
 _COORDINATOR_MAX_BACKOFF_S = 1.0
+# Longest pause between metadata refreshes while a position waits for its leader
+# epoch to appear in the metadata (Kafka's retry.backoff.max.ms).
+_EPOCH_WAIT_MAX_BACKOFF_S = 1.0
 # Partition or response errors after which the coordinator is looked up again (as
 # Kafka's commit handler marks the coordinator unknown).
 _COORDINATOR_MOVED = frozenset(
@@ -100,6 +107,8 @@ class _PartitionState:
     __slots__ = (
         "awaiting_validation",
         "backoff_until",
+        "epoch_wait_since",
+        "epoch_waits",
         "high_watermark",
         "leader_epoch_seen",
         "log_start_offset",
@@ -123,12 +132,18 @@ class _PartitionState:
         # KIP-320: hold fetching until OffsetsForLeaderEpoch confirms the position
         # (after a leader change, or a seek/committed offset carrying an epoch).
         self.awaiting_validation = False
+        # Since when (monotonic s; 0: not) the position waits for a leader at its
+        # epoch (client/epochs.py rules 1, 2), and how many retries so far.
+        self.epoch_wait_since = 0.0
+        self.epoch_waits = 0
 
     def set_position(self, offset: int, epoch: int, *, validate: bool = False) -> None:
         self.position = offset
         self.position_epoch = epoch
         self.reset = None
         self.awaiting_validation = validate and epoch != NO_EPOCH
+        self.epoch_wait_since = 0.0
+        self.epoch_waits = 0
 
 
 class _Fetched:
@@ -260,8 +275,7 @@ class AsyncConsumer:
         wanted = {TopicPartition(*tp) for tp in partitions}
         for tp in list(self._states):
             if tp not in wanted:
-                del self._states[tp]
-                self._buffer.pop(tp, None)
+                self._forget(tp)
         for tp in wanted:
             self._states.setdefault(tp, _PartitionState())
         self._cluster.add_topics({tp.topic for tp in wanted})
@@ -277,8 +291,7 @@ class AsyncConsumer:
         self._cluster.add_topics(names)
         for tp in list(self._states):
             if tp.topic not in names:
-                del self._states[tp]
-                self._buffer.pop(tp, None)
+                self._forget(tp)
         self._expand_subscription()
 
     def subscription(self) -> set[str]:
@@ -288,8 +301,14 @@ class AsyncConsumer:
     def unsubscribe(self) -> None:
         """Drop the subscription and every assigned partition."""
         self._subscription = None
-        self._states.clear()
-        self._buffer.clear()
+        for tp in list(self._states):
+            self._forget(tp)
+
+    def _forget(self, tp: TopicPartition) -> None:
+        """Stop consuming `tp`: its state, buffered records and awaited epoch go."""
+        del self._states[tp]
+        self._buffer.pop(tp, None)
+        self._cluster.metadata.stop_awaiting(tp)
 
     def _expand_subscription(self) -> None:
         if self._subscription is None:
@@ -320,7 +339,18 @@ class AsyncConsumer:
         if position < 0:
             raise ValueError(f"offset must be >= 0, not {position}")
         state.set_position(position, epoch, validate=True)
+        self._await_epoch_of(partition, epoch)
         self._buffer.pop(partition, None)
+
+    def _await_epoch_of(self, tp: TopicPartition, epoch: int) -> None:
+        """A position of leader epoch `epoch` was set from outside the log (a seek, a
+        committed offset): no leader older than it may be asked about it, and metadata
+        answers older than it are stale (client/epochs.py rule 1). Without an epoch,
+        nothing is awaited."""
+        if epoch == NO_EPOCH:
+            self._cluster.metadata.stop_awaiting(tp)
+        else:
+            self._cluster.metadata.await_leader_epoch(tp, epoch)
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         """Move to the log start offset (resolved lazily at the next poll/position)."""
@@ -338,6 +368,7 @@ class AsyncConsumer:
             state.reset = strategy
             state.awaiting_validation = False
             self._buffer.pop(tp, None)
+            self._cluster.metadata.stop_awaiting(tp)
 
     async def position(self, partition: TopicPartition) -> int:
         """Offset of the next record poll() returns for this partition."""
@@ -349,8 +380,9 @@ class AsyncConsumer:
         self._check()
         state = self._state(partition)
         if state.position is None:
-            await self._update_positions([partition])
-        assert state.position is not None
+            error = await self._update_positions([partition], self.request_timeout_ms)
+            if state.position is None:
+                raise error or KafkaTimeoutError(f"{partition} has no position yet")
         return OffsetAndMetadata(state.position, "", state.position_epoch)
 
     def pause(self, *partitions: TopicPartition) -> None:
@@ -401,19 +433,45 @@ class AsyncConsumer:
         self, partitions: Iterable[TopicPartition], timestamp: int
     ) -> dict[TopicPartition, int]:
         self._check()
-        tps = list(partitions)
-        await self._cluster.wait_for_topics(
-            {tp.topic for tp in tps}, timeout_ms=self.request_timeout_ms
-        )
-        results, errors = await list_offsets(
-            self._cluster, dict.fromkeys(tps, timestamp), isolation_level=self.isolation_level
-        )
-        if errors:
-            raise next(iter(errors.values()))
+        results = await self._list_offsets(dict.fromkeys(partitions, timestamp))
         return {tp: r.offset for tp, r in results.items()}
 
-    async def _update_positions(self, partitions: Iterable[TopicPartition] | None = None) -> None:
-        """Resolve pending resets (and missing positions per auto_offset_reset)."""
+    async def _list_offsets(
+        self, timestamps: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp]:
+        """ListOffsets for the user's calls. Retriable answers (a leader moving,
+        OFFSET_NOT_AVAILABLE from a new leader whose high watermark has not reached the
+        start of its epoch yet, KIP-207) are retried with backoff for up to
+        request_timeout_ms, so an end offset never goes back across a failover; then
+        KafkaTimeoutError naming the last error. Other errors raise at once."""
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        await self._cluster.wait_for_topics(
+            {tp.topic for tp in timestamps}, timeout_ms=self.request_timeout_ms
+        )
+        results, errors = await list_offsets(
+            self._cluster,
+            timestamps,
+            timeout_ms=max(0, int((deadline - time.monotonic()) * 1000)),
+            isolation_level=self.isolation_level,
+        )
+        if not errors:
+            return results
+        fatal = [e for e in errors.values() if not e.retriable]
+        if fatal:
+            raise fatal[0]
+        tp, last = next(iter(errors.items()))
+        raise KafkaTimeoutError(
+            f"ListOffsets for {tp} did not succeed within request_timeout_ms="
+            f"{self.request_timeout_ms}; last error: {last}"
+        ) from last
+
+    async def _update_positions(
+        self, partitions: Iterable[TopicPartition] | None = None, timeout_ms: int = 0
+    ) -> MinibrokerError | None:
+        """Resolve pending resets (and missing positions per auto_offset_reset),
+        retrying retriable ListOffsets answers for up to `timeout_ms` (at least one
+        attempt). Returns the last retriable error of a partition left without a
+        position (the next call tries again); raises the others."""
         todo: dict[TopicPartition, int] = {}
         no_offset: list[TopicPartition] = []
         wanted = list(self._states if partitions is None else partitions)
@@ -430,13 +488,13 @@ class AsyncConsumer:
         if no_offset:
             raise NoOffsetForPartitionError(no_offset)
         if not todo:
-            return
+            return None
         if any(self._cluster.metadata.partition(tp) is None for tp in todo):
             await self._cluster.wait_for_topics(
                 {tp.topic for tp in todo}, timeout_ms=self.request_timeout_ms
             )
         results, errors = await list_offsets(
-            self._cluster, todo, isolation_level=self.isolation_level
+            self._cluster, todo, timeout_ms=timeout_ms, isolation_level=self.isolation_level
         )
         for tp, found in results.items():
             state = self._states.get(tp)
@@ -455,6 +513,7 @@ class AsyncConsumer:
             raise fatal[0]
         for tp, exc in errors.items():
             log.info("%s: cannot reset its position yet: %s", tp, exc)
+        return next(iter(errors.values()), None)
 
     async def offsets_for_times(
         self, timestamps: dict[TopicPartition, int]
@@ -464,14 +523,7 @@ class AsyncConsumer:
         self._check()
         if any(ts < 0 for ts in timestamps.values()):
             raise ValueError("timestamps must be >= 0 (use beginning_offsets/end_offsets)")
-        await self._cluster.wait_for_topics(
-            {tp.topic for tp in timestamps}, timeout_ms=self.request_timeout_ms
-        )
-        results, errors = await list_offsets(
-            self._cluster, dict(timestamps), isolation_level=self.isolation_level
-        )
-        if errors:
-            raise next(iter(errors.values()))
+        results = await self._list_offsets(dict(timestamps))
         return {tp: (r if r.offset >= 0 else None) for tp, r in results.items()}
 
     # ------------------------------------------------------------ committed offsets
@@ -643,6 +695,7 @@ class AsyncConsumer:
                     om.leader_epoch,
                 )
                 state.set_position(om.offset, om.leader_epoch, validate=True)
+                self._await_epoch_of(tp, om.leader_epoch)
 
     # ------------------------------------------------------------ iteration
 
@@ -673,7 +726,10 @@ class AsyncConsumer:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             await self._ensure_metadata()
-            await self._update_positions()
+            await self._update_positions(
+                timeout_ms=max(0, int((deadline - time.monotonic()) * 1000))
+            )
+            self._notice_leader_changes()
             drained = self._drain(limit)
             if drained:
                 return drained
@@ -754,7 +810,10 @@ class AsyncConsumer:
             if state.backoff_until > now:
                 continue
             try:
-                leader, epoch = self._cluster.leader_for(tp)
+                leader, epoch = leader_for_epoch(self._cluster, tp, state.position_epoch)
+            except LeaderEpochBehindError as exc:
+                self._wait_for_leader_epoch(tp, state, exc)
+                continue
             except BrokerResponseError:
                 self._cluster.request_refresh()
                 state.backoff_until = now + self.retry_backoff_ms / 1000
@@ -767,6 +826,7 @@ class AsyncConsumer:
                 continue
             if leader in self._fetching:
                 continue
+            state.epoch_wait_since, state.epoch_waits = 0.0, 0
             by_leader[leader].append((tp, state.position, epoch, state.position_epoch))
         loop = asyncio.get_running_loop()
         for node, parts in to_validate.items():
@@ -797,89 +857,118 @@ class AsyncConsumer:
                 state.awaiting_validation = True
         state.leader_epoch_seen = epoch
 
+    def _notice_leader_changes(self) -> None:
+        """Kafka's maybeValidatePositionForCurrentLeader, before anything is handed
+        out: a partition whose leader epoch in the metadata changed (whatever refreshed
+        it: a fetch error, end_offsets(), a background refresh) awaits validation, and
+        its buffered records, fetched from the old leader, are dropped (Kafka's fetch
+        collector drops completed fetches of a partition that is not FETCHING): after
+        an unclean election they belong to a lineage that may be gone."""
+        meta = self._cluster.metadata
+        for tp, state in self._states.items():
+            if state.position is None:
+                continue
+            partition = meta.partition(tp)
+            if partition is None or partition.leader_epoch == state.leader_epoch_seen:
+                continue
+            self._note_leader_epoch(tp, state, partition.leader_epoch)
+            if state.awaiting_validation and self._buffer.pop(tp, None) is not None:
+                log.info(
+                    "%s: dropped the records buffered from the previous leader; position %d "
+                    "(leader epoch %d) is validated first",
+                    tp,
+                    state.position,
+                    state.position_epoch,
+                )
+
+    def _wait_for_leader_epoch(
+        self, tp: TopicPartition, state: _PartitionState, why: LeaderEpochBehindError
+    ) -> None:
+        """The position's epoch is newer than the leader the metadata shows, or that
+        leader answered "unknown" for it (client/epochs.py rules 1 and 2): refresh
+        metadata and try again later, backing off exponentially up to 1 s; poll()
+        returns nothing for this partition meanwhile, the others go on. After
+        default_api_timeout_ms of waiting poll() raises KafkaTimeoutError (the position
+        is kept and the wait starts over)."""
+        now = time.monotonic()
+        if not state.epoch_wait_since:
+            state.epoch_wait_since = now
+            log.info("%s: position %s waits for its leader epoch: %s", tp, state.position, why)
+        elif now - state.epoch_wait_since >= self.default_api_timeout_ms / 1000:
+            state.epoch_wait_since = now
+            error = KafkaTimeoutError(
+                f"{tp}: the position {state.position} (leader epoch {state.position_epoch}) "
+                f"could not be validated within default_api_timeout_ms="
+                f"{self.default_api_timeout_ms}: no broker showed a leader at that epoch "
+                f"({why}). The consumer keeps the position and goes on waiting; if the "
+                "topic was deleted and created again, the epoch belongs to the old topic: "
+                "seek() to an offset without an epoch to go on"
+            )
+            error.__cause__ = why
+            self._pending_error = error
+        backoff = self.retry_backoff_ms / 1000 * 2 ** min(state.epoch_waits, 10)
+        cap = max(_EPOCH_WAIT_MAX_BACKOFF_S, self.retry_backoff_ms / 1000)
+        state.epoch_waits += 1
+        state.backoff_until = now + min(backoff, cap)
+        self._cluster.request_refresh()
+
     async def _validate(self, node: int, parts: list[tuple[TopicPartition, int, int, int]]) -> None:
         """OffsetsForLeaderEpoch(current_leader_epoch, leader_epoch = epoch of the last
         consumed record) for each partition awaiting validation on leader `node`."""
-        by_topic: dict[str, list[OffsetForLeaderPartition]] = defaultdict(list)
-        for tp, _, epoch, last_epoch in parts:
-            by_topic[tp.topic].append(
-                OffsetForLeaderPartition(
-                    partition=tp.partition, current_leader_epoch=epoch, leader_epoch=last_epoch
-                )
-            )
-        request = OffsetForLeaderEpochRequest(
-            replica_id=CONSUMER_REPLICA_ID,
-            topics=[OffsetForLeaderTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
-        )
+        asked = {tp: (epoch, last_epoch) for tp, _, epoch, last_epoch in parts}
         sent = {tp: (offset, last_epoch) for tp, offset, _, last_epoch in parts}
-        answered: set[TopicPartition] = set()
         try:
-            response = await self._cluster.send(node, request, timeout_ms=self.request_timeout_ms)
-            assert isinstance(response, OffsetForLeaderEpochResponse)
-            for topic in response.topics:
-                for p in topic.partitions:
-                    tp = TopicPartition(topic.topic, p.partition)
-                    if tp in sent:
-                        answered.add(tp)
-                        self._handle_validation(tp, sent[tp], p)
-        except MinibrokerError as exc:
-            if not exc.retriable:
-                self._pending_error = exc
-            else:
-                log.info("validation with broker %d failed: %s; backing off", node, exc)
-                if exc.invalid_metadata:
-                    self._cluster.request_refresh()
+            try:
+                outcomes = await ask_leader(
+                    self._cluster, node, asked, timeout_ms=self.request_timeout_ms
+                )
+            except MinibrokerError as exc:  # ask_leader reports most errors per partition
+                outcomes = dict.fromkeys(asked, exc)
+            for tp, outcome in outcomes.items():
+                self._handle_validation(tp, sent[tp], outcome)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug: surface it from poll()
             log.exception("validation with broker %d failed", node)
             self._pending_error = exc
         finally:
-            until = time.monotonic() + self.retry_backoff_ms / 1000
-            for tp in sent.keys() - answered:
-                state = self._states.get(tp)
-                if state is not None:
-                    state.backoff_until = until
             self._validating.pop(node, None)
             self._fetch_done.set()
 
     def _handle_validation(
-        self, tp: TopicPartition, sent: tuple[int, int], p: EpochEndOffsetResult
+        self, tp: TopicPartition, sent: tuple[int, int], outcome: EpochEndOffset | MinibrokerError
     ) -> None:
         state = self._states.get(tp)
         if state is None or (state.position, state.position_epoch) != sent:
             return  # unassigned or seeked while the request was out
         if not state.awaiting_validation:
             return
-        if p.error_code != ErrorCode.NONE:
-            error = error_for(p.error_code, topic=tp.topic, partition=tp.partition)
-            if not error.retriable:
-                self._pending_error = error
+        if isinstance(outcome, LeaderEpochBehindError):
+            self._wait_for_leader_epoch(tp, state, outcome)
+            return
+        if isinstance(outcome, MinibrokerError):
+            if not outcome.retriable:
+                self._pending_error = outcome
                 return
-            log.info("%s: cannot validate the position yet: %s", tp, error)
+            log.info("%s: cannot validate the position yet: %s", tp, outcome)
             state.backoff_until = time.monotonic() + self.retry_backoff_ms / 1000
-            if error.invalid_metadata:
+            if outcome.invalid_metadata:
                 self._cluster.request_refresh()
             return
         position, epoch = sent
-        if p.end_offset < 0 or p.leader_epoch < 0:
-            # The leader knows no epoch <= ours: the log start moved past our lineage.
-            state.awaiting_validation = False
-            self._out_of_range(
-                tp, state, position, f"the leader has no record of its leader epoch {epoch}"
-            )
-            return
         state.awaiting_validation = False
-        if p.end_offset < position:
-            self._truncated(tp, state, p.leader_epoch, p.end_offset)
+        state.epoch_wait_since = 0.0
+        state.epoch_waits = 0
+        if outcome.truncates(position):
+            self._truncated(tp, state, outcome.leader_epoch, outcome.end_offset)
             return
         log.debug(
             "%s: position %d (epoch %d) is valid: epoch %d ends at %d",
             tp,
             position,
             epoch,
-            p.leader_epoch,
-            p.end_offset,
+            outcome.leader_epoch,
+            outcome.end_offset,
         )
 
     async def _fetch(self, node: int, parts: list[tuple[TopicPartition, int, int, int]]) -> None:
@@ -1090,3 +1179,4 @@ class AsyncConsumer:
         state.position_epoch = NO_EPOCH
         state.awaiting_validation = False
         state.reset = self.auto_offset_reset
+        self._cluster.metadata.stop_awaiting(tp)

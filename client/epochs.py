@@ -15,6 +15,29 @@ ends, which is where e starts. Usually two round trips.
 Every request carries the cached current_leader_epoch (a deposed leader answers
 FENCED_LEADER_EPOCH); retriable errors schedule a metadata refresh and are returned
 (or raised) for the caller to retry within its own time budget.
+
+The rule for validating a position (offset, epoch e), one place for the consumer and
+the Spark source (driver and executors), KIP-320:
+
+1. Ask only a leader that the metadata shows at leader epoch >= e (`leader_for_epoch`).
+   A stored epoch newer than the metadata's (the client reached a deposed leader, or a
+   broker whose metadata lags) makes the client refresh its metadata until it reaches
+   e: the seed says "consumers are expected to wait until the metadata has at least
+   reached the epoch of the committed offset before checking for truncation". Kafka's
+   consumer does it with Metadata.updateLastSeenEpochIfNewer (from seek and committed
+   offsets) and Metadata.partitionMetadataIfCurrent: no current leader, so the
+   position stays AWAIT_VALIDATION.
+2. An answer "no epoch <= e" (UNDEFINED epoch / end offset) is retried after a
+   metadata refresh, never read as a truncation (`ask_leader` turns it into a
+   retriable LeaderEpochBehindError). Kafka's SubscriptionState.maybeCompleteValidation
+   does read it as one (offset reset, or a LogTruncationException without divergent
+   offset); it can afford to only because of rule 1: a leader at epoch >= e always has
+   an entry at or below e (a new leader writes (epoch, LEO) before anything else,
+   retention keeps the entry covering the log start, and an epoch older than every
+   entry is answered with the first entry's start offset, not UNDEFINED). So UNDEFINED
+   means the broker asked is not (yet) the leader at >= e, which a retry resolves.
+3. An end offset below the position is a truncation (an unclean election): the log
+   diverges at that end offset, whose epoch is the answer's leader epoch.
 """
 
 from __future__ import annotations
@@ -29,6 +52,7 @@ from client.errors import (
     BrokerResponseError,
     ConnectionFailedError,
     KafkaTimeoutError,
+    LeaderEpochBehindError,
     MinibrokerError,
     RequestTimedOutError,
     error_for,
@@ -66,16 +90,31 @@ class EpochEndOffset(NamedTuple):
         """The leader knows no epoch at or below the requested one."""
         return self.leader_epoch < 0 or self.end_offset < 0
 
+    def truncates(self, offset: int) -> bool:
+        """Rule 3: the epoch ends below `offset`, so the log diverges under a position
+        there (at `end_offset`)."""
+        return self.end_offset < offset
+
+
+def leader_for_epoch(cluster: ClusterClient, tp: TopicPartition, epoch: int) -> tuple[int, int]:
+    """(leader, its leader epoch) to ask about a position of leader epoch `epoch`
+    (rule 1): until the metadata reaches `epoch` this raises LeaderEpochBehindError
+    (retriable: refresh and wait), and answers older than it count as stale (KIP-232).
+    NO_EPOCH: any current leader."""
+    if epoch != NO_EPOCH:
+        cluster.metadata.await_leader_epoch(tp, epoch)
+    return cluster.leader_for(tp)
+
 
 async def end_offsets_for_epochs(
     cluster: ClusterClient, epochs: Mapping[TopicPartition, int]
 ) -> tuple[dict[TopicPartition, EpochEndOffset], dict[TopicPartition, MinibrokerError]]:
     """OffsetsForLeaderEpoch(epoch) for each partition, at its current leader (one
-    request per leader).
+    request per leader), under rules 1 and 2: a result is never `unknown`.
 
     Returns (results, errors); a partition is in exactly one of them. No retry here:
-    a retriable error (leader moved, no leader yet) has already asked for a metadata
-    refresh; the caller decides how long to keep trying."""
+    a retriable error (leader moved, no leader yet, metadata behind the epoch) has
+    already asked for a metadata refresh; the caller decides how long to keep trying."""
     if any(e < 0 for e in epochs.values()):
         raise ValueError(f"leader epochs must be >= 0: {dict(epochs)}")
     results: dict[TopicPartition, EpochEndOffset] = {}
@@ -93,34 +132,40 @@ async def _one_round(
 ) -> dict[TopicPartition, EpochEndOffset | MinibrokerError]:
     """One request per current leader; an outcome for every partition."""
     outcomes: dict[TopicPartition, EpochEndOffset | MinibrokerError] = {}
-    by_leader: dict[int, dict[TopicPartition, int]] = defaultdict(dict)
-    current: dict[TopicPartition, int] = {}
-    for tp in epochs:
+    by_leader: dict[int, dict[TopicPartition, tuple[int, int]]] = defaultdict(dict)
+    for tp, epoch in epochs.items():
         try:
-            leader, current[tp] = cluster.leader_for(tp)
+            leader, current = leader_for_epoch(cluster, tp, epoch)
         except BrokerResponseError as exc:
+            if exc.invalid_metadata:
+                cluster.request_refresh()
             outcomes[tp] = exc
             continue
-        by_leader[leader][tp] = epochs[tp]
+        by_leader[leader][tp] = (current, epoch)
     answers = await asyncio.gather(
-        *(_ask_leader(cluster, node, asked, current) for node, asked in by_leader.items())
+        *(ask_leader(cluster, node, asked) for node, asked in by_leader.items())
     )
     for answer in answers:
         outcomes.update(answer)
     return outcomes
 
 
-async def _ask_leader(
+async def ask_leader(
     cluster: ClusterClient,
     node: int,
-    asked: dict[TopicPartition, int],
-    current: Mapping[TopicPartition, int],
+    asked: Mapping[TopicPartition, tuple[int, int]],
+    *,
+    timeout_ms: int | None = None,
 ) -> dict[TopicPartition, EpochEndOffset | MinibrokerError]:
+    """One OffsetsForLeaderEpoch request to broker `node`: `asked` maps each partition
+    to (current_leader_epoch, leader epoch to look up). An outcome for every partition:
+    the answer, or the error (retriable ones have asked for a metadata refresh). An
+    UNDEFINED answer is a LeaderEpochBehindError (rule 2), never a result."""
     by_topic: dict[str, list[OffsetForLeaderPartition]] = defaultdict(list)
-    for tp, epoch in asked.items():
+    for tp, (current, epoch) in asked.items():
         by_topic[tp.topic].append(
             OffsetForLeaderPartition(
-                partition=tp.partition, current_leader_epoch=current[tp], leader_epoch=epoch
+                partition=tp.partition, current_leader_epoch=current, leader_epoch=epoch
             )
         )
     request = OffsetForLeaderEpochRequest(
@@ -128,7 +173,7 @@ async def _ask_leader(
         topics=[OffsetForLeaderTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
     )
     try:
-        response = await cluster.send(node, request)
+        response = await cluster.send(node, request, timeout_ms=timeout_ms)
     except (ConnectionFailedError, RequestTimedOutError, BrokerResponseError) as exc:
         return dict.fromkeys(asked, exc)
     assert isinstance(response, OffsetForLeaderEpochResponse)
@@ -138,12 +183,24 @@ async def _ask_leader(
             tp = TopicPartition(topic.topic, p.partition)
             if tp not in asked:
                 continue
-            if p.error_code == ErrorCode.NONE:
+            error: BrokerResponseError | None = None
+            if p.error_code != ErrorCode.NONE:
+                error = error_for(p.error_code, topic=tp.topic, partition=tp.partition)
+            elif p.leader_epoch < 0 or p.end_offset < 0:
+                current, epoch = asked[tp]
+                error = LeaderEpochBehindError(
+                    f"broker {node} (asked at leader epoch {current}) knows no leader epoch "
+                    f"<= {epoch}: it is not the leader at that epoch yet; retrying after a "
+                    "metadata refresh",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                )
+            if error is None:
                 out[tp] = EpochEndOffset(p.leader_epoch, p.end_offset)
-            else:
-                out[tp] = error_for(p.error_code, topic=tp.topic, partition=tp.partition)
-                if out[tp].invalid_metadata:  # type: ignore[union-attr]
-                    cluster.request_refresh()
+                continue
+            out[tp] = error
+            if error.invalid_metadata:
+                cluster.request_refresh()
     for tp in asked.keys() - out.keys():
         out[tp] = error_for(
             ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -176,7 +233,7 @@ async def epochs_before_offsets(
     if first_ask:
         latest = await _answers(cluster, first_ask)
         for tp, answer in latest.items():
-            if answer.unknown or answer.end_offset < offsets[tp]:
+            if answer.end_offset < offsets[tp]:
                 raise OffsetBeyondLogEndError(
                     f"{tp}: offset {offsets[tp]} is past the current leader's log end "
                     f"{answer.end_offset}"
@@ -194,7 +251,7 @@ async def epochs_before_offsets(
             candidate = ask[tp] + 1
             # answer.end_offset is where the epoch after answer.leader_epoch starts: the
             # candidate epoch's start when the leader has records in it.
-            if answer.unknown or answer.end_offset <= offsets[tp] - 1:
+            if answer.end_offset <= offsets[tp] - 1:
                 out[tp] = candidate
             else:
                 walking[tp] = answer.leader_epoch

@@ -419,6 +419,14 @@ class UnknownLeaderEpochError(BrokerResponseError):
     invalid_metadata = True
 
 
+class LeaderEpochBehindError(UnknownLeaderEpochError):
+    """Said by the client itself, not by a broker: a position's leader epoch (from a
+    seek, a committed offset, a Spark plan) is newer than the leader epoch the client's
+    metadata has for the partition, or the leader answered OffsetsForLeaderEpoch with
+    "no such epoch" for it. The broker asked (or about to be asked) lags: the client
+    refreshes its metadata and retries; it is never read as a truncation (KIP-320)."""
+
+
 class StaleBrokerEpochError(BrokerResponseError):
     """The broker epoch is stale (the broker re-registered since)."""
 

@@ -4,13 +4,17 @@ Shared by the admin (log start offset and high watermark in `describe_topics`) a
 the consumer (auto_offset_reset, seek_to_beginning/end). One request per leader for
 all of its partitions; each carries current_leader_epoch (KIP-320), so a deposed
 leader answers FENCED_LEADER_EPOCH instead of an offset from a log that is no longer
-the partition's. Retriable answers refresh metadata and retry, a bounded number of times.
+the partition's. Retriable answers are retried with backoff within a time bound (and
+an optional number of attempts): among them OFFSET_NOT_AVAILABLE, a new leader whose
+high watermark has not reached the start of its epoch yet (KIP-207), which would
+otherwise answer "latest" with an offset below what was acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -40,18 +44,25 @@ async def list_offsets(
     cluster: ClusterClient,
     timestamps: Mapping[TopicPartition, int],
     *,
-    max_attempts: int = 5,
+    timeout_ms: int | None = None,
+    max_attempts: int | None = None,
     isolation_level: int = 0,
 ) -> tuple[dict[TopicPartition, OffsetAndTimestamp], dict[TopicPartition, MinibrokerError]]:
     """Resolve `timestamps` (-2 earliest, -1 latest, else ms) to offsets.
 
     Returns (results, errors): a partition is in exactly one of them. Retriable
-    errors are retried up to `max_attempts` times; what is left is reported."""
+    errors are retried (one attempt at least) while `timeout_ms` (default: the
+    cluster's request_timeout_ms) leaves room for the next backoff, and at most
+    `max_attempts` times if given; what is left is reported."""
     results: dict[TopicPartition, OffsetAndTimestamp] = {}
     errors: dict[TopicPartition, MinibrokerError] = {}
     remaining = dict(timestamps)
+    budget_ms = cluster.request_timeout_ms if timeout_ms is None else timeout_ms
+    deadline = time.monotonic() + budget_ms / 1000
     backoff = cluster.retry_backoff_ms / 1000
-    for attempt in range(max_attempts):
+    attempt = 0
+    while True:
+        attempt += 1
         retry: dict[TopicPartition, MinibrokerError] = {}
         by_leader: dict[int, list[tuple[TopicPartition, int]]] = defaultdict(list)
         for tp in remaining:
@@ -78,7 +89,8 @@ async def list_offsets(
         remaining = {tp: remaining[tp] for tp in retry}
         if not remaining:
             break
-        if attempt + 1 == max_attempts:
+        out_of_attempts = max_attempts is not None and attempt >= max_attempts
+        if out_of_attempts or time.monotonic() + backoff > deadline:
             errors.update(retry)
             break
         log.debug("ListOffsets retry for %s: %s", list(retry), list(retry.values())[:1])

@@ -4,8 +4,10 @@ watermarks, and leader epochs (OffsetsForLeaderEpoch, through client.epochs).
 A blocking client like client.sync's (its own event loop on a daemon thread) around
 one AsyncConsumer, which holds the metadata cache and connections; one per stream
 reader, kept for the query's life. Every call retries retriable errors (no leader
-during an election, a leader that moved) until `timeout_ms` has passed, then raises
-the last error: planning must not fail over a normal failover, nor wait forever.
+during an election, a leader that moved, metadata not yet at a stored leader epoch,
+OFFSET_NOT_AVAILABLE from a new leader) with an exponential backoff until `timeout_ms`
+has passed, then raises the last error: planning must not fail over a normal
+failover, nor wait forever.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _RETRY_BACKOFF_S = 0.2
+_RETRY_BACKOFF_MAX_S = 2.0
 
 
 class ClusterView(_SyncClient):
@@ -49,6 +52,7 @@ class ClusterView(_SyncClient):
     def _retrying(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
         async def attempt() -> T:
             deadline = time.monotonic() + self.timeout_ms / 1000
+            backoff = _RETRY_BACKOFF_S
             while True:
                 try:
                     return await step()
@@ -56,7 +60,8 @@ class ClusterView(_SyncClient):
                     if not exc.retriable or time.monotonic() > deadline:
                         raise
                     log.info("%s failed (%s); retrying", what, exc)
-                await asyncio.sleep(_RETRY_BACKOFF_S)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _RETRY_BACKOFF_MAX_S)
                 try:
                     await self._consumer.cluster.refresh_metadata()
                 except MinibrokerError as exc:

@@ -13,7 +13,10 @@ so the broker reads while this process decodes.
   OffsetsForLeaderEpoch before the first fetch, and again after any leader change
   (a new leader may hold another lineage); fetches carry last_fetched_epoch, so the
   leader also reports a divergence itself. A position past the end of its epoch on
-  the current leader is a truncation.
+  the current leader is a truncation. The rules of client/epochs.py hold here too:
+  no leader older than the plan's newest epoch is asked or read from (the metadata
+  is refreshed, with backoff, until it shows one), and an "unknown epoch" answer is
+  retried, never a loss.
 - Every record read is checked against the epochs the plan expects (OffsetRange:
   floor / ceiling, non-decreasing, exact at end - 1); records carry their batch's
   epoch, so the check runs once per batch and names the first record concerned.
@@ -63,6 +66,7 @@ ROWS_PER_ARROW_BATCH = 32_768
 FETCH_BYTES = 4 * 1024 * 1024
 FETCH_MAX_WAIT_MS = 500
 RETRY_BACKOFF_S = 0.1
+RETRY_BACKOFF_MAX_S = 1.0
 TIMESTAMP_TYPE_CREATE_TIME = 0
 
 
@@ -218,7 +222,9 @@ def _no_progress(
     why = (
         f"{r.tp.topic} partition {r.tp.partition}: no record at offset {position} "
         f"within kafkaConsumer.pollTimeoutMs={options.poll_timeout_ms} (the range "
-        f"ends at {r.end}; the high watermark is {high})"
+        f"ends at {r.end}; the high watermark is {high}"
+        + (f"; last error: {fetcher.last_error}" if fetcher.last_error is not None else "")
+        + ")"
     )
     if 0 <= high < r.end:
         _loss(options, why + ": the log was truncated after the plan")
@@ -252,6 +258,8 @@ class _PartitionFetcher:
         self.tp = r.tp
         self.timeout_ms = options.poll_timeout_ms
         self.high_watermark = -1
+        self.last_error: MinibrokerError | None = None
+        self._failures = 0  # retriable failures in a row: the backoff doubles
         self._leader: tuple[int, int] | None = None  # (node, leader epoch) fetched from
         # ((offset, last epoch, node, leader epoch), the fetch already sent for them)
         self._prefetched: tuple[tuple[int, int, int, int], asyncio.Task[FetchResponse]] | None = (
@@ -265,6 +273,10 @@ class _PartitionFetcher:
         except BaseException:
             self.close()
             raise
+        # The plan saw leaders at these epochs: none older is asked or read from.
+        newest = max(r.start_epoch, r.end_epoch, r.ceiling_epoch)
+        if newest != NO_EPOCH:
+            self.cluster.metadata.await_leader_epoch(self.tp, newest)
 
     def _run(self, coro):  # type: ignore[no-untyped-def]
         return self._step(asyncio.wait_for(coro, self.timeout_ms / 1000 + 5))
@@ -312,8 +324,11 @@ class _PartitionFetcher:
 
     def back_off(self, error: MinibrokerError) -> None:
         log.info("%s: %s; refreshing metadata and retrying", self.tp, error)
+        self.last_error = error
         self.forget_prefetch()
-        self._run(self._refresh_after(RETRY_BACKOFF_S))
+        delay = min(RETRY_BACKOFF_S * 2 ** min(self._failures, 10), RETRY_BACKOFF_MAX_S)
+        self._failures += 1
+        self._run(self._refresh_after(delay))
 
     async def _refresh_after(self, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -325,7 +340,8 @@ class _PartitionFetcher:
     def validate(self, position: int, epoch: int) -> str | None:
         """OffsetsForLeaderEpoch(epoch) on the current leader: None when `position`
         lies on its lineage, a description of the divergence when it does not,
-        _RETRY after a retriable error (backed off)."""
+        _RETRY after a retriable error (backed off), among them a leader older than
+        `epoch` and an "unknown epoch" answer (client/epochs.py)."""
         results, errors = self._run(end_offsets_for_epochs(self.cluster, {self.tp: epoch}))
         if self.tp in errors:
             error = errors[self.tp]
@@ -333,13 +349,9 @@ class _PartitionFetcher:
                 raise error
             self.back_off(error)
             return _RETRY
+        self._failures = 0
         answer = results[self.tp]
-        if answer.unknown:
-            return (
-                f"the position {position} (leader epoch {epoch}) is no longer in the log: "
-                f"the current leader has no record of leader epoch {epoch}"
-            )
-        if answer.end_offset < position:
+        if answer.truncates(position):
             return (
                 f"the position {position} (leader epoch {epoch}) is past the end of the "
                 f"current log lineage, which diverges at offset {answer.end_offset} "
@@ -421,6 +433,7 @@ class _PartitionFetcher:
                 raise error
             self.back_off(error)
             return None
+        self._failures = 0
         for topic in response.responses:
             for p in topic.partitions:
                 if topic.topic == self.tp.topic and p.partition_index == self.tp.partition:

@@ -110,9 +110,11 @@ class Planner:
         now = self.current_partitions()
         losses = [vanished_partition(tp, p) for tp, p in sorted(stored.items()) if tp not in now]
         live = {tp: p for tp, p in stored.items() if tp in now}
-        log_starts = self.view.log_starts(now)
         to_check = {tp: p.epoch for tp, p in live.items() if p.epoch != NO_EPOCH and p.offset > 0}
+        # First: it waits until the metadata shows leaders at the stored epochs, so the
+        # log starts below come from those leaders too, not from a deposed one.
         epoch_ends = self.view.epoch_ends(to_check)
+        log_starts = self.view.log_starts(now)
         decisions: dict[TopicPartition, StartDecision] = {}
         for tp in sorted(now):
             if tp in live:

@@ -52,25 +52,20 @@ def validate_stored_position(
     """Check a checkpointed position against the current log.
 
     `epoch_end` is the current leader's answer to OffsetsForLeaderEpoch(stored.epoch)
-    (None when the position has no epoch: nothing to validate, like Kafka). An end
-    offset below the stored offset is a truncation: the log diverges there, and the
-    records from there up to the stored offset that the query already processed are gone
-    (even if the log has since grown back past the stored offset). A position below the
-    log start is a retention loss, as Spark's Kafka source reports it."""
+    (None when the position has no epoch: nothing to validate, like Kafka), got under
+    the rules of client/epochs.py: from a leader at that epoch or newer, and never
+    "unknown" (that answer is retried, never a loss). An end offset below the stored
+    offset is a truncation: the log diverges there, and the records from there up to
+    the stored offset that the query already processed are gone (even if the log has
+    since grown back past the stored offset). A position below the log start is a
+    retention loss, as Spark's Kafka source reports it."""
     if epoch_end is not None and stored.epoch != NO_EPOCH and stored.offset > 0:
         if epoch_end.unknown:
-            return StartDecision(
-                Position(log_start),
-                DataLoss(
-                    tp,
-                    f"{tp.topic} partition {tp.partition}: the stored offset {stored.offset} "
-                    f"(leader epoch {stored.epoch}) is no longer in the log: the current "
-                    f"leader has no record of leader epoch {stored.epoch} (the log now "
-                    f"starts at offset {log_start}). Some data may have been lost.",
-                    f"going on from the log start, offset {log_start}",
-                ),
+            raise ValueError(
+                f"{tp}: an 'unknown epoch' answer for leader epoch {stored.epoch} must be "
+                "retried (client.epochs.end_offsets_for_epochs), never read as a loss"
             )
-        if epoch_end.end_offset < stored.offset:
+        if epoch_end.truncates(stored.offset):
             divergence = epoch_end.end_offset
             return StartDecision(
                 Position(divergence, epoch_end.leader_epoch),

@@ -31,6 +31,11 @@ from protocol.messages import (
     FetchRequest,
     FetchResponse,
     FetchTopic,
+    ListOffsetsPartition,
+    ListOffsetsPartitionResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsTopic,
     MetadataPartition,
     MetadataRequest,
     MetadataResponse,
@@ -237,6 +242,20 @@ class ScenarioCluster(Cluster):
                     assert record.value is not None
                     values.append(record.value)
                     offset = record.offset + 1
+
+    async def list_offsets(
+        self, node: int, topic: str, timestamp: int, *, current_leader_epoch: int = -1
+    ) -> ListOffsetsPartitionResponse:
+        """A consumer's ListOffsets for partition 0 at broker `node` (-1 latest, -2
+        earliest, else ms); the partition-level answer."""
+        partition = ListOffsetsPartition(
+            partition_index=0, current_leader_epoch=current_leader_epoch, timestamp=timestamp
+        )
+        request = ListOffsetsRequest(topics=[ListOffsetsTopic(name=topic, partitions=[partition])])
+        async with self.client(node) as client:
+            resp = await client.call(request)
+        assert isinstance(resp, ListOffsetsResponse)
+        return resp.topics[0].partitions[0]
 
     async def replica_log(self, node: int, topic: str) -> DescribeReplicaLogResponse:
         async with self.client(node) as client:

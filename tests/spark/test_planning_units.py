@@ -170,9 +170,11 @@ def test_truncation_below_the_stored_offset_is_found_even_if_the_log_grew_back()
     assert d.loss.going_on == "going on from the divergence offset 5, on the new lineage"
 
 
-def test_unknown_epoch_and_retention_are_losses_resuming_at_log_start() -> None:
-    d = validate_stored_position(T0, Position(9, 0), EpochEndOffset(-1, -1), log_start=20)
-    assert d.start == Position(20) and d.loss and "no record of leader epoch 0" in d.loss.message
+def test_an_unknown_epoch_is_never_a_loss_retention_is() -> None:
+    """An "unknown epoch" answer (a broker not yet leading at the stored epoch) is
+    retried by client.epochs, never turned into a loss: the rule refuses it loudly."""
+    with pytest.raises(ValueError, match="must be retried"):
+        validate_stored_position(T0, Position(9, 0), EpochEndOffset(-1, -1), log_start=0)
     d = validate_stored_position(T0, Position(3), None, log_start=20)
     assert d.start == Position(20) and d.loss and "offsets 3 to 19" in d.loss.message
     # Without an epoch there is nothing to validate (Kafka skips too).

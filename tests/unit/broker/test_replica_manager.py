@@ -102,9 +102,10 @@ async def fetch(h: Harness, topic: str, offset: int, **kw: object):
     return resp.responses[0].partitions[0]
 
 
-def list_offsets(h: Harness, topic: str, ts: int, *, epoch: int = -1):
+def list_offsets(h: Harness, topic: str, ts: int, *, epoch: int = -1, replica_id: int = -1):
     resp = h.rm.list_offsets(
         ListOffsetsRequest(
+            replica_id=replica_id,
             topics=[
                 ListOffsetsTopic(
                     name=topic,
@@ -114,7 +115,7 @@ def list_offsets(h: Harness, topic: str, ts: int, *, epoch: int = -1):
                         )
                     ],
                 )
-            ]
+            ],
         )
     )
     return resp.topics[0].partitions[0]
@@ -408,6 +409,40 @@ async def test_list_offsets_and_offsets_for_leader_epoch(harness: Harness) -> No
     assert (r.leader_epoch, r.end_offset) == (4, 3)
     r = ofle(h, "t", 2)  # unknown epoch between: the largest known below it
     assert (r.leader_epoch, r.end_offset) == (0, 2)
+
+
+async def test_new_leader_with_lagging_high_watermark_has_no_latest_offset(
+    harness: Harness,
+) -> None:
+    """KIP-207: a leader whose HW has not reached the start of its epoch answers a
+    consumer's "latest" (and a timestamp at or past its HW) with OFFSET_NOT_AVAILABLE,
+    never with an offset below what its predecessor acknowledged; earliest is served,
+    followers get the LEO; once the follower fetched in the new epoch all is served."""
+    h = harness
+    await h.create_topic("two", replicas=[1, 2])
+    for ts, value in ((1000, b"a"), (2000, b"b"), (3000, b"c")):
+        await produce(h, "two", batch(value, timestamp=ts), acks=1)
+    await fetch(h, "two", 0, replica_id=2)
+    await fetch(h, "two", 1, replica_id=2)  # the follower holds offset 0: HW 1
+    assert list_offsets(h, "two", LATEST_TIMESTAMP).offset == 1
+    # A new epoch at LEO 3 with the HW still at 1: the follower's end is unknown.
+    await h.set_partition("two", 0, leader=1, leader_epoch=1, replicas=[1, 2])
+    p = h.rm.partitions[("two", 0)]
+    assert (p.leader_epoch_start_offset, p.high_watermark) == (3, 1)
+    latest = list_offsets(h, "two", LATEST_TIMESTAMP, epoch=1)
+    assert latest.error_code == ErrorCode.OFFSET_NOT_AVAILABLE
+    assert list_offsets(h, "two", 2500).error_code == ErrorCode.OFFSET_NOT_AVAILABLE
+    assert list_offsets(h, "two", 99_999).error_code == ErrorCode.OFFSET_NOT_AVAILABLE
+    below = list_offsets(h, "two", 500)  # offset 0, below the HW: known
+    assert (below.error_code, below.offset) == (0, 0)
+    earliest = list_offsets(h, "two", EARLIEST_TIMESTAMP)
+    assert (earliest.error_code, earliest.offset) == (0, 0)
+    follower = list_offsets(h, "two", LATEST_TIMESTAMP, replica_id=2)
+    assert (follower.error_code, follower.offset) == (0, 3)
+    # The follower fetches in the new epoch with everything: HW 3, latest served.
+    await fetch(h, "two", 3, replica_id=2, epoch=1)
+    latest = list_offsets(h, "two", LATEST_TIMESTAMP, epoch=1)
+    assert (latest.error_code, latest.offset, latest.leader_epoch) == (0, 3, 1)
 
 
 async def test_leader_epoch_checkpoint_lists_each_term(harness: Harness) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from protocol.connection import RejectedRequest, Request, ServerConnection
 from protocol.errors import ErrorCode
@@ -57,8 +58,35 @@ from protocol.messages import (
 )
 from protocol.record_batch import stamp, validate_batches
 
+if TYPE_CHECKING:
+    from client.consumer import AsyncConsumer
+    from client.types import ConsumerRecord
+
 # Returned by an override: close the connection without answering (a lost response).
 DROP_CONNECTION = object()
+
+
+async def produce_values(
+    broker: FakeBroker, values: list[bytes], *, topic: str = "t", partition: int = 0
+) -> None:
+    """Each value as its own batch, acknowledged, in order."""
+    from client.producer import AsyncProducer
+
+    async with AsyncProducer(broker.address, linger_ms=0) as producer:
+        for v in values:
+            await producer.send_and_wait(topic, v, partition=partition)
+
+
+async def poll_records(consumer: AsyncConsumer, n: int, tries: int = 100) -> list[ConsumerRecord]:
+    """Poll (50 ms each, at most `tries` times) until `n` records came back."""
+    out: list[ConsumerRecord] = []
+    for _ in range(tries):
+        for records in (await consumer.poll(timeout_ms=50)).values():
+            out.extend(records)
+        if len(out) >= n:
+            break
+    return out
+
 
 Handler = Callable[[Message], Awaitable[Message | None] | Message | None]
 

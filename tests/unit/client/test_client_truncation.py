@@ -8,11 +8,10 @@ import asyncio
 import logging
 
 import pytest
-from client_fakes import FakeBroker
+from client_fakes import FakeBroker, poll_records, produce_values
 
 from client.consumer import AsyncConsumer
 from client.errors import LogTruncationError, OffsetOutOfRangeError
-from client.producer import AsyncProducer
 from client.types import OffsetAndMetadata, TopicPartition
 from protocol.messages import FetchRequest, ListOffsetsRequest, OffsetForLeaderEpochRequest
 
@@ -28,28 +27,12 @@ async def broker():
     await b.stop()
 
 
-async def produce(broker: FakeBroker, values: list[bytes]) -> None:
-    async with AsyncProducer(broker.address, linger_ms=0) as producer:
-        for v in values:
-            await producer.send_and_wait("t", v, partition=0)
-
-
-async def consume(consumer: AsyncConsumer, n: int, tries: int = 100) -> list:
-    out: list = []
-    for _ in range(tries):
-        for records in (await consumer.poll(timeout_ms=50)).values():
-            out.extend(records)
-        if len(out) >= n:
-            break
-    return out
-
-
 async def unclean_election(broker: FakeBroker, keep: int, new_values: list[bytes]) -> None:
     """The new leader's log ends at `keep`; it then takes new writes at epoch 3."""
     part = broker.topics["t"][0]
     part.truncate_to(keep)
     part.become_leader(3)
-    await produce(broker, new_values)
+    await produce_values(broker, new_values)
 
 
 def old(n: int) -> list[bytes]:
@@ -61,17 +44,17 @@ def new(n: int) -> list[bytes]:
 
 
 async def test_truncation_raises_with_the_exact_divergence_offset(broker: FakeBroker) -> None:
-    await produce(broker, old(10))
+    await produce_values(broker, old(10))
     async with AsyncConsumer(
         broker.address, auto_offset_reset="none", retry_backoff_ms=5
     ) as consumer:
         consumer.assign([T0])
         consumer.seek(T0, 0)
-        assert len(await consume(consumer, 10)) == 10
+        assert len(await poll_records(consumer, 10)) == 10
         # Offsets 6..9 are lost; the log grows back past the position (to 14).
         await unclean_election(broker, 6, new(8))
         with pytest.raises(LogTruncationError) as info:
-            await consume(consumer, 1)
+            await poll_records(consumer, 1)
         assert info.value.divergent_offsets == {T0: OffsetAndMetadata(6, "", 2)}
         assert info.value.positions == {T0: 10}
         assert "t-0" in str(info.value) and "offset 6" in str(info.value)
@@ -90,16 +73,16 @@ async def test_truncation_raises_with_the_exact_divergence_offset(broker: FakeBr
 async def test_truncation_resumes_at_the_divergence_offset(
     broker: FakeBroker, policy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await produce(broker, old(10))
+    await produce_values(broker, old(10))
     async with AsyncConsumer(
         broker.address, auto_offset_reset=policy, retry_backoff_ms=5
     ) as consumer:
         consumer.assign([T0])
         consumer.seek(T0, 0)
-        assert len(await consume(consumer, 10)) == 10
+        assert len(await poll_records(consumer, 10)) == 10
         await unclean_election(broker, 6, new(8))
         with caplog.at_level(logging.WARNING, logger="client.consumer"):
-            records = await consume(consumer, 8)
+            records = await poll_records(consumer, 8)
     # The new lineage from the divergence point: no duplicate, no skip.
     assert [(r.offset, r.value, r.leader_epoch) for r in records] == [
         (6 + i, b"new-%d" % i, 3) for i in range(8)
@@ -109,24 +92,24 @@ async def test_truncation_resumes_at_the_divergence_offset(
 
 
 async def test_no_false_alarm_on_a_normal_failover(broker: FakeBroker) -> None:
-    await produce(broker, old(10))
+    await produce_values(broker, old(10))
     async with AsyncConsumer(
         broker.address, auto_offset_reset="none", retry_backoff_ms=5
     ) as consumer:
         consumer.assign([T0])
         consumer.seek(T0, 0)
-        assert len(await consume(consumer, 10)) == 10
+        assert len(await poll_records(consumer, 10)) == 10
         # A clean failover: the new leader has every record; new writes follow.
         broker.topics["t"][0].become_leader(3)
-        await produce(broker, new(5))
-        records = await consume(consumer, 5)
+        await produce_values(broker, new(5))
+        records = await poll_records(consumer, 5)
         assert [r.offset for r in records] == [10, 11, 12, 13, 14]
     assert broker.requests_of(OffsetForLeaderEpochRequest)  # it did validate
 
 
 async def test_failover_in_the_middle_of_consumed_data(broker: FakeBroker) -> None:
     """The consumer is behind the log end when the leader changes: still valid."""
-    await produce(broker, old(10))
+    await produce_values(broker, old(10))
     async with AsyncConsumer(
         broker.address, auto_offset_reset="none", retry_backoff_ms=5, max_poll_records=4
     ) as consumer:
@@ -135,73 +118,73 @@ async def test_failover_in_the_middle_of_consumed_data(broker: FakeBroker) -> No
         first = await consumer.poll(timeout_ms=500)
         assert [r.offset for r in first[T0]] == [0, 1, 2, 3]
         broker.topics["t"][0].become_leader(3)
-        await produce(broker, new(2))
-        rest = await consume(consumer, 8)
+        await produce_values(broker, new(2))
+        rest = await poll_records(consumer, 8)
         assert [r.offset for r in rest] == list(range(4, 12))
 
 
 async def test_seek_with_epoch_is_validated_before_fetching(broker: FakeBroker) -> None:
-    await produce(broker, old(10))
+    await produce_values(broker, old(10))
     await unclean_election(broker, 6, new(8))
     async with AsyncConsumer(broker.address, auto_offset_reset="none") as consumer:
         consumer.assign([T0])
         # Stored outside the cluster before the election: offset 9 at epoch 2.
         consumer.seek(T0, OffsetAndMetadata(9, "", 2))
         with pytest.raises(LogTruncationError) as info:
-            await consume(consumer, 1)
+            await poll_records(consumer, 1)
         assert info.value.divergent_offsets[T0].offset == 6
     assert not broker.requests_of(FetchRequest)  # nothing fetched before validating
 
 
 async def test_seek_with_epoch_valid_position(broker: FakeBroker) -> None:
-    await produce(broker, old(10))
+    await produce_values(broker, old(10))
     async with AsyncConsumer(broker.address, auto_offset_reset="none") as consumer:
         consumer.assign([T0])
         consumer.seek(T0, OffsetAndMetadata(7, "", 2))
-        records = await consume(consumer, 3)
+        records = await poll_records(consumer, 3)
         assert [r.offset for r in records] == [7, 8, 9]
 
 
 async def test_seek_without_epoch_skips_validation(broker: FakeBroker) -> None:
-    await produce(broker, old(10))
+    await produce_values(broker, old(10))
     async with AsyncConsumer(broker.address, auto_offset_reset="none") as consumer:
         consumer.assign([T0])
         consumer.seek(T0, 8)
-        assert [r.offset for r in await consume(consumer, 2)] == [8, 9]
+        assert [r.offset for r in await poll_records(consumer, 2)] == [8, 9]
     assert not broker.requests_of(OffsetForLeaderEpochRequest)
 
 
 async def test_out_of_range_only_below_log_start(broker: FakeBroker) -> None:
-    await produce(broker, old(10))
+    await produce_values(broker, old(10))
     broker.topics["t"][0].log_start = 5
     async with AsyncConsumer(broker.address, auto_offset_reset="none") as consumer:
         consumer.assign([T0])
         consumer.seek(T0, 2)
         with pytest.raises(OffsetOutOfRangeError):
-            await consume(consumer, 1)
+            await poll_records(consumer, 1)
 
 
 async def test_committed_offset_with_epoch_is_validated_on_start(broker: FakeBroker) -> None:
-    await produce(broker, old(10))
+    await produce_values(broker, old(10))
     async with AsyncConsumer(
         broker.address, group_id="g", auto_offset_reset="none", retry_backoff_ms=5
     ) as consumer:
         consumer.assign([T0])
         consumer.seek(T0, 0)
-        assert len(await consume(consumer, 10)) == 10
+        assert len(await poll_records(consumer, 10)) == 10
         await consumer.commit()
         assert await consumer.committed(T0) == OffsetAndMetadata(10, "", 2)
     await unclean_election(broker, 6, new(8))
     async with AsyncConsumer(broker.address, group_id="g", auto_offset_reset="none") as again:
         again.assign([T0])
         with pytest.raises(LogTruncationError) as info:
-            await consume(again, 1)
+            await poll_records(again, 1)
         assert info.value.divergent_offsets[T0].offset == 6
 
 
 async def test_subscribe_and_iterate(broker: FakeBroker) -> None:
     broker.create_topic("u", 2, leader_epoch=0)
-    await produce(broker, old(3))
+    await produce_values(broker, old(3))
     async with AsyncConsumer(broker.address, auto_offset_reset="earliest") as consumer:
         consumer.subscribe(["t", "u"])
         got = []
@@ -215,7 +198,7 @@ async def test_subscribe_and_iterate(broker: FakeBroker) -> None:
 
 
 async def test_offsets_for_times_carries_epochs(broker: FakeBroker) -> None:
-    await produce(broker, old(3))
+    await produce_values(broker, old(3))
     async with AsyncConsumer(broker.address) as consumer:
         found = await consumer.offsets_for_times({T0: 0})
         assert found[T0] is not None and found[T0].leader_epoch == 2
@@ -224,13 +207,13 @@ async def test_offsets_for_times_carries_epochs(broker: FakeBroker) -> None:
 async def test_stale_metadata_is_ignored_without_reset_or_validation(broker: FakeBroker) -> None:
     """KIP-232 (scenario 6): a broker with a lagging image answers Metadata with an
     older leader epoch; the consumer keeps its view, no reset, no validation."""
-    await produce(broker, old(5))
+    await produce_values(broker, old(5))
     async with AsyncConsumer(
         broker.address, auto_offset_reset="none", retry_backoff_ms=5
     ) as consumer:
         consumer.assign([T0])
         consumer.seek(T0, 0)
-        assert len(await consume(consumer, 5)) == 5
+        assert len(await poll_records(consumer, 5)) == 5
         broker.topics["t"][0].metadata_epoch = 1  # lagging image
         update = await consumer.cluster.refresh_metadata()
         assert update.stale == [T0]
@@ -238,8 +221,8 @@ async def test_stale_metadata_is_ignored_without_reset_or_validation(broker: Fak
         await asyncio.sleep(0.1)  # its scheduled re-refreshes see the lagging image too
         assert consumer.cluster.leader_for(T0) == (1, 2)
         broker.topics["t"][0].metadata_epoch = None  # caught up (the producer needs it)
-        await produce(broker, new(3))
-        records = await consume(consumer, 3)
+        await produce_values(broker, new(3))
+        records = await poll_records(consumer, 3)
         assert [r.offset for r in records] == [5, 6, 7]
     assert not broker.requests_of(OffsetForLeaderEpochRequest)
     assert not broker.requests_of(ListOffsetsRequest)
