@@ -367,22 +367,23 @@ class ServerConnection:
             return CloseReason(
                 FRAME_TIMEOUT,
                 f"a request frame is still incomplete {now - started:.1f}s after its "
-                f"first byte ({self._frames.buffered} bytes received; the request frame "
-                f"timeout is {timeout * 1000:.0f} ms)",
+                f"first byte ({self._frames.buffered} bytes received; "
+                f"--request-frame-timeout-ms {timeout * 1000:.0f})",
             )
         timeout = self.first_request_timeout_s
         if timeout is not None and self._next_seq == 0 and now - self._opened_at >= timeout:
             return CloseReason(
                 FIRST_REQUEST_TIMEOUT,
-                f"no request within {timeout * 1000:.0f} ms of connecting (first request timeout)",
+                f"no request within {timeout * 1000:.0f} ms of connecting "
+                f"(--first-request-timeout-ms)",
             )
         timeout = self.idle_timeout_s
         if timeout is not None and now - self._last_activity >= timeout:
             return CloseReason(
                 IDLE,
                 f"idle for {now - self._last_activity:.1f}s: nothing received, nothing of "
-                f"our answers taken, no request in service (connections max idle "
-                f"{timeout * 1000:.0f} ms)",
+                f"our answers taken, no request in service (--connections-max-idle-ms "
+                f"{timeout * 1000:.0f})",
             )
         return None
 

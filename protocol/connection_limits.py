@@ -237,7 +237,7 @@ class ConnectionTable:
                 CloseReason(
                     "max-connections-per-ip",
                     f"refusing connection from {peer}: {self._per_host[host]} connections from "
-                    f"{host} are open, its limit (max connections per IP)",
+                    f"{host} are open, its limit (--max-connections-per-ip)",
                 ),
                 None,
             )
@@ -250,7 +250,7 @@ class ConnectionTable:
                     CloseReason(
                         "max-connections",
                         f"refusing connection from {peer}: {len(self._slots)} connections are "
-                        "open, the limit (max connections), and each has sent a request",
+                        "open, the limit (--max-connections), and each has sent a request",
                     ),
                     None,
                 )
@@ -258,7 +258,7 @@ class ConnectionTable:
                 "evicted-silent",
                 f"closing connection from {victim.peer}, open {now - victim.opened_at:.1f}s "
                 f"without a request, to make room for {peer}: {len(self._slots)} connections "
-                "are open, the limit (max connections)",
+                "are open, the limit (--max-connections)",
             )
             self.release(victim)
             victim.close()
@@ -284,7 +284,7 @@ class ConnectionTable:
             return CloseReason(
                 "max-connections-per-ip",
                 f"closing connection from {slot.peer}: over the limit of connections from "
-                f"{slot.host} (max connections per IP), it was let in for a broker only, but "
+                f"{slot.host} (--max-connections-per-ip); it was let in for a broker only, but "
                 f"its first request is api {api_key}",
             )
         unreserved = limits.max_connections - limits.reserved_connections
@@ -293,7 +293,8 @@ class ConnectionTable:
                 "reserved-connections",
                 f"closing connection from {slot.peer}: {self._anonymous} connections of "
                 f"clients are open, all they may hold ({limits.reserved_connections} of "
-                f"{limits.max_connections} connections are kept for brokers)",
+                f"{limits.max_connections} connections are kept for brokers: "
+                "--reserved-broker-connections)",
             )
         slot.anonymous = True
         self._anonymous += 1

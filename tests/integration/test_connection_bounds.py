@@ -301,7 +301,7 @@ async def test_idle_connection_is_closed_after_connections_max_idle_ms(cluster: 
         assert idle_closed.result(), "the idle connection was still open after 8 s"
         assert 1.4 <= time.monotonic() - started < 5.0
         await api_versions_s(busy)
-    assert count_lines(broker.log_text(), "connections max idle 1500 ms") == 1
+    assert count_lines(broker.log_text(), "--connections-max-idle-ms 1500") == 1
 
 
 async def test_connection_over_the_per_ip_limit_is_refused_with_one_log_line(
@@ -323,7 +323,7 @@ async def test_connection_over_the_per_ip_limit_is_refused_with_one_log_line(
             await api_versions_s(client)
         log = broker.log_text()
         assert count_lines(log, "refusing connection from 127.0.0.1") == 1, log[-2000:]
-        assert "max connections per IP" in log
+        assert "--max-connections-per-ip" in log
     # Once they are closed, the address may connect again.
     deadline = time.monotonic() + 5
     while True:
@@ -428,5 +428,5 @@ async def test_controller_closes_silent_and_trickling_connections(cluster: Clust
     silent_writer.close()
     trickle_writer.close()
     log = cluster.controller.log_text()
-    assert count_lines(log, "first request timeout") == 1
+    assert count_lines(log, "--first-request-timeout-ms") == 1
     assert count_lines(log, "still incomplete") == 1
