@@ -28,6 +28,7 @@ from broker.config import (
     parse_host_port,
     parse_listeners,
 )
+from protocol.connection_limits import parse_per_ip_overrides
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [node {node}] %(name)s: %(message)s"
 
@@ -253,8 +254,8 @@ _UNSAFE_FLAGS = (
     type=click.IntRange(min=1),
     default=_default("replica_fetch_response_max_bytes"),
     show_default=True,
-    help="Bytes a follower asks for per fetch, all partitions together "
-    "(replica.fetch.response.max.bytes).",
+    help="Bytes a follower asks for per fetch, all partitions together, and the most a "
+    "follower's fetch gets from this broker as leader (replica.fetch.response.max.bytes).",
 )
 @_opt(
     "--replica-fetch-backoff-ms",
@@ -263,6 +264,68 @@ _UNSAFE_FLAGS = (
     default=_default("replica_fetch_backoff_ms"),
     show_default=True,
     help="Pause of a follower's fetcher after a failed fetch (replica.fetch.backoff.ms).",
+)
+@_opt(
+    "--fetch-max-bytes",
+    "FETCH_MAX_BYTES",
+    type=click.IntRange(min=1),
+    default=_default("fetch_max_bytes"),
+    show_default=True,
+    help="Most record bytes a consumer's fetch gets, all partitions together, whatever it "
+    "asks for; the first batch comes whole even when larger (fetch.max.bytes).",
+)
+@_opt(
+    "--max-connections",
+    "MAX_CONNECTIONS",
+    type=click.IntRange(min=1),
+    default=_default("max_connections"),
+    show_default=True,
+    help="Connections open at once, all listeners together; when full, a new connection "
+    "replaces the oldest one that has sent no request, else it is refused (max.connections).",
+)
+@_opt(
+    "--max-connections-per-ip",
+    "MAX_CONNECTIONS_PER_IP",
+    type=click.IntRange(min=0),
+    default=_default("max_connections_per_ip"),
+    show_default=True,
+    help="Connections open at once from one IP address, all listeners together; more are "
+    "refused (max.connections.per.ip).",
+)
+@_opt(
+    "--max-connections-per-ip-overrides",
+    "MAX_CONNECTIONS_PER_IP_OVERRIDES",
+    default="",
+    help="Per-address limits that replace --max-connections-per-ip: ADDRESS:COUNT,... "
+    "(IP addresses, e.g. 10.0.0.5:5000) (max.connections.per.ip.overrides). [default: none]",
+)
+@_opt(
+    "--connections-max-idle-ms",
+    "CONNECTIONS_MAX_IDLE_MS",
+    type=click.IntRange(min=1),
+    default=_default("connections_max_idle_ms"),
+    show_default=True,
+    help="Close a connection with nothing received, nothing of its answers taken and no "
+    "request in service for this long (connections.max.idle.ms).",
+)
+@_opt(
+    "--request-frame-timeout-ms",
+    "REQUEST_FRAME_TIMEOUT_MS",
+    type=click.IntRange(min=1),
+    default=_default("request_frame_timeout_ms"),
+    show_default=True,
+    help="Close a connection whose request frame, once begun, is not complete within this "
+    "long (slowloris); the clock stops while the broker itself is not reading it.",
+)
+@_opt(
+    "--max-pending-bytes-per-connection",
+    "MAX_PENDING_BYTES_PER_CONNECTION",
+    type=click.IntRange(min=1),
+    default=_default("max_pending_bytes_per_connection"),
+    show_default=True,
+    help="Bytes one connection may make the broker hold: requests in service, the record "
+    "bytes their fetches may return, answers not yet taken by the client. Past it the "
+    "broker stops reading that connection; one request at a time always runs.",
 )
 @_opt(
     "--enable-test-faults",
@@ -354,12 +417,22 @@ def main(**options: Any) -> None:
             replica_fetch_max_bytes=options["replica_fetch_max_bytes"],
             replica_fetch_response_max_bytes=options["replica_fetch_response_max_bytes"],
             replica_fetch_backoff_ms=options["replica_fetch_backoff_ms"],
+            fetch_max_bytes=options["fetch_max_bytes"],
+            max_connections=options["max_connections"],
+            max_connections_per_ip=options["max_connections_per_ip"],
+            max_connections_per_ip_overrides=parse_per_ip_overrides(
+                options["max_connections_per_ip_overrides"],
+                option="--max-connections-per-ip-overrides",
+            ),
+            connections_max_idle_ms=options["connections_max_idle_ms"],
+            request_frame_timeout_ms=options["request_frame_timeout_ms"],
+            max_pending_bytes_per_connection=options["max_pending_bytes_per_connection"],
             enable_test_faults=options["enable_test_faults"],
             unsafe_truncate_to_high_watermark=options["unsafe_truncate_to_high_watermark"],
             unsafe_ignore_leader_epoch=options["unsafe_ignore_leader_epoch"],
             unsafe_skip_fsync=options["unsafe_skip_fsync"],
         )
-    except ConfigError as exc:
+    except (ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
     sys.exit(run(config))
 

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from protocol.connection_limits import ConnectionLimits
+
 DEFAULT_LISTENERS = "PLAINTEXT://127.0.0.1:9092"
 DEFAULT_CONTROLLER = "127.0.0.1:9093"
 
@@ -96,6 +98,17 @@ class BrokerConfig:
     replica_fetch_max_bytes: int = 1_048_576
     replica_fetch_response_max_bytes: int = 10_485_760
     replica_fetch_backoff_ms: int = 200
+    # What one Fetch may return, all partitions (KIP-74: at least the first batch
+    # whole): a consumer's is capped at fetch.max.bytes, a follower's at
+    # replica.fetch.response.max.bytes above.
+    fetch_max_bytes: int = 57_671_680
+    # Connection bounds (Kafka's names where Kafka has the setting).
+    max_connections: int = 10_000
+    max_connections_per_ip: int = 1_000
+    max_connections_per_ip_overrides: dict[str, int] = field(default_factory=dict)
+    connections_max_idle_ms: int = 600_000
+    request_frame_timeout_ms: int = 30_000
+    max_pending_bytes_per_connection: int = 64 * 1024 * 1024
     # The offsets coordinator's internal topic __consumer_offsets (Kafka's settings;
     # Kafka defaults to 50 partitions, we default to 10: small clusters, cheap start).
     offsets_topic_num_partitions: int = 10
@@ -114,7 +127,6 @@ class BrokerConfig:
     metadata_max_wait_ms: int = 1_000
     max_in_flight_per_connection: int = 100
     max_frame_bytes: int = 100 * 1024 * 1024
-    max_connections: int = 10_000
     max_fetch_wait_ms: int = 30_000
     max_delayed_operations: int = 10_000
     flush_check_interval_ms: int = 100
@@ -147,9 +159,18 @@ class BrokerConfig:
             "controlled_shutdown_timeout_ms",
             "retention_check_interval_ms",
             "hw_checkpoint_interval_ms",
+            "fetch_max_bytes",
+            "max_connections",
+            "connections_max_idle_ms",
+            "request_frame_timeout_ms",
+            "max_pending_bytes_per_connection",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        try:
+            self.connection_limits()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.advertised_listeners is not None:
             names = {spec.name for spec in self.listeners}
             adv = {spec.name for spec in self.advertised_listeners}
@@ -161,6 +182,18 @@ class BrokerConfig:
             for spec in self.advertised_listeners:
                 if not spec.host:
                     raise ConfigError(f"--advertised-listeners: {spec} needs a host")
+
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits(
+            max_connections=self.max_connections,
+            max_connections_per_ip=self.max_connections_per_ip,
+            max_connections_per_ip_overrides=self.max_connections_per_ip_overrides,
+            max_in_flight=self.max_in_flight_per_connection,
+            max_frame_bytes=self.max_frame_bytes,
+            max_pending_bytes=self.max_pending_bytes_per_connection,
+            idle_timeout_ms=self.connections_max_idle_ms,
+            frame_timeout_ms=self.request_frame_timeout_ms,
+        )
 
     def with_bound_ports(self, bound: dict[str, int]) -> BrokerConfig:
         """Replace port 0 listeners by the ports the OS picked."""

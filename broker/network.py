@@ -2,11 +2,23 @@
 client connection.
 
 Each request runs as its own task so that a long-polling Fetch does not stall the
-loop; ServerConnection releases the responses in request order. Bounds: at most
-`max_in_flight` requests per connection (reading pauses when full and while the
-transport's write buffer is above its high-water mark), frames up to
-`max_frame_bytes` (a larger length closes that connection), `max_connections`
-connections per process.
+loop; ServerConnection releases the responses in request order. Bounds (the rules live
+in protocol/connection.py and protocol/connection_limits.py, shared with the
+controller's server; this file only applies them):
+- per process, all listeners together (one ConnectionTable): max connections, max
+  connections per IP; a new connection over the total displaces the oldest one that
+  has sent no request;
+- per connection (ServerConnection): frames up to max_frame_bytes (a larger length
+  closes the connection), at most max_in_flight requests in service, and at most
+  max_pending_bytes held for it (request frames in service, the record bytes each
+  Fetch may return, reserved before it reads a byte, and answers not yet sent).
+  Reading pauses while a request cannot start, and while the transport's write
+  buffer is above its high-water mark: a client that does not read its answers
+  makes the broker hold one more response at most, never one per request it sent;
+- deadlines, checked by a sweep: a request frame must complete within the frame
+  timeout of its first byte, and a connection idle for connections.max.idle.ms
+  is closed. Closures and refusals are logged at most once per kind every 10 s,
+  with a count of the rest.
 
 Bad input never takes the server down: an unknown API or version gets its error
 response (ServerConnection builds it), a malformed frame closes only its connection
@@ -20,14 +32,17 @@ an answer), or let it run and close the connection instead of answering.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from broker.faults import DROP, DROP_RESPONSE, NO_FAULTS, Faults
 from protocol.api import ApiKey
-from protocol.connection import Buffer, RejectedRequest, Request, ServerConnection
+from protocol.connection import Buffer, CloseReason, RejectedRequest, Request
+from protocol.connection_limits import ConnectionLimits, ConnectionSlot, ConnectionTable
 from protocol.errors import DecodeError, ErrorCode
 from protocol.messages import Message
 
@@ -53,11 +68,12 @@ Handler = Callable[[RequestContext, Message], Awaitable[Message]]
 class _Connection(asyncio.Protocol):
     def __init__(self, server: ListenerServer) -> None:
         self._server = server
-        self._conn = ServerConnection(
-            max_frame_size=server.max_frame_bytes,
-            max_in_flight=server.max_in_flight,
+        self._conn = server.table.limits.server_connection(
+            time.monotonic(),
             api_filter=server.serves,
+            response_reservation=server.response_reservation,
         )
+        self._slot: ConnectionSlot | None = None
         self._transport: asyncio.Transport | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._peer = "?"
@@ -72,26 +88,36 @@ class _Connection(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        if len(self._server.connections) >= self._server.max_connections:
-            log.warning(
-                "refusing connection from %s on %s: %d connections open (the limit)",
-                self._peer,
-                self._server.name,
-                len(self._server.connections),
-            )
+        server = self._server
+        now = time.monotonic()
+        admission = server.table.open(
+            str(peer[0]) if isinstance(peer, tuple) else str(peer),
+            f"{self._peer} on {server.name}",
+            now,
+            conn=self._conn,
+            close=self.close,
+            unsent=transport.get_write_buffer_size,  # type: ignore[attr-defined]
+        )
+        for event in (admission.evicted, admission.refused):
+            if event is not None:
+                server.log_event(event, now)
+        if admission.slot is None:
             self._closed = True
             transport.abort()
             return
+        self._slot = admission.slot
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
+        # Never more unsent than the connection may hold in all.
+        high = min(WRITE_BUFFER_HIGH, server.table.limits.max_pending_bytes)
+        self._transport.set_write_buffer_limits(high=high, low=min(WRITE_BUFFER_LOW, high // 4))
         self._server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
-        self._conn.receive_data(data)
+        self._conn.receive_data(data, time.monotonic())
         self._process()
 
     def eof_received(self) -> bool | None:
@@ -99,9 +125,14 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        self._server.connections.discard(self)
+        self._forget()
         for task in self._tasks:
             task.cancel()
+
+    def _forget(self) -> None:
+        self._server.connections.discard(self)
+        if self._slot is not None:
+            self._server.table.release(self._slot)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -117,9 +148,10 @@ class _Connection(asyncio.Protocol):
     def _process(self) -> None:
         """Turn buffered frames into handler tasks until the in-flight bound."""
         conn = self._conn
+        server = self._server
         while not self._closed and not self._writing_paused:
             try:
-                event = conn.next_event()
+                event = conn.next_event(self._unsent())
             except DecodeError as exc:
                 log.warning(
                     "closing connection from %s on %s: malformed request stream: %s",
@@ -131,6 +163,12 @@ class _Connection(asyncio.Protocol):
                 return
             if event is None:
                 break
+            assert self._slot is not None  # events come only after an admitted connect
+            refused = server.table.on_request(self._slot, event.header.api_key)
+            if refused is not None:
+                server.log_event(refused, time.monotonic())
+                self.close()
+                return
             if isinstance(event, RejectedRequest):
                 log.info(
                     "rejected request from %s (client %s, api %d v%d): %s %s",
@@ -189,22 +227,28 @@ class _Connection(asyncio.Protocol):
         if parts and not self._closed and self._transport is not None:
             self._transport.writelines(parts)
 
+    def _unsent(self) -> int:
+        transport = self._transport
+        return 0 if transport is None else transport.get_write_buffer_size()
+
     def _update_reading(self) -> None:
         if self._closed or self._transport is None:
             return
-        full = self._conn.in_flight >= self._conn.max_in_flight or self._writing_paused
+        full = self._conn.blocked or self._writing_paused
         if full and not self._reading_paused:
             self._reading_paused = True
             self._transport.pause_reading()
+            self._conn.pause_clock()
         elif not full and self._reading_paused:
             self._reading_paused = False
             self._transport.resume_reading()
+            self._conn.resume_clock(time.monotonic())
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._server.connections.discard(self)
+        self._forget()
         for task in self._tasks:
             task.cancel()
         if self._transport is not None:
@@ -219,7 +263,8 @@ def _api_name(api_key: int) -> str:
 
 
 class ListenerServer:
-    """The server socket of one listener and its connections."""
+    """The server socket of one listener and its connections. Listeners of one
+    process share `table` (the per-process connection limits)."""
 
     def __init__(
         self,
@@ -228,24 +273,28 @@ class ListenerServer:
         port: int,
         handlers: dict[int, Handler],
         *,
-        max_in_flight: int = 100,
-        max_frame_bytes: int = 100 * 1024 * 1024,
-        max_connections: int = 10_000,
+        table: ConnectionTable | None = None,
+        response_reservation: Callable[[Message], int] | None = None,
         faults: Faults = NO_FAULTS,
     ) -> None:
         self.name = name
         self.host = host
         self.port = port
         self.handlers = handlers
-        self.max_in_flight = max_in_flight
-        self.max_frame_bytes = max_frame_bytes
-        self.max_connections = max_connections
+        self.table = table if table is not None else ConnectionTable(ConnectionLimits())
+        self.response_reservation = response_reservation
         self.faults = faults
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     def serves(self, api_key: int) -> bool:
         return api_key in self.handlers
+
+    def log_event(self, event: CloseReason, now: float) -> None:
+        line = self.table.log_line(event, now)
+        if line is not None:
+            log.warning("%s", line)
 
     async def bind(self) -> int:
         """Bind and listen without accepting yet; return the bound port.
@@ -265,6 +314,16 @@ class ListenerServer:
     async def start_serving(self) -> None:
         assert self._server is not None, "bind() first"
         await self._server.start_serving()
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Close connections past a deadline (the table ignores calls closer together
+        than half its interval, so every listener of a process may sweep it)."""
+        interval = self.table.limits.sweep_interval_s()
+        while True:
+            await asyncio.sleep(interval)
+            for line in self.table.sweep(time.monotonic()):
+                log.warning("%s", line)
 
     def stop_accepting(self) -> None:
         if self._server is not None:
@@ -273,6 +332,10 @@ class ListenerServer:
     async def close(self) -> None:
         """Stop accepting and drop every connection (their handler tasks are cancelled)."""
         self.stop_accepting()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         for conn in list(self.connections):
             conn.close()
         if self._server is not None:

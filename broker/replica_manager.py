@@ -72,6 +72,7 @@ from protocol.messages import (
     ListOffsetsRequest,
     ListOffsetsResponse,
     ListOffsetsTopicResponse,
+    Message,
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
     OffsetForLeaderTopicResult,
@@ -187,6 +188,20 @@ class DelayedProduce(DelayedOperation):
             else:
                 done = False
         return done
+
+
+def fetch_response_max_bytes(config: BrokerConfig, request: FetchRequest) -> int:
+    """The record bytes one Fetch may return, all partitions together: its max_bytes,
+    capped by fetch.max.bytes for a consumer and by replica.fetch.response.max.bytes
+    for a follower (Kafka caps both at fetch.max.bytes; the follower's own setting is
+    the tighter bound). The first batch is returned whole even when larger (KIP-74);
+    a batch is at most the max.message.bytes it was accepted under."""
+    cap = (
+        config.replica_fetch_response_max_bytes
+        if request.replica_id >= 0
+        else config.fetch_max_bytes
+    )
+    return max(0, min(request.max_bytes, cap))
 
 
 # ---------------------------------------------------------------------- the manager
@@ -687,9 +702,11 @@ class ReplicaManager:
         to_leo = request.replica_id >= 0 or request.replica_id == DEBUGGING_REPLICA_ID
         responses, total, watches, answer_now = self._read_fetch(request, first=True)
         max_wait_ms = min(request.max_wait_ms, self.config.max_fetch_wait_ms)
-        if answer_now or total >= request.min_bytes or max_wait_ms <= 0 or not watches:
+        # Kafka's rule: never wait for more than the response may carry.
+        min_bytes = min(request.min_bytes, fetch_response_max_bytes(self.config, request))
+        if answer_now or total >= min_bytes or max_wait_ms <= 0 or not watches:
             return FetchResponse(responses=responses)
-        op = DelayedFetch(watches, min_bytes=request.min_bytes, have_bytes=total, to_leo=to_leo)
+        op = DelayedFetch(watches, min_bytes=min_bytes, have_bytes=total, to_leo=to_leo)
         await self.fetch_purgatory.wait(op, max_wait_ms / 1000)
         responses, _, _, _ = self._read_fetch(request, first=False)
         return FetchResponse(responses=responses)
@@ -702,7 +719,7 @@ class ReplicaManager:
         replica_id = request.replica_id
         is_follower = replica_id >= 0
         to_leo = is_follower or replica_id == DEBUGGING_REPLICA_ID
-        remaining = max(0, request.max_bytes)
+        remaining = fetch_response_max_bytes(self.config, request)
         min_one = True  # the first partition with data returns at least one whole batch
         total = 0
         answer_now = False
@@ -755,6 +772,14 @@ class ReplicaManager:
                     min_one = False
                 watches.append(_FetchWatch(p, fp.fetch_offset))
         return out, total, watches, answer_now
+
+    def fetch_reservation(self, body: Message) -> int:
+        """What a request may add to its connection's pending bytes beyond its own
+        frame (protocol.connection.ServerConnection reserves it while it is served):
+        a Fetch its record-data cap, others nothing worth counting in advance."""
+        if isinstance(body, FetchRequest):
+            return fetch_response_max_bytes(self.config, body)
+        return 0
 
     def _fetch_partition_checks(
         self, topic: str, fp: FetchPartition, *, require_leader: bool = True

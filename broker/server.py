@@ -46,6 +46,7 @@ from broker.storage.errors import StorageError, describe_os_error, os_error_advi
 from broker.storage.log import LogConfig
 from broker.storage.log_manager import LogManager
 from broker.storage.meta_properties import MetaProperties
+from protocol.connection_limits import ConnectionTable
 from protocol.messages import FetchMetadataResponse, Listener
 
 log = logging.getLogger(__name__)
@@ -319,15 +320,16 @@ class Broker:
         assert self.controller is None
         # Handlers need the controller channel; it exists before any request is accepted.
         bound: dict[str, int] = {}
+        # One table for all listeners: connection limits are per process, as Kafka's.
+        table = ConnectionTable(self.config.connection_limits())
         for spec in self.config.listeners:
             server = ListenerServer(
                 spec.name,
                 spec.host,
                 spec.port,
                 {},
-                max_in_flight=self.config.max_in_flight_per_connection,
-                max_frame_bytes=self.config.max_frame_bytes,
-                max_connections=self.config.max_connections,
+                table=table,
+                response_reservation=self.replica_manager.fetch_reservation,
                 faults=self.faults,
             )
             try:

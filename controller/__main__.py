@@ -7,6 +7,7 @@ file > default.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tomllib
@@ -16,6 +17,7 @@ from typing import Any
 import click
 
 from controller.config import DEFAULT_DATA_DIR, DEFAULT_LISTEN, ControllerConfig, parse_listen
+from protocol.connection_limits import parse_per_ip_overrides
 
 
 def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
@@ -49,6 +51,18 @@ def _validate_listen(_ctx: click.Context, _param: click.Parameter, value: str) -
 
 def _env(name: str) -> str:
     return f"MINIBROKER_{name}"
+
+
+def _default(name: str) -> Any:
+    """The ControllerConfig default of `name`, so --help and the config never disagree."""
+    return {f.name: f.default for f in dataclasses.fields(ControllerConfig)}[name]
+
+
+def _validate_overrides(_ctx: click.Context, param: click.Parameter, value: str) -> dict[str, int]:
+    try:
+        return parse_per_ip_overrides(value or "", option=f"--{param.name}".replace("_", "-"))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.command(
@@ -150,6 +164,84 @@ def _env(name: str) -> str:
     help="Metadata records between snapshots; older log files are deleted after one.",
 )
 @click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=_default("max_connections"),
+    show_default=True,
+    envvar=_env("MAX_CONNECTIONS"),
+    show_envvar=True,
+    help="Connections open at once; when full, a new connection replaces the oldest one "
+    "that has sent no request, else it is refused (max.connections).",
+)
+@click.option(
+    "--reserved-broker-connections",
+    type=click.IntRange(min=0),
+    default=_default("reserved_broker_connections"),
+    show_default=True,
+    envvar=_env("RESERVED_BROKER_CONNECTIONS"),
+    show_envvar=True,
+    help="Of --max-connections, slots only brokers use (a connection whose first request "
+    "is a broker API); a broker opens 3. Other connections beyond the rest are closed.",
+)
+@click.option(
+    "--max-connections-per-ip",
+    type=click.IntRange(min=0),
+    default=_default("max_connections_per_ip"),
+    show_default=True,
+    envvar=_env("MAX_CONNECTIONS_PER_IP"),
+    show_envvar=True,
+    help="Connections from one IP address that are not brokers'; past it a connection is "
+    "closed unless its first request is a broker API (max.connections.per.ip).",
+)
+@click.option(
+    "--max-connections-per-ip-overrides",
+    default="",
+    callback=_validate_overrides,
+    envvar=_env("MAX_CONNECTIONS_PER_IP_OVERRIDES"),
+    show_envvar=True,
+    help="Per-address limits that replace --max-connections-per-ip: ADDRESS:COUNT,... "
+    "(IP addresses) (max.connections.per.ip.overrides). [default: none]",
+)
+@click.option(
+    "--first-request-timeout-ms",
+    type=click.IntRange(min=1),
+    default=_default("first_request_timeout_ms"),
+    show_default=True,
+    envvar=_env("FIRST_REQUEST_TIMEOUT_MS"),
+    show_envvar=True,
+    help="Close a connection that sends no whole request within this long of connecting.",
+)
+@click.option(
+    "--connections-max-idle-ms",
+    type=click.IntRange(min=1),
+    default=_default("connections_max_idle_ms"),
+    show_default=True,
+    envvar=_env("CONNECTIONS_MAX_IDLE_MS"),
+    show_envvar=True,
+    help="Close a connection that is not a broker's with nothing received, nothing of its "
+    "answers taken and no request in service for this long (connections.max.idle.ms).",
+)
+@click.option(
+    "--request-frame-timeout-ms",
+    type=click.IntRange(min=1),
+    default=_default("request_frame_timeout_ms"),
+    show_default=True,
+    envvar=_env("REQUEST_FRAME_TIMEOUT_MS"),
+    show_envvar=True,
+    help="Close a connection whose request frame, once begun, is not complete within this "
+    "long (slowloris); the clock stops while the controller itself is not reading it.",
+)
+@click.option(
+    "--max-pending-bytes-per-connection",
+    type=click.IntRange(min=1),
+    default=_default("max_pending_bytes_per_connection"),
+    show_default=True,
+    envvar=_env("MAX_PENDING_BYTES_PER_CONNECTION"),
+    show_envvar=True,
+    help="Bytes one connection may make the controller hold (requests in service, answers "
+    "not yet taken); past it the connection is not read. One request at a time always runs.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -207,6 +299,14 @@ def main(
     default_min_insync_replicas: int,
     default_unclean_leader_election: bool,
     snapshot_every: int,
+    max_connections: int,
+    reserved_broker_connections: int,
+    max_connections_per_ip: int,
+    max_connections_per_ip_overrides: dict[str, int],
+    first_request_timeout_ms: int,
+    connections_max_idle_ms: int,
+    request_frame_timeout_ms: int,
+    max_pending_bytes_per_connection: int,
     log_level: str,
     enable_test_faults: bool,
     unsafe_ignore_broker_epochs: bool,
@@ -227,6 +327,14 @@ def main(
             default_min_insync_replicas=default_min_insync_replicas,
             default_unclean_leader_election=default_unclean_leader_election,
             snapshot_every=snapshot_every,
+            max_connections=max_connections,
+            reserved_broker_connections=reserved_broker_connections,
+            max_connections_per_ip=max_connections_per_ip,
+            max_connections_per_ip_overrides=max_connections_per_ip_overrides,
+            first_request_timeout_ms=first_request_timeout_ms,
+            connections_max_idle_ms=connections_max_idle_ms,
+            request_frame_timeout_ms=request_frame_timeout_ms,
+            max_pending_bytes_per_connection=max_pending_bytes_per_connection,
             log_level=log_level.upper(),
             enable_test_faults=enable_test_faults,
             unsafe_ignore_broker_epochs=unsafe_ignore_broker_epochs,

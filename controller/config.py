@@ -11,6 +11,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from protocol.api import ApiKey
+from protocol.connection_limits import ConnectionLimits
+
 # Test-only fault switches are refused unless test faults are enabled (--enable-test-faults,
 # or this environment variable is "1"), so a production deployment cannot turn a
 # protection off by accident.
@@ -25,6 +28,22 @@ DEFAULT_LISTEN = "127.0.0.1:9093"
 DEFAULT_DATA_DIR = "./minibroker-data/controller"
 
 log = logging.getLogger(__name__)
+
+# The APIs brokers send the controller (CreateTopics/DeleteTopics too: clients reach
+# them only through a broker, which forwards them). A connection whose first request
+# is one of these may use the slots kept for brokers.
+BROKER_API_KEYS = frozenset(
+    int(key)
+    for key in (
+        ApiKey.BROKER_REGISTRATION,
+        ApiKey.BROKER_HEARTBEAT,
+        ApiKey.FETCH_METADATA,
+        ApiKey.ALTER_PARTITION,
+        ApiKey.ALLOCATE_PRODUCER_IDS,
+        ApiKey.CREATE_TOPICS,
+        ApiKey.DELETE_TOPICS,
+    )
+)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -58,10 +77,20 @@ class ControllerConfig:
     snapshot_every: int = 10_000
     log_level: str = "INFO"
 
+    # Connection bounds (flags; Kafka's names where Kafka has the setting).
+    max_connections: int = 1000
+    max_connections_per_ip: int = 100
+    max_connections_per_ip_overrides: dict[str, int] = field(default_factory=dict)
+    # Slots only connections whose first request is a broker API may use.
+    reserved_broker_connections: int = 300
+    first_request_timeout_ms: int = 10_000
+    connections_max_idle_ms: int = 600_000
+    request_frame_timeout_ms: int = 30_000
+    max_pending_bytes_per_connection: int = 64 * 1024 * 1024
+
     # Bounds (not on the command line: they protect the process, not tune it).
     max_request_bytes: int = 16 * 1024 * 1024  # controller requests are small
     max_in_flight_per_connection: int = 100
-    max_connections: int = 1000
     max_metadata_waiters: int = 1000  # parked FetchMetadata long-polls
     max_metadata_wait_ms: int = 30_000  # cap on a FetchMetadata max_wait_ms
     max_metadata_records: int = 10_000  # cap on entries per FetchMetadata answer
@@ -103,6 +132,16 @@ class ControllerConfig:
             logging.CRITICAL,
         ):
             problems.append(f"log level {self.log_level!r} is not DEBUG/INFO/WARNING/ERROR")
+        if not 0 <= self.reserved_broker_connections < self.max_connections:
+            problems.append(
+                f"--reserved-broker-connections ({self.reserved_broker_connections}) must be "
+                f"below --max-connections ({self.max_connections})"
+            )
+        else:
+            try:
+                self.connection_limits()
+            except ValueError as exc:
+                problems.append(str(exc))
         for name in self.protections_off:
             if not self.enable_test_faults:
                 problems.append(
@@ -112,6 +151,21 @@ class ControllerConfig:
                 )
         if problems:
             raise ValueError("; ".join(problems))
+
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits(
+            max_connections=self.max_connections,
+            max_connections_per_ip=self.max_connections_per_ip,
+            max_connections_per_ip_overrides=self.max_connections_per_ip_overrides,
+            reserved_connections=self.reserved_broker_connections,
+            privileged_api_keys=BROKER_API_KEYS,
+            max_in_flight=self.max_in_flight_per_connection,
+            max_frame_bytes=self.max_request_bytes,
+            max_pending_bytes=self.max_pending_bytes_per_connection,
+            idle_timeout_ms=self.connections_max_idle_ms,
+            frame_timeout_ms=self.request_frame_timeout_ms,
+            first_request_timeout_ms=self.first_request_timeout_ms,
+        )
 
     @property
     def protections_off(self) -> tuple[str, ...]:

@@ -10,8 +10,14 @@ the server down:
   builds it);
 - a handler that raises gets UNKNOWN_SERVER_ERROR (KAFKA_STORAGE_ERROR when the
   metadata log failed) and a log line with the traceback;
-- at most `max_in_flight_per_connection` requests per connection are in progress:
-  past that the connection is not read until responses go out.
+- the connection bounds of protocol/connection.py and protocol/connection_limits.py,
+  the same rules as the broker's server (broker/network.py): max connections (a new
+  one displaces the oldest that has sent no request), slots kept for brokers, max
+  connections per IP, at most `max_in_flight_per_connection` requests in service
+  and `max_pending_bytes_per_connection` bytes held per connection (past either the
+  connection is not read until responses go out), and deadlines checked by a sweep:
+  the first request, each request frame, idleness (never for a broker's
+  connections). Closures and refusals are logged at most once per kind every 10 s.
 
 With --enable-test-faults, controller/faults.py may delay or park a request before its
 handler runs, drop it (the connection is closed unanswered) or drop its answer.
@@ -22,13 +28,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from controller.config import ControllerConfig
 from controller.errors import MetadataLogWriteError
 from controller.faults import DROP, DROP_RESPONSE
 from controller.handlers import ControllerHandlers
 from protocol.api import ApiKey
-from protocol.connection import RejectedRequest, Request, ServerConnection
+from protocol.connection import CloseReason, RejectedRequest, Request
+from protocol.connection_limits import ConnectionSlot, ConnectionTable
 from protocol.errors import DecodeError, ErrorCode
 
 log = logging.getLogger(__name__)
@@ -57,12 +65,10 @@ class _Client:
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        config = server.config
-        self.conn = ServerConnection(
-            max_frame_size=config.max_request_bytes,
-            max_in_flight=config.max_in_flight_per_connection,
-            api_filter=server.handlers.handlers.__contains__,
+        self.conn = server.table.limits.server_connection(
+            time.monotonic(), api_filter=server.handlers.handlers.__contains__
         )
+        self.slot: ConnectionSlot | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.progress = asyncio.Event()
 
@@ -70,13 +76,18 @@ class _Client:
         if data and not self.writer.is_closing():
             self.writer.write(data)
 
+    def unsent(self) -> int:
+        return self.writer.transport.get_write_buffer_size()
+
     async def run(self) -> None:
         conn = self.conn
+        table = self.server.table
+        assert self.slot is not None, "run() after the table admitted the connection"
         try:
             while True:
                 while True:
                     try:
-                        event = conn.next_event()
+                        event = conn.next_event(self.unsent())
                     except DecodeError as exc:
                         log.warning(
                             "closing connection from %s: malformed request: %s", self.peer, exc
@@ -84,6 +95,10 @@ class _Client:
                         return
                     if event is None:
                         break
+                    refused = table.on_request(self.slot, event.header.api_key)
+                    if refused is not None:
+                        self.server.log_event(refused, time.monotonic())
+                        return
                     if isinstance(event, RejectedRequest):
                         log.info(
                             "rejected a request from %s (%s, correlation id %d): %s %s",
@@ -99,15 +114,20 @@ class _Client:
                         self.tasks.add(task)
                         task.add_done_callback(self.tasks.discard)
                 self.progress.clear()
-                if conn.in_flight >= conn.max_in_flight:
-                    # Bounded in-flight: stop reading until a response goes out.
+                if conn.blocked:
+                    # In-flight or pending-bytes bound: stop reading (and timing the
+                    # frame) until a response goes out.
+                    conn.pause_clock()
                     await self.progress.wait()
                     continue
-                await self.writer.drain()
+                if self.unsent() > self.writer.transport.get_write_buffer_limits()[1]:
+                    conn.pause_clock()  # the peer is not reading: neither do we
+                    await self.writer.drain()
+                conn.resume_clock(time.monotonic())
                 data = await self.reader.read(READ_CHUNK)
                 if not data:
                     return
-                conn.receive_data(data)
+                conn.receive_data(data, time.monotonic())
         except (ConnectionError, OSError) as exc:
             log.debug("connection from %s lost: %s", self.peer, exc)
         finally:
@@ -122,11 +142,11 @@ class _Client:
             if faults.enabled:
                 fault = await faults.before_answer(api, request.body)
                 if fault == DROP:
-                    self._abort()  # the request is lost: the sender sees the connection go
+                    self.abort()  # the request is lost: the sender sees the connection go
                     return
             body = await handler(request.body)
             if fault == DROP_RESPONSE:
-                self._abort()  # served, but the answer is lost
+                self.abort()  # served, but the answer is lost
                 return
             out = self.conn.send_response(request, body)
         except MetadataLogWriteError as exc:
@@ -145,8 +165,8 @@ class _Client:
         self._write(out)
         self.progress.set()
 
-    def _abort(self) -> None:
-        """Close the connection at once (test faults); `run` then cleans up."""
+    def abort(self) -> None:
+        """Close the connection at once (test faults, deadlines); `run` then cleans up."""
         transport = self.writer.transport
         if not transport.is_closing():
             transport.abort()
@@ -167,9 +187,16 @@ class ControllerServer:
     def __init__(self, config: ControllerConfig, handlers: ControllerHandlers) -> None:
         self.config = config
         self.handlers = handlers
+        self.table = ConnectionTable(config.connection_limits())
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
         self.address: tuple[str, int] | None = None
+
+    def log_event(self, event: CloseReason, now: float) -> None:
+        line = self.table.log_line(event, now)
+        if line is not None:
+            log.warning("%s", line)
 
     async def start(self) -> tuple[str, int]:
         """Listen; return the bound (host, port). Raises OSError (e.g. port in use)."""
@@ -182,24 +209,50 @@ class ControllerServer:
         )
         sockname = self._server.sockets[0].getsockname()
         self.address = (self.config.listen_host, int(sockname[1]))
+        self._sweeper = asyncio.create_task(self._sweep())
         return self.address
 
+    async def _sweep(self) -> None:
+        """Close connections past a deadline."""
+        interval = self.table.limits.sweep_interval_s()
+        while True:
+            await asyncio.sleep(interval)
+            for line in self.table.sweep(time.monotonic()):
+                log.warning("%s", line)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._clients) >= self.config.max_connections:
-            log.warning(
-                "refusing a connection: %d connections open (the limit)", len(self._clients)
-            )
-            writer.close()
+        client = _Client(self, reader, writer)
+        peer = writer.get_extra_info("peername")
+        now = time.monotonic()
+        admission = self.table.open(
+            str(peer[0]) if isinstance(peer, tuple) else str(peer),
+            client.peer,
+            now,
+            conn=client.conn,
+            close=client.abort,
+            unsent=client.unsent,
+        )
+        for event in (admission.evicted, admission.refused):
+            if event is not None:
+                self.log_event(event, now)
+        if admission.slot is None:
+            writer.transport.abort()
             return
+        client.slot = admission.slot
         task = asyncio.current_task()
         assert task is not None
         self._clients.add(task)
         try:
-            await _Client(self, reader, writer).run()
+            await client.run()
         finally:
             self._clients.discard(task)
+            self.table.release(admission.slot)
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         if self._server is not None:
             self._server.close()
         for task in list(self._clients):

@@ -181,8 +181,40 @@ class RejectedRequest(NamedTuple):
     message: str
 
 
+class CloseReason(NamedTuple):
+    """Why a server closes (or refuses) a connection. `kind` groups the log lines of
+    one cause (connection_limits.LogThrottle)."""
+
+    kind: str
+    message: str
+
+
+# CloseReason kinds of ServerConnection.expired
+FRAME_TIMEOUT = "request-frame-timeout"
+FIRST_REQUEST_TIMEOUT = "first-request-timeout"
+IDLE = "connections-max-idle"
+
+
 class ServerConnection:
-    """One client connection, server side."""
+    """One client connection, server side.
+
+    Bounds (each optional, so the class also serves tests and fakes bare):
+    - `max_in_flight` requests handed out and not yet answered;
+    - `max_pending_bytes`: the bytes this connection makes the server hold: the frames
+      of the requests being served, what `response_reservation` reserves for each
+      (a Fetch: the most record data it may return) until its response is built,
+      finished responses waiting behind an earlier one, and (given by the caller as
+      `unsent`) what the transport has not sent yet. A request that does not fit
+      waits, undecoded work stays in the socket, until responses go out; one request
+      may always run when nothing else is held, however large, so nothing deadlocks.
+      Worst case per connection: max(max_pending_bytes, unsent + one request's
+      reservation) plus what one response exceeds its reservation by;
+    - clocks, when the caller passes `now` (seconds, any monotonic clock):
+      `frame_timeout_s` from the first byte of a frame to its last (not counted
+      while the caller has paused reading), `first_request_timeout_s` from
+      connecting to the first whole request, `idle_timeout_s` without a byte
+      received, a byte of our answers taken by the peer, or a request in service.
+      `expired(now)` says which has passed."""
 
     def __init__(
         self,
@@ -190,33 +222,96 @@ class ServerConnection:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_in_flight: int = 1000,
         api_filter: Callable[[int], bool] | None = None,
+        max_pending_bytes: int | None = None,
+        response_reservation: Callable[[Message], int] | None = None,
+        idle_timeout_s: float | None = None,
+        frame_timeout_s: float | None = None,
+        first_request_timeout_s: float | None = None,
+        now: float = 0.0,
     ) -> None:
         self._frames = FrameDecoder(max_frame_size)
         self._next_seq = 0
         self._next_out = 0
-        self._done: dict[int, list[Buffer]] = {}
+        self._done: dict[int, tuple[list[Buffer], int]] = {}  # seq -> (parts, bytes)
         self.max_in_flight = max_in_flight
         # A process may serve only some APIs (a controller does not serve Produce).
         self._api_filter = api_filter
+        self.max_pending_bytes = max_pending_bytes
+        self._reservation = response_reservation
+        self._reserved: dict[int, int] = {}  # seq -> bytes held while it is served
+        self._reserved_bytes = 0
+        self._held_bytes = 0  # finished responses waiting behind an earlier one
+        self._waiting: tuple[Request, int] | None = None  # decoded; no room yet
+        self.idle_timeout_s = idle_timeout_s
+        self.frame_timeout_s = frame_timeout_s
+        self.first_request_timeout_s = first_request_timeout_s
+        self._opened_at = now
+        self._last_receive = now
+        self._last_activity = now
+        self._frame_started: float | None = None  # first byte of an unfinished frame
+        self._reading_paused = False
+        self._last_unsent = 0
 
     @property
     def in_flight(self) -> int:
         """Requests handed out whose responses have not been written yet."""
         return self._next_seq - self._next_out
 
-    def receive_data(self, data: bytes) -> None:
-        self._frames.feed(data)
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held for requests in service and responses not yet released."""
+        return self._reserved_bytes + self._held_bytes
 
-    def next_event(self) -> Request | RejectedRequest | None:
-        """The next request, or None when more bytes are needed (or the in-flight
-        limit is reached: the caller stops reading until responses go out).
+    @property
+    def blocked(self) -> bool:
+        """True when no request can start now (in-flight or pending-bytes bound):
+        stop reading until a response goes out."""
+        return self._waiting is not None or self.in_flight >= self.max_in_flight
+
+    def receive_data(self, data: bytes, now: float | None = None) -> None:
+        self._frames.feed(data)
+        if now is not None and data:
+            self._last_receive = self._last_activity = now
+            if self._frame_started is None:
+                self._frame_started = now
+
+    def next_event(self, unsent: int = 0) -> Request | RejectedRequest | None:
+        """The next request, or None when more bytes are needed or no request can
+        start (`blocked`: the caller stops reading until responses go out). `unsent`:
+        bytes of earlier responses the transport still holds.
 
         Raises DecodeError when the stream is malformed: close the connection."""
-        if self.in_flight >= self.max_in_flight:
+        waiting = self._waiting
+        if waiting is None:
+            if self.in_flight >= self.max_in_flight:
+                return None
+            payload = self._frames.next_frame()
+            if payload is None:
+                return None
+            # What is left is the start of the next frame; it came with the last bytes.
+            self._frame_started = self._last_receive if self._frames.buffered else None
+            event = self._decode(payload)
+            if isinstance(event, RejectedRequest):
+                return event
+            cost = len(payload)
+            if self._reservation is not None:
+                cost += max(0, self._reservation(event.body))
+            waiting = (event, cost)
+        request, cost = waiting
+        if not self._has_room(cost, unsent):
+            self._waiting = waiting
             return None
-        payload = self._frames.next_frame()
-        if payload is None:
-            return None
+        self._waiting = None
+        self._reserved[request.seq] = cost
+        self._reserved_bytes += cost
+        return request
+
+    def _has_room(self, cost: int, unsent: int) -> bool:
+        if self.max_pending_bytes is None or not (self._reserved or self._done):
+            return True  # one request may always run alone
+        return self.pending_bytes + unsent + cost <= self.max_pending_bytes
+
+    def _decode(self, payload: bytes) -> Request | RejectedRequest:
         header, body_bytes = decode_request_header(payload)
         seq = self._next_seq
         self._next_seq += 1
@@ -241,6 +336,58 @@ class ServerConnection:
         except DecodeError as exc:
             return RejectedRequest(seq, header, ErrorCode.INVALID_REQUEST, str(exc))
         return Request(seq, header, body)
+
+    # ------------------------------------------------------------ clocks
+
+    def pause_clock(self) -> None:
+        """The caller stopped reading: a frame cannot progress, so it is not timed."""
+        self._reading_paused = True
+
+    def resume_clock(self, now: float) -> None:
+        """Reading again: an unfinished frame gets a whole frame timeout from now."""
+        if self._reading_paused:
+            self._reading_paused = False
+            if self._frame_started is not None:
+                self._frame_started = now
+
+    def expired(self, now: float, unsent: int = 0) -> CloseReason | None:
+        """Whether a deadline has passed (close the connection then). `unsent`: bytes
+        the transport holds; a drop since the last call is the peer reading."""
+        if unsent < self._last_unsent or self._reserved:
+            self._last_activity = now
+        self._last_unsent = unsent
+        started = self._frame_started
+        timeout = self.frame_timeout_s
+        if (
+            timeout is not None
+            and started is not None
+            and not self._reading_paused
+            and now - started >= timeout
+        ):
+            return CloseReason(
+                FRAME_TIMEOUT,
+                f"a request frame is still incomplete {now - started:.1f}s after its "
+                f"first byte ({self._frames.buffered} bytes received; "
+                f"--request-frame-timeout-ms {timeout * 1000:.0f})",
+            )
+        timeout = self.first_request_timeout_s
+        if timeout is not None and self._next_seq == 0 and now - self._opened_at >= timeout:
+            return CloseReason(
+                FIRST_REQUEST_TIMEOUT,
+                f"no request within {timeout * 1000:.0f} ms of connecting "
+                f"(--first-request-timeout-ms)",
+            )
+        timeout = self.idle_timeout_s
+        if timeout is not None and now - self._last_activity >= timeout:
+            return CloseReason(
+                IDLE,
+                f"idle for {now - self._last_activity:.1f}s: nothing received, nothing of "
+                f"our answers taken, no request in service (--connections-max-idle-ms "
+                f"{timeout * 1000:.0f})",
+            )
+        return None
+
+    # ------------------------------------------------------------ responses
 
     def send_response(self, request: Request, body: Message) -> bytes:
         """Queue the response; return the bytes now ready to write, in request order."""
@@ -269,14 +416,20 @@ class ServerConnection:
         )
 
     def _complete(self, seq: int, parts: list[Buffer]) -> list[Buffer]:
-        assert self._next_out <= seq < self._next_seq, "response for an unknown request"
-        assert seq not in self._done, "two responses for one request"
-        self._done[seq] = parts
+        if not self._next_out <= seq < self._next_seq or seq in self._done:
+            raise ValueError(f"response for request {seq}: unknown or already answered")
+        self._reserved_bytes -= self._reserved.pop(seq, 0)
         if seq != self._next_out:
+            size = sum(len(part) for part in parts)
+            self._done[seq] = (parts, size)
+            self._held_bytes += size
             return []
-        ready: list[Buffer] = []
+        ready = parts
+        self._next_out += 1
         while self._next_out in self._done:
-            ready += self._done.pop(self._next_out)
+            more, size = self._done.pop(self._next_out)
+            self._held_bytes -= size
+            ready += more
             self._next_out += 1
         return ready
 

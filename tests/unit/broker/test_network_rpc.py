@@ -11,6 +11,7 @@ from broker.network import ListenerServer, RequestContext
 from broker.rpc import RpcClient, RpcConnectionError, RpcErrorResponse, RpcTimeoutError
 from protocol.api import ApiKey
 from protocol.connection import ClientConnection
+from protocol.connection_limits import ConnectionLimits, ConnectionTable
 from protocol.errors import ErrorCode
 from protocol.framing import RequestHeader, encode_request_header, frame
 from protocol.messages import (
@@ -55,8 +56,12 @@ class App:
 async def server():
     app = App()
     srv = ListenerServer(
-        "EXTERNAL", "127.0.0.1", 0, app.table(), max_in_flight=4, max_frame_bytes=1 << 20
-    )  # type: ignore[arg-type]
+        "EXTERNAL",
+        "127.0.0.1",
+        0,
+        app.table(),  # type: ignore[arg-type]
+        table=ConnectionTable(ConnectionLimits(max_in_flight=4, max_frame_bytes=1 << 20)),
+    )
     await srv.bind()
     await srv.start_serving()
     yield srv, app

@@ -355,6 +355,35 @@ async def test_fetch_size_limits_keep_one_whole_batch(harness: Harness) -> None:
     assert len(list(iter_headers(p0.records))) == 2
 
 
+async def test_fetch_is_capped_by_fetch_max_bytes_and_the_follower_cap(tmp_path: Path) -> None:
+    """Whatever max_bytes a fetch asks for, a consumer gets at most fetch.max.bytes and a
+    follower at most replica.fetch.response.max.bytes (one whole batch at least); what
+    the connection reserves for it (fetch_reservation) is that same cap."""
+    h = Harness(tmp_path / "b", fetch_max_bytes=350, replica_fetch_response_max_bytes=700)
+    try:
+        await h.create_topic("two", replicas=[1, 2])
+        for i in range(10):
+            await produce(h, "two", batch(bytes([65 + i]) * 100))
+        one = len(batch(b"A" * 100))
+        huge = {"max_bytes": 2**31 - 1, "partition_max_bytes": 2**31 - 1}
+        follower = await fetch(h, "two", 0, replica_id=2, **huge)
+        assert len(follower.records) <= 700 and len(follower.records) // one == 700 // one
+        await fetch(h, "two", 10, replica_id=2)  # the HW reaches 10
+        consumer = await fetch(h, "two", 0, **huge)
+        assert len(consumer.records) <= 350 and len(consumer.records) // one == 350 // one
+        assert h.rm.fetch_reservation(fetch_req("two", 0, **huge)) == 350
+        assert h.rm.fetch_reservation(fetch_req("two", 0, replica_id=2, **huge)) == 700
+        assert h.rm.fetch_reservation(fetch_req("two", 0, max_bytes=100)) == 100
+        assert h.rm.fetch_reservation(produce_req("two", batch(b"x"))) == 0
+        # Over the cap, the first batch still comes whole (KIP-74).
+        big = await produce(h, "two", batch(b"z" * 1000))
+        await fetch(h, "two", 11, replica_id=2)
+        first = await fetch(h, "two", big.base_offset, **huge)
+        assert [hd.base_offset for _, hd in iter_headers(first.records)] == [big.base_offset]
+    finally:
+        await h.close()
+
+
 async def test_fetch_out_of_range(harness: Harness) -> None:
     h = harness
     await h.create_topic("t")

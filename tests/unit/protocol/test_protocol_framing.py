@@ -333,9 +333,9 @@ def test_double_response_and_unknown_request_are_programming_errors() -> None:
     server = ServerConnection()
     [event] = pipe(client, server, PINGS[:1])
     server.send_response(event, MetadataResponse())
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match="already answered"):
         server.send_response(event, MetadataResponse())
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match="unknown"):
         server.send_response(event._replace(seq=5), MetadataResponse())
 
 
