@@ -341,6 +341,19 @@ class Handlers:
         (`cluster health` reports them). Read-only; sizes come from the open segments,
         a stray's from listing its directory."""
         manager = self.replicas.log_manager
+        failure = manager.dir_failure.failure
+        if failure is not None:
+            # As Kafka: an offline log directory answers KAFKA_STORAGE_ERROR and lists
+            # nothing (nothing in it is read any more); the message says why.
+            return DescribeLogDirsResponse(
+                results=[
+                    DescribeLogDirsResult(
+                        log_dir=str(manager.data_dir),
+                        error_code=int(ErrorCode.KAFKA_STORAGE_ERROR),
+                        error_message=str(failure),
+                    )
+                ]
+            )
         wanted = (
             None
             if req.topics is None

@@ -35,6 +35,7 @@ from client.health import (
     SOURCE_BROKER,
     SOURCE_CONTROLLER,
     ClusterHealth,
+    OfflineLogDirHealth,
     StrayReplicaHealth,
     evaluate_health,
 )
@@ -467,21 +468,25 @@ class AsyncAdmin:
         view = controller_view or broker_view
         unreachable: list[int] = []
         strays: list[StrayReplicaHealth] = []
+        offline_dirs: list[OfflineLogDirHealth] = []
         if view is not None and probe_brokers:
             # Prefer the addresses a broker gave: they are those of the listener this
             # client reached it on; the controller knows the first listener only.
             addresses = {b.node_id: (b.host, b.port) for b in view[0].brokers}
             if broker_view is not None:
                 addresses.update({b.node_id: (b.host, b.port) for b in broker_view[0].brokers})
-            live = [b.node_id for b in view[0].brokers if not b.is_fenced]
+            # Fenced brokers too: one fenced for a failed disk says so.
+            fenced = {b.node_id for b in view[0].brokers if b.is_fenced}
+            probed = sorted(addresses)
             answers = await asyncio.gather(
-                *(self._probe(*addresses[n], n, probe_timeout_ms) for n in live)
+                *(self._probe(*addresses[n], n, probe_timeout_ms) for n in probed)
             )
-            for node_id, (why, found) in zip(live, answers, strict=True):
-                if why is not None:
+            for node_id, (why, found, offline) in zip(probed, answers, strict=True):
+                if why is not None and node_id not in fenced:
                     unreachable.append(node_id)
                     errors.append(f"broker {node_id}: {why}")
                 strays.extend(found)
+                offline_dirs.extend(offline)
         return evaluate_health(
             view[0] if view is not None else None,
             view[1] if view is not None else [],
@@ -492,6 +497,7 @@ class AsyncAdmin:
             unreachable_brokers=unreachable,
             errors=errors,
             stray_replicas=strays,
+            offline_log_dirs=offline_dirs,
         )
 
     async def describe_replica_log(
@@ -607,23 +613,30 @@ class AsyncAdmin:
 
     async def _probe(
         self, host: str, port: int, node_id: int, timeout_ms: int
-    ) -> tuple[str | None, list[StrayReplicaHealth]]:
+    ) -> tuple[str | None, list[StrayReplicaHealth], list[OfflineLogDirHealth]]:
         """(None when the broker answers DescribeLogDirs in time (an error answer is
-        an answer too), else why not; the stray replicas it reports)."""
+        an answer too), else why not; the stray replicas it reports; its log
+        directories that answer an error: offline)."""
         try:
             (response,) = await self._ask_directly(
                 host, port, [DescribeLogDirsRequest()], timeout_ms=timeout_ms, node_id=node_id
             )
         except (ConnectionFailedError, RequestTimedOutError) as exc:
-            return _reason(exc), []
+            return _reason(exc), [], []
         except BrokerResponseError:
-            return None, []  # alive; an older broker without DescribeLogDirs
+            return None, [], []  # alive; an older broker without DescribeLogDirs
         assert isinstance(response, DescribeLogDirsResponse)
-        return None, [
+        strays = [
             StrayReplicaHealth(node_id, s.dir_name, s.topic, s.partition, s.topic_id, s.size_bytes)
             for result in response.results
             for s in result.strays
         ]
+        offline = [
+            OfflineLogDirHealth(node_id, result.log_dir, result.error_message or "")
+            for result in response.results
+            if result.error_code != 0
+        ]
+        return None, strays, offline
 
 
 def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]:

@@ -455,6 +455,7 @@ def cluster_health(
       no_controller                the metadata names no controller
       no_live_brokers              no broker is registered and unfenced
       brokers_down                 a broker is fenced or does not answer
+      offline_log_dirs             a broker's log directory failed (full or failing disk)
       leaderless_partitions        a partition has no leader (-1)
       under_replicated_partitions  a partition's ISR is smaller than its replicas
 
@@ -635,7 +636,8 @@ def topic_describe(
     names: tuple[str, ...], under_replicated: bool, unavailable: bool, bootstrap: str
 ) -> None:
     """Describe topics (all when no NAME): per partition its leader, leader epoch,
-    replicas, ISR, status, log start offset and high watermark (as the leader reports
+    replicas, ISR, offline replicas (on a broker that is down or fenced, e.g. for a
+    failed disk), status, log start offset and high watermark (as the leader reports
     them). STATUS is `ok`, or `under-replicated` (ISR smaller than the replicas)
     and/or `leaderless` (no leader: unavailable until an ISR member returns)."""
 
@@ -665,6 +667,7 @@ def topic_describe(
                 str(p.leader_epoch),
                 _nodes(p.replicas),
                 _nodes(p.isr),
+                _nodes(p.offline_replicas) if p.offline_replicas else "-",
                 _partition_status(p),
                 str(p.log_start_offset) if p.log_start_offset >= 0 else "-",
                 str(p.high_watermark) if p.high_watermark >= 0 else "-",
@@ -678,6 +681,7 @@ def topic_describe(
             "EPOCH",
             "REPLICAS",
             "ISR",
+            "OFFLINE",
             "STATUS",
             "LOG-START-OFFSET",
             "HIGH-WATERMARK",

@@ -15,6 +15,11 @@ data out of service, not a cluster that serves its partitions less well, and
 failing health on it would keep `--exit-when-healthy` (start-up gates, container
 health checks) failing until someone deletes files by hand.
 
+A broker whose data directory failed (a full or failing disk) reports it in its
+DescribeLogDirs answer (KAFKA_STORAGE_ERROR and why); such a broker has asked the
+controller to fence it, so it is also among the brokers down. Fenced brokers are
+probed too, to learn this; one that does not answer is simply down.
+
 Reasons (stable names, scripts match on them):
 
     no_broker_reachable          no bootstrap broker answered
@@ -22,6 +27,7 @@ Reasons (stable names, scripts match on them):
     no_controller                the metadata names no controller (-1)
     no_live_brokers              every registered broker is fenced, or none registered
     brokers_down                 some broker is fenced or does not answer
+    offline_log_dirs             some broker reports its log directory offline
     leaderless_partitions        some partition has no leader
     under_replicated_partitions  some partition's ISR is smaller than its replicas
 """
@@ -39,6 +45,7 @@ CONTROLLER_UNREACHABLE = "controller_unreachable"
 NO_CONTROLLER = "no_controller"
 NO_LIVE_BROKERS = "no_live_brokers"
 BROKERS_DOWN = "brokers_down"
+OFFLINE_LOG_DIRS = "offline_log_dirs"
 LEADERLESS_PARTITIONS = "leaderless_partitions"
 UNDER_REPLICATED_PARTITIONS = "under_replicated_partitions"
 
@@ -49,6 +56,7 @@ REASONS = (
     NO_CONTROLLER,
     NO_LIVE_BROKERS,
     BROKERS_DOWN,
+    OFFLINE_LOG_DIRS,
     LEADERLESS_PARTITIONS,
     UNDER_REPLICATED_PARTITIONS,
 )
@@ -99,6 +107,20 @@ class StrayReplicaHealth(NamedTuple):
         return dict(self._asdict())
 
 
+class OfflineLogDirHealth(NamedTuple):
+    """A broker's log directory that failed, with the broker's account of why."""
+
+    broker: int
+    log_dir: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"{self.broker}:{self.log_dir}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._asdict())
+
+
 class ClusterHealth(NamedTuple):
     """The verdict and what it is based on.
 
@@ -126,6 +148,7 @@ class ClusterHealth(NamedTuple):
     errors: tuple[str, ...] = ()  # why an answer is missing, one line each
     # Replica directories the probed brokers set aside as stray (not a reason).
     stray_replicas: tuple[StrayReplicaHealth, ...] = ()
+    offline_log_dirs: tuple[OfflineLogDirHealth, ...] = ()
 
     @property
     def down_brokers(self) -> tuple[int, ...]:
@@ -151,6 +174,7 @@ class ClusterHealth(NamedTuple):
             "leaderless_partitions": [p.to_dict() for p in self.leaderless_partitions],
             "under_replicated_partitions": [p.to_dict() for p in self.under_replicated_partitions],
             "stray_replicas": [s.to_dict() for s in self.stray_replicas],
+            "offline_log_dirs": [d.to_dict() for d in self.offline_log_dirs],
             "errors": list(self.errors),
         }
 
@@ -183,6 +207,7 @@ def evaluate_health(
     unreachable_brokers: Iterable[int] = (),
     errors: Iterable[str] = (),
     stray_replicas: Iterable[StrayReplicaHealth] = (),
+    offline_log_dirs: Iterable[OfflineLogDirHealth] = (),
 ) -> ClusterHealth:
     """The health verdict over one view of the cluster.
 
@@ -224,6 +249,9 @@ def evaluate_health(
                 leaderless.append(entry)
             if is_under_replicated(p.replicas, p.isr):
                 under.append(entry)
+    offline = tuple(sorted(offline_log_dirs))
+    if offline:
+        reasons.add(OFFLINE_LOG_DIRS)
     if leaderless:
         reasons.add(LEADERLESS_PARTITIONS)
     if under:
@@ -248,6 +276,7 @@ def evaluate_health(
         under_replicated_partitions=tuple(under),
         errors=tuple(errors),
         stray_replicas=tuple(sorted(stray_replicas)),
+        offline_log_dirs=offline,
     )
 
 
@@ -290,10 +319,12 @@ def render_text(health: ClusterHealth) -> str:
         ("Topics / partitions:", f"{health.topic_count} / {health.partition_count}"),
         (f"Leaderless partitions ({len(leaderless)}):", _ids(leaderless)),
         (f"Under-replicated partitions ({len(under)}):", _ids(under)),
+        (f"Offline log dirs ({len(health.offline_log_dirs)}):", _ids(health.offline_log_dirs)),
         (f"Stray replicas ({len(strays)}):", _ids(strays)),
     ]
     width = max(len(label) for label, _ in rows) + 2
     lines = ["CLUSTER HEALTH OVERVIEW", "======================="]
     lines += [label.ljust(width) + value for label, value in rows]
+    lines += [f"Offline log dir {d}: {d.error}" for d in health.offline_log_dirs]
     lines += [f"Error: {e}" for e in health.errors]
     return "\n".join(lines)

@@ -29,6 +29,7 @@ from cluster import Cluster
 
 from client.admin import AsyncAdmin, NewTopic
 from client.consumer import AsyncConsumer
+from client.health import ClusterHealth
 from client.producer import AsyncProducer
 from client.types import TopicPartition
 from tests.small_filesystem import SmallFilesystem, failing_filesystem, small_filesystem
@@ -82,6 +83,17 @@ async def leaders_and_isrs(servers: str) -> dict[int, tuple[int, tuple[int, ...]
     async with AsyncAdmin(servers) as admin:
         (topic,) = await admin.describe_topics([TOPIC])
     return {p.partition: (p.leader, p.isr) for p in topic.partitions}
+
+
+async def cluster_health(servers: str) -> ClusterHealth:
+    async with AsyncAdmin(servers) as admin:
+        return await admin.cluster_health(probe_brokers=True)
+
+
+async def offline_replicas(servers: str) -> dict[int, tuple[int, ...]]:
+    async with AsyncAdmin(servers) as admin:
+        (topic,) = await admin.describe_topics([TOPIC])
+    return {p.partition: p.offline_replicas for p in topic.partitions}
 
 
 async def produce_until_disk_fails(
@@ -146,6 +158,16 @@ def test_a_full_disk_moves_the_brokers_leaderships_and_loses_nothing(
     for partition, (leader, isr) in after.items():
         assert leader in (2, 3), f"partition {partition} still led by {leader}: {after}"
         assert 1 not in isr, f"broker 1 is still in the ISR of partition {partition}: {after}"
+
+    # Reported: `cluster health` names the broker's offline log directory and why, and
+    # `topic describe` shows its replicas offline.
+    health = asyncio.run(cluster_health(bootstrap(cluster, but=1)))
+    assert "offline_log_dirs" in health.unhealthy_reasons, health
+    (offline,) = health.offline_log_dirs
+    assert offline.broker == 1 and "No space left on device (ENOSPC)" in offline.error, offline
+    assert 1 in health.fenced_brokers, health
+    described = asyncio.run(offline_replicas(bootstrap(cluster, but=1)))
+    assert all(replicas == (1,) for replicas in described.values()), described
 
     # Every acknowledged record is there, at its offset, on the new leaders.
     seen = asyncio.run(read_all(bootstrap(cluster, but=1)))

@@ -22,9 +22,11 @@ from client.health import (
     NO_BROKER_REACHABLE,
     NO_CONTROLLER,
     NO_LIVE_BROKERS,
+    OFFLINE_LOG_DIRS,
     SOURCE_CONTROLLER,
     SOURCE_NONE,
     UNDER_REPLICATED_PARTITIONS,
+    OfflineLogDirHealth,
     evaluate_health,
     is_under_replicated,
     render_text,
@@ -81,6 +83,17 @@ def test_an_unreachable_unfenced_broker_is_down() -> None:
     assert h.unreachable_brokers == (2,)  # 1 is fenced already, 9 is not registered
     assert h.fenced_brokers == (1,) and h.down_brokers == (1, 2)
     assert h.live_brokers == (3,)
+
+
+def test_a_broker_with_an_offline_log_directory_says_why() -> None:
+    # Fenced at its own request after its disk filled (issue 13 item 7).
+    offline = OfflineLogDirHealth(3, "/data/broker-3", "log directory /data/broker-3 is offline")
+    h = evaluate_health(cluster(3), HEALTHY_TOPICS, offline_log_dirs=[offline])
+    assert h.unhealthy_reasons == (BROKERS_DOWN, OFFLINE_LOG_DIRS)
+    assert h.to_dict()["offline_log_dirs"] == [offline.to_dict()]
+    text = render_text(h)
+    assert "Offline log dirs (1):" in text and "[3:/data/broker-3]" in text
+    assert "Offline log dir 3:/data/broker-3: log directory /data/broker-3 is offline" in text
 
 
 def test_leaderless_partitions() -> None:

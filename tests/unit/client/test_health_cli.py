@@ -33,7 +33,9 @@ TOPICS = [
             PartitionDescription(
                 0, 1, 2, (1, 2, 3), (1, 2, 3), log_start_offset=0, high_watermark=7
             ),
-            PartitionDescription(1, 2, 2, (2, 3, 1), (2, 1), log_start_offset=0, high_watermark=8),
+            PartitionDescription(
+                1, 2, 2, (2, 3, 1), (2, 1), (3,), log_start_offset=0, high_watermark=8
+            ),
         ],
     ),
     TopicDescription(
@@ -151,10 +153,13 @@ def test_describe_marks_under_replicated_and_leaderless(topics: None) -> None:
     assert "t  (2 partitions, replication factor 3, id id-t, 1 under-replicated)" in result.output
     assert "solo  (2 partitions, replication factor 1, id id-solo, 1 leaderless)" in result.output
     statuses = rows(result.output)
-    assert ["1", "2", "2", "[2", "3", "1]", "[2", "1]", "under-replicated", "0", "8"] in statuses
-    assert ["0", "none", "1", "[3]", "[3]", "leaderless", "-", "-", "LEADER_NOT_AVAILABLE"] in (
+    # PARTITION LEADER EPOCH REPLICAS ISR OFFLINE STATUS LOG-START-OFFSET HIGH-WATERMARK
+    assert ["1", "2", "2", "[2", "3", "1]", "[2", "1]", "[3]", "under-replicated", "0", "8"] in (
         statuses
     )
+    assert [
+        *("0", "none", "1", "[3]", "[3]", "-", "leaderless", "-", "-", "LEADER_NOT_AVAILABLE")
+    ] in statuses
 
 
 def test_describe_filters(topics: None) -> None:
@@ -163,7 +168,7 @@ def test_describe_filters(topics: None) -> None:
     assert [(r[0], r[-3]) for r in rows(under.output)] == [("1", "under-replicated")]
     assert "solo" not in under.output and "fine" not in under.output
     unavailable = invoke("topic", "describe", "--unavailable-partitions")
-    assert [r[5] for r in rows(unavailable.output)] == ["leaderless"]
+    assert [r[6] for r in rows(unavailable.output)] == ["leaderless"]
     both = invoke("topic", "describe", "--unavailable", "--under-replicated-partitions")
     assert len(rows(both.output)) == 2
     none = invoke("topic", "describe", "fine", "--under-replicated")
