@@ -52,7 +52,10 @@ inconsistent-offsets and nonmonotonic-send (new writes reuse the truncated offse
 reported under `expected` and do not fail the run; the truncation checks (every
 consumer told at the right offset) are the point, and a read of a truncated lineage
 (a value the final log holds elsewhere) is not a duplicate. Without unclean election
-the same findings fail the run.
+the same findings fail the run. With `leader_only_acks=True` (acks=1 on a replicated
+topic: the leader acknowledges before any follower has the record) a failover may drop
+acknowledged records the new leader never got, which no consumer has read (they were
+above the high watermark): the same kinds are reported under `expected`.
 
 `valid` is Jepsen's: true, false, or "unknown" when nothing failed but a check could
 not run (the reasons are in `unchecked`, and the summary's first line says why: say,
@@ -84,7 +87,8 @@ ANOMALIES = (
     "truncation-offset-mismatch",
     "unreported-truncation",
 )
-# Data loss that unclean leader election is allowed to cause (KIP-101 appendix).
+# Data loss that unclean leader election (or acks=1 with followers) is allowed to cause
+# (KIP-101 appendix).
 EXPECTED_WITH_UNCLEAN = ("lost-write", "unseen", "inconsistent-offsets", "nonmonotonic-send")
 MAX_EXAMPLES = 10
 
@@ -180,6 +184,7 @@ def check(
     replicas: Mapping[str, Any] | None = None,
     unclean: bool = False,
     idempotent: bool = True,
+    leader_only_acks: bool = False,
 ) -> dict[str, Any]:
     """Check a history; returns the JSON-able result (see the module doc). `idempotent`
     is what the run was told; each producer's own producer-start event decides how
@@ -475,7 +480,7 @@ def check(
     if retry_duplicates.counts["duplicate"]:
         expected["duplicate"] = retry_duplicates.counts["duplicate"]
         expected_examples["duplicate"] = retry_duplicates.examples["duplicate"]
-    if unclean:
+    if unclean or leader_only_acks:
         for kind in EXPECTED_WITH_UNCLEAN:
             if kind in failing:
                 expected[kind] = failing.pop(kind)
@@ -503,7 +508,11 @@ def check(
         "expected-examples": expected_examples,
         "unchecked": unchecked,
         "stats": stats,
-        "options": {"unclean": unclean, "idempotent": idempotent},
+        "options": {
+            "unclean": unclean,
+            "idempotent": idempotent,
+            "leader-only-acks": leader_only_acks,
+        },
     }
 
 
@@ -804,7 +813,7 @@ def summary(result: Mapping[str, Any]) -> str:
         lines.append(f"  {kind}: e.g. {json.dumps(first[0]) if first else '?'}")
     if result.get("expected"):
         lines.append(
-            "expected (unclean election / producer retries without idempotence): "
+            "expected (unclean election / acks=1 failover / retries without idempotence): "
             + ", ".join(f"{k} {n}" for k, n in result["expected"].items())
         )
     for reason in unchecked:

@@ -757,6 +757,19 @@ def test_without_unclean_the_same_loss_is_invalid() -> None:
     assert set(result["anomaly-types"]) == {"lost-write", "inconsistent-offsets"}
 
 
+def test_acks_1_with_followers_may_lose_what_the_failover_did_not_carry() -> None:
+    """acks=1 on a replicated topic: the leader acknowledged p0-1 alone and a failover
+    dropped it (no consumer read it, it was above the high watermark): expected with
+    leader_only_acks, a failure otherwise."""
+    h = H()
+    h.send(0, "p0-0", P0, 0).send(0, "p0-1", P0, 1).send(1, "p1-0", P0, 1)
+    h.final({P0: ["p0-0", "p1-0"]})
+    result = check(h.ops, replicas=CLEAN_REPLICAS, leader_only_acks=True)
+    assert result["valid"] is True, summary(result)
+    assert result["expected"] == {"lost-write": 1, "unseen": 1, "inconsistent-offsets": 1}
+    assert check(h.ops, replicas=CLEAN_REPLICAS)["valid"] is False
+
+
 def test_unclean_offsets_reused_by_the_same_producer_are_expected() -> None:
     h = H()
     h.send(0, "a0", P0, 0).send(0, "a1", P0, 1).send(0, "b1", P0, 1)  # a1 truncated away
