@@ -6,7 +6,8 @@ Faults (names for --faults):
     kill             SIGKILL a random broker; restart it after a while
     kill-leader      SIGKILL the leader of a random partition (asked with Metadata)
     kill-controller  SIGKILL the controller; restart it after a while
-    pause            SIGSTOP a random node (docker pause); resume it after a while
+    pause            SIGSTOP a random broker (docker pause); resume it after a while
+    pause-controller SIGSTOP the controller (a stall: a GC pause, a frozen VM); resume it
     partition        cut a random broker off the network (docker network disconnect);
                      connect it again after a while (docker backend only)
     wipe             SIGKILL a random broker, delete its data, start it (KIP-903); it
@@ -57,7 +58,16 @@ from .history import INFO, INVOKE, NEMESIS, History
 
 log = logging.getLogger(__name__)
 
-FAULTS = ("kill", "kill-leader", "kill-controller", "pause", "partition", "wipe", "diverge")
+FAULTS = (
+    "kill",
+    "kill-leader",
+    "kill-controller",
+    "pause",
+    "pause-controller",
+    "partition",
+    "wipe",
+    "diverge",
+)
 # Faults that run with no other fault active (they use every broker).
 EXCLUSIVE = frozenset({"diverge"})
 # A fault and how it is undone.
@@ -66,6 +76,7 @@ _RECOVERY = {
     "kill-leader": "start",
     "kill-controller": "start",
     "pause": "resume",
+    "pause-controller": "resume",
     "partition": "reconnect",
 }
 
@@ -260,7 +271,7 @@ class Nemesis:
             try:
                 if fault in ("kill", "kill-leader", "kill-controller"):
                     await self.backend.kill(target)
-                elif fault == "pause":
+                elif fault in ("pause", "pause-controller"):
                     await self.backend.pause(target)
                 elif fault == "partition":
                     await self.backend.isolate(target)
@@ -336,10 +347,8 @@ class Nemesis:
         free = [b for b in (broker_name(i) for i in self.backend.broker_ids) if b not in self._busy]
         why = "every eligible node is under another fault"
         candidates: list[str] = []
-        if fault == "kill-controller":
+        if fault in ("kill-controller", "pause-controller"):
             candidates = [CONTROLLER] if CONTROLLER not in self._busy else []
-        elif fault == "pause":
-            candidates = [n for n in self.backend.nodes if n not in self._busy]
         elif fault == "kill-leader":
             partition = int(entry.pick * self.config.partitions)
             leader = await self._leader_of(partition)

@@ -3,8 +3,11 @@
 - `compound`: the default slice: RF=3, min.insync.replicas=2, acks=all, idempotent
   producers with many records in flight and short timeouts (so indeterminate sends
   occur), and overlapping faults (up to 3 at once): SIGKILL of brokers, of partition
-  leaders and of the controller, pauses, guarded wiped disks, and network partitions
-  on docker. Nothing acknowledged may be lost, nothing may be written twice.
+  leaders and of the controller, broker pauses, guarded wiped disks, and network
+  partitions on docker. Nothing acknowledged may be lost, nothing may be written
+  twice. Not in it yet: pause-controller (a controller stall longer than the session
+  timeout while a wiped leader restarts loses acknowledged data: a broker bug found
+  by this suite, issue 13 item 9; add it back once fixed).
 - `unclean_divergence`: RF=3, min.insync.replicas=1, unclean election on, the
   `diverge` fault: a leader left alone takes writes, dies, and an out-of-sync follower
   leads a new lineage. Acknowledged writes are lost by design (expected); every
@@ -12,12 +15,13 @@
 - `known_loss`: RF=1 with unguarded wiped disks and producers without idempotence:
   acknowledged writes ARE lost, so the checker must say so (the end-to-end proof that
   a run can fail), and the producers must really be non-idempotent.
-- `full`: the acceptance campaign: every fault, longer, strict.
+- `full`: the acceptance campaign: every fault (pause-controller included), longer.
 """
 
 from __future__ import annotations
 
 from .backends import ClusterSettings
+from .nemesis import FAULTS
 from .runner import RunConfig
 from .workload import WorkloadConfig
 
@@ -77,7 +81,7 @@ def known_loss(backend: str, seed: int, *, time_limit: float = 12.0) -> RunConfi
 
 def full(backend: str, seed: int, *, time_limit: float = 60.0) -> RunConfig:
     cfg = compound(backend, seed, time_limit=time_limit)
-    cfg.faults = ["kill", "kill-leader", "kill-controller", "pause", "partition", "wipe", "diverge"]
+    cfg.faults = list(FAULTS)
     cfg.max_faults = 16
     cfg.fault_interval = (1.0, 4.0)
     cfg.fault_duration = (2.0, 6.0)

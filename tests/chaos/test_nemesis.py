@@ -207,7 +207,7 @@ async def test_faults_overlap_bounded_and_never_two_on_one_node() -> None:
     n = nemesis(
         backend,
         8,
-        ["kill", "pause", "kill-controller", "partition"],
+        ["kill", "pause", "pause-controller", "kill-controller", "partition"],
         max_faults=12,
         max_concurrent=3,
         interval=(0.0, 0.02),
@@ -225,7 +225,7 @@ async def test_faults_overlap_bounded_and_never_two_on_one_node() -> None:
     for op in n.history.ops:
         if op.type != INFO or op.error or op.value is None:
             continue
-        if op.f in ("kill", "pause", "kill-controller", "partition"):
+        if op.f in ("kill", "pause", "pause-controller", "kill-controller", "partition"):
             assert op.value not in on, f"{op.f} on {op.value} while {on.get(op.value)}"
             on[op.value] = op.f
         elif op.f in undo:
@@ -289,13 +289,17 @@ async def test_diverge_leaves_the_leader_alone_then_replaces_it() -> None:
 
 async def test_targets_match_the_fault() -> None:
     backend = FakeBackend()
-    n = nemesis(backend, 7, ["kill-controller", "partition", "wipe", "kill-leader"], max_faults=8)
+    faults = ["kill-controller", "pause-controller", "partition", "wipe", "kill-leader", "pause"]
+    n = nemesis(backend, 2, faults, max_faults=12, max_concurrent=2)
     await n.run(asyncio.Event())
+    assert {f for f, _ in actions(n)} >= {"kill-controller", "pause-controller", "pause"}
     for f, target in actions(n):
-        if f == "kill-controller":
+        if target is None:
+            continue  # skipped (its info says why) or heal
+        if f in ("kill-controller", "pause-controller"):
             assert target == CONTROLLER
-        elif f in ("partition", "wipe", "kill-leader"):
-            assert target is not None and broker_id(target) in backend.broker_ids
+        elif f in ("partition", "wipe", "kill-leader", "pause"):
+            assert broker_id(target) in backend.broker_ids
     assert backend.healthy
 
 
