@@ -2,7 +2,12 @@
 
     python -m tests.chaos --runs 20 --seed 1 --faults all --backend docker --time-limit 60
     python -m tests.chaos --backend process --faults kill,pause --rf 1 --min-insync 1
+    python -m tests.chaos --backend process --faults diverge --min-insync 1 --unclean
     python -m tests.chaos --recheck chaos-results/run-000-seed1
+
+Options the checker could not judge are refused (exit 2) with what to do instead:
+--idempotent with --acks 1, --acks 0, --min-insync above --rf, --rf above the brokers,
+only faults the backend cannot inject, diverge with --rf 1, guarded wipes with --rf 1.
 
 Each run writes history.jsonl, replicas.json, results.json, summary.txt (and the
 servers' logs when it is not valid) under --out/run-NNN-seed<S>/; the campaign writes
@@ -24,7 +29,7 @@ from .backends import ClusterSettings, docker_unavailable
 from .checker import summary
 from .nemesis import FAULTS, parse_faults
 from .runner import RunConfig, campaign, recheck
-from .workload import WorkloadConfig, producer_supports_idempotence
+from .workload import WorkloadConfig
 
 
 def _range(text: str) -> tuple[float, float]:
@@ -60,9 +65,24 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--backend", choices=("docker", "process"), default="docker")
     p.add_argument("--time-limit", type=float, default=60.0, help="workload seconds per run")
-    p.add_argument("--max-faults", type=int, default=None, help="faults per run [time/8]")
-    p.add_argument("--fault-interval", type=_range, default=(2.0, 5.0), help="calm LOW,HIGH s")
+    p.add_argument("--max-faults", type=int, default=None, help="faults per run [time/4]")
+    p.add_argument(
+        "--fault-interval", type=_range, default=(1.0, 4.0), help="LOW,HIGH s between fault starts"
+    )
     p.add_argument("--fault-duration", type=_range, default=(2.0, 6.0), help="fault LOW,HIGH s")
+    p.add_argument(
+        "--max-concurrent-faults",
+        type=int,
+        default=3,
+        help="faults active at once (they overlap: a wipe recovering while another broker "
+        "is paused...); 1: one at a time",
+    )
+    p.add_argument(
+        "--unguarded-wipes",
+        action="store_true",
+        help="wipe even the last in-sync copy or before an earlier wipe recovered "
+        "(acknowledged writes are then lost by design: the run must fail)",
+    )
     p.add_argument("--partitions", type=int, default=3)
     p.add_argument("--rf", type=int, default=3, help="replication factor")
     p.add_argument("--min-insync", type=int, default=2, help="min.insync.replicas")
@@ -70,10 +90,29 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--unclean", action="store_true", help="unclean.leader.election.enable")
     p.add_argument(
         "--idempotent",
-        action="store_true",
-        help="idempotent producers (issue 4); without, retry duplicates are expected",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="enable_idempotence passed to every producer, both ways; --no-idempotent: "
+        "retry duplicates are expected where a retry can put them [on with --acks all, "
+        "as the client's default; off otherwise]",
     )
     p.add_argument("--producers", type=int, default=2)
+    p.add_argument(
+        "--in-flight",
+        type=int,
+        default=16,
+        help="records in flight per producer (lanes awaiting their acknowledgement)",
+    )
+    p.add_argument(
+        "--ack-timeout",
+        type=float,
+        default=2.5,
+        help="seconds a send waits for its acknowledgement before it is indeterminate",
+    )
+    p.add_argument("--request-timeout-ms", type=int, default=1_500, help="clients' request timeout")
+    p.add_argument(
+        "--delivery-timeout-ms", type=int, default=20_000, help="producers' delivery timeout"
+    )
     p.add_argument("--consumers", type=int, default=2)
     p.add_argument("--max-sends", type=int, default=100_000, help="sends per run, in all")
     p.add_argument(
@@ -112,17 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.idempotent and not producer_supports_idempotence():
-        print(
-            "error: --idempotent: AsyncProducer has no enable_idempotence yet (issue 4)",
-            file=sys.stderr,
-        )
-        return 2
-    if args.backend == "docker":
-        why = docker_unavailable(args.image)
-        if why is not None:
-            print(f"error: the docker backend cannot run: {why}", file=sys.stderr)
-            return 2
+    idempotent = args.acks == "all" if args.idempotent is None else args.idempotent
     seed = args.seed if args.seed is not None else random.randrange(1_000_000)
     cfg = RunConfig(
         seed=seed,
@@ -130,20 +159,26 @@ def main(argv: list[str] | None = None) -> int:
         faults=faults,
         max_faults=args.max_faults
         if args.max_faults is not None
-        else max(1, int(args.time_limit // 8)),
+        else max(1, int(args.time_limit // 4)),
         fault_interval=args.fault_interval,
         fault_duration=args.fault_duration,
+        max_concurrent_faults=args.max_concurrent_faults,
+        guard_wipes=not args.unguarded_wipes,
         workload=WorkloadConfig(
             partitions=args.partitions,
             replication_factor=args.rf,
             min_insync_replicas=args.min_insync,
             unclean=args.unclean,
             acks=args.acks,
-            idempotent=args.idempotent,
+            idempotent=idempotent,
             producers=args.producers,
+            in_flight=args.in_flight,
             consumers=args.consumers,
             max_sends=args.max_sends,
             time_limit=args.time_limit,
+            ack_timeout=args.ack_timeout,
+            request_timeout_ms=args.request_timeout_ms,
+            delivery_timeout_ms=args.delivery_timeout_ms,
         ),
         cluster=ClusterSettings(
             broker_env=_env_pairs(args.broker_env), controller_env=_env_pairs(args.controller_env)
@@ -151,10 +186,25 @@ def main(argv: list[str] | None = None) -> int:
         image=args.image,
         keep_logs=args.keep_logs,
     )
+    problems = cfg.problems()
+    if args.runs < 1:
+        problems.append(f"--runs {args.runs}: want at least 1")
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.backend == "docker":
+        why = docker_unavailable(args.image)
+        if why is not None:
+            print(f"error: the docker backend cannot run: {why}", file=sys.stderr)
+            return 2
     print(
         f"chaos: {args.runs} run(s) from seed {seed}, backend {args.backend}, "
-        f"faults {','.join(faults) or 'none'}, RF {args.rf}, min ISR {args.min_insync}, "
-        f"acks {args.acks}, {args.time_limit:g}s each; results in {args.out}/",
+        f"faults {','.join(faults) or 'none'} (up to {args.max_concurrent_faults} at once), "
+        f"RF {args.rf}, min ISR {args.min_insync}, acks {args.acks}, "
+        f"{'idempotent' if idempotent else 'NON-idempotent'} producers with "
+        f"{args.in_flight} records in flight each, {args.time_limit:g}s each; "
+        f"results in {args.out}/",
         flush=True,
     )
     result = campaign(cfg, args.runs, args.out, stop_on_failure=args.stop_on_failure)
@@ -162,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"campaign: {result['runs']} runs: {result['valid']} valid, {result['invalid']} "
         f"invalid, {result['unknown']} unknown ({result['errors']} broke: see their "
-        f"summary.txt); {result['acknowledged']} acknowledged "
-        f"writes; anomalies: {json.dumps(totals) if totals else 'none'} "
+        f"summary.txt); {result['acknowledged']} acknowledged writes, "
+        f"{result['indeterminate']} indeterminate; anomalies: "
+        f"{json.dumps(totals) if totals else 'none'} "
         f"({args.out}/campaign.json)"
     )
     if result["invalid"] or result["errors"] or (args.strict and result["unknown"]):

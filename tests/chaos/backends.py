@@ -47,6 +47,19 @@ DEFAULT_IMAGE = "minibroker:latest"
 CONTROLLER = "controller"
 
 
+# Faults the process backend cannot inject, and why.
+PROCESS_UNSUPPORTED = {
+    "partition": "the process backend cannot partition the network (all nodes share "
+    "127.0.0.1); use --backend docker",
+}
+
+
+def unsupported_faults(backend: str, faults: list[str]) -> dict[str, str]:
+    """The faults among `faults` that `backend` cannot inject, with the reason."""
+    table = PROCESS_UNSUPPORTED if backend == "process" else {}
+    return {f: table[f] for f in faults if f in table}
+
+
 class Unsupported(Exception):
     """This backend cannot inject that fault; the message says why."""
 
@@ -197,12 +210,7 @@ class ProcessBackend(Backend):
         atexit.register(self._down_sync)
 
     def unsupported(self, fault: str) -> str | None:
-        if fault == "partition":
-            return (
-                "the process backend cannot partition the network (all nodes share "
-                "127.0.0.1); use --backend docker"
-            )
-        return None
+        return PROCESS_UNSUPPORTED.get(fault)
 
     def _make(self) -> None:
         s = self.settings

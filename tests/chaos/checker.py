@@ -7,21 +7,24 @@ with each partition's end offset and whether the read reached it), and optionall
 replica logs (replicas.py: per partition, per broker, the batch headers of
 DescribeReplicaLog).
 
-Anomalies (each a count and examples; any of them makes the run invalid):
+Anomalies (each a count and examples; any of them makes the run invalid). Each rule has
+a crafted history in test_checker.py that must fail it:
 
 - lost-write: an acknowledged send whose value is not in the final read at its
   acknowledged offset (missing, moved to another offset, overwritten, or the final log
   ends before that offset);
 - unseen: an acknowledged value that no read (poll or final read) ever returned;
-- duplicate: one value at two or more offsets (in the reads);
+- duplicate: one value at two or more offsets (in the reads). A value of an idempotent
+  producer must never be written twice; for a producer without idempotence see below;
 - inconsistent-offsets: one (partition, offset) holding two values across the reads
-  and the acknowledgements;
+  and every acknowledgement (two sends acknowledged at one offset count, whether or
+  not anything read them), with the values and the operations;
 - nonmonotonic-poll: a consumer's successive records of a partition going backwards
   (or repeating) without a seek in between;
 - poll-skip: a consumer jumping over offsets that exist (in the final read or any other
   read) without a seek in between;
-- nonmonotonic-send: a producer's successive acknowledged sends to a partition getting
-  offsets that do not increase;
+- nonmonotonic-send: a producer process's successive acknowledged sends to a partition
+  getting offsets that do not increase;
 - unexpected-value: a value read that was never sent, or whose send definitely failed;
 - replica-divergence: two replicas of a partition whose batches (base offset, last
   offset, leader epoch, CRC) differ below the lower of their high watermarks;
@@ -30,17 +33,34 @@ Anomalies (each a count and examples; any of them makes the run invalid):
 - unreported-truncation: a consumer that caught up with the end of the log still holds
   records the final log does not have at those offsets, and was never told.
 
+Indeterminate sends (`info`: timed out, or never completed) may or may not be in the
+log: never counted lost or unseen; if present, at one offset only (else duplicate).
+
+Idempotence is taken from what each producer really was, not only from what the run
+was told: every `producer-start` event records the producer id the producer got
+(-1: not idempotent). A value sent by an idempotent producer found twice is a
+duplicate. A producer without idempotence writes a batch again when it retries after a
+lost answer (Kafka's enable.idempotence=false), so its value at several offsets is
+reported under `expected` only when that is what a retry can produce: every copy in the
+partition it was sent to and, if it was acknowledged, one copy at the acknowledged
+offset (the client does not tell which sends it retried). When the producers were not
+what the run was told (`idempotent`), the verdict is "unknown" with the reason.
+
 With `unclean=True` (unclean.leader.election.enable on the topic) losing acknowledged
 writes is documented behaviour (KIP-101 appendix): lost-write, unseen,
 inconsistent-offsets and nonmonotonic-send (new writes reuse the truncated offsets) are
-reported under `expected` and do not fail the run; the truncation checks are the
-point. With `idempotent=False` (a producer without idempotence writes a batch again
-when it retries after a lost answer) a value at two offsets of one partition is
-reported under `expected` too; across partitions it is still a duplicate.
+reported under `expected` and do not fail the run; the truncation checks (every
+consumer told at the right offset) are the point, and a read of a truncated lineage
+(a value the final log holds elsewhere) is not a duplicate. Without unclean election
+the same findings fail the run. With `leader_only_acks=True` (acks=1 on a replicated
+topic: the leader acknowledges before any follower has the record) a failover may drop
+acknowledged records the new leader never got, which no consumer has read (they were
+above the high watermark): the same kinds are reported under `expected`.
 
 `valid` is Jepsen's: true, false, or "unknown" when nothing failed but a check could
-not run (the reasons are in `unchecked`: say, the brokers do not serve
-DescribeReplicaLog yet, or the final read did not reach the end).
+not run (the reasons are in `unchecked`, and the summary's first line says why: say,
+no send was acknowledged, the brokers do not serve DescribeReplicaLog, the final read
+did not reach the end, or the producers were not what the run was told).
 """
 
 from __future__ import annotations
@@ -52,7 +72,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .history import FAIL, FINAL, INFO, INVOKE, NEMESIS, OK, SEEK_BEGINNING, Op
+from .history import FAIL, FINAL, INFO, INVOKE, NEMESIS, OK, PRODUCER_START, SEEK_BEGINNING, Op
 
 ANOMALIES = (
     "lost-write",
@@ -67,7 +87,8 @@ ANOMALIES = (
     "truncation-offset-mismatch",
     "unreported-truncation",
 )
-# Data loss that unclean leader election is allowed to cause (KIP-101 appendix).
+# Data loss that unclean leader election (or acks=1 with followers) is allowed to cause
+# (KIP-101 appendix).
 EXPECTED_WITH_UNCLEAN = ("lost-write", "unseen", "inconsistent-offsets", "nonmonotonic-send")
 MAX_EXAMPLES = 10
 
@@ -92,6 +113,34 @@ class _Send:
     status: str = "pending"  # pending (never completed: like info) | ok | fail | info
     offset: int | None = None
     invoke_index: int = -1
+    ok_index: int = -1
+    session: int | None = None  # the producer session (producer-start) that sent it
+
+    @property
+    def indeterminate(self) -> bool:
+        return self.status in (INFO, "pending")
+
+    def op(self) -> dict[str, Any]:
+        """The send's operations, for examples."""
+        return {
+            "value": self.value,
+            "process": self.process,
+            "invoke": self.invoke_index,
+            "ok": self.ok_index,
+        }
+
+
+@dataclass(frozen=True)
+class _Session:
+    """A producer as it really was (a producer-start event)."""
+
+    number: int
+    requested: bool  # the enable_idempotence the workload passed
+    producer_id: int  # -1: not idempotent (it never got a producer id)
+
+    @property
+    def idempotent(self) -> bool:
+        return self.producer_id >= 0
 
 
 @dataclass
@@ -135,8 +184,11 @@ def check(
     replicas: Mapping[str, Any] | None = None,
     unclean: bool = False,
     idempotent: bool = True,
+    leader_only_acks: bool = False,
 ) -> dict[str, Any]:
-    """Check a history; returns the JSON-able result (see the module doc)."""
+    """Check a history; returns the JSON-able result (see the module doc). `idempotent`
+    is what the run was told; each producer's own producer-start event decides how
+    its values are judged."""
     ops = sorted(ops, key=lambda o: o.index)
     an = Anomalies()
     unchecked: list[str] = []
@@ -144,28 +196,44 @@ def check(
 
     # ------------------------------------------------------------ sends and polls
     sends: dict[str, _Send] = {}
+    sessions: dict[int, _Session] = {}
     open_ops: dict[int | str, Op] = {}
     polls_by_process: dict[int | str, list[Op]] = defaultdict(list)  # polls and events, in order
     final: dict[int, _Final] = defaultdict(_Final)
+    final_index: dict[tuple[int, int], int] = {}  # (partition, offset) -> final-read op
     final_seen = False
     caught_up: set[int | str] = set()
     nemesis: dict[str, int] = defaultdict(int)
+    nemesis_concurrency = 0
 
     for op in ops:
         if op.process == NEMESIS:
             if op.type != INVOKE:
-                nemesis[f"{op.f}:{op.type}"] += 1
+                nemesis[f"{op.f}:{'error' if op.error else op.type}"] += 1
+                nemesis_concurrency = max(
+                    nemesis_concurrency, int((op.extra or {}).get("concurrent", 0))
+                )
             continue
         if op.process == FINAL:
             final_seen = True
             if op.f == "final-read" and op.type == OK:
                 for p, o, v, *_ in op.values or ():
                     final[p].records[o] = v
+                    final_index.setdefault((p, o), op.index)
             elif op.f == "final-read-end":
                 complete = _partition_key((op.extra or {}).get("complete", {}))
                 for p, end in (op.ends or {}).items():
                     final[p].end = end
                     final[p].complete = bool(complete.get(p, op.type == OK))
+            continue
+        if op.f == PRODUCER_START:
+            facts = op.extra or {}
+            session = _Session(
+                int(facts["session"]),
+                bool(facts.get("enable_idempotence")),
+                int(facts.get("producer_id", -1)),
+            )
+            sessions[session.number] = session
             continue
         if op.f in ("seek", "truncation", "caught-up"):
             if op.f != "caught-up" and not isinstance(op.offset, int):
@@ -189,7 +257,14 @@ def check(
                     raise ValueError(f"send invoke {op.index} has no value")
                 if op.value in sends:
                     raise ValueError(f"value {op.value!r} sent twice (values must be unique)")
-                sends[op.value] = _Send(op.value, op.process, op.partition, invoke_index=op.index)
+                session_no = (op.extra or {}).get("session")
+                sends[op.value] = _Send(
+                    op.value,
+                    op.process,
+                    op.partition,
+                    invoke_index=op.index,
+                    session=None if session_no is None else int(session_no),
+                )
             continue
         invoke = open_ops.pop(op.process, None)
         if invoke is None or invoke.f != op.f:
@@ -201,13 +276,21 @@ def check(
             if op.type == OK:
                 s.partition = op.partition if op.partition is not None else s.partition
                 s.offset = op.offset
+                s.ok_index = op.index
         elif op.f == "poll" and op.type == OK:
             polls_by_process[op.process].append(op)
     for op in open_ops.values():
         stats[f"{op.f}-pending"] += 1
 
-    # Every observation of the log: (partition, offset) -> values, value -> places.
-    read_at: dict[tuple[int, int], set[str]] = defaultdict(set)
+    def is_idempotent(s: _Send) -> bool:
+        session = sessions.get(s.session) if s.session is not None else None
+        return idempotent if session is None else session.idempotent
+
+    _check_sessions(sessions, idempotent, unchecked)
+
+    # Every observation of the log: (partition, offset) -> {value: the first op that
+    # read it there}, value -> places.
+    read_at: dict[tuple[int, int], dict[str, int]] = defaultdict(dict)
     read_where: dict[str, set[tuple[int, int]]] = defaultdict(set)
     offsets_of: dict[int, set[int]] = defaultdict(set)
     for process_ops in polls_by_process.values():
@@ -216,13 +299,13 @@ def check(
                 continue
             for p, o, v, *_ in op.values or ():
                 stats["records-polled"] += 1
-                read_at[(p, o)].add(v)
+                read_at[(p, o)].setdefault(v, op.index)
                 read_where[v].add((p, o))
                 offsets_of[p].add(o)
     for p, fin in final.items():
         for o, v in fin.records.items():
             stats["records-final"] += 1
-            read_at[(p, o)].add(v)
+            read_at[(p, o)].setdefault(v, final_index.get((p, o), -1))
             read_where[v].add((p, o))
             offsets_of[p].add(o)
 
@@ -249,12 +332,14 @@ def check(
                 for p, end in (op.ends or {}).items():
                     caught_up_to[p] = max(caught_up_to[p], end)
 
-    acked_at: dict[tuple[int, int], str] = {}
+    # Every acknowledgement of every (partition, offset): two sends acknowledged at
+    # one offset are both kept (an anomaly even if nothing read that offset).
+    acked_at: dict[tuple[int, int], list[_Send]] = defaultdict(list)
     for s in sends.values():
         if s.status != OK or s.offset is None or s.offset < 0 or s.partition is None:
             continue  # (acks=0 "acknowledges" at offset -1: nothing to check)
         stats["acknowledged"] += 1
-        acked_at[(s.partition, s.offset)] = s.value
+        acked_at[(s.partition, s.offset)].append(s)
         fin = final.get(s.partition) if final_seen else None
         if fin is not None and fin.knows(s.offset) and fin.value_at(s.offset) != s.value:
             actual = fin.value_at(s.offset)
@@ -290,6 +375,18 @@ def check(
             or s.offset < caught_up_to[s.partition]
         ):
             an.add("unseen", {"value": s.value, "partition": s.partition, "offset": s.offset})
+    if not stats["acknowledged"]:
+        unchecked.append(
+            f"no send was acknowledged ({stats['send-invoke']} invoked): lost-write and "
+            "unseen had nothing to check"
+        )
+
+    def truncated_lineage(place: tuple[int, int], value: str) -> bool:
+        """A read the final log contradicts: under unclean election, of a lineage
+        that was truncated (the truncation checks judge it)."""
+        p, o = place
+        fin = final.get(p)
+        return fin is not None and fin.knows(o) and fin.value_at(o) != value
 
     indeterminate_present = 0
     retry_duplicates = Anomalies()
@@ -304,21 +401,26 @@ def check(
                     "send": None if s is None else "fail",
                 },
             )
-        elif s.status in (INFO, "pending"):
+        elif s.indeterminate:
             indeterminate_present += 1
-        if len(places) > 1:
-            example = {"value": v, "at": sorted([p, o] for p, o in places)}
-            if not idempotent and len({p for p, _ in places}) == 1:
-                # A retry after a lost acknowledgement writes the batch again: what a
-                # producer without idempotence does (Kafka's enable.idempotence=false).
-                retry_duplicates.add("duplicate", example)
-            else:
-                an.add("duplicate", example)
+        judged = places
+        if unclean and final_seen:
+            judged = {pl for pl in places if not truncated_lineage(pl, v)}
+        if len(judged) < 2:
+            continue
+        example: dict[str, Any] = {"value": v, "at": sorted([p, o] for p, o in judged)}
+        if s is not None:
+            example["send"] = {**s.op(), "status": s.status, "idempotent": is_idempotent(s)}
+        if s is not None and not is_idempotent(s) and _retry_can_explain(s, judged, read_at):
+            retry_duplicates.add("duplicate", example)
+        else:
+            an.add("duplicate", example)
     stats["indeterminate-sends-read"] = indeterminate_present
 
-    for (p, o), values in sorted(read_at.items()):
-        acked = acked_at.get((p, o))
-        every = values | ({acked} if acked is not None else set())
+    for p, o in sorted(read_at.keys() | acked_at.keys()):
+        reads = read_at.get((p, o), {})
+        acks = acked_at.get((p, o), [])
+        every = set(reads) | {s.value for s in acks}
         if len(every) > 1:
             an.add(
                 "inconsistent-offsets",
@@ -326,7 +428,9 @@ def check(
                     "partition": p,
                     "offset": o,
                     "values": sorted(every),
-                    "acknowledged": acked,
+                    "acknowledged": sorted(s.value for s in acks),
+                    "acks": [s.op() for s in sorted(acks, key=lambda s: s.ok_index)],
+                    "read-by": {v: reads[v] for v in sorted(reads)},
                     "final": final[p].records.get(o) if p in final else None,
                 },
             )
@@ -376,10 +480,11 @@ def check(
     if retry_duplicates.counts["duplicate"]:
         expected["duplicate"] = retry_duplicates.counts["duplicate"]
         expected_examples["duplicate"] = retry_duplicates.examples["duplicate"]
-    if unclean:
+    if unclean or leader_only_acks:
         for kind in EXPECTED_WITH_UNCLEAN:
             if kind in failing:
                 expected[kind] = failing.pop(kind)
+                expected_examples[kind] = an.examples.get(kind, [])
     if failing:
         valid: bool | str = False
     elif unchecked:
@@ -388,6 +493,9 @@ def check(
         valid = True
     stats = dict(stats)
     stats["nemesis"] = dict(nemesis)
+    stats["nemesis-max-concurrent"] = nemesis_concurrency
+    stats["producer-sessions"] = len(sessions)
+    stats["idempotent-sessions"] = sum(1 for s in sessions.values() if s.idempotent)
     stats["replicas"] = replica_stats
     return {
         "valid": valid,
@@ -400,8 +508,45 @@ def check(
         "expected-examples": expected_examples,
         "unchecked": unchecked,
         "stats": stats,
-        "options": {"unclean": unclean, "idempotent": idempotent},
+        "options": {
+            "unclean": unclean,
+            "idempotent": idempotent,
+            "leader-only-acks": leader_only_acks,
+        },
     }
+
+
+def _retry_can_explain(
+    s: _Send, places: set[tuple[int, int]], read_at: Mapping[tuple[int, int], Any]
+) -> bool:
+    """Whether a producer without idempotence, retrying `s` after lost answers, can
+    have written these copies: all in the partition it was sent to and, when it was
+    acknowledged, one of them at the acknowledged offset unless no read reached that
+    offset (the other attempts' copies may land before or after it)."""
+    if s.status == FAIL or s.partition is None:
+        return False
+    if any(p != s.partition for p, _ in places):
+        return False
+    acked = (s.partition, s.offset)
+    return s.status != OK or acked in places or acked not in read_at
+
+
+def _check_sessions(sessions: Mapping[int, _Session], told: bool, unchecked: list[str]) -> None:
+    """The run must have tested what it says: each producer idempotent exactly when
+    the run was told so (else the verdict is "unknown", with the producers named)."""
+    wrong = sorted(s.number for s in sessions.values() if s.idempotent != told)
+    if not wrong:
+        return
+    facts = ", ".join(
+        f"session {n}: enable_idempotence={sessions[n].requested}, producer id "
+        f"{sessions[n].producer_id}"
+        for n in wrong[:5]
+    )
+    unchecked.append(
+        f"the run was told idempotence is {'on' if told else 'off'} but {len(wrong)} "
+        f"producer session(s) were {'not ' if told else ''}idempotent ({facts}): their "
+        "duplicates were judged by what each producer really was"
+    )
 
 
 def _later_truncations(process_ops: list[Op]) -> dict[int, list[int]]:
@@ -614,10 +759,16 @@ def _check_replicas(
 
 
 def summary(result: Mapping[str, Any]) -> str:
-    """A few lines for humans."""
+    """A few lines for humans; an "unknown" verdict says why on its first line."""
     stats = result.get("stats", {})
+    verdict = f"valid: {json.dumps(result['valid'])}"
+    unchecked = result.get("unchecked", [])
+    if result["valid"] == "unknown":
+        why = result.get("error") or (unchecked[0] if unchecked else "?")
+        more = f" (+{len(unchecked) - 1} more below)" if len(unchecked) > 1 else ""
+        verdict += f" because {why}{more}"
     lines = [
-        f"valid: {json.dumps(result['valid'])}",
+        verdict,
         "sends: {} invoked, {} ok, {} fail, {} info (indeterminate; {} of them read), "
         "{} pending".format(
             stats.get("send-invoke", 0),
@@ -637,9 +788,21 @@ def summary(result: Mapping[str, Any]) -> str:
             stats.get("truncations-reported", 0),
         ),
     ]
+    if stats.get("producer-sessions"):
+        lines.append(
+            "producers: {} session(s), {} idempotent (the run was told idempotence is {})".format(
+                stats["producer-sessions"],
+                stats.get("idempotent-sessions", 0),
+                "on" if result.get("options", {}).get("idempotent") else "off",
+            )
+        )
     nem = stats.get("nemesis") or {}
     if nem:
-        lines.append("nemesis: " + ", ".join(f"{k} x{v}" for k, v in sorted(nem.items())))
+        lines.append(
+            "nemesis: "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(nem.items()))
+            + f"; at most {stats.get('nemesis-max-concurrent', 0)} fault(s) at once"
+        )
     rep = stats.get("replicas") or {}
     if rep.get("compared"):
         lines.append(f"replicas: {rep['pairs']} replica pairs, {rep['batches']} batches compared")
@@ -650,9 +813,9 @@ def summary(result: Mapping[str, Any]) -> str:
         lines.append(f"  {kind}: e.g. {json.dumps(first[0]) if first else '?'}")
     if result.get("expected"):
         lines.append(
-            "expected (unclean election / producer retries without idempotence): "
+            "expected (unclean election / acks=1 failover / retries without idempotence): "
             + ", ".join(f"{k} {n}" for k, n in result["expected"].items())
         )
-    for reason in result.get("unchecked", []):
+    for reason in unchecked:
         lines.append(f"unchecked: {reason}")
     return "\n".join(lines)

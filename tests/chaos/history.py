@@ -9,8 +9,14 @@ flushed per line (a run that dies keeps what it recorded). Fields (absent = null
     type       str    invoke | ok | fail | info
     f          str    send | poll (client operations, an invoke then its completion)
                       seek | truncation | caught-up (consumer events, one line each)
+                      producer-start (a producer session began, one line; process
+                      "producer-<worker>", extra: session, enable_idempotence (what the
+                      workload passed), producer_id / producer_epoch (what the producer
+                      got: -1 when it is not idempotent, i.e. never sent InitProducerId),
+                      acks)
                       final-read | final-read-end (the final full read, process "final")
-                      nemesis functions: kill | start | pause | resume | partition | ...
+                      nemesis functions: plan (the seeded schedule, once) | kill | start |
+                      pause | resume | partition | wipe | diverge | ...
     value      str    send: the record value; nemesis: the target node
     values     list   poll / final-read: [[partition, offset, value, leader_epoch], ...]
     partition  int    send, seek, truncation: the partition
@@ -18,7 +24,8 @@ flushed per line (a run that dies keeps what it recorded). Fields (absent = null
                       the log start); truncation: the divergent offset the client reported
     ends       dict   caught-up / final-read-end: {partition: end offset}
     error      str    fail / info: why
-    extra      dict   anything else worth keeping (leader epoch, complete flags, ...)
+    extra      dict   anything else worth keeping (leader epoch, complete flags, ...);
+                      a send invoke carries {"session": n}, the producer session it used
 
 Completion types, as in Jepsen: `ok` the operation happened (a send was acknowledged
 at `offset`), `fail` it certainly did not happen (a send refused before anything was
@@ -41,11 +48,12 @@ INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 TYPES = (INVOKE, OK, FAIL, INFO)
 NEMESIS = "nemesis"
 FINAL = "final"
+PRODUCER_START = "producer-start"
 
 # Client operations: an invoke and a completion per process.
 CLIENT_FS = ("send", "poll")
 # Consumer events: one line, no invoke.
-EVENT_FS = ("seek", "truncation", "caught-up")
+EVENT_FS = ("seek", "truncation", "caught-up", PRODUCER_START)
 FINAL_FS = ("final-read", "final-read-end")
 # seek offset meaning "the log start offset" (the Kafka sentinel for earliest).
 SEEK_BEGINNING = -2

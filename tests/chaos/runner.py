@@ -33,7 +33,14 @@ from client import AsyncAdmin
 from client.errors import MinibrokerError
 
 from . import checker, replicas
-from .backends import REPO, Backend, ClusterSettings, DockerBackend, ProcessBackend
+from .backends import (
+    REPO,
+    Backend,
+    ClusterSettings,
+    DockerBackend,
+    ProcessBackend,
+    unsupported_faults,
+)
 from .history import History
 from .nemesis import Nemesis, NemesisConfig
 from .workload import Workload, WorkloadConfig
@@ -52,6 +59,8 @@ class RunConfig:
     max_faults: int = 6
     fault_interval: tuple[float, float] = (2.0, 5.0)
     fault_duration: tuple[float, float] = (2.0, 6.0)
+    max_concurrent_faults: int = 1
+    guard_wipes: bool = True
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     image: str = "minibroker:latest"
@@ -59,6 +68,33 @@ class RunConfig:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def problems(self) -> list[str]:
+        """Why this run could not be checked or could not run, one message per fault in
+        the options (empty: fine). The CLI refuses these; run_once raises on them."""
+        wl = self.workload
+        out = wl.problems()
+        if wl.replication_factor > self.cluster.brokers:
+            out.append(
+                f"--rf {wl.replication_factor}: the cluster has {self.cluster.brokers} brokers"
+            )
+        if self.max_faults < 0 or self.max_concurrent_faults < 1:
+            out.append("--max-faults must be >= 0 and --max-concurrent-faults >= 1")
+        cannot = unsupported_faults(self.backend, self.faults)
+        if self.faults and len(cannot) == len(self.faults):
+            out.append(
+                f"--faults {','.join(self.faults)}: none can be injected by the "
+                f"{self.backend} backend ({'; '.join(cannot.values())})"
+            )
+        if "diverge" in self.faults and wl.replication_factor < 2:
+            out.append("--faults diverge needs followers to leave the leader alone: --rf 2 or more")
+        if "wipe" in self.faults and self.guard_wipes and wl.replication_factor < 2:
+            out.append(
+                "--faults wipe with --rf 1: a guarded wipe needs another in-sync copy, so no "
+                "wipe would ever happen; add --unguarded-wipes to wipe anyway (acknowledged "
+                "writes are then lost by design, and the run must fail)"
+            )
+        return out
 
 
 def _setup_logging(path: Path) -> logging.Handler:
@@ -136,6 +172,8 @@ async def _run(cfg: RunConfig, run_dir: Path, backend: Backend, facts: dict[str,
                 time_limit=wl.time_limit,
                 interval=cfg.fault_interval,
                 duration=cfg.fault_duration,
+                max_concurrent=cfg.max_concurrent_faults,
+                guard_wipes=cfg.guard_wipes,
             ),
             bootstrap,
         )
@@ -151,6 +189,7 @@ async def _run(cfg: RunConfig, run_dir: Path, backend: Backend, facts: dict[str,
         facts["workload-s"] = round(time.monotonic() - t0, 1)
         facts["faults-applied"] = nemesis.applied
         facts["faults-skipped"] = nemesis.skipped
+        facts["faults-max-concurrent"] = nemesis.max_concurrent_seen
 
         not_ready = await wait_cluster_ready(bootstrap, backend.broker_ids, wl.topic)
         if not_ready is not None:
@@ -176,6 +215,9 @@ async def _run(cfg: RunConfig, run_dir: Path, backend: Backend, facts: dict[str,
 def run_once(cfg: RunConfig, out_dir: Path, *, name: str | None = None) -> dict[str, Any]:
     """One run in `out_dir/<name>`; returns results.json's content. The cluster is
     always torn down; its logs are kept when the run is not valid (or keep_logs)."""
+    problems = cfg.problems()
+    if problems:
+        raise ValueError("cannot run this chaos configuration: " + "; ".join(problems))
     name = name or f"{cfg.backend}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = out_dir / name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -207,6 +249,7 @@ def run_once(cfg: RunConfig, out_dir: Path, *, name: str | None = None) -> dict[
             replicas=replica_logs,
             unclean=cfg.workload.unclean,
             idempotent=cfg.workload.idempotent,
+            leader_only_acks=cfg.workload.leader_only_acks,
         )
         if error is not None:
             result["error"] = error
@@ -274,11 +317,13 @@ def recheck(run_dir: Path) -> dict[str, Any]:
     cfg = json.loads((run_dir / "config.json").read_text())
     rep_path = run_dir / "replicas.json"
     logs = json.loads(rep_path.read_text()) if rep_path.exists() else None
+    wl = cfg["workload"]
     return checker.check(
         _load_history(run_dir),
         replicas=logs,
-        unclean=cfg["workload"]["unclean"],
-        idempotent=cfg["workload"].get("idempotent", False),
+        unclean=wl["unclean"],
+        idempotent=wl.get("idempotent", False),
+        leader_only_acks=wl.get("acks") == "1" and wl.get("replication_factor", 1) > 1,
     )
 
 
@@ -304,6 +349,9 @@ def campaign(
                 "anomalies": {k: n for k, n in counts.items() if n},
                 "acknowledged": result["stats"].get("acknowledged", 0),
                 "faults": result["run"].get("faults-applied"),
+                "faults-max-concurrent": result["run"].get("faults-max-concurrent"),
+                "indeterminate": result["stats"].get("send-info", 0)
+                + result["stats"].get("send-pending", 0),
                 "unchecked": result["unchecked"],
                 "dir": result["run"]["run-dir"],
             }
@@ -319,6 +367,7 @@ def campaign(
         "errors": sum(1 for r in rows if r["error"]),
         "totals": totals,
         "acknowledged": sum(r["acknowledged"] for r in rows),
+        "indeterminate": sum(r["indeterminate"] for r in rows),
         "config": base.to_json(),
         "rows": rows,
     }
@@ -329,9 +378,17 @@ def campaign(
 def _row_text(row: dict[str, Any]) -> str:
     anomalies = ", ".join(f"{k} {n}" for k, n in row["anomalies"].items()) or "no anomalies"
     extra = f"; error: {row['error']}" if row.get("error") else ""
-    unchecked = f"; {len(row['unchecked'])} unchecked" if row["unchecked"] else ""
+    unchecked = ""
+    if row["valid"] == "unknown" and row["unchecked"]:
+        more = len(row["unchecked"]) - 1
+        unchecked = f"; unknown because {row['unchecked'][0]}" + (
+            f" (+{more} more)" if more else ""
+        )
+    elif row["unchecked"]:
+        unchecked = f"; {len(row['unchecked'])} unchecked"
     return (
         f"run {row['run']} seed {row['seed']}: valid={json.dumps(row['valid'])}, "
-        f"{row['acknowledged']} acknowledged, {row['faults']} faults, {anomalies}"
+        f"{row['acknowledged']} acknowledged, {row['indeterminate']} indeterminate, "
+        f"{row['faults']} faults (at most {row['faults-max-concurrent']} at once), {anomalies}"
         f"{unchecked}{extra} ({row['dir']})"
     )

@@ -1,4 +1,5 @@
-"""The checker on crafted histories: each anomaly is flagged, a clean history passes.
+"""The checker on crafted histories: each rule is proved on a history that must fail it
+(its docstring names the rule), and a clean history passes.
 
 No cluster, no Docker: part of the default suite.
 """
@@ -19,6 +20,7 @@ from .history import (
     INVOKE,
     NEMESIS,
     OK,
+    PRODUCER_START,
     SEEK_BEGINNING,
     History,
     Op,
@@ -41,10 +43,35 @@ class H:
         self.ops.append(op)
         return op
 
+    def producer_start(self, session: int, *, requested: bool, producer_id: int) -> H:
+        """A producer session as the workload records it (producer id -1: not
+        idempotent)."""
+        self.add(
+            f"producer-{session}",
+            OK,
+            PRODUCER_START,
+            extra={
+                "session": session,
+                "enable_idempotence": requested,
+                "producer_id": producer_id,
+                "producer_epoch": 0 if producer_id >= 0 else -1,
+                "acks": "all",
+            },
+        )
+        return self
+
     def send(
-        self, process: int, value: str, partition: int, offset: int | None, status: str = OK
+        self,
+        process: int,
+        value: str,
+        partition: int,
+        offset: int | None,
+        status: str = OK,
+        *,
+        session: int | None = None,
     ) -> H:
-        self.add(process, INVOKE, "send", value=value, partition=partition)
+        extra = None if session is None else {"session": session}
+        self.add(process, INVOKE, "send", value=value, partition=partition, extra=extra)
         if status == OK:
             self.add(process, OK, "send", value=value, partition=partition, offset=offset)
         elif status != "pending":
@@ -214,7 +241,8 @@ def test_nemesis_operations_are_counted_not_checked() -> None:
 
 
 def test_lost_write_missing_from_the_final_log() -> None:
-    """Acknowledged at offset 1, the final log has p0-0 then p0-2 at 1: the write is
+    """Rule lost-write: an acknowledged value is in the final log at its acknowledged
+    offset. Acknowledged at offset 1, the final log has p0-0 then p0-2 at 1: the write is
     gone and its offset holds another value."""
     h = H()
     h.send(0, "p0-0", P0, 0).send(0, "p0-1", P0, 1).send(1, "p1-0", P0, None, status=INFO)
@@ -301,7 +329,8 @@ def test_without_a_final_read_lost_writes_are_unchecked() -> None:
 
 
 def test_unseen_acknowledged_value_no_consumer_read_though_it_caught_up() -> None:
-    """No final read: the consumer caught up with offset 3 and never saw p0-1."""
+    """Rule unseen: every acknowledged value is read by someone who read past it. No
+    final read: the consumer caught up with offset 3 and never saw p0-1."""
     h = H()
     h.send(0, "p0-0", P0, 0).send(0, "p0-1", P0, 1).send(0, "p0-2", P0, 2)
     h.seek(10, P0).poll(10, (P0, 0, "p0-0")).poll(10, (P0, 2, "p0-2"))
@@ -324,12 +353,23 @@ def test_unseen_not_flagged_when_no_read_went_past_it() -> None:
 
 
 def test_duplicate_one_value_at_two_offsets() -> None:
+    """Rule duplicate: with idempotence a value is written once; a retried batch
+    written twice fails the run."""
     h = H()
     h.send(0, "p0-0", P0, 0).send(0, "p0-1", P0, 1)
     h.final({P0: ["p0-0", "p0-1", "p0-1"]})  # a retried batch written twice
     result = check(h.ops, replicas=CLEAN_REPLICAS)
     assert flagged(result) == {"duplicate": 1}
-    assert first(result, "duplicate") == {"value": "p0-1", "at": [[P0, 1], [P0, 2]]}
+    example = first(result, "duplicate")
+    assert (example["value"], example["at"]) == ("p0-1", [[P0, 1], [P0, 2]])
+    assert example["send"] == {
+        "value": "p0-1",
+        "process": 0,
+        "invoke": 2,
+        "ok": 3,
+        "status": OK,
+        "idempotent": True,
+    }
     assert result["valid"] is False
 
 
@@ -343,6 +383,105 @@ def test_without_idempotence_a_retried_batch_is_expected_not_failing() -> None:
     assert result["expected"] == {"duplicate": 1}
     assert result["expected-examples"]["duplicate"][0]["at"] == [[P0, 1], [P0, 2]]
     assert check(h.ops, replicas=CLEAN_REPLICAS)["valid"] is False  # idempotent: a bug
+
+
+def test_an_idempotent_producers_duplicate_fails_though_the_run_was_told_otherwise() -> None:
+    """Rule duplicate: a value of an idempotent producer is never written twice, and the
+    producer's own producer-start event (it got a producer id) says what it was. Issue
+    13 item 9(b): a run told "no idempotence" used idempotent producers (the client's
+    default at acks=all), filed this duplicate as an expected retry and passed."""
+    h = H()
+    h.producer_start(0, requested=True, producer_id=7)
+    h.send(0, "p0-0", P0, 0, session=0).send(0, "p0-1", P0, 2, session=0)
+    h.final({P0: ["p0-0", "p0-1", "p0-1"]})
+    result = check(h.ops, replicas=CLEAN_REPLICAS, idempotent=False)
+    assert flagged(result) == {"duplicate": 1}, summary(result)
+    assert result["valid"] is False
+    assert first(result, "duplicate")["send"]["idempotent"] is True
+    assert result["stats"]["idempotent-sessions"] == 1
+    assert any("told idempotence is off" in u for u in result["unchecked"])
+
+
+def test_without_idempotence_the_same_duplicate_is_an_expected_retry() -> None:
+    """Without idempotence (producer id -1: it never sent InitProducerId) the same
+    history is a retry after a lost answer: expected, not failing."""
+    h = H()
+    h.producer_start(0, requested=False, producer_id=-1)
+    h.send(0, "p0-0", P0, 0, session=0).send(0, "p0-1", P0, 2, session=0)
+    h.final({P0: ["p0-0", "p0-1", "p0-1"]})
+    result = check(h.ops, replicas=CLEAN_REPLICAS, idempotent=False)
+    assert result["valid"] is True, summary(result)
+    assert result["expected"] == {"duplicate": 1}
+    assert result["stats"]["producer-sessions"] == 1
+    assert result["stats"]["idempotent-sessions"] == 0
+
+
+def test_without_idempotence_a_copy_in_another_partition_is_no_retry() -> None:
+    """Rule duplicate (no idempotence): a retry writes to the partition the record was
+    sent to; a copy elsewhere fails the run."""
+    h = H()
+    h.producer_start(0, requested=False, producer_id=-1)
+    h.send(0, "p0-0", P0, 0, session=0)
+    h.final({P0: ["p0-0"], P1: ["p0-0"]})
+    result = check(h.ops, replicas=CLEAN_REPLICAS, idempotent=False)
+    assert flagged(result) == {"duplicate": 1}
+
+
+def test_without_idempotence_copies_away_from_the_acknowledged_offset_are_no_retry() -> None:
+    """Rule duplicate (no idempotence): the acknowledged attempt is one of the copies;
+    two copies while a read shows another value at the acknowledged offset fail (the
+    loss is reported too)."""
+    h = H()
+    h.producer_start(0, requested=False, producer_id=-1)
+    h.send(0, "p0-0", P0, 2, session=0)
+    h.send(1, "x", P0, None, status=INFO)
+    h.final({P0: ["p0-0", "p0-0", "x"]})
+    result = check(h.ops, replicas=CLEAN_REPLICAS, idempotent=False)
+    assert flagged(result) == {"duplicate": 1, "lost-write": 1, "inconsistent-offsets": 1}
+
+
+def test_an_indeterminate_send_is_at_one_offset_at_most() -> None:
+    """Rule duplicate (indeterminate sends): a timed-out send may or may not be in the
+    log, never counted lost; if it is there, it is there once."""
+    h = H()
+    h.producer_start(0, requested=True, producer_id=3)
+    h.send(0, "p0-0", P0, None, status=INFO, session=0)
+    h.send(5, "p5-0", P0, 2, session=0)
+    h.final({P0: ["p0-0", "p0-0", "p5-0"]})
+    result = check(h.ops, replicas=CLEAN_REPLICAS)
+    assert flagged(result) == {"duplicate": 1}
+    assert first(result, "duplicate")["send"]["status"] == INFO
+    h = H()
+    h.send(0, "p0-0", P0, None, status=INFO).send(5, "p5-0", P0, 0)
+    h.final({P0: ["p5-0"]})
+    result = check(h.ops, replicas=CLEAN_REPLICAS)
+    assert flagged(result) == {} and result["valid"] is True  # absent: fine, not lost
+
+
+def test_producers_not_what_the_run_was_told_make_the_verdict_unknown() -> None:
+    """A run told "idempotent" whose producer fell back to no idempotence did not test
+    idempotence: "unknown", and the summary's first line says why."""
+    h = clean()
+    h.producer_start(0, requested=True, producer_id=-1)
+    result = check(h.ops, replicas=CLEAN_REPLICAS, idempotent=True)
+    assert flagged(result) == {}
+    assert result["valid"] == "unknown"
+    first_line = summary(result).splitlines()[0]
+    assert first_line.startswith('valid: "unknown" because the run was told idempotence is on')
+    assert "session 0: enable_idempotence=True, producer id -1" in first_line
+
+
+def test_a_run_without_acknowledged_writes_is_unknown_and_says_why() -> None:
+    """Issue 13 item 9(c): runs that could not write ended "unknown" with no reason."""
+    h = H()
+    h.send(0, "p0-0", P0, None, status=FAIL).send(0, "p0-1", P0, None, status=INFO)
+    h.final({P0: []}, ends={P0: 0})
+    result = check(h.ops, replicas=CLEAN_REPLICAS)
+    assert result["valid"] == "unknown"
+    assert summary(result).splitlines()[0] == (
+        'valid: "unknown" because no send was acknowledged (2 invoked): lost-write and '
+        "unseen had nothing to check"
+    )
 
 
 def test_without_idempotence_a_duplicate_across_partitions_still_fails() -> None:
@@ -374,9 +513,47 @@ def test_inconsistent_offsets_two_consumers_read_two_values_at_one_offset() -> N
         "partition": P0,
         "offset": 0,
         "values": ["p0-0", "p5-0"],
-        "acknowledged": None,
+        "acknowledged": [],
+        "acks": [],
+        "read-by": {"p0-0": 7, "p5-0": 9},
         "final": "p5-0",
     }
+
+
+def test_two_acknowledgements_at_one_offset_are_inconsistent_though_nothing_read_it() -> None:
+    """Rule inconsistent-offsets: one offset holds one value, so two sends acknowledged
+    at one offset fail the run even when no read reached that offset (the final read
+    stopped short, no consumer got there). Issue 13 item 9(a): the acknowledgements
+    were kept in a map keyed by offset, the second overwrote the first, and this run
+    passed as "unknown"."""
+    h = H()
+    h.send(0, "p0-0", P0, 0).send(0, "p0-1", P0, 1).send(1, "p1-0", P0, 1)
+    h.final({P0: ["p0-0"]}, ends={P0: 2}, complete=False)
+    result = check(h.ops, replicas=CLEAN_REPLICAS)
+    assert flagged(result) == {"inconsistent-offsets": 1}, summary(result)
+    assert result["valid"] is False
+    example = first(result, "inconsistent-offsets")
+    assert (example["partition"], example["offset"]) == (P0, 1)
+    assert example["values"] == example["acknowledged"] == ["p0-1", "p1-0"]
+    assert example["acks"] == [
+        {"value": "p0-1", "process": 0, "invoke": 2, "ok": 3},
+        {"value": "p1-0", "process": 1, "invoke": 4, "ok": 5},
+    ]
+
+
+def test_two_acknowledgements_at_one_offset_the_final_log_agrees_with_the_last() -> None:
+    """Rule inconsistent-offsets: the final log holding the second value does not hide
+    the first acknowledgement (the old map kept only the last one)."""
+    h = H()
+    h.send(0, "p0-0", P0, 0).send(1, "p1-0", P0, 0)
+    h.seek(10, P0).poll(10, (P0, 0, "p1-0")).caught_up(10, {P0: 1})
+    h.final({P0: ["p1-0"]})
+    result = check(h.ops, replicas=CLEAN_REPLICAS)
+    assert flagged(result)["inconsistent-offsets"] == 1
+    example = first(result, "inconsistent-offsets")
+    assert example["acknowledged"] == ["p0-0", "p1-0"]
+    assert example["read-by"] == {"p1-0": 6}  # the poll's op index
+    assert first(result, "lost-write")["value"] == "p0-0"
 
 
 def test_inconsistent_offsets_an_acknowledgement_and_a_read_disagree() -> None:
@@ -393,6 +570,8 @@ def test_inconsistent_offsets_an_acknowledgement_and_a_read_disagree() -> None:
 
 
 def test_nonmonotonic_poll_going_backwards_without_a_seek() -> None:
+    """Rule nonmonotonic-poll: without a seek a consumer's offsets of a partition only
+    go up."""
     h = clean()
     h.poll(10, (P0, 1, "p0-1"))  # after reading up to 2
     result = check(h.ops, replicas=CLEAN_REPLICAS)
@@ -426,6 +605,7 @@ def test_nonmonotonic_poll_below_the_seek_position() -> None:
 
 
 def test_poll_skip_over_offsets_that_exist() -> None:
+    """Rule poll-skip: without a seek a consumer never jumps over offsets that exist."""
     h = H()
     for n in range(5):
         h.send(0, f"p0-{n}", P0, n)
@@ -499,6 +679,8 @@ def test_unexpected_values() -> None:
 
 
 def test_replica_divergence_below_the_high_watermark() -> None:
+    """Rule replica-divergence: below the lower high watermark of two replicas their
+    batches are identical."""
     other = [[0, 1, 0, 111], [2, 2, 1, 999], [3, 3, 1, 333]]  # another batch at 2
     replicas = replicas_of({P0: {1: SAME, 2: SAME, 3: other}}, {P0: 4})
     result = check(clean().ops, replicas=replicas)
@@ -575,6 +757,19 @@ def test_without_unclean_the_same_loss_is_invalid() -> None:
     assert set(result["anomaly-types"]) == {"lost-write", "inconsistent-offsets"}
 
 
+def test_acks_1_with_followers_may_lose_what_the_failover_did_not_carry() -> None:
+    """acks=1 on a replicated topic: the leader acknowledged p0-1 alone and a failover
+    dropped it (no consumer read it, it was above the high watermark): expected with
+    leader_only_acks, a failure otherwise."""
+    h = H()
+    h.send(0, "p0-0", P0, 0).send(0, "p0-1", P0, 1).send(1, "p1-0", P0, 1)
+    h.final({P0: ["p0-0", "p1-0"]})
+    result = check(h.ops, replicas=CLEAN_REPLICAS, leader_only_acks=True)
+    assert result["valid"] is True, summary(result)
+    assert result["expected"] == {"lost-write": 1, "unseen": 1, "inconsistent-offsets": 1}
+    assert check(h.ops, replicas=CLEAN_REPLICAS)["valid"] is False
+
+
 def test_unclean_offsets_reused_by_the_same_producer_are_expected() -> None:
     h = H()
     h.send(0, "a0", P0, 0).send(0, "a1", P0, 1).send(0, "b1", P0, 1)  # a1 truncated away
@@ -605,6 +800,33 @@ def test_truncation_reported_where_nothing_was_lost() -> None:
     assert first(result, "truncation-offset-mismatch")["expected"] is None
 
 
+def test_unclean_a_read_of_the_truncated_lineage_is_no_duplicate() -> None:
+    """An unclean election truncated a3 (read at 3); the producer's retry wrote it again
+    at 4 of the new lineage. The consumer was told at 3: valid with unclean election
+    (the truncation checks judge the old read), a duplicate without."""
+    h = H()
+    for n in range(4):
+        h.send(0, f"a{n}", P0, n)
+    h.seek(10, P0).poll(10, *[(P0, n, f"a{n}") for n in range(4)])
+    h.send(1, "b3", P0, 3)
+    h.truncation(10, P0, 3)
+    h.poll(10, (P0, 3, "b3"), (P0, 4, "a3")).caught_up(10, {P0: 5})
+    h.final({P0: ["a0", "a1", "a2", "b3", "a3"]})
+    result = check(h.ops, replicas=CLEAN_REPLICAS, unclean=True)
+    assert result["valid"] is True, summary(result)
+    assert "duplicate" not in result["expected"]
+    result = check(h.ops, replicas=CLEAN_REPLICAS, unclean=False)
+    assert flagged(result)["duplicate"] == 1
+
+
+def test_unclean_a_duplicate_in_the_final_log_still_fails() -> None:
+    h = H()
+    h.send(0, "a0", P0, 0).send(0, "a1", P0, 1)
+    h.final({P0: ["a0", "a1", "a1"]})
+    result = check(h.ops, replicas=CLEAN_REPLICAS, unclean=True)
+    assert flagged(result) == {"duplicate": 1}
+
+
 def test_a_too_high_report_followed_by_a_deeper_one_is_fine() -> None:
     """Two unclean elections: the consumer is told 4 (right for the lineage of the
     moment), then 3 when the log is cut deeper; only the final lineage is known."""
@@ -624,6 +846,8 @@ def test_a_too_high_report_followed_by_a_deeper_one_is_fine() -> None:
 
 
 def test_unreported_truncation() -> None:
+    """Rule unreported-truncation: a consumer that caught up and still holds records the
+    final log replaced must have been told (LogTruncationError)."""
     result = check(unclean_history(None).ops, replicas=CLEAN_REPLICAS, unclean=True)
     assert result["valid"] is False
     assert first(result, "unreported-truncation") == {

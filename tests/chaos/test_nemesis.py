@@ -1,12 +1,17 @@
-"""The nemesis against a fake backend: seeded, bounded, always healed, and honest about
-faults a backend cannot inject. No cluster: part of the default suite."""
+"""The nemesis against a fake backend (and its metadata): seeded, bounded, overlapping,
+always healed, guarded where a fault could destroy the last copy, and honest about
+faults a backend cannot inject. No cluster: part of the default suite (the process
+chaos runs use the real thing)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 
 import pytest
+
+from client.admin import PartitionDescription
 
 from .backends import (
     CONTROLLER,
@@ -19,7 +24,7 @@ from .backends import (
     broker_name,
 )
 from .history import INFO, INVOKE, NEMESIS, History
-from .nemesis import FAULTS, Nemesis, NemesisConfig, parse_faults
+from .nemesis import EXCLUSIVE, FAULTS, Nemesis, NemesisConfig, PlannedFault, parse_faults, plan
 
 
 class FakeBackend(Backend):
@@ -34,6 +39,25 @@ class FakeBackend(Backend):
         self.calls: list[tuple[str, str]] = []
         self.partitions_supported = partitions_supported
         self.fail_start = fail_start  # start() fails this many times
+        self.out_of_isr: set[int] = set()  # brokers the fake metadata leaves out of ISRs
+        self.leader = 1
+
+    def describe(self, partitions: int) -> list[PartitionDescription]:
+        """What Metadata would say: every broker replicates every partition; the ISR is
+        the brokers up, unpaused and not held out (the last leader when none is); the
+        leader stays while it is in the ISR, else the first ISR member leads."""
+        up = [
+            i
+            for i in self.broker_ids
+            if broker_name(i) not in self.down_nodes | self.paused and i not in self.out_of_isr
+        ]
+        isr = tuple(up) or (self.leader,)
+        if self.leader not in up:
+            self.leader = up[0] if up else -1
+        return [
+            PartitionDescription(p, self.leader, 0, tuple(self.broker_ids), isr)
+            for p in range(partitions)
+        ]
 
     async def up(self) -> None: ...
     async def down(self) -> None: ...
@@ -80,6 +104,9 @@ class FakeBackend(Backend):
     async def wipe(self, node: str) -> None:
         self.calls.append(("wipe", node))
         self.wiped.append(node)
+        node_id = broker_id(node)
+        assert node_id is not None
+        self.out_of_isr.add(node_id)  # empty: out of every ISR until it has caught up
 
     async def running(self, node: str) -> bool:
         return node not in self.down_nodes and node not in self.paused
@@ -91,17 +118,29 @@ class FakeBackend(Backend):
         return not (self.down_nodes or self.paused or self.isolated)
 
 
+class FakeMetadataNemesis(Nemesis):
+    """Asks the fake backend's metadata instead of a cluster."""
+
+    async def _describe(self, via: list[int] | None = None) -> list[PartitionDescription] | None:
+        assert isinstance(self.backend, FakeBackend)
+        return self.backend.describe(self.config.partitions)
+
+
 def nemesis(backend: Backend, seed: int, faults: list[str], **kw: object) -> Nemesis:
+    settings: dict[str, object] = {
+        "interval": (0.0, 0.01),
+        "duration": (0.0, 0.01),
+        "phase_timeout": 0.5,
+        **kw,
+    }
     config = NemesisConfig(
         faults=faults,
         seed=seed,
         topic="t",
         partitions=3,
-        interval=(0.0, 0.01),
-        duration=(0.0, 0.01),
-        **kw,  # type: ignore[arg-type]
+        **settings,  # type: ignore[arg-type]
     )
-    return Nemesis(backend, History(), config, backend.bootstrap_servers())
+    return FakeMetadataNemesis(backend, History(), config, backend.bootstrap_servers())
 
 
 def actions(n: Nemesis) -> list[tuple[str, str | None]]:
@@ -112,13 +151,13 @@ async def test_same_seed_same_schedule_and_every_fault_is_undone() -> None:
     schedules = []
     for _ in range(2):
         backend = FakeBackend()
-        n = nemesis(backend, 42, list(FAULTS), max_faults=12)
+        n = nemesis(backend, 42, [f for f in FAULTS if f != "wipe"], max_faults=12)
         await n.run(asyncio.Event())
         assert n.applied == 12
         assert backend.healthy
         schedules.append(actions(n))
     assert schedules[0] == schedules[1]
-    other = nemesis(FakeBackend(), 43, list(FAULTS), max_faults=12)
+    other = nemesis(FakeBackend(), 43, [f for f in FAULTS if f != "wipe"], max_faults=12)
     await other.run(asyncio.Event())
     assert actions(other) != schedules[0]
     faults = {f for f, _ in schedules[0]}
@@ -126,15 +165,141 @@ async def test_same_seed_same_schedule_and_every_fault_is_undone() -> None:
     assert schedules[0][-1] == ("heal", None)
 
 
+def test_the_plan_is_seeded_bounded_and_overlapping() -> None:
+    """The schedule comes from the seed alone; at most max_concurrent windows overlap,
+    an exclusive fault overlaps none, all start within the time limit."""
+    config = NemesisConfig(
+        faults=list(FAULTS),
+        seed=5,
+        topic="t",
+        partitions=3,
+        max_faults=40,
+        time_limit=120,
+        interval=(0.5, 2.0),
+        duration=(2.0, 6.0),
+        max_concurrent=3,
+    )
+    schedule = plan(config, list(FAULTS))
+    assert schedule == plan(config, list(FAULTS))
+    assert schedule != plan(NemesisConfig(**{**config.__dict__, "seed": 6}), list(FAULTS))
+    assert 0 < len(schedule) <= 40 and all(e.at < 120 for e in schedule)
+
+    def overlapping(t: float) -> list[PlannedFault]:
+        return [e for e in schedule if e.at <= t < e.at + e.window(config.phase_timeout)]
+
+    peak = max(len(overlapping(e.at)) for e in schedule)
+    assert peak == 3, "compound faults are planned, not left to chance"
+    for e in schedule:
+        during = overlapping(e.at)
+        assert len(during) <= 3
+        if any(x.fault in EXCLUSIVE for x in during):
+            assert len(during) == 1, during
+    one_at_a_time = plan(NemesisConfig(**{**config.__dict__, "max_concurrent": 1}), ["kill"])
+    assert all(
+        a.at + a.window(config.phase_timeout) <= b.at for a, b in itertools.pairwise(one_at_a_time)
+    )
+
+
+async def test_faults_overlap_bounded_and_never_two_on_one_node() -> None:
+    """Run the plan: several faults are active at once (recorded with each), never more
+    than max_concurrent, never two on one node; all are undone."""
+    backend = FakeBackend()
+    n = nemesis(
+        backend,
+        8,
+        ["kill", "pause", "pause-controller", "kill-controller", "partition"],
+        max_faults=12,
+        max_concurrent=3,
+        interval=(0.0, 0.02),
+        duration=(0.05, 0.1),
+    )
+    await n.run(asyncio.Event())
+    assert backend.healthy
+    assert n.max_concurrent_seen == 3
+    applied = [
+        op for op in n.history.ops if op.type == INFO and op.extra and "concurrent" in op.extra
+    ]
+    assert max(op.extra["concurrent"] for op in applied) == 3  # type: ignore[index]
+    on: dict[str, str] = {}
+    undo = {"start": "kill", "resume": "pause", "reconnect": "partition"}
+    for op in n.history.ops:
+        if op.type != INFO or op.error or op.value is None:
+            continue
+        if op.f in ("kill", "pause", "pause-controller", "kill-controller", "partition"):
+            assert op.value not in on, f"{op.f} on {op.value} while {on.get(op.value)}"
+            on[op.value] = op.f
+        elif op.f in undo:
+            on.pop(op.value, None)
+    plan_op = n.history.ops[0]
+    assert (plan_op.f, plan_op.extra["seed"]) == ("plan", 8)  # type: ignore[index]
+    assert len(plan_op.extra["faults"]) == 12  # type: ignore[index]
+
+
+async def test_wipes_are_guarded_until_the_last_one_recovered() -> None:
+    """Wipe, then other faults while it recovers, then wipe again only once the first
+    wiped broker is back in every ISR: every acknowledged write keeps a copy."""
+    backend = FakeBackend()
+    n = nemesis(backend, 1, ["wipe"], max_faults=1)
+    first = PlannedFault(0.0, "wipe", 0.0, 0.0)
+    assert await n._target(first) == "broker-1"
+    await backend.wipe("broker-1")
+    n._wiped.add("broker-1")
+    assert await n._target(first) is None
+    skipped = n.history.ops[-1]
+    assert skipped.error == (
+        "skipped: broker-1 (wiped) is not back in the ISR of partition(s) [0, 1, 2]"
+    )
+    backend.out_of_isr.clear()  # caught up
+    assert await n._target(first) == "broker-1"
+    # A broker whose partitions have no other in-sync replica free of faults is spared.
+    await backend.pause("broker-2")
+    n._busy["broker-2"] = "pause"
+    n._busy["broker-3"] = "kill"
+    assert await n._target(first) is None
+    assert "another in-sync replica" in (n.history.ops[-1].error or "")
+    unguarded = nemesis(FakeBackend(), 1, ["wipe"], guard_wipes=False)
+    unguarded._wiped.add("broker-1")
+    assert await unguarded._target(first) == "broker-1"
+
+
+async def test_diverge_leaves_the_leader_alone_then_replaces_it() -> None:
+    """diverge: pause the followers until the ISR is the leader alone, kill the leader,
+    resume the followers (one leads), start the old leader; nothing else meanwhile."""
+    backend = FakeBackend()
+    n = nemesis(backend, 2, ["diverge", "kill"], max_faults=4, duration=(0.05, 0.05))
+    await n.run(asyncio.Event())
+    assert backend.healthy
+    calls = backend.calls
+    i = calls.index(("pause", "broker-2"))
+    assert calls[i : i + 6] == [
+        ("pause", "broker-2"),
+        ("pause", "broker-3"),
+        ("kill", "broker-1"),
+        ("resume", "broker-2"),
+        ("resume", "broker-3"),
+        ("start", "broker-1"),
+    ]
+    end = next(op for op in n.history.ops if op.f == "diverge-end")
+    assert end.extra == {
+        "partition": end.extra["partition"],
+        "leader-alone": True,
+        "new-leader": True,
+    }  # type: ignore[index]
+
+
 async def test_targets_match_the_fault() -> None:
     backend = FakeBackend()
-    n = nemesis(backend, 7, ["kill-controller", "partition", "wipe", "kill-leader"], max_faults=8)
+    faults = ["kill-controller", "pause-controller", "partition", "wipe", "kill-leader", "pause"]
+    n = nemesis(backend, 2, faults, max_faults=12, max_concurrent=2)
     await n.run(asyncio.Event())
+    assert {f for f, _ in actions(n)} >= {"kill-controller", "pause-controller", "pause"}
     for f, target in actions(n):
-        if f == "kill-controller":
+        if target is None:
+            continue  # skipped (its info says why) or heal
+        if f in ("kill-controller", "pause-controller"):
             assert target == CONTROLLER
-        elif f in ("partition", "wipe", "kill-leader"):
-            assert target is not None and broker_id(target) in backend.broker_ids
+        elif f in ("partition", "wipe", "kill-leader", "pause"):
+            assert broker_id(target) in backend.broker_ids
     assert backend.healthy
 
 

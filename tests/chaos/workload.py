@@ -1,16 +1,27 @@
 """The workload: producers and consumers on one topic, every operation in the history.
 
-- Producers (processes 0..P-1) send unique values "p<process>-<n>", one at a time, to
-  partitions picked round-robin, with the configured acks (all by default). A send is
-  `ok` with its offset once acknowledged, `fail` when the client refused it before
-  anything was sent, `info` otherwise (a timeout: it may be in the log). After an
-  `info` the worker goes on as a new process (process + P + C), as in Jepsen.
-- Consumers (processes P..P+C-1) assign every partition, seek to the beginning and
-  poll. auto_offset_reset is 'none', so nothing moves a position behind our back: a
-  LogTruncationError (KIP-320) is recorded as a `truncation` event per partition with
-  the divergent offset the client reported, and the consumer resumes there; an
-  OffsetOutOfRangeError is recorded as a `seek` back to the log start. A consumer that
-  fails for good is replaced by a new one (a new process, which seeks first).
+- Producers: P workers, each one AsyncProducer shared by `in_flight` lanes, so each
+  producer has that many records in flight (batched by linger_ms, up to the client's
+  max_in_flight batches per partition with idempotence), with no pause between sends.
+  A lane is a logical process (worker * in_flight + lane) that sends unique values
+  "p<process>-<n>" to partitions picked round-robin per worker, with the configured
+  acks, and awaits each acknowledgement before its next send. A send is `ok` with its
+  offset once acknowledged, `fail` when the client refused it before anything was
+  sent, `info` otherwise: an error after it was queued, or no acknowledgement within
+  `ack_timeout` seconds (the record may or may not be in the log; request and delivery
+  timeouts are short so that pauses and kills do make such sends). After an `info`
+  the lane goes on as a new process (process + stride), as in Jepsen.
+- Idempotence is explicit: every producer gets enable_idempotence exactly as
+  configured (the client's own default is idempotent at acks=all), and records a
+  `producer-start` event with what it was given and the producer id it got (-1: not
+  idempotent, it never sent InitProducerId); each send names its producer session.
+- Consumers (processes L..L+C-1, L = P * in_flight) assign every partition, seek to
+  the beginning and poll. auto_offset_reset is 'none', so nothing moves a position
+  behind our back: a LogTruncationError (KIP-320) is recorded as a `truncation` event
+  per partition with the divergent offset the client reported, and the consumer
+  resumes there; an OffsetOutOfRangeError is recorded as a `seek` back to the log
+  start. A consumer that fails for good is replaced by a new one (a new process,
+  which seeks first).
 - Bounded: the producers stop after `max_sends` sends in all or `time_limit` seconds;
   then `catch_up()` lets each consumer poll until its position is exactly the end offset
   of every partition (recorded as `caught-up`), bounded too; then `final_read()` reads
@@ -21,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 from dataclasses import dataclass
@@ -36,7 +46,17 @@ from client.errors import (
     TopicAlreadyExistsError,
 )
 
-from .history import FAIL, FINAL, INFO, INVOKE, OK, SEEK_BEGINNING, History, Record
+from .history import (
+    FAIL,
+    FINAL,
+    INFO,
+    INVOKE,
+    OK,
+    PRODUCER_START,
+    SEEK_BEGINNING,
+    History,
+    Record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,23 +69,80 @@ class WorkloadConfig:
     min_insync_replicas: int = 2
     unclean: bool = False
     acks: str = "all"
-    # Issue 4's idempotent producer (enable_idempotence); without it a retry after a
-    # lost answer may write a batch twice, which the checker then expects.
-    idempotent: bool = False
+    # Passed to every producer as enable_idempotence, both ways (needs acks=all when
+    # on). Without it a retry after a lost answer may write a batch twice, which the
+    # checker then expects where a retry can put it.
+    idempotent: bool = True
     producers: int = 2
+    in_flight: int = 16  # per producer: lanes, each with one send awaiting its ack
     consumers: int = 2
     max_sends: int = 100_000
     time_limit: float = 60.0
-    send_interval: float = 0.005  # per producer, between sends
-    request_timeout_ms: int = 5_000
-    delivery_timeout_ms: int = 15_000
+    send_interval: float = 0.0  # per lane, between sends
+    linger_ms: int = 2
+    # Short, so that pauses and kills leave sends indeterminate (info): a send waits
+    # `ack_timeout` seconds for its acknowledgement, a request `request_timeout_ms`.
+    # The producer keeps retrying a batch for `delivery_timeout_ms` (longer than any
+    # fault: a batch that fails for good makes the idempotent producer bump its epoch).
+    request_timeout_ms: int = 1_500
+    delivery_timeout_ms: int = 20_000
+    ack_timeout: float = 2.5
     poll_timeout_ms: int = 500
     catch_up_timeout: float = 60.0
     final_read_timeout: float = 60.0
 
     @property
+    def producer_processes(self) -> int:
+        return self.producers * self.in_flight
+
+    @property
+    def leader_only_acks(self) -> bool:
+        """acks=1 with followers: a failover may drop acknowledged records."""
+        return self.acks == "1" and self.replication_factor > 1
+
+    @property
     def stride(self) -> int:
-        return self.producers + self.consumers
+        return self.producer_processes + self.consumers
+
+    def problems(self) -> list[str]:
+        """What makes this workload uncheckable or impossible, as messages naming the
+        option and what to do (empty: fine). The CLI refuses these."""
+        out: list[str] = []
+        if self.acks not in ("all", "1", "0"):
+            out.append(f"acks {self.acks!r}: use 0, 1 or all")
+        if self.acks == "0":
+            out.append(
+                "--acks 0: no write is ever acknowledged, so loss cannot be checked and "
+                "every run would end unknown; use --acks 1 or --acks all"
+            )
+        if self.idempotent and self.acks != "all":
+            out.append(
+                f"--idempotent with --acks {self.acks}: an idempotent producer needs acks=all "
+                "(the producer refuses it and every run would end unknown); use --acks all, "
+                "or --no-idempotent"
+            )
+        if not 1 <= self.min_insync_replicas <= self.replication_factor:
+            out.append(
+                f"--min-insync {self.min_insync_replicas} with --rf {self.replication_factor}: "
+                "want 1 <= min.insync.replicas <= replication factor (else no acks=all write "
+                "is ever acknowledged)"
+            )
+        for name, value in (
+            ("--partitions", self.partitions),
+            ("--rf", self.replication_factor),
+            ("--producers", self.producers),
+            ("--in-flight", self.in_flight),
+            ("--max-sends", self.max_sends),
+        ):
+            if value < 1:
+                out.append(f"{name} {value}: want at least 1")
+        if self.consumers < 0:
+            out.append(f"--consumers {self.consumers}: want 0 or more")
+        if self.time_limit <= 0:
+            out.append(f"--time-limit {self.time_limit:g}: want more than 0 seconds")
+        if self.ack_timeout <= 0 or self.request_timeout_ms <= 0 or self.delivery_timeout_ms <= 0:
+            out.append("--ack-timeout, --request-timeout-ms and --delivery-timeout-ms must be > 0")
+        return out
 
 
 class Workload:
@@ -82,6 +159,7 @@ class Workload:
         self._producer_tasks: list[asyncio.Task[None]] = []
         self._consumer_tasks: list[asyncio.Task[None]] = []
         self.caught_up: set[int] = set()
+        self._sessions = 0
         self.errors: list[str] = []  # workers that died (client bugs), for the results
 
     # -------------------------------------------------------------- setup
@@ -163,6 +241,10 @@ class Workload:
 
     # -------------------------------------------------------------- producers
 
+    def new_session(self) -> int:
+        self._sessions += 1
+        return self._sessions - 1
+
     def _producer_should_stop(self) -> bool:
         return (
             self._stop_producers.is_set()
@@ -172,25 +254,18 @@ class Workload:
 
     async def _new_producer(self) -> AsyncProducer:
         cfg = self.config
-        extra: dict[str, Any] = {}
-        if cfg.idempotent:
-            if not producer_supports_idempotence():
-                raise IllegalStateError(
-                    "AsyncProducer has no enable_idempotence yet (issue 4): run without "
-                    "idempotent (the checker then expects retry duplicates)"
-                )
-            extra["enable_idempotence"] = True
         producer = AsyncProducer(
             self.bootstrap,
             client_id="chaos-producer",
             acks=cfg.acks,
-            linger_ms=0,
+            # Explicit both ways: the client's default is idempotent at acks=all.
+            enable_idempotence=cfg.idempotent,
+            linger_ms=cfg.linger_ms,
             request_timeout_ms=cfg.request_timeout_ms,
             delivery_timeout_ms=cfg.delivery_timeout_ms,
             max_block_ms=cfg.request_timeout_ms,
             retry_backoff_ms=100,
             metadata_max_age_ms=5_000,
-            **extra,
         )
         try:
             async with asyncio.timeout(cfg.request_timeout_ms / 1000 * 3):
@@ -202,66 +277,96 @@ class Workload:
         return producer
 
     async def _producer(self, worker: int) -> None:
-        cfg = self.config
-        process = worker
-        n = 0
-        producer: AsyncProducer | None = None
+        """One producer shared by `in_flight` lanes (each a logical process)."""
+        slot = _ProducerSlot(self, worker)
+        lanes = [
+            asyncio.get_running_loop().create_task(
+                self._lane(slot, worker * self.config.in_flight + lane),
+                name=f"chaos-producer-{worker}-lane-{lane}",
+            )
+            for lane in range(self.config.in_flight)
+        ]
         try:
-            while not self._producer_should_stop():
-                if producer is None:
-                    try:
-                        producer = await self._new_producer()
-                    except (MinibrokerError, TimeoutError, OSError) as exc:
-                        log.info("producer %d cannot start yet: %s", worker, exc)
-                        await asyncio.sleep(0.5)
-                        continue
-                self._sends_left -= 1
-                value = f"p{process}-{n}"
-                partition = (worker + n) % cfg.partitions
-                n += 1
-                self.history.record(process, INVOKE, "send", value=value, partition=partition)
-                try:
-                    async with asyncio.timeout(cfg.request_timeout_ms / 1000 * 2):
-                        future = await producer.send(cfg.topic, value.encode(), partition=partition)
-                except Exception as exc:
-                    # Not queued: nothing was sent.
-                    self.history.record(process, FAIL, "send", value=value, error=_why(exc))
-                    if not isinstance(exc, MinibrokerError | TimeoutError):
-                        log.exception("producer %d: send() failed unexpectedly", worker)
-                    if not isinstance(exc, MinibrokerError) or isinstance(exc, IllegalStateError):
-                        await _close(producer)
-                        producer = None
-                    continue
-                try:
-                    async with asyncio.timeout(cfg.delivery_timeout_ms / 1000 + 10):
-                        md = await future
-                except Exception as exc:
-                    self.history.record(process, INFO, "send", value=value, error=_why(exc))
-                    process += cfg.stride
-                    if not isinstance(exc, MinibrokerError | TimeoutError):
-                        log.exception("producer %d: a send failed unexpectedly", worker)
-                    if not isinstance(exc, MinibrokerError) or isinstance(exc, IllegalStateError):
-                        await _close(producer)
-                        producer = None
-                    continue
-                if md.offset < 0:  # acks=0: sent, never acknowledged
-                    self.history.record(process, INFO, "send", value=value, error="acks=0")
-                    process += cfg.stride
-                else:
-                    self.history.record(
-                        process,
-                        OK,
-                        "send",
-                        value=value,
-                        partition=md.partition,
-                        offset=md.offset,
-                        extra={"leader_epoch": md.leader_epoch},
-                    )
-                if cfg.send_interval > 0:
-                    await asyncio.sleep(cfg.send_interval)
+            results = await asyncio.gather(*lanes, return_exceptions=True)
         finally:
-            if producer is not None:
-                await _close(producer)
+            for t in lanes:
+                t.cancel()
+            await asyncio.gather(*lanes, return_exceptions=True)
+            await slot.close()
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    async def _lane(self, slot: _ProducerSlot, process: int) -> None:
+        cfg = self.config
+        n = 0
+        while not self._producer_should_stop():
+            producer = await slot.get()
+            if producer is None:
+                continue
+            self._sends_left -= 1
+            value = f"p{process}-{n}"
+            n += 1
+            partition = slot.next_partition()
+            self.history.record(
+                process,
+                INVOKE,
+                "send",
+                value=value,
+                partition=partition,
+                extra={"session": slot.session},
+            )
+            try:
+                async with asyncio.timeout(cfg.request_timeout_ms / 1000 * 2):
+                    future = await producer.send(cfg.topic, value.encode(), partition=partition)
+            except Exception as exc:
+                # Not queued: nothing was sent.
+                self.history.record(process, FAIL, "send", value=value, error=_why(exc))
+                if not isinstance(exc, MinibrokerError | TimeoutError):
+                    log.exception("producer %s: send() failed unexpectedly", process)
+                if not isinstance(exc, MinibrokerError) or isinstance(exc, IllegalStateError):
+                    await slot.discard(producer)
+                continue
+            # asyncio.wait does not cancel the record's future on timeout: the client
+            # still owns it, and it may yet land (so the send is indeterminate).
+            await asyncio.wait({future}, timeout=cfg.ack_timeout)
+            if not future.done():
+                future.add_done_callback(_retrieve)
+                self.history.record(
+                    process,
+                    INFO,
+                    "send",
+                    value=value,
+                    error=f"no acknowledgement within {cfg.ack_timeout:g}s",
+                )
+                process += cfg.stride
+                continue
+            exc = asyncio.CancelledError() if future.cancelled() else future.exception()
+            if exc is not None:
+                # Failed after it was queued: it may have been written (info).
+                self.history.record(process, INFO, "send", value=value, error=_why(exc))
+                if not isinstance(exc, MinibrokerError):
+                    log.error("producer %s: a send failed unexpectedly: %s", process, _why(exc))
+                process += cfg.stride
+                if not isinstance(exc, MinibrokerError) or isinstance(exc, IllegalStateError):
+                    await slot.discard(producer)
+                continue
+            md = future.result()
+            if md.offset < 0:  # acks=0: sent, never acknowledged
+                self.history.record(process, INFO, "send", value=value, error="acks=0")
+                process += cfg.stride
+            else:
+                self.history.record(
+                    process,
+                    OK,
+                    "send",
+                    value=value,
+                    partition=md.partition,
+                    offset=md.offset,
+                    extra={"leader_epoch": md.leader_epoch},
+                )
+            if cfg.send_interval > 0:
+                await asyncio.sleep(cfg.send_interval)
 
     # -------------------------------------------------------------- consumers
 
@@ -290,7 +395,7 @@ class Workload:
 
     async def _consumer(self, worker: int) -> None:
         cfg = self.config
-        process = cfg.producers + worker
+        process = cfg.producer_processes + worker
         consumer: AsyncConsumer | None = None
         try:
             while not self._stop_consumers.is_set():
@@ -462,8 +567,68 @@ class Workload:
         return ends
 
 
-def producer_supports_idempotence() -> bool:
-    return "enable_idempotence" in inspect.signature(AsyncProducer).parameters
+class _ProducerSlot:
+    """A worker's producer, shared by its lanes: made on first use and again after it
+    failed for good, each time a new session recorded as a producer-start event."""
+
+    def __init__(self, workload: Workload, worker: int) -> None:
+        self.workload = workload
+        self.worker = worker
+        self.producer: AsyncProducer | None = None
+        self.session = -1
+        self._sent = 0
+        self._lock = asyncio.Lock()
+
+    def next_partition(self) -> int:
+        self._sent += 1
+        return (self.worker + self._sent) % self.workload.config.partitions
+
+    async def get(self) -> AsyncProducer | None:
+        """The producer (None: it cannot start yet; a pause was taken)."""
+        if self.producer is not None:
+            return self.producer
+        async with self._lock:
+            if self.producer is not None:
+                return self.producer
+            try:
+                producer = await self.workload._new_producer()
+            except (MinibrokerError, TimeoutError, OSError) as exc:
+                log.info("producer %d cannot start yet: %s", self.worker, exc)
+                await asyncio.sleep(0.5)
+                return None
+            self.session = self.workload.new_session()
+            self.producer = producer
+            cfg = self.workload.config
+            self.workload.history.record(
+                f"producer-{self.worker}",
+                OK,
+                PRODUCER_START,
+                extra={
+                    "session": self.session,
+                    "enable_idempotence": cfg.idempotent,
+                    "producer_id": producer.producer_id,
+                    "producer_epoch": producer.producer_epoch,
+                    "acks": cfg.acks,
+                },
+            )
+            return producer
+
+    async def discard(self, producer: AsyncProducer) -> None:
+        """Drop a producer that failed for good (once, whichever lane saw it)."""
+        if self.producer is producer:
+            self.producer = None
+            await _close(producer)
+
+    async def close(self) -> None:
+        if self.producer is not None:
+            producer, self.producer = self.producer, None
+            await _close(producer)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Consume an abandoned send's outcome (asyncio would log it as never retrieved)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _why(exc: BaseException) -> str:
