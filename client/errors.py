@@ -80,6 +80,16 @@ class KafkaTimeoutError(MinibrokerError):
     retriable = True
 
 
+class PossiblyWrittenError(KafkaTimeoutError):
+    """The producer gave up on a batch whose outcome it does not know: an earlier
+    attempt reached the leader and its answer was lost (or said the wait for the ISR
+    failed after the append), and the batch could not be resolved under its original
+    producer id, epoch and sequence before its delivery timeout (or the leader fenced
+    that epoch). Its records may or may not be in the log (librdkafka's "possibly
+    persisted"): read the partition to find out; sending them again may write them
+    twice."""
+
+
 class IllegalStateError(MinibrokerError):
     """The client was used in a way its state does not allow (closed, not started,
     partition not assigned)."""

@@ -30,10 +30,18 @@ and a sequenced batch that failed for good (a sequence gap) make the producer bu
 epoch: InitProducerId with its producer id and epoch returns the same id at the next
 epoch (a new id once the epochs run out, or from a broker that cannot bump). Each
 partition then moves to the new epoch on its own, once its in-flight batches are
-answered: a batch whose answer was lost is first resent under its old epoch and
-sequence (so the leader still recognises a duplicate), then the partition's
-unacknowledged batches are renumbered from 0 in queue order (never reordered). The
-leaders fence the old epoch (INVALID_PRODUCER_EPOCH) once they have seen the new one.
+answered and no batch that may have been written is left. A batch may have been
+written once an attempt's outcome is unknown: its answer was lost, or it was one that
+can follow the append (REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+NOT_LEADER_OR_FOLLOWER; `protocol.errors.PRODUCE_REFUSED_BEFORE_APPEND` lists the
+others). Such a batch is never renumbered: it is resent under its old epoch and
+sequence until the leader answers it (a duplicate: its original offset) or proves it
+absent with a sequence error, and when its delivery timeout expires first (or the
+leader fenced its epoch) it fails with PossiblyWrittenError ("may or may not have been
+written"; Kafka fails it with a TimeoutException, librdkafka as "possibly persisted").
+Then the partition's unacknowledged batches are renumbered from 0 in queue order
+(never reordered). The leaders fence the old epoch (INVALID_PRODUCER_EPOCH) once they
+have seen the new one.
 A broker that does not support InitProducerId (INVALID_REQUEST / UNSUPPORTED_VERSION)
 makes the producer fall back to non-idempotent delivery with a WARNING.
 
@@ -66,12 +74,13 @@ from client.errors import (
     KafkaTimeoutError,
     MessageSizeTooLargeError,
     MinibrokerError,
+    PossiblyWrittenError,
     UnknownTopicOrPartitionError,
     error_for,
 )
 from client.partitioner import DefaultPartitioner
 from client.types import Header, RecordMetadata, TopicPartition
-from protocol.errors import ErrorCode
+from protocol.errors import PRODUCE_REFUSED_BEFORE_APPEND, ErrorCode
 from protocol.messages import (
     InitProducerIdRequest,
     InitProducerIdResponse,
@@ -184,6 +193,7 @@ class _Batch:
         "facts",
         "is_full",
         "leader_epoch",
+        "maybe_written",
         "payload",
         "records",
         "retry_at",
@@ -208,6 +218,10 @@ class _Batch:
         self.is_full = False
         self.leader_epoch = -1
         self.base_sequence: int | None = None  # assigned when first sent (idempotence)
+        # An attempt reached a leader and its outcome is unknown (a lost answer, or an
+        # answer that may follow the append). Sticky: a later refusal says nothing about
+        # that attempt. Only a sequence error from the leader clears it (not in its log).
+        self.maybe_written = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @property
@@ -649,14 +663,12 @@ class AsyncProducer:
         for tp, queue in list(self._batches.items()):
             while queue and now - queue[0].created > delivery_timeout:
                 expired = queue.popleft()
-                self._fail(
-                    expired,
-                    KafkaTimeoutError(
-                        f"expiring {expired.record_count} record(s) for {tp}: "
-                        f"{self.delivery_timeout_ms} ms passed since the batch was created "
-                        f"({expired.attempts} attempts)"
-                    ),
+                why = (
+                    f"expiring {expired.record_count} record(s) for {tp}: "
+                    f"{self.delivery_timeout_ms} ms passed since the batch was created "
+                    f"({expired.attempts} attempts)"
                 )
+                self._fail(expired, self._give_up_error(expired, why))
             if self._need_bump or (self._idempotent and not self._on_current_epoch(tp, queue)):
                 continue
             limit = self.max_in_flight if self._idempotent else 1
@@ -731,22 +743,34 @@ class AsyncProducer:
 
     def _on_current_epoch(self, tp: TopicPartition, queue: deque[_Batch]) -> bool:
         """KIP-360: whether `tp` may send now. After an epoch bump a partition keeps its
-        old (producer id, epoch) until its in-flight batches are answered; a retry whose
-        outcome is unknown (a lost answer) goes again under its old numbers, so the
-        leader can still recognise it as a duplicate. Then the partition moves to the
-        current epoch at sequence 0, its refused batches renumbered in queue order
-        (never reordered)."""
+        old (producer id, epoch) until its in-flight batches are answered, and until no
+        batch that may have been written is left: such a batch is resent under its old
+        numbers, one at a time, so the leader recognises it as a duplicate (or proves,
+        with a sequence error, that it is not in its log), or it fails when its delivery
+        timeout expires (PossiblyWrittenError). A partition whose numbering did not
+        break resends all its old-epoch retries so. Then the partition moves to the
+        current epoch at sequence 0, its remaining batches renumbered in queue order
+        (never reordered). A batch behind one the leader proved unwritten is not in its
+        log either (a leader appends a producer's sequences only in order)."""
         current = (self._producer_id, self._producer_epoch)
         owner = self._seq_owner.get(tp)
         if owner is None or owner == current:
             return True
         if self._in_flight.get(tp):
             return False  # the answers decide what is resolved
-        if tp not in self._resets and queue and queue[0].base_sequence is not None:
+        head = queue[0] if queue else None
+        if (
+            head is not None
+            and head.base_sequence is not None
+            and (head.maybe_written or tp not in self._resets)
+        ):
             return True  # resolve the old epoch's retries first
+        if head is not None and head.maybe_written:
+            raise IllegalStateError(f"{tp}: renumbering a batch that may have been written")
         for batch in queue:
             batch.payload = None
             batch.base_sequence = None
+            batch.maybe_written = False  # behind the head: not in the leader's log either
         self._next_seq[tp] = 0
         self._seq_owner[tp] = current
         self._resets.discard(tp)
@@ -864,6 +888,9 @@ class AsyncProducer:
             response = await self._cluster.send(node, request)
         except MinibrokerError as exc:
             for batch in batches:
+                # The request may have reached the leader (or never left: the client
+                # cannot tell a refused connection from a lost answer here).
+                batch.maybe_written = True
                 self._retry_or_fail(batch, exc)
             return
         finally:
@@ -878,6 +905,8 @@ class AsyncProducer:
         answers = {(t.name, p.index): p for t in response.topics for p in t.partitions}
         for batch in batches:
             answer = answers.get(batch.tp)
+            if answer is None or answer.error_code not in PRODUCE_REFUSED_BEFORE_APPEND:
+                batch.maybe_written = True  # success and duplicates complete it below
             if answer is None:
                 self._retry_or_fail(
                     batch,
@@ -906,9 +935,19 @@ class AsyncProducer:
                 error = error_for(
                     answer.error_code, topic=batch.tp.topic, partition=batch.tp.partition
                 )
+                if answer.error_code == ErrorCode.INVALID_PRODUCER_EPOCH and batch.maybe_written:
+                    # The epoch this batch is numbered under is fenced: an earlier
+                    # attempt that may be in the log can no longer be found out.
+                    why = f"{batch.tp}: the leader fenced the epoch of this batch: {error}"
+                    self._fail(batch, self._give_up_error(batch, why, error))
+                    continue
                 if answer.error_code != ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER or (
                     not self._earlier_pending(batch)
                 ):
+                    if answer.error_code != ErrorCode.INVALID_PRODUCER_EPOCH:
+                        # The leader has no state for us, or expects another sequence:
+                        # no attempt of this batch is in its log.
+                        batch.maybe_written = False
                     log.warning(
                         "%s: %s for sequence %d (producer id %d epoch %d): bumping the "
                         "epoch and renumbering the partition's unacknowledged batches",
@@ -978,12 +1017,11 @@ class AsyncProducer:
             self._fail(batch, error)
             return
         if now + backoff >= deadline:
-            timeout = KafkaTimeoutError(
+            why = (
                 f"delivery_timeout_ms {self.delivery_timeout_ms} expired for {batch.tp} "
                 f"after {batch.attempts + 1} attempts; last error: {error}"
             )
-            timeout.__cause__ = error
-            self._fail(batch, timeout)
+            self._fail(batch, self._give_up_error(batch, why, error))
             return
         batch.attempts += 1
         batch.retry_at = now + backoff
@@ -999,6 +1037,25 @@ class AsyncProducer:
         self._requeue(batch)  # keeps the partition's order
         if error.invalid_metadata:
             self._cluster.request_refresh()
+
+    def _give_up_error(
+        self, batch: _Batch, why: str, cause: BaseException | None = None
+    ) -> KafkaTimeoutError:
+        """The error of a batch the producer stops trying: PossiblyWrittenError when an
+        attempt's outcome is unknown (never renumbered, so never written twice; but it
+        may be in the log once), KafkaTimeoutError when no attempt can have been
+        written."""
+        if batch.maybe_written:
+            error: KafkaTimeoutError = PossiblyWrittenError(
+                f"{why}; the outcome of an earlier attempt is unknown (its answer was lost, "
+                f"or the leader gave up waiting for the ISR after appending it): the "
+                f"{batch.record_count} record(s) may or may not have been written"
+            )
+            log.warning("%s", error)
+        else:
+            error = KafkaTimeoutError(why)
+        error.__cause__ = cause
+        return error
 
     def _complete(
         self, batch: _Batch, base_offset: int, log_append_time: int, log_start_offset: int

@@ -96,6 +96,30 @@ _RETRIABLE = frozenset(
 )
 
 
+# Produce answers a leader gives only before it appends a batch (broker/replica_manager.py
+# checks these first), so that attempt is not in its log. Every other answer may come
+# after the append: REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND and
+# NOT_LEADER_OR_FOLLOWER end a wait for the ISR, KAFKA_STORAGE_ERROR a failed write. A
+# producer must treat those, and a lost answer, as "the batch may have been written".
+PRODUCE_REFUSED_BEFORE_APPEND = frozenset(
+    {
+        ErrorCode.INVALID_REQUIRED_ACKS,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.CORRUPT_MESSAGE,
+        ErrorCode.INVALID_RECORD,
+        ErrorCode.MESSAGE_TOO_LARGE,
+        ErrorCode.RECORD_LIST_TOO_LARGE,
+        ErrorCode.INVALID_TIMESTAMP,
+        ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        ErrorCode.UNKNOWN_PRODUCER_ID,
+        ErrorCode.INVALID_PRODUCER_EPOCH,
+    }
+)
+
+
 class ProtocolError(Exception):
     """Base of every exception raised by the protocol package."""
 

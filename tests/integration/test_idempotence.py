@@ -26,6 +26,7 @@ import pytest
 from cluster import Cluster, TestClient
 
 from client import AsyncConsumer, AsyncProducer, RecordMetadata, TopicPartition
+from client.errors import PossiblyWrittenError
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -143,6 +144,18 @@ async def wait_partition(
                 pass
         await asyncio.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}; last {last}")
+
+
+async def leader_and_follower(cluster: Cluster, topic: str) -> tuple[int, int]:
+    """(leader, follower) of partition 0 of a topic on brokers 1 and 2, once both are in
+    its ISR."""
+    state = await wait_partition(
+        cluster,
+        lambda p: p.leader_id > 0 and len(p.isr_nodes) == 2,
+        what="ISR of 2",
+        topic=topic,
+    )
+    return state.leader_id, 3 - state.leader_id
 
 
 async def batches_on(address: tuple[str, int]) -> list[int]:
@@ -499,13 +512,7 @@ async def test_lost_producer_state_bumps_the_epoch_on_a_real_cluster(
         name=KIP360_TOPIC,
         configs={"min.insync.replicas": "1", "unclean.leader.election.enable": "true"},
     )
-    state = await wait_partition(
-        cluster,
-        lambda p: p.leader_id > 0 and len(p.isr_nodes) == 2,
-        what="ISR of 2",
-        topic=KIP360_TOPIC,
-    )
-    leader, follower = state.leader_id, 3 - state.leader_id
+    leader, follower = await leader_and_follower(cluster, KIP360_TOPIC)
     assert cluster.brokers[follower].terminate() == 0
     await wait_partition(
         cluster, lambda p: list(p.isr_nodes) == [leader], what="ISR [leader]", topic=KIP360_TOPIC
@@ -557,3 +564,89 @@ async def test_lost_producer_state_bumps_the_epoch_on_a_real_cluster(
         log = await client.call(DescribeReplicaLogRequest(topic=KIP360_TOPIC, partition=0))
     assert isinstance(log, DescribeReplicaLogResponse)
     assert log.log_end_offset == 3 and log.batches[-1].last_offset == 2  # nothing else
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 13 (found by the chaos suite): a batch whose outcome is unknown when the epoch is
+# bumped must not be renumbered, or the leader cannot recognise it and writes it twice.
+
+IN_DOUBT_TOPIC = "in-doubt"
+
+
+async def hold_fetches_from(cluster: Cluster, leader: int, follower: int) -> None:
+    """The leader parks every Fetch of `follower` (until cleared): its high watermark
+    stops, so acks=all Produce requests are appended but not acknowledged."""
+    async with TestClient(*cluster.brokers[leader].address) as admin:
+        resp = await admin.call(
+            FaultControlRequest(
+                add_rules=[FaultRule(api_key=int(ApiKey.FETCH), action="hold", peer_id=follower)]
+            )
+        )
+    assert isinstance(resp, FaultControlResponse) and resp.error_code == 0, resp
+
+
+async def clear_faults(cluster: Cluster, node: int) -> None:
+    async with TestClient(*cluster.brokers[node].address) as admin:
+        resp = await admin.call(FaultControlRequest(clear=True))
+    assert isinstance(resp, FaultControlResponse) and resp.error_code == 0, resp
+
+
+async def test_batch_in_doubt_is_not_written_twice_after_an_epoch_bump(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Invariant: idempotent delivery across a KIP-360 epoch bump. RF 2, min ISR 2, the
+    follower's fetches held at the leader. Batch b, then 2 s later batch a (sequences 1
+    and 2) are appended by the leader and wait for the ISR; the follower drops out of
+    it, so both are answered NOT_ENOUGH_REPLICAS_AFTER_APPEND: written, but the producer
+    cannot know. b's retries are refused (NOT_ENOUGH_REPLICAS) until its delivery
+    timeout expires, a sequence gap: the producer bumps its epoch. Then the follower is
+    let go and the ISR heals. a must be resent under its old epoch and sequence (the
+    leader answers with the offset it already has), not renumbered under the new epoch
+    (which wrote it twice); b fails with PossiblyWrittenError (it is in the log)."""
+    caplog.set_level(logging.INFO, logger="client.producer")
+    cluster.start_controller(session_timeout_ms=2000)
+    for node in (1, 2):
+        cluster.start_broker(node, "--enable-test-faults", "--replica-lag-time-max-ms", "3000")
+    await create_topic(cluster.brokers[1].address, 2, name=IN_DOUBT_TOPIC)
+    leader, follower = await leader_and_follower(cluster, IN_DOUBT_TOPIC)
+    bootstrap = ",".join(f"{h}:{p}" for h, p in (b.address for b in cluster.brokers.values()))
+    async with AsyncProducer(
+        bootstrap,
+        linger_ms=0,
+        retry_backoff_ms=50,
+        retry_backoff_max_ms=200,
+        request_timeout_ms=15_000,  # the leader answers when the ISR shrinks, not before
+        delivery_timeout_ms=8_000,
+    ) as producer:
+        assert (await producer.send_and_wait(IN_DOUBT_TOPIC, b"v0", partition=0)).offset == 0
+        await hold_fetches_from(cluster, leader, follower)
+        b = await producer.send(IN_DOUBT_TOPIC, b"b", partition=0)
+        await asyncio.sleep(2.0)  # a outlives b's delivery timeout by 2 s
+        assert not b.done()  # b's first attempt still waits for the ISR
+        a = await producer.send(IN_DOUBT_TOPIC, b"a", partition=0)
+        await asyncio.wait([b], timeout=20)
+        assert b.done() and not a.done()
+        await clear_faults(cluster, leader)  # the follower catches up, the ISR heals
+        outcomes = await asyncio.wait_for(asyncio.gather(b, a, return_exceptions=True), 20)
+        c = await producer.send_and_wait(IN_DOUBT_TOPIC, b"c", partition=0)
+        assert producer.producer_epoch == 1
+    assert "NOT_ENOUGH_REPLICAS_AFTER_APPEND" in caplog.text  # both were in doubt
+    assert "bumped from epoch 0" in caplog.text
+
+    # Read the partition back from offset 0.
+    tp = TopicPartition(IN_DOUBT_TOPIC, 0)
+    values: list[bytes | None] = []
+    async with AsyncConsumer(bootstrap, auto_offset_reset="none") as consumer:
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        consumer.seek(tp, 0)
+        deadline = time.monotonic() + 20
+        while len(values) < end:
+            assert time.monotonic() < deadline, f"read {values} of {end} records"
+            for records in (await consumer.poll(timeout_ms=500)).values():
+                values += [r.value for r in records]
+    assert values == [b"v0", b"b", b"a", b"c"]  # a once
+    b_outcome, a_outcome = outcomes
+    assert isinstance(b_outcome, PossiblyWrittenError), b_outcome
+    assert isinstance(a_outcome, RecordMetadata) and a_outcome.offset == 2, a_outcome
+    assert c.offset == 3

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import pytest
 from client_fakes import DROP_CONNECTION, FakeBroker
 
+from client.errors import KafkaTimeoutError, PossiblyWrittenError
 from client.producer import AsyncProducer
-from client.types import TopicPartition
+from client.types import RecordMetadata, TopicPartition
 from protocol.errors import ErrorCode
 from protocol.messages import (
     InitProducerIdRequest,
@@ -114,7 +116,12 @@ async def test_retry_order_with_pipelined_batches(broker: FakeBroker) -> None:
     headers = sent_headers(broker)
     # Pipelined: several batches went out before the first one's answer.
     assert len(headers) > 8
-    assert max(h.base_sequence for h in headers) == 7
+    # The leader did not know the producer yet, so the later batches were refused
+    # UNKNOWN_PRODUCER_ID (an epoch bump). The first one's NOT_LEADER_OR_FOLLOWER may
+    # follow an append, so it was resent under its old numbers; the other seven were
+    # renumbered 0..6 under epoch 1, none skipped.
+    assert [(h.producer_epoch, h.base_sequence) for h in headers].count((0, 0)) == 2
+    assert {h.base_sequence for h in headers if h.producer_epoch == 1} == set(range(7))
 
 
 async def test_lost_producer_state_bumps_the_epoch(
@@ -260,3 +267,135 @@ async def test_old_epoch_retry_resolves_before_the_partition_moves(broker: FakeB
     p1 = [(h.producer_epoch, h.base_sequence) for h in sent_headers(broker, 1)]
     assert p1[0] == (0, 0) and p1[-1] == (1, 0), p1
     assert set(p1[1:-1]) == {(0, 1)}, p1  # the lost one, resent under its old numbers
+
+
+def refuse_partition_0(body: ProduceRequest, code: ErrorCode) -> ProduceResponse:
+    """Every batch for partition 0 refused with `code` before any append."""
+    return ProduceResponse(
+        topics=[
+            ProduceTopicResponse(
+                name=t.name,
+                partitions=[ProducePartitionResponse(index=p.index, error_code=code)],
+            )
+            for t in body.topics
+            for p in t.partitions
+        ]
+    )
+
+
+async def test_batch_in_doubt_is_not_renumbered_when_another_expires(broker: FakeBroker) -> None:
+    """Invariant: a batch the leader may have written is never written again under a new
+    epoch (issue 13, found by the chaos suite). Batches b (sequence 1) and a (sequence 2)
+    are both appended and both answers are lost; b's retries are refused until its
+    delivery timeout expires, a sequence gap that makes the producer bump its epoch. a
+    is resent under its old epoch and sequence, so the leader answers with the offset
+    it already has; renumbering it under the new epoch wrote it twice. b's future says
+    its records may or may not have been written (they were)."""
+    state = {"phase": "serve", "appended": 0}
+    release = asyncio.Event()
+
+    async def script(body: ProduceRequest) -> object:
+        if state["phase"] == "lose":
+            broker.produce(body)  # appended...
+            state["appended"] += 1
+            await release.wait()
+            return DROP_CONNECTION  # ...and the answer lost
+        if state["phase"] == "refuse":
+            return refuse_partition_0(body, ErrorCode.NOT_ENOUGH_REPLICAS)
+        return None
+
+    def bump(body: InitProducerIdRequest) -> None:
+        if body.producer_id >= 0:
+            state["phase"] = "serve"  # the cluster heals as b expires
+        return None
+
+    async def until(condition: Callable[[], bool]) -> None:
+        for _ in range(500):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the scripted broker never got there")
+
+    broker.overrides[ProduceRequest] = script
+    broker.overrides[InitProducerIdRequest] = bump
+    async with AsyncProducer(
+        broker.address,
+        linger_ms=0,
+        batch_size=1,
+        retry_backoff_ms=5,
+        retry_backoff_max_ms=20,
+        request_timeout_ms=10_000,
+        delivery_timeout_ms=2_000,
+    ) as producer:
+        assert (await producer.send_and_wait("t", b"v0", partition=0)).offset == 0
+        state["phase"] = "lose"
+        b = await producer.send("t", b"b", partition=0)
+        await until(lambda: state["appended"] == 1)
+        await asyncio.sleep(0.5)  # a is younger: it outlives b's delivery timeout
+        a = await producer.send("t", b"a", partition=0)
+        await until(lambda: state["appended"] == 2)
+        state["phase"] = "refuse"
+        release.set()
+        b_outcome, a_outcome = await asyncio.gather(b, a, return_exceptions=True)
+        await producer.send_and_wait("t", b"c", partition=0)
+        assert producer.producer_epoch == 1
+    assert log_values(broker) == [b"v0", b"b", b"a", b"c"]  # a once
+    assert isinstance(b_outcome, PossiblyWrittenError), b_outcome
+    assert "may or may not have been written" in str(b_outcome)
+    assert isinstance(a_outcome, RecordMetadata) and a_outcome.offset == 2  # its only copy
+    numbers = [(h.producer_epoch, h.base_sequence) for h in sent_headers(broker)]
+    assert numbers.count((0, 2)) == 2, numbers  # a: first attempt, and resent as it was
+    assert [n for n in numbers if n[0] == 1] == [(1, 0)], numbers  # only c at epoch 1
+
+
+async def test_batch_in_doubt_fails_as_possibly_written_when_its_epoch_is_fenced(
+    broker: FakeBroker,
+) -> None:
+    """Invariant: a batch the leader may have written is never renumbered. Its answer is
+    lost, and its resend is refused INVALID_PRODUCER_EPOCH (the leader has seen a newer
+    epoch of this producer id, whatever the reason): its old numbers can no longer be
+    resolved, so it fails at once with PossiblyWrittenError instead of being written
+    again under the next epoch."""
+    script_state = {"drop": True}
+
+    def script(body: ProduceRequest) -> object:
+        if script_state["drop"]:
+            script_state["drop"] = False
+            broker.produce(body)  # appended...
+            return DROP_CONNECTION  # ...the answer lost
+        if producer.producer_epoch == 0:
+            return refuse_partition_0(body, ErrorCode.INVALID_PRODUCER_EPOCH)
+        return None
+
+    async with AsyncProducer(
+        broker.address, linger_ms=0, retry_backoff_ms=5, delivery_timeout_ms=10_000
+    ) as producer:
+        await producer.send_and_wait("t", b"v0", partition=0)
+        broker.overrides[ProduceRequest] = script
+        (v1,) = await asyncio.gather(
+            await producer.send("t", b"v1", partition=0), return_exceptions=True
+        )
+        v2 = await producer.send_and_wait("t", b"v2", partition=0)
+        assert producer.producer_epoch == 1
+    assert log_values(broker) == [b"v0", b"v1", b"v2"]  # v1 once
+    assert v2.offset == 2
+    assert isinstance(v1, PossiblyWrittenError), v1
+    assert "fenced the epoch" in str(v1) and "may or may not have been written" in str(v1)
+
+
+async def test_a_batch_refused_until_its_delivery_timeout_is_not_called_possibly_written(
+    broker: FakeBroker,
+) -> None:
+    """The other side of the rule: every attempt refused before the append (here
+    NOT_ENOUGH_REPLICAS) means nothing was written, and the future says so with a plain
+    KafkaTimeoutError."""
+    broker.overrides[ProduceRequest] = lambda body: refuse_partition_0(
+        body, ErrorCode.NOT_ENOUGH_REPLICAS
+    )
+    async with AsyncProducer(
+        broker.address, linger_ms=0, retry_backoff_ms=5, delivery_timeout_ms=500
+    ) as producer:
+        with pytest.raises(KafkaTimeoutError, match="NOT_ENOUGH_REPLICAS") as raised:
+            await producer.send_and_wait("t", b"v0", partition=0)
+    assert not isinstance(raised.value, PossiblyWrittenError)
+    assert log_values(broker) == []
