@@ -11,6 +11,7 @@ from client.errors import (
     LogTruncationError,
     MinibrokerError,
     OffsetOutOfRangeError,
+    PossiblyWrittenError,
     UnknownLeaderEpochError,
 )
 from client.producer import AsyncProducer
@@ -38,6 +39,7 @@ __all__ = [
     "OffsetAndMetadata",
     "OffsetAndTimestamp",
     "OffsetOutOfRangeError",
+    "PossiblyWrittenError",
     "Producer",
     "RecordMetadata",
     "TopicPartition",
