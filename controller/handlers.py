@@ -115,6 +115,17 @@ FOREIGN_CLUSTER_LOG_INTERVAL_S = 300.0
 MAX_FOREIGN_CLUSTERS = 16
 
 
+def registers_without_data(request: BrokerRegistrationRequest) -> bool:
+    """The registering broker's data directory holds no data of this cluster: it names
+    no cluster id because its meta.properties was absent (a first start, or a data
+    directory lost, replaced or wiped). A broker writes the cluster id there right after
+    its first accepted registration, before it creates any replica, and every later
+    registration of the same process names it (broker/server.py,
+    broker/controller_channel.py); so a broker this controller already knows that
+    registers without one has lost every replica it had."""
+    return not request.cluster_id
+
+
 def _tp(image: MetadataImage, record: PartitionRecord) -> str:
     topic = image.topics.get(record.topic_id)
     return f"{topic.name if topic else record.topic_id}-{record.partition_id}"
@@ -192,11 +203,18 @@ class ControllerHandlers:
     # ------------------------------------------------------------------ shared rules
 
     def _broker_gone_records(
-        self, image: MetadataImage, gone: set[int], why: str, *, keep_in_isr: bool = False
+        self,
+        image: MetadataImage,
+        gone: set[int],
+        why: str,
+        *,
+        keep_in_isr: bool = False,
+        data_lost: bool = False,
     ) -> list[MetadataRecord]:
         """Partition changes for brokers that go away (fenced, shutting down, replaced
         by a new incarnation): out of the ISRs (unless `keep_in_isr`, a test-only
-        switch), leaderships moved (election.py)."""
+        switch; with `data_lost`, out of every ISR, the last member included),
+        leaderships moved (election.py)."""
 
         def usable(broker_id: int) -> bool:
             return broker_id not in gone and image.is_unfenced(broker_id)
@@ -209,7 +227,12 @@ class ControllerHandlers:
             current = partition
             for broker_id in sorted(gone):
                 changed = remove_broker(
-                    current, broker_id, usable, unclean_allowed=unclean, keep_in_isr=keep_in_isr
+                    current,
+                    broker_id,
+                    usable,
+                    unclean_allowed=unclean,
+                    keep_in_isr=keep_in_isr,
+                    data_lost=data_lost,
                 )
                 if changed is not None:
                     current = changed
@@ -341,6 +364,12 @@ class ControllerHandlers:
                 error_code=int(code), error_message=message, cluster_id=self.cluster_id
             )
 
+        # Partitions whose last in-sync replica this registration concerns: left with an
+        # empty ISR (the broker lost its data), or kept as the last member (it restarted
+        # with its data after an unclean shutdown). Logged once the records are durable.
+        stranded: list[str] = []
+        last_member_unclean: list[str] = []
+
         def build(image: MetadataImage) -> tuple[list[MetadataRecord], Any]:
             if request.cluster_id and request.cluster_id != self.cluster_id:
                 return [], self._refuse_foreign_cluster(request.broker_id, request.cluster_id)
@@ -364,7 +393,9 @@ class ControllerHandlers:
             records: list[MetadataRecord] = []
             if existing is not None:
                 # The previous incarnation is gone: handle it like a fencing, so its
-                # leaderships move (leader epochs bumped) and it leaves the ISRs.
+                # leaderships move (leader epochs bumped) and it leaves the ISRs; every
+                # ISR, the last member included, when its data is gone.
+                data_lost = registers_without_data(request)
                 if not existing.fenced:
                     records.append(
                         FenceBrokerRecord(
@@ -378,15 +409,31 @@ class ControllerHandlers:
                         "(--unsafe-keep-restarted-replicas-in-isr)",
                         existing.broker_id,
                     )
-                records.extend(
-                    self._broker_gone_records(
-                        image,
-                        {existing.broker_id},
-                        f"broker {existing.broker_id} epoch {existing.broker_epoch} replaced "
-                        "by a new incarnation",
-                        keep_in_isr=keep,
-                    )
+                why = (
+                    f"broker {existing.broker_id} epoch {existing.broker_epoch} replaced by a "
+                    f"new incarnation{' with an EMPTY data directory' if data_lost else ''}"
                 )
+                changes = self._broker_gone_records(
+                    image,
+                    {existing.broker_id},
+                    why,
+                    keep_in_isr=keep,
+                    data_lost=data_lost,
+                )
+                records.extend(changes)
+                changed = {
+                    (r.topic_id, r.partition_id): r
+                    for r in changes
+                    if isinstance(r, PartitionRecord)
+                }
+                stranded[:] = [_tp(image, r) for r in changed.values() if not r.isr]
+                if not data_lost and not request.clean_shutdown:
+                    last_member_unclean[:] = [
+                        _tp(image, now)
+                        for _, p in image.partitions()
+                        if (now := changed.get((p.topic_id, p.partition_id), p)).isr
+                        == [existing.broker_id]
+                    ]
             epoch = image.next_offset + len(records)
             records.append(
                 RegisterBrokerRecord(
@@ -423,15 +470,45 @@ class ControllerHandlers:
         elif previous != epoch:
             log.info(
                 "registered broker %d at epoch %d replacing epoch %d (incarnation %s, %s, "
-                "clean shutdown %s)",
+                "clean shutdown %s%s)",
                 request.broker_id,
                 epoch,
                 previous,
                 request.incarnation_id,
                 listeners,
                 request.clean_shutdown,
+                ", EMPTY data directory" if registers_without_data(request) else "",
             )
+            self._warn_last_in_sync(request.broker_id, stranded, last_member_unclean)
         return BrokerRegistrationResponse(broker_epoch=epoch, cluster_id=self.cluster_id)
+
+    def _warn_last_in_sync(
+        self, broker_id: int, stranded: list[str], last_member_unclean: list[str]
+    ) -> None:
+        """What a re-registration did to partitions whose last in-sync replica it was,
+        and what an operator can do."""
+        if stranded:
+            log.warning(
+                "broker %d came back with an EMPTY data directory (its disk was lost, "
+                "replaced or wiped) and was the last in-sync replica of %s: it left their "
+                "ISRs, which are now empty, so they have no leader (it is never elected "
+                "with an empty log). Their records are kept on their other replicas, none "
+                "of which is known to hold every acknowledged record. Only an unclean "
+                "election of one of them serves them again, accepting the loss of any "
+                "acknowledged record it lacks (a topic with unclean.leader.election.enable "
+                "gets one at once)",
+                broker_id,
+                ", ".join(stranded),
+            )
+        if last_member_unclean:
+            log.warning(
+                "broker %d restarted after an unclean shutdown and is still the last "
+                "in-sync replica of %s: it leads them again with what its log kept. A "
+                "crashed process loses nothing written; if its host crashed, records it "
+                "had not flushed (flush.messages, flush.ms) are lost on every replica",
+                broker_id,
+                ", ".join(last_member_unclean),
+            )
 
     def _refuse_foreign_cluster(
         self, broker_id: int, cluster_id: str

@@ -323,7 +323,10 @@ class Listener(Message, kw_only=True):
 
 class BrokerRegistrationRequest(Message, kw_only=True):
     broker_id: int
-    cluster_id: str | None = None  # None on a broker's first ever start
+    # The cluster id in the broker's meta.properties; None when it has none (a first
+    # start, or a data directory lost or wiped): then the directory holds no replica,
+    # and a controller that knew the broker takes it out of every ISR.
+    cluster_id: str | None = None
     incarnation_id: str  # new for every process start
     listeners: list[Listener]
     rack: str | None = None

@@ -31,6 +31,7 @@ from protocol.messages import (
 from protocol.metadata_records import PartitionRecord
 
 CLUSTER_ID = "test-cluster-id"
+AS_A_BROKER = "<as a broker would>"
 
 
 class FakeClock:
@@ -101,8 +102,19 @@ class Harness:
         self.sessions.observe()
 
     async def register(
-        self, broker_id: int, *, new_incarnation: bool = True, cluster_id: str | None = None
+        self,
+        broker_id: int,
+        *,
+        new_incarnation: bool = True,
+        cluster_id: str | None = AS_A_BROKER,
+        empty_disk: bool = False,
     ) -> BrokerRegistrationResponse:
+        """As a real broker registers: without a cluster id the first time, naming it
+        afterwards (its meta.properties holds it), without one again when `empty_disk`
+        (its data directory was lost); or with the `cluster_id` given."""
+        if cluster_id == AS_A_BROKER:
+            first = broker_id not in self.incarnations
+            cluster_id = None if first or empty_disk else CLUSTER_ID
         if new_incarnation or broker_id not in self.incarnations:
             self.incarnations[broker_id] = uuid.uuid4().hex
         return await self.handlers.broker_registration(

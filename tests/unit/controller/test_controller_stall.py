@@ -1,4 +1,5 @@
-"""A controller stall fences nobody (controller/liveness.py); issue 13.
+"""A controller stall fences nobody (controller/liveness.py), and a broker that lost its
+data is never counted in sync (controller/handlers.py, election.py); issue 13.
 
 Sessions run on an injected clock: `h.run_for(s)` is the controller running (its
 liveness loop notes the time every check interval), a bare `clock.advance(s)` is the
@@ -7,7 +8,10 @@ controller not running for `s` (SIGSTOP, a pause, a blocked loop).
 
 from __future__ import annotations
 
+import logging
+
 from controller.liveness import BrokerSessions
+from protocol.metadata_records import LEADER_RECOVERING, NO_LEADER
 
 
 class Clock:
@@ -109,3 +113,71 @@ async def test_a_stall_longer_than_the_session_fences_no_broker(harness) -> None
     assert [b for b in (1, 2, 3) if h.image.brokers[b].fenced] == [1]
     after = h.partition("t")
     assert (after.leader, after.isr) == (2, [2, 3])
+
+
+async def _last_in_sync_is_1(h) -> dict[int, int]:
+    """Brokers 1, 2, 3; every session runs out at once (the controller cut off from
+    the brokers, say): the ISR of t-0 keeps only its leader, 1. Then 2 and 3 come back
+    (unfenced, out of the ISR, with the data). Returns the broker epochs."""
+    epochs = {b: await h.start_broker(b) for b in (1, 2, 3)}
+    await h.create_assigned("t", [[1, 2, 3]], configs={"min.insync.replicas": "2"})
+    await h.create_assigned("u", [[1, 2, 3]], configs={"unclean.leader.election.enable": "true"})
+    h.run_for(h.config.session_timeout_s + 1)
+    assert await h.handlers.fence_expired_brokers() == [1, 2, 3]
+    for b in (2, 3):
+        assert not (await h.heartbeat(b, epochs[b])).is_fenced
+    p = h.partition("t")
+    assert (p.leader, p.isr) == (NO_LEADER, [1])
+    return epochs
+
+
+async def test_a_last_in_sync_replica_back_with_an_empty_disk_is_not_elected(
+    harness, caplog
+) -> None:
+    h = harness
+    await _last_in_sync_is_1(h)
+    before = h.partition("t")
+    with caplog.at_level(logging.WARNING, logger="controller.handlers"):
+        r = await h.register(1, empty_disk=True)
+    assert r.error_code == 0
+    p = h.partition("t")
+    assert (p.leader, p.isr) == (NO_LEADER, [])
+    assert p.partition_epoch == before.partition_epoch + 1
+    assert "was the last in-sync replica of t-0" in caplog.text
+    # Caught up on metadata and unfenced: still nobody is elected cleanly.
+    assert not (await h.heartbeat(1, r.broker_epoch)).is_fenced
+    p = h.partition("t")
+    assert (p.leader, p.isr) == (NO_LEADER, [])
+    assert h.handlers.unclean_elections == 1  # only u-0's, below
+    # A topic that allows unclean elections gets one at once, from the replicas that
+    # kept their data (the empty one is not usable yet while it registers).
+    u = h.partition("u")
+    assert (u.leader, u.isr, u.leader_recovery_state) == (2, [2], LEADER_RECOVERING)
+
+
+async def test_a_last_in_sync_replica_back_with_its_data_leads_again(harness, caplog) -> None:
+    """The unclean-shutdown case stays as it was (controller/election.py says why),
+    with a warning."""
+    h = harness
+    await _last_in_sync_is_1(h)
+    with caplog.at_level(logging.WARNING, logger="controller.handlers"):
+        r = await h.register(1)  # its meta.properties names the cluster: data kept
+    assert "restarted after an unclean shutdown and is still the last in-sync replica" in (
+        caplog.text
+    )
+    assert h.partition("t").isr == [1]
+    assert not (await h.heartbeat(1, r.broker_epoch)).is_fenced
+    p = h.partition("t")
+    assert (p.leader, p.isr) == (1, [1])
+
+
+async def test_an_empty_disk_leaves_every_isr_and_its_leaderships(harness) -> None:
+    h = harness
+    await h.start_broker(1)
+    await h.start_broker(2)
+    await h.create_assigned("t", [[1, 2], [2, 1]])
+    r = await h.register(1, empty_disk=True)
+    assert r.error_code == 0
+    t0, t1 = h.partition("t", 0), h.partition("t", 1)
+    assert (t0.leader, t0.isr) == (2, [2])
+    assert (t1.leader, t1.isr) == (2, [2])
