@@ -20,7 +20,8 @@ PartitionRecord with the epochs bumped) or None when nothing changes. Rules:
   directory) leaves every ISR, the last member included: an empty replica is never
   in sync. The ISR may become empty; then no election is clean, and the partition
   stays leaderless (its records kept on the out-of-sync replicas) until an unclean
-  election is allowed, which picks a usable replica outside the ISR.
+  election is allowed (the topic's config, or an operator's ElectLeaders), which picks
+  a usable replica outside the ISR, one known to have lost its data last.
 
 A replica that restarted after an unclean shutdown with its data is not treated so:
 as the last ISR member it stays and leads again. A crashed process loses nothing that
@@ -32,7 +33,7 @@ ISR on every unclean restart would leave the partition offline after every SIGKI
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import NamedTuple
 
 from protocol.metadata_records import (
@@ -50,15 +51,22 @@ class Election(NamedTuple):
 
 
 def elect_leader(
-    replicas: list[int], isr: list[int], is_usable: IsUsable, *, unclean_allowed: bool
+    replicas: list[int],
+    isr: list[int],
+    is_usable: IsUsable,
+    *,
+    unclean_allowed: bool,
+    last_resort: Container[int] = (),
 ) -> Election:
+    """`last_resort`: brokers known to have lost their data (registered with an empty
+    data directory); an unclean election takes them only when nobody else is usable."""
     for broker in replicas:
         if broker in isr and is_usable(broker):
             return Election(broker, False)
     if unclean_allowed:
-        for broker in replicas:
-            if broker not in isr and is_usable(broker):
-                return Election(broker, True)
+        outside = [b for b in replicas if b not in isr and is_usable(b)]
+        if outside:  # the first in replica order, the last resort after the others
+            return Election(min(outside, key=lambda b: b in last_resort), True)
     return Election(NO_LEADER, False)
 
 
@@ -99,6 +107,7 @@ def remove_broker(
     unclean_allowed: bool,
     keep_in_isr: bool = False,
     data_lost: bool = False,
+    last_resort: Container[int] = (),
 ) -> PartitionRecord | None:
     """`broker_id` is going away (fenced, shutting down, or its incarnation replaced):
     take it out of the ISR (unless it is the last member, or `keep_in_isr`, test only)
@@ -113,7 +122,11 @@ def remove_broker(
     emptied_leaderless = drop and not others and partition.leader == NO_LEADER
     if partition.leader == broker_id or emptied_leaderless:
         election = elect_leader(
-            partition.replicas, others, is_usable, unclean_allowed=unclean_allowed
+            partition.replicas,
+            others,
+            is_usable,
+            unclean_allowed=unclean_allowed,
+            last_resort=last_resort,
         )
         if election.leader == NO_LEADER:
             # Nobody can lead: keep the ISR (the broker may well be its last member)
@@ -137,7 +150,11 @@ def remove_broker(
 
 
 def elect_if_leaderless(
-    partition: PartitionRecord, is_usable: IsUsable, *, unclean_allowed: bool
+    partition: PartitionRecord,
+    is_usable: IsUsable,
+    *,
+    unclean_allowed: bool,
+    last_resort: Container[int] = (),
 ) -> tuple[PartitionRecord | None, bool]:
     """Elect a leader for a partition that has none (after a broker came back); with an
     empty ISR only an unclean election can. Returns (new state or None, whether the
@@ -145,7 +162,11 @@ def elect_if_leaderless(
     if partition.leader != NO_LEADER:
         return None, False
     election = elect_leader(
-        partition.replicas, partition.isr, is_usable, unclean_allowed=unclean_allowed
+        partition.replicas,
+        partition.isr,
+        is_usable,
+        unclean_allowed=unclean_allowed,
+        last_resort=last_resort,
     )
     if election.leader == NO_LEADER:
         return None, False

@@ -32,7 +32,7 @@ from controller.topic_validation import (
     validate_topic_configs,
     validate_topic_name,
 )
-from protocol.api import ApiKey
+from protocol.api import ELECTION_UNCLEAN, ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import (
     API_SPECS,
@@ -60,6 +60,9 @@ from protocol.messages import (
     DescribeClusterBroker,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    ElectLeadersRequest,
+    ElectLeadersResponse,
+    ElectLeadersResult,
     FaultControlRequest,
     FaultControlResponse,
     FetchMetadataRequest,
@@ -104,6 +107,7 @@ CONTROLLER_APIS = (
     ApiKey.BROKER_HEARTBEAT,
     ApiKey.FETCH_METADATA,
     ApiKey.ALLOCATE_PRODUCER_IDS,
+    ApiKey.ELECT_LEADERS,
 )
 
 # Producer ids handed to a broker per AllocateProducerIds (Kafka's block size).
@@ -162,6 +166,11 @@ class ControllerHandlers:
         # (broker id, broker epoch) of brokers in controlled shutdown: never unfenced
         # again in that epoch. One entry per broker at most (dropped on re-registration).
         self.shutting_down: set[tuple[int, int]] = set()
+        # broker id -> broker epoch of a known broker's registration with an empty data
+        # directory (its disk was lost): an unclean election takes its replicas last.
+        # One entry per broker at most (dropped at its next registration); not kept
+        # across controller restarts.
+        self.lost_data_at_registration: dict[int, int] = {}
         self.unclean_elections = 0
         self.handlers: dict[int, Handler] = {
             ApiKey.API_VERSIONS: self.api_versions,
@@ -174,6 +183,7 @@ class ControllerHandlers:
             ApiKey.BROKER_HEARTBEAT: self.broker_heartbeat,
             ApiKey.FETCH_METADATA: self.fetch_metadata,
             ApiKey.ALLOCATE_PRODUCER_IDS: self.allocate_producer_ids,
+            ApiKey.ELECT_LEADERS: self.elect_leaders,
         }
         if self.faults.enabled:
             self.handlers[ApiKey.FAULT_CONTROL] = self.fault_control
@@ -219,6 +229,7 @@ class ControllerHandlers:
         def usable(broker_id: int) -> bool:
             return broker_id not in gone and image.is_unfenced(broker_id)
 
+        lost = self._lost_data(image)
         out: list[MetadataRecord] = []
         for topic, partition in image.partitions():
             if not gone.intersection(partition.replicas):
@@ -233,6 +244,7 @@ class ControllerHandlers:
                     unclean_allowed=unclean,
                     keep_in_isr=keep_in_isr,
                     data_lost=data_lost,
+                    last_resort=lost,
                 )
                 if changed is not None:
                     current = changed
@@ -311,12 +323,23 @@ class ControllerHandlers:
             if partition.leader != NO_LEADER:
                 continue
             changed, _unclean = elect_if_leaderless(
-                partition, usable, unclean_allowed=unclean_election_enabled(topic.configs)
+                partition,
+                usable,
+                unclean_allowed=unclean_election_enabled(topic.configs),
+                last_resort=self._lost_data(image),
             )
             if changed is not None:
                 self._log_partition_change(image, partition, changed, f"broker {broker_id} back")
                 out.append(changed)
         return out
+
+    def _lost_data(self, image: MetadataImage) -> set[int]:
+        """Brokers whose current incarnation came back with an empty data directory."""
+        return {
+            broker_id
+            for broker_id, epoch in self.lost_data_at_registration.items()
+            if (broker := image.brokers.get(broker_id)) is not None and broker.broker_epoch == epoch
+        }
 
     def _placeable_brokers(self, image: MetadataImage) -> list[int]:
         """Brokers that may get new replicas: unfenced, not shutting down, and heard
@@ -456,6 +479,10 @@ class ControllerHandlers:
             return result
         epoch, previous = result
         self.sessions.touch(request.broker_id, epoch)
+        if previous is not None and registers_without_data(request):
+            self.lost_data_at_registration[request.broker_id] = epoch
+        else:
+            self.lost_data_at_registration.pop(request.broker_id, None)
         self.shutting_down = {k for k in self.shutting_down if k[0] != request.broker_id}
         listeners = ",".join(f"{li.name}://{li.host}:{li.port}" for li in request.listeners)
         if previous is None:
@@ -495,8 +522,10 @@ class ControllerHandlers:
                 "with an empty log). Their records are kept on their other replicas, none "
                 "of which is known to hold every acknowledged record. Only an unclean "
                 "election of one of them serves them again, accepting the loss of any "
-                "acknowledged record it lacks (a topic with unclean.leader.election.enable "
-                "gets one at once)",
+                "acknowledged record it lacks: minibroker topic elect-leader TOPIC -p "
+                "PARTITION --unclean [--replica ID] (compare the replicas first with "
+                "minibroker debug replica-log); a topic with unclean.leader.election.enable "
+                "gets one at once",
                 broker_id,
                 ", ".join(stranded),
             )
@@ -717,6 +746,106 @@ class ControllerHandlers:
                 self.config.session_timeout_ms,
             )
         return [b for b, _ in fenced]
+
+    # ------------------------------------------------------------------ ElectLeaders
+
+    async def elect_leaders(self, request: ElectLeadersRequest) -> ElectLeadersResponse:
+        """Kafka's ElectLeaders, unclean only, for leaderless partitions: a usable ISR
+        member if there is one, else (the operator accepting the loss of what it lacks)
+        the replica named, or the first usable one outside the ISR in replica order,
+        replicas known to have lost their data last."""
+        if request.election_type != ELECTION_UNCLEAN:
+            return ElectLeadersResponse(
+                error_code=int(ErrorCode.INVALID_REQUEST),
+                error_message=f"election type {request.election_type} is not served: only "
+                f"unclean elections ({ELECTION_UNCLEAN}); a leaderless partition gets its "
+                "in-sync replica back as leader by itself",
+            )
+        if not request.partitions:
+            return ElectLeadersResponse(
+                error_code=int(ErrorCode.INVALID_REQUEST),
+                error_message="name the partitions to elect a leader for",
+            )
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], ElectLeadersResponse]:
+            lost = self._lost_data(image)
+            records: list[MetadataRecord] = []
+            results: list[ElectLeadersResult] = []
+            seen: set[tuple[str, int]] = set()
+            for item in request.partitions:
+                tp = f"{item.topic}-{item.partition}"
+                code, why, state = self._elect_one(image, item.topic, item.partition, item.replica)
+                if (item.topic, item.partition) in seen:
+                    code, why, state = ErrorCode.INVALID_REQUEST, f"{tp} is listed twice", None
+                seen.add((item.topic, item.partition))
+                if code == ErrorCode.NONE and state is not None:
+                    changed, _unclean = elect_if_leaderless(
+                        state,
+                        self._electable(image, item.replica),
+                        unclean_allowed=True,
+                        last_resort=lost,
+                    )
+                    if changed is None:
+                        code, why = (
+                            ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                            f"no replica of {tp} is up (replicas {state.replicas} are down or "
+                            "fenced); start one of them",
+                        )
+                    else:
+                        self._log_partition_change(
+                            image, state, changed, "asked by an operator with ElectLeaders"
+                        )
+                        records.append(changed)
+                        state = changed
+                results.append(
+                    ElectLeadersResult(
+                        topic=item.topic,
+                        partition=item.partition,
+                        error_code=int(code),
+                        error_message=why or None,
+                        leader=-1 if state is None else state.leader,
+                        leader_epoch=-1 if state is None else state.leader_epoch,
+                    )
+                )
+            return records, ElectLeadersResponse(results=results)
+
+        return await self.writer.commit(build)
+
+    def _elect_one(
+        self, image: MetadataImage, topic_name: str, partition_id: int, replica: int
+    ) -> tuple[ErrorCode, str, PartitionRecord | None]:
+        """Whether a partition may get a leader by ElectLeaders: (error, why, state)."""
+        tp = f"{topic_name}-{partition_id}"
+        topic = image.topic_by_name(topic_name)
+        state = None if topic is None else topic.partitions.get(partition_id)
+        if state is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{tp} does not exist", None
+        if state.leader != NO_LEADER:
+            return (
+                ErrorCode.ELECTION_NOT_NEEDED,
+                f"{tp} has a leader: broker {state.leader} at leader epoch {state.leader_epoch}",
+                state,
+            )
+        if replica >= 0 and replica not in state.replicas:
+            return (
+                ErrorCode.INVALID_REQUEST,
+                f"broker {replica} holds no replica of {tp} (replicas {state.replicas})",
+                None,
+            )
+        if replica >= 0 and not image.is_unfenced(replica):
+            return (
+                ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                f"broker {replica} is down or fenced; start it, or name another replica of "
+                f"{tp} ({state.replicas})",
+                None,
+            )
+        return ErrorCode.NONE, "", state
+
+    @staticmethod
+    def _electable(image: MetadataImage, replica: int) -> Callable[[int], bool]:
+        if replica >= 0:
+            return lambda b: b == replica
+        return image.is_unfenced
 
     # ------------------------------------------------------------------ FetchMetadata
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
-from protocol.api import ApiKey
+from protocol.api import ELECTION_UNCLEAN, ApiKey
 from protocol.metadata_records import MetadataRecord
 
 
@@ -457,6 +457,38 @@ class DeleteTopicsResponse(Message, kw_only=True):
     responses: list[DeletableTopicResult] = []
 
 
+class ElectLeadersPartition(Message, kw_only=True):
+    topic: str
+    partition: int
+    # The replica to elect; -1: the controller picks a live one, replicas known to
+    # have lost their data last.
+    replica: int = -1
+
+
+class ElectLeadersRequest(Message, kw_only=True):
+    """Kafka's ElectLeaders (API 43), for leaderless partitions only: the operator's
+    way out when no in-sync replica can come back (e.g. the last one lost its disk)."""
+
+    election_type: int = ELECTION_UNCLEAN  # the only type served
+    partitions: list[ElectLeadersPartition] = []
+    timeout_ms: int = 30_000
+
+
+class ElectLeadersResult(Message, kw_only=True):
+    topic: str
+    partition: int
+    error_code: int = 0
+    error_message: str | None = None
+    leader: int = -1
+    leader_epoch: int = -1
+
+
+class ElectLeadersResponse(Message, kw_only=True):
+    error_code: int = 0
+    error_message: str | None = None
+    results: list[ElectLeadersResult] = []
+
+
 # ------------------------------------------------------------------ groups (KIP-320 epochs)
 
 
@@ -729,6 +761,7 @@ API_SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.FAULT_CONTROL, FaultControlRequest, FaultControlResponse),
         ApiSpec(ApiKey.DESCRIBE_REPLICA_LOG, DescribeReplicaLogRequest, DescribeReplicaLogResponse),
         ApiSpec(ApiKey.DESCRIBE_LOG_DIRS, DescribeLogDirsRequest, DescribeLogDirsResponse),
+        ApiSpec(ApiKey.ELECT_LEADERS, ElectLeadersRequest, ElectLeadersResponse),
     )
 }
 

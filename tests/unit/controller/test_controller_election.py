@@ -126,6 +126,20 @@ def test_an_empty_isr_elects_nobody_cleanly() -> None:
     assert unclean and new is not None and (new.leader, new.isr) == (2, [2])
 
 
+def test_an_unclean_election_takes_a_replica_that_lost_its_data_last() -> None:
+    everyone = usable_set(1, 2, 3)
+    assert elect_leader([1, 2, 3], [], everyone, unclean_allowed=True, last_resort={1, 2}) == (
+        Election(3, True)
+    )
+    assert elect_leader([1, 2, 3], [], usable_set(1), unclean_allowed=True, last_resort={1}) == (
+        Election(1, True)
+    )
+    # A usable ISR member is still elected first, last resort or not.
+    assert elect_leader([1, 2], [1], everyone, unclean_allowed=True, last_resort={1}) == (
+        Election(1, False)
+    )
+
+
 def test_unclean_election_on_fencing() -> None:
     p = part([1, 2], [1], 1)
     new = remove_broker(p, 1, usable_set(2), unclean_allowed=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 
 from controller.liveness import BrokerSessions
+from protocol.errors import ErrorCode
+from protocol.messages import ElectLeadersPartition, ElectLeadersRequest
 from protocol.metadata_records import LEADER_RECOVERING, NO_LEADER
 
 
@@ -181,3 +183,72 @@ async def test_an_empty_disk_leaves_every_isr_and_its_leaderships(harness) -> No
     t0, t1 = h.partition("t", 0), h.partition("t", 1)
     assert (t0.leader, t0.isr) == (2, [2])
     assert (t1.leader, t1.isr) == (2, [2])
+
+
+async def elect(h, *partitions: tuple[str, int, int], election_type: int = 1):
+    """ElectLeaders for (topic, partition, replica) triples; the response."""
+    return await h.handlers.elect_leaders(
+        ElectLeadersRequest(
+            election_type=election_type,
+            partitions=[
+                ElectLeadersPartition(topic=t, partition=p, replica=r) for t, p, r in partitions
+            ],
+        )
+    )
+
+
+async def test_an_operator_elects_a_replica_that_kept_its_data(harness) -> None:
+    """The way back for a partition stranded with an empty ISR: an unclean election
+    that takes the replica which lost its data last, or the replica named."""
+    h = harness
+    await _last_in_sync_is_1(h)
+    r = await h.register(1, empty_disk=True)
+    assert not (await h.heartbeat(1, r.broker_epoch)).is_fenced  # 1: first, up, empty
+    response = await elect(h, ("t", 0, -1))
+    assert response.error_code == 0
+    (result,) = response.results
+    t0 = h.partition("t")
+    assert (result.error_code, result.leader, result.leader_epoch) == (0, 2, t0.leader_epoch)
+    assert (t0.leader, t0.isr, t0.leader_recovery_state) == (2, [2], LEADER_RECOVERING)
+    # Asked again: it has a leader now.
+    (again,) = (await elect(h, ("t", 0, -1))).results
+    assert (again.error_code, again.leader) == (ErrorCode.ELECTION_NOT_NEEDED, 2)
+    assert "has a leader: broker 2" in (again.error_message or "")
+
+
+async def test_an_operator_may_name_the_replica_to_elect(harness) -> None:
+    h = harness
+    await _last_in_sync_is_1(h)
+    await h.register(1, empty_disk=True)
+    (result,) = (await elect(h, ("t", 0, 3))).results
+    assert (result.error_code, result.leader) == (0, 3)
+    assert (h.partition("t").leader, h.partition("t").isr) == (3, [3])
+
+
+async def test_elect_leaders_says_what_is_wrong(harness) -> None:
+    h = harness
+    epochs = await _last_in_sync_is_1(h)
+    await h.register(1, empty_disk=True)
+    bad_type = await elect(h, ("t", 0, -1), election_type=0)
+    assert bad_type.error_code == ErrorCode.INVALID_REQUEST
+    assert "only unclean elections" in (bad_type.error_message or "")
+    assert (await elect(h)).error_code == ErrorCode.INVALID_REQUEST
+    results = (await elect(h, ("nope", 0, -1), ("u", 0, -1), ("t", 5, -1), ("u", 0, 2))).results
+    codes = [(r.error_code, r.error_message or "") for r in results]
+    assert codes[0] == (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "nope-0 does not exist")
+    assert codes[1][0] == ErrorCode.ELECTION_NOT_NEEDED  # u-0 got its unclean election
+    assert codes[2][0] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert codes[3] == (ErrorCode.INVALID_REQUEST, "u-0 is listed twice")
+    (not_a_replica,) = (await elect(h, ("t", 0, 7))).results
+    assert not_a_replica.error_code == ErrorCode.INVALID_REQUEST
+    assert "broker 7 holds no replica of t-0" in (not_a_replica.error_message or "")
+    (fenced,) = (await elect(h, ("t", 0, 1))).results  # registered, not caught up yet
+    assert fenced.error_code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+    assert "broker 1 is down or fenced" in (fenced.error_message or "")
+    assert h.partition("t").leader == NO_LEADER  # nothing was elected
+    # Every replica down: nobody to elect.
+    for b in (2, 3):
+        await h.heartbeat(b, epochs[b], want_shut_down=True)
+    (result,) = (await elect(h, ("t", 0, -1))).results
+    assert result.error_code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+    assert "no replica of t-0 is up" in (result.error_message or "")
