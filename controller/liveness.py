@@ -28,12 +28,12 @@ lost all acknowledged records of its partitions). The rule, in `observe`:
   about it.
 - Bounded: a session gets such a fresh session at most once per contact (registration
   or heartbeat). A further stall before the broker is heard from again moves its
-  deadline only by the stall minus one check interval, so every note still spends at
-  least one check interval of the session. A broker that died before or during the
-  stalls sends nothing afterwards and is fenced at the latest once the controller has
-  run a session timeout after the first stall, each later stall counting as one check
-  interval: however often the controller stalls, after at most
-  session_timeout / check_interval + 1 notes.
+  deadline only by the stall minus one check interval, so every stall still spends
+  at least one check interval of the session. A broker that died before or during
+  the stalls sends nothing afterwards and is fenced at the latest once the controller
+  has run a session timeout after the first stall, each later stall counting as one
+  check interval: however often the controller stalls, within
+  session_timeout / check_interval + 1 stalls.
 
 Kafka's KRaft controller reaches the same end by other means: heartbeats update the
 brokers' contact times as they arrive, outside the controller's event queue
