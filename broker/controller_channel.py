@@ -432,7 +432,7 @@ class ControllerChannel:
     # ------------------------------------------------------------------ requests
 
     async def forward(self, body: Message, timeout_s: float) -> Message:
-        """Send a client's CreateTopics/DeleteTopics to the controller as it is."""
+        """Send a client's CreateTopics/DeleteTopics/ElectLeaders to the controller as it is."""
         deadline = time.monotonic() + timeout_s
         return await self._requests.request_with_retry(body, deadline=deadline, timeout_s=timeout_s)
 

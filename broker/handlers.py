@@ -52,6 +52,9 @@ from protocol.messages import (
     DescribeLogDirsTopicResult,
     DescribeReplicaLogRequest,
     DescribeReplicaLogResponse,
+    ElectLeadersRequest,
+    ElectLeadersResponse,
+    ElectLeadersResult,
     EpochStartOffset,
     FaultControlRequest,
     FaultControlResponse,
@@ -117,6 +120,7 @@ class Handlers:
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offsets_for_leader_epoch,
             ApiKey.CREATE_TOPICS: self.create_topics,
             ApiKey.DELETE_TOPICS: self.delete_topics,
+            ApiKey.ELECT_LEADERS: self.elect_leaders,
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
             ApiKey.DESCRIBE_REPLICA_LOG: self.describe_replica_log,
             ApiKey.DESCRIBE_LOG_DIRS: self.describe_log_dirs,
@@ -469,6 +473,39 @@ class Handlers:
             return True
 
         await self._wait_for_image(gone, timeout_s)
+        return resp
+
+    async def elect_leaders(
+        self, ctx: RequestContext, req: ElectLeadersRequest
+    ) -> ElectLeadersResponse:
+        timeout_s = self._timeout_s(req.timeout_ms)
+        try:
+            resp = await self.controller.forward(req, timeout_s)
+        except RpcError as exc:
+            code, message = self._forward_error(exc)
+            return ElectLeadersResponse(
+                results=[
+                    ElectLeadersResult(
+                        topic=p.topic, partition=p.partition, error_code=code, error_message=message
+                    )
+                    for p in req.partitions
+                ]
+            )
+        assert isinstance(resp, ElectLeadersResponse)
+        elected = {
+            (r.topic, r.partition): r.leader_epoch
+            for r in resp.results
+            if r.error_code == ErrorCode.NONE
+        }
+
+        def visible() -> bool:
+            for (topic, partition), epoch in elected.items():
+                state = self.image.partition(topic, partition)
+                if state is None or state.leader_epoch < epoch:
+                    return False
+            return True
+
+        await self._wait_for_image(visible, timeout_s)
         return resp
 
     def _timeout_s(self, timeout_ms: int) -> float:

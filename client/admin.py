@@ -41,7 +41,7 @@ from client.health import (
 )
 from client.offsets import list_offsets
 from client.types import OffsetAndTimestamp, TopicPartition
-from protocol.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from protocol.api import EARLIEST_TIMESTAMP, ELECTION_UNCLEAN, LATEST_TIMESTAMP
 from protocol.errors import ErrorCode
 from protocol.messages import (
     CreatableTopic,
@@ -55,6 +55,9 @@ from protocol.messages import (
     DescribeLogDirsResponse,
     DescribeReplicaLogRequest,
     DescribeReplicaLogResponse,
+    ElectLeadersPartition,
+    ElectLeadersRequest,
+    ElectLeadersResponse,
     Message,
     MetadataRequest,
     MetadataResponse,
@@ -87,6 +90,15 @@ class CreatedTopic(NamedTuple):
     topic_id: str
     num_partitions: int
     replication_factor: int
+
+
+class LeaderElection(NamedTuple):
+    """One partition's ElectLeaders outcome: its leader and leader epoch, and the
+    error when none was elected (ElectionNotNeeded: it has a leader, shown)."""
+
+    leader: int
+    leader_epoch: int
+    error: BrokerResponseError | None = None
 
 
 class PartitionDescription(NamedTuple):
@@ -307,6 +319,53 @@ class AsyncAdmin:
         for result in response.responses:
             if result.error_code != ErrorCode.NONE:
                 raise error_for(result.error_code, result.error_message, topic=result.name)
+
+    async def elect_leaders(
+        self,
+        partitions: Iterable[TopicPartition],
+        *,
+        unclean: bool,
+        replica: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> dict[TopicPartition, LeaderElection]:
+        """Kafka's electLeaders, unclean only, for leaderless partitions: an in-sync
+        replica if one is up, else one outside the ISR: `replica`, or the controller's
+        choice. `unclean=True` says the caller accepts losing acknowledged records the
+        new leader lacks. Per-partition errors are in the results."""
+        self._check()
+        if not unclean:
+            raise ValueError(
+                "only unclean elections are served (a leaderless partition gets its in-sync "
+                "replica back as leader by itself): pass unclean=True to accept losing "
+                "acknowledged records the new leader lacks"
+            )
+        tps = list(dict.fromkeys(partitions))
+        if not tps:
+            raise ValueError("name the partitions to elect a leader for")
+        timeout_ms = self._request_timeout_ms if timeout_ms is None else timeout_ms
+        chosen = -1 if replica is None else replica
+        request = ElectLeadersRequest(
+            election_type=ELECTION_UNCLEAN,
+            partitions=[
+                ElectLeadersPartition(topic=tp.topic, partition=tp.partition, replica=chosen)
+                for tp in tps
+            ],
+            timeout_ms=timeout_ms,
+        )
+        response = await self._cluster.send_any(request, timeout_ms=timeout_ms + 5_000)
+        assert isinstance(response, ElectLeadersResponse)
+        if response.error_code != ErrorCode.NONE:
+            raise error_for(response.error_code, response.error_message)
+        return {
+            TopicPartition(r.topic, r.partition): LeaderElection(
+                r.leader,
+                r.leader_epoch,
+                None
+                if r.error_code == ErrorCode.NONE
+                else error_for(r.error_code, r.error_message, topic=r.topic, partition=r.partition),
+            )
+            for r in response.results
+        }
 
     async def list_topics(self) -> list[str]:
         """Sorted topic names."""

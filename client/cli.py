@@ -39,6 +39,7 @@ from client.admin import (
     DEFAULT_CONTROLLER_PORT,
     DEFAULT_MAX_BATCHES,
     AsyncAdmin,
+    LeaderElection,
     PartitionDescription,
     ReplicaLogDescription,
     TopicDescription,
@@ -50,6 +51,7 @@ from client.errors import LogTruncationError, MinibrokerError
 from client.health import ClusterHealth, is_leaderless, is_under_replicated, render_text
 from client.producer import AsyncProducer, parse_acks
 from client.types import ConsumerRecord, OffsetAndMetadata, RecordMetadata, TopicPartition
+from protocol.errors import ErrorCode
 
 T = TypeVar("T")
 
@@ -732,6 +734,65 @@ def topic_delete(names: tuple[str, ...], bootstrap: str) -> None:
     run(go)
     for name in names:
         click.echo(f"deleted topic {name}")
+
+
+@topic.command("elect-leader")
+@click.argument("name")
+@click.option(
+    "-p",
+    "--partition",
+    "partitions",
+    type=int,
+    multiple=True,
+    required=True,
+    metavar="N",
+    help="A leaderless partition of NAME (repeat for several).",
+)
+@click.option(
+    "--unclean",
+    is_flag=True,
+    help="Required: elect a replica outside the ISR when no in-sync replica is up, "
+    "accepting the loss of acknowledged records it lacks.",
+)
+@click.option(
+    "--replica",
+    type=int,
+    default=None,
+    metavar="ID",
+    help="The broker whose replica to elect (compare them with `minibroker debug "
+    "replica-log`).  [default: the controller's choice: the first live replica in "
+    "replica order, one known to have lost its data last]",
+)
+@client_command
+def topic_elect_leader(
+    name: str, partitions: tuple[int, ...], unclean: bool, replica: int | None, bootstrap: str
+) -> None:
+    """Elect a leader for leaderless partitions (kafka-leader-election.sh --election-type
+    unclean): the way back when no in-sync replica can return, e.g. the last one lost
+    its disk. Partitions that have a leader are left alone."""
+    if not unclean:
+        _fail(
+            "only unclean elections are supported (a leaderless partition gets its in-sync "
+            "replica back as leader by itself); pass --unclean to elect a replica outside the "
+            "ISR, accepting the loss of acknowledged records it lacks"
+        )
+
+    async def go() -> dict[TopicPartition, LeaderElection]:
+        async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
+            tps = [TopicPartition(name, p) for p in partitions]
+            return await admin.elect_leaders(tps, unclean=True, replica=replica)
+
+    failed = 0
+    for tp, result in sorted(run(go).items()):
+        if result.error is None:
+            click.echo(f"{tp}: broker {result.leader} leads at leader epoch {result.leader_epoch}")
+        elif result.error.error_code == ErrorCode.ELECTION_NOT_NEEDED:
+            click.echo(f"{tp}: nothing to do, {result.error.message}")
+        else:
+            click.echo(f"{tp}: {result.error}", err=True)
+            failed += 1
+    if failed:
+        _fail(f"no leader elected for {_plural(failed, 'partition')}")
 
 
 # ------------------------------------------------------------------ debug

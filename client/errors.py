@@ -461,6 +461,12 @@ class EligibleLeadersNotAvailableError(BrokerResponseError):
     error_code = ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
 
 
+class ElectionNotNeededError(BrokerResponseError):
+    """The partition has a leader: no election is needed."""
+
+    error_code = ErrorCode.ELECTION_NOT_NEEDED
+
+
 class InvalidRecordError(BrokerResponseError):
     """A record failed the broker's validation."""
 

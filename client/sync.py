@@ -27,6 +27,7 @@ from client.admin import (
     AsyncAdmin,
     ClusterDescription,
     CreatedTopic,
+    LeaderElection,
     NewTopic,
     ReplicaLogDescription,
     TopicDescription,
@@ -454,6 +455,10 @@ class Admin(_SyncClient):
     def delete_topics(self, names: Iterable[str], *, timeout_ms: int | None = None) -> None:
         """Delete topics."""
         self._run(self._client.delete_topics(list(names), timeout_ms=timeout_ms))
+
+    def elect_leaders(self, *args: Any, **kwargs: Any) -> dict[TopicPartition, LeaderElection]:
+        """Unclean leader elections (see AsyncAdmin.elect_leaders)."""
+        return self._run(self._client.elect_leaders(*args, **kwargs))
 
     def list_topics(self) -> list[str]:
         """Topic names."""

@@ -29,9 +29,9 @@ DEFAULT_DATA_DIR = "./minibroker-data/controller"
 
 log = logging.getLogger(__name__)
 
-# The APIs brokers send the controller (CreateTopics/DeleteTopics too: clients reach
-# them only through a broker, which forwards them). A connection whose first request
-# is one of these may use the slots kept for brokers.
+# The APIs brokers send the controller (CreateTopics/DeleteTopics/ElectLeaders too:
+# clients reach them only through a broker, which forwards them). A connection whose
+# first request is one of these may use the slots kept for brokers.
 BROKER_API_KEYS = frozenset(
     int(key)
     for key in (
@@ -42,6 +42,7 @@ BROKER_API_KEYS = frozenset(
         ApiKey.ALLOCATE_PRODUCER_IDS,
         ApiKey.CREATE_TOPICS,
         ApiKey.DELETE_TOPICS,
+        ApiKey.ELECT_LEADERS,
     )
 )
 

@@ -32,7 +32,7 @@ from controller.topic_validation import (
     validate_topic_configs,
     validate_topic_name,
 )
-from protocol.api import ApiKey
+from protocol.api import ELECTION_UNCLEAN, ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import (
     API_SPECS,
@@ -60,6 +60,9 @@ from protocol.messages import (
     DescribeClusterBroker,
     DescribeClusterRequest,
     DescribeClusterResponse,
+    ElectLeadersRequest,
+    ElectLeadersResponse,
+    ElectLeadersResult,
     FaultControlRequest,
     FaultControlResponse,
     FetchMetadataRequest,
@@ -104,6 +107,7 @@ CONTROLLER_APIS = (
     ApiKey.BROKER_HEARTBEAT,
     ApiKey.FETCH_METADATA,
     ApiKey.ALLOCATE_PRODUCER_IDS,
+    ApiKey.ELECT_LEADERS,
 )
 
 # Producer ids handed to a broker per AllocateProducerIds (Kafka's block size).
@@ -113,6 +117,17 @@ PRODUCER_ID_BLOCK_SIZE = 1000
 # foreign clusters are tracked.
 FOREIGN_CLUSTER_LOG_INTERVAL_S = 300.0
 MAX_FOREIGN_CLUSTERS = 16
+
+
+def registers_without_data(request: BrokerRegistrationRequest) -> bool:
+    """The registering broker's data directory holds no data of this cluster: it names
+    no cluster id because its meta.properties was absent (a first start, or a data
+    directory lost, replaced or wiped). A broker writes the cluster id there right after
+    its first accepted registration, before it creates any replica, and every later
+    registration of the same process names it (broker/server.py,
+    broker/controller_channel.py); so a broker this controller already knows that
+    registers without one has lost every replica it had."""
+    return not request.cluster_id
 
 
 def _tp(image: MetadataImage, record: PartitionRecord) -> str:
@@ -151,6 +166,11 @@ class ControllerHandlers:
         # (broker id, broker epoch) of brokers in controlled shutdown: never unfenced
         # again in that epoch. One entry per broker at most (dropped on re-registration).
         self.shutting_down: set[tuple[int, int]] = set()
+        # broker id -> broker epoch of a known broker's registration with an empty data
+        # directory (its disk was lost): an unclean election takes its replicas last.
+        # One entry per broker at most (dropped at its next registration); not kept
+        # across controller restarts.
+        self.lost_data_at_registration: dict[int, int] = {}
         self.unclean_elections = 0
         self.handlers: dict[int, Handler] = {
             ApiKey.API_VERSIONS: self.api_versions,
@@ -163,6 +183,7 @@ class ControllerHandlers:
             ApiKey.BROKER_HEARTBEAT: self.broker_heartbeat,
             ApiKey.FETCH_METADATA: self.fetch_metadata,
             ApiKey.ALLOCATE_PRODUCER_IDS: self.allocate_producer_ids,
+            ApiKey.ELECT_LEADERS: self.elect_leaders,
         }
         if self.faults.enabled:
             self.handlers[ApiKey.FAULT_CONTROL] = self.fault_control
@@ -192,15 +213,23 @@ class ControllerHandlers:
     # ------------------------------------------------------------------ shared rules
 
     def _broker_gone_records(
-        self, image: MetadataImage, gone: set[int], why: str, *, keep_in_isr: bool = False
+        self,
+        image: MetadataImage,
+        gone: set[int],
+        why: str,
+        *,
+        keep_in_isr: bool = False,
+        data_lost: bool = False,
     ) -> list[MetadataRecord]:
         """Partition changes for brokers that go away (fenced, shutting down, replaced
         by a new incarnation): out of the ISRs (unless `keep_in_isr`, a test-only
-        switch), leaderships moved (election.py)."""
+        switch; with `data_lost`, out of every ISR, the last member included),
+        leaderships moved (election.py)."""
 
         def usable(broker_id: int) -> bool:
             return broker_id not in gone and image.is_unfenced(broker_id)
 
+        lost = self._lost_data(image)
         out: list[MetadataRecord] = []
         for topic, partition in image.partitions():
             if not gone.intersection(partition.replicas):
@@ -209,7 +238,13 @@ class ControllerHandlers:
             current = partition
             for broker_id in sorted(gone):
                 changed = remove_broker(
-                    current, broker_id, usable, unclean_allowed=unclean, keep_in_isr=keep_in_isr
+                    current,
+                    broker_id,
+                    usable,
+                    unclean_allowed=unclean,
+                    keep_in_isr=keep_in_isr,
+                    data_lost=data_lost,
+                    last_resort=lost,
                 )
                 if changed is not None:
                     current = changed
@@ -288,12 +323,23 @@ class ControllerHandlers:
             if partition.leader != NO_LEADER:
                 continue
             changed, _unclean = elect_if_leaderless(
-                partition, usable, unclean_allowed=unclean_election_enabled(topic.configs)
+                partition,
+                usable,
+                unclean_allowed=unclean_election_enabled(topic.configs),
+                last_resort=self._lost_data(image),
             )
             if changed is not None:
                 self._log_partition_change(image, partition, changed, f"broker {broker_id} back")
                 out.append(changed)
         return out
+
+    def _lost_data(self, image: MetadataImage) -> set[int]:
+        """Brokers whose current incarnation came back with an empty data directory."""
+        return {
+            broker_id
+            for broker_id, epoch in self.lost_data_at_registration.items()
+            if (broker := image.brokers.get(broker_id)) is not None and broker.broker_epoch == epoch
+        }
 
     def _placeable_brokers(self, image: MetadataImage) -> list[int]:
         """Brokers that may get new replicas: unfenced, not shutting down, and heard
@@ -341,6 +387,12 @@ class ControllerHandlers:
                 error_code=int(code), error_message=message, cluster_id=self.cluster_id
             )
 
+        # Partitions whose last in-sync replica this registration concerns: left with an
+        # empty ISR (the broker lost its data), or kept as the last member (it restarted
+        # with its data after an unclean shutdown). Logged once the records are durable.
+        stranded: list[str] = []
+        last_member_unclean: list[str] = []
+
         def build(image: MetadataImage) -> tuple[list[MetadataRecord], Any]:
             if request.cluster_id and request.cluster_id != self.cluster_id:
                 return [], self._refuse_foreign_cluster(request.broker_id, request.cluster_id)
@@ -364,7 +416,9 @@ class ControllerHandlers:
             records: list[MetadataRecord] = []
             if existing is not None:
                 # The previous incarnation is gone: handle it like a fencing, so its
-                # leaderships move (leader epochs bumped) and it leaves the ISRs.
+                # leaderships move (leader epochs bumped) and it leaves the ISRs; every
+                # ISR, the last member included, when its data is gone.
+                data_lost = registers_without_data(request)
                 if not existing.fenced:
                     records.append(
                         FenceBrokerRecord(
@@ -378,15 +432,31 @@ class ControllerHandlers:
                         "(--unsafe-keep-restarted-replicas-in-isr)",
                         existing.broker_id,
                     )
-                records.extend(
-                    self._broker_gone_records(
-                        image,
-                        {existing.broker_id},
-                        f"broker {existing.broker_id} epoch {existing.broker_epoch} replaced "
-                        "by a new incarnation",
-                        keep_in_isr=keep,
-                    )
+                why = (
+                    f"broker {existing.broker_id} epoch {existing.broker_epoch} replaced by a "
+                    f"new incarnation{' with an EMPTY data directory' if data_lost else ''}"
                 )
+                changes = self._broker_gone_records(
+                    image,
+                    {existing.broker_id},
+                    why,
+                    keep_in_isr=keep,
+                    data_lost=data_lost,
+                )
+                records.extend(changes)
+                changed = {
+                    (r.topic_id, r.partition_id): r
+                    for r in changes
+                    if isinstance(r, PartitionRecord)
+                }
+                stranded[:] = [_tp(image, r) for r in changed.values() if not r.isr]
+                if not data_lost and not request.clean_shutdown:
+                    last_member_unclean[:] = [
+                        _tp(image, now)
+                        for _, p in image.partitions()
+                        if (now := changed.get((p.topic_id, p.partition_id), p)).isr
+                        == [existing.broker_id]
+                    ]
             epoch = image.next_offset + len(records)
             records.append(
                 RegisterBrokerRecord(
@@ -409,6 +479,10 @@ class ControllerHandlers:
             return result
         epoch, previous = result
         self.sessions.touch(request.broker_id, epoch)
+        if previous is not None and registers_without_data(request):
+            self.lost_data_at_registration[request.broker_id] = epoch
+        else:
+            self.lost_data_at_registration.pop(request.broker_id, None)
         self.shutting_down = {k for k in self.shutting_down if k[0] != request.broker_id}
         listeners = ",".join(f"{li.name}://{li.host}:{li.port}" for li in request.listeners)
         if previous is None:
@@ -423,15 +497,47 @@ class ControllerHandlers:
         elif previous != epoch:
             log.info(
                 "registered broker %d at epoch %d replacing epoch %d (incarnation %s, %s, "
-                "clean shutdown %s)",
+                "clean shutdown %s%s)",
                 request.broker_id,
                 epoch,
                 previous,
                 request.incarnation_id,
                 listeners,
                 request.clean_shutdown,
+                ", EMPTY data directory" if registers_without_data(request) else "",
             )
+            self._warn_last_in_sync(request.broker_id, stranded, last_member_unclean)
         return BrokerRegistrationResponse(broker_epoch=epoch, cluster_id=self.cluster_id)
+
+    def _warn_last_in_sync(
+        self, broker_id: int, stranded: list[str], last_member_unclean: list[str]
+    ) -> None:
+        """What a re-registration did to partitions whose last in-sync replica it was,
+        and what an operator can do."""
+        if stranded:
+            log.warning(
+                "broker %d came back with an EMPTY data directory (its disk was lost, "
+                "replaced or wiped) and was the last in-sync replica of %s: it left their "
+                "ISRs, which are now empty, so they have no leader (it is never elected "
+                "with an empty log). Their records are kept on their other replicas, none "
+                "of which is known to hold every acknowledged record. Only an unclean "
+                "election of one of them serves them again, accepting the loss of any "
+                "acknowledged record it lacks: minibroker topic elect-leader TOPIC -p "
+                "PARTITION --unclean [--replica ID] (compare the replicas first with "
+                "minibroker debug replica-log); a topic with unclean.leader.election.enable "
+                "gets one at once",
+                broker_id,
+                ", ".join(stranded),
+            )
+        if last_member_unclean:
+            log.warning(
+                "broker %d restarted after an unclean shutdown and is still the last "
+                "in-sync replica of %s: it leads them again with what its log kept. A "
+                "crashed process loses nothing written; if its host crashed, records it "
+                "had not flushed (flush.messages, flush.ms) are lost on every replica",
+                broker_id,
+                ", ".join(last_member_unclean),
+            )
 
     def _refuse_foreign_cluster(
         self, broker_id: int, cluster_id: str
@@ -640,6 +746,106 @@ class ControllerHandlers:
                 self.config.session_timeout_ms,
             )
         return [b for b, _ in fenced]
+
+    # ------------------------------------------------------------------ ElectLeaders
+
+    async def elect_leaders(self, request: ElectLeadersRequest) -> ElectLeadersResponse:
+        """Kafka's ElectLeaders, unclean only, for leaderless partitions: a usable ISR
+        member if there is one, else (the operator accepting the loss of what it lacks)
+        the replica named, or the first usable one outside the ISR in replica order,
+        replicas known to have lost their data last."""
+        if request.election_type != ELECTION_UNCLEAN:
+            return ElectLeadersResponse(
+                error_code=int(ErrorCode.INVALID_REQUEST),
+                error_message=f"election type {request.election_type} is not served: only "
+                f"unclean elections ({ELECTION_UNCLEAN}); a leaderless partition gets its "
+                "in-sync replica back as leader by itself",
+            )
+        if not request.partitions:
+            return ElectLeadersResponse(
+                error_code=int(ErrorCode.INVALID_REQUEST),
+                error_message="name the partitions to elect a leader for",
+            )
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], ElectLeadersResponse]:
+            lost = self._lost_data(image)
+            records: list[MetadataRecord] = []
+            results: list[ElectLeadersResult] = []
+            seen: set[tuple[str, int]] = set()
+            for item in request.partitions:
+                tp = f"{item.topic}-{item.partition}"
+                code, why, state = self._elect_one(image, item.topic, item.partition, item.replica)
+                if (item.topic, item.partition) in seen:
+                    code, why, state = ErrorCode.INVALID_REQUEST, f"{tp} is listed twice", None
+                seen.add((item.topic, item.partition))
+                if code == ErrorCode.NONE and state is not None:
+                    changed, _unclean = elect_if_leaderless(
+                        state,
+                        self._electable(image, item.replica),
+                        unclean_allowed=True,
+                        last_resort=lost,
+                    )
+                    if changed is None:
+                        code, why = (
+                            ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                            f"no replica of {tp} is up (replicas {state.replicas} are down or "
+                            "fenced); start one of them",
+                        )
+                    else:
+                        self._log_partition_change(
+                            image, state, changed, "asked by an operator with ElectLeaders"
+                        )
+                        records.append(changed)
+                        state = changed
+                results.append(
+                    ElectLeadersResult(
+                        topic=item.topic,
+                        partition=item.partition,
+                        error_code=int(code),
+                        error_message=why or None,
+                        leader=-1 if state is None else state.leader,
+                        leader_epoch=-1 if state is None else state.leader_epoch,
+                    )
+                )
+            return records, ElectLeadersResponse(results=results)
+
+        return await self.writer.commit(build)
+
+    def _elect_one(
+        self, image: MetadataImage, topic_name: str, partition_id: int, replica: int
+    ) -> tuple[ErrorCode, str, PartitionRecord | None]:
+        """Whether a partition may get a leader by ElectLeaders: (error, why, state)."""
+        tp = f"{topic_name}-{partition_id}"
+        topic = image.topic_by_name(topic_name)
+        state = None if topic is None else topic.partitions.get(partition_id)
+        if state is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{tp} does not exist", None
+        if state.leader != NO_LEADER:
+            return (
+                ErrorCode.ELECTION_NOT_NEEDED,
+                f"{tp} has a leader: broker {state.leader} at leader epoch {state.leader_epoch}",
+                state,
+            )
+        if replica >= 0 and replica not in state.replicas:
+            return (
+                ErrorCode.INVALID_REQUEST,
+                f"broker {replica} holds no replica of {tp} (replicas {state.replicas})",
+                None,
+            )
+        if replica >= 0 and not image.is_unfenced(replica):
+            return (
+                ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                f"broker {replica} is down or fenced; start it, or name another replica of "
+                f"{tp} ({state.replicas})",
+                None,
+            )
+        return ErrorCode.NONE, "", state
+
+    @staticmethod
+    def _electable(image: MetadataImage, replica: int) -> Callable[[int], bool]:
+        if replica >= 0:
+            return lambda b: b == replica
+        return image.is_unfenced
 
     # ------------------------------------------------------------------ FetchMetadata
 

@@ -19,6 +19,7 @@ class ApiKey(IntEnum):
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_LOG_DIRS = 35
+    ELECT_LEADERS = 43
     ALTER_PARTITION = 56
     DESCRIBE_CLUSTER = 60
     ALLOCATE_PRODUCER_IDS = 67
@@ -32,6 +33,10 @@ class ApiKey(IntEnum):
     # Read-only view of one replica's log: batches and epoch cache (tests, chaos checker).
     DESCRIBE_REPLICA_LOG = 1002
 
+
+# ElectLeaders election types (Kafka's numbers); only UNCLEAN is served.
+ELECTION_PREFERRED = 0
+ELECTION_UNCLEAN = 1
 
 # Sentinel accepted by every epoch field: skip that check (KIP-320 compatibility rule).
 NO_EPOCH = -1

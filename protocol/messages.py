@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
-from protocol.api import ApiKey
+from protocol.api import ELECTION_UNCLEAN, ApiKey
 from protocol.metadata_records import MetadataRecord
 
 
@@ -323,7 +323,10 @@ class Listener(Message, kw_only=True):
 
 class BrokerRegistrationRequest(Message, kw_only=True):
     broker_id: int
-    cluster_id: str | None = None  # None on a broker's first ever start
+    # The cluster id in the broker's meta.properties; None when it has none (a first
+    # start, or a data directory lost or wiped): then the directory holds no replica,
+    # and a controller that knew the broker takes it out of every ISR.
+    cluster_id: str | None = None
     incarnation_id: str  # new for every process start
     listeners: list[Listener]
     rack: str | None = None
@@ -452,6 +455,38 @@ class DeletableTopicResult(Message, kw_only=True):
 
 class DeleteTopicsResponse(Message, kw_only=True):
     responses: list[DeletableTopicResult] = []
+
+
+class ElectLeadersPartition(Message, kw_only=True):
+    topic: str
+    partition: int
+    # The replica to elect; -1: the controller picks a live one, replicas known to
+    # have lost their data last.
+    replica: int = -1
+
+
+class ElectLeadersRequest(Message, kw_only=True):
+    """Kafka's ElectLeaders (API 43), for leaderless partitions only: the operator's
+    way out when no in-sync replica can come back (e.g. the last one lost its disk)."""
+
+    election_type: int = ELECTION_UNCLEAN  # the only type served
+    partitions: list[ElectLeadersPartition] = []
+    timeout_ms: int = 30_000
+
+
+class ElectLeadersResult(Message, kw_only=True):
+    topic: str
+    partition: int
+    error_code: int = 0
+    error_message: str | None = None
+    leader: int = -1
+    leader_epoch: int = -1
+
+
+class ElectLeadersResponse(Message, kw_only=True):
+    error_code: int = 0
+    error_message: str | None = None
+    results: list[ElectLeadersResult] = []
 
 
 # ------------------------------------------------------------------ groups (KIP-320 epochs)
@@ -726,6 +761,7 @@ API_SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.FAULT_CONTROL, FaultControlRequest, FaultControlResponse),
         ApiSpec(ApiKey.DESCRIBE_REPLICA_LOG, DescribeReplicaLogRequest, DescribeReplicaLogResponse),
         ApiSpec(ApiKey.DESCRIBE_LOG_DIRS, DescribeLogDirsRequest, DescribeLogDirsResponse),
+        ApiSpec(ApiKey.ELECT_LEADERS, ElectLeadersRequest, ElectLeadersResponse),
     )
 }
 

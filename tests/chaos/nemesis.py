@@ -11,7 +11,11 @@ Faults (names for --faults):
     partition        cut a random broker off the network (docker network disconnect);
                      connect it again after a while (docker backend only)
     wipe             SIGKILL a random broker, delete its data, start it (KIP-903); it
-                     then recovers (catches up) for the fault's duration
+                     then recovers (catches up) for the fault's duration. An unguarded
+                     wipe (data lost on purpose) can take a partition's last in-sync
+                     copy: the controller then leaves it without a leader rather than
+                     elect the empty replica, and the nemesis does what an operator
+                     accepting the loss would: an unclean election (ElectLeaders)
     diverge          a leader left alone, then replaced: pause the followers of a random
                      partition until its ISR is the leader alone (it goes on taking
                      writes when min.insync.replicas is 1), SIGKILL the leader, resume
@@ -52,6 +56,7 @@ from typing import Any
 from client import AsyncAdmin
 from client.admin import PartitionDescription
 from client.errors import MinibrokerError
+from client.types import TopicPartition
 
 from .backends import CONTROLLER, Backend, BackendError, Unsupported, broker_id, broker_name
 from .history import INFO, INVOKE, NEMESIS, History
@@ -286,6 +291,8 @@ class Nemesis:
                 return
             if fault == "wipe":
                 self._wiped.add(target)
+                if not self.config.guard_wipes:
+                    await self._elect_stranded(target)
             self._applied(op.index, fault, target, entry.hold)
             try:
                 # Recover early when the run is stopping or its time is up. A wiped
@@ -426,6 +433,38 @@ class Nemesis:
             log.info("nemesis: cannot describe %s: %s", self.config.topic, exc)
             return None
         return list(topic.partitions)
+
+    async def _elect_stranded(self, wiped: str) -> None:
+        """The operator's way back after an unguarded wipe took the last in-sync copy
+        of partitions: an unclean election for those left with no leader and an empty
+        ISR (recorded as `elect-unclean`)."""
+        node_id = broker_id(wiped)
+        partitions = await self._describe()
+        stranded = [
+            TopicPartition(self.config.topic, p.partition)
+            for p in partitions or ()
+            if p.leader < 0 and not p.isr and node_id in p.replicas
+        ]
+        if not stranded:
+            return
+        op = self.history.record(NEMESIS, INVOKE, "elect-unclean", value=wiped)
+        error = None
+        try:
+            async with asyncio.timeout(30), AsyncAdmin(self.bootstrap) as admin:
+                results = await admin.elect_leaders(stranded, unclean=True)
+            failed = [f"{tp}: {r.error}" for tp, r in results.items() if r.error is not None]
+            error = "; ".join(failed)[:500] or None
+        except (MinibrokerError, TimeoutError, OSError) as exc:
+            error = str(exc)[:500]
+        log.info("nemesis: unclean election of %s (op %d): %s", stranded, op.index, error or "ok")
+        self.history.record(
+            NEMESIS,
+            INFO,
+            "elect-unclean",
+            value=wiped,
+            error=error,
+            extra={"partitions": [tp.partition for tp in stranded]},
+        )
 
     # -------------------------------------------------------------- diverge
 

@@ -3,11 +3,10 @@
 - `compound`: the default slice: RF=3, min.insync.replicas=2, acks=all, idempotent
   producers with many records in flight and short timeouts (so indeterminate sends
   occur), and overlapping faults (up to 3 at once): SIGKILL of brokers, of partition
-  leaders and of the controller, broker pauses, guarded wiped disks, and network
-  partitions on docker. Nothing acknowledged may be lost, nothing may be written
-  twice. Not in it yet: pause-controller (a controller stall longer than the session
-  timeout while a wiped leader restarts loses acknowledged data: a broker bug found
-  by this suite, issue 13 item 9; add it back once fixed).
+  leaders and of the controller, broker pauses, controller stalls (pause-controller:
+  it found the controller-stall data loss of issue 13), guarded wiped disks, and
+  network partitions on docker. Nothing acknowledged may be lost, nothing may be
+  written twice.
 - `unclean_divergence`: RF=3, min.insync.replicas=1, unclean election on, the
   `diverge` fault: a leader left alone takes writes, dies, and an out-of-sync follower
   leads a new lineage. Acknowledged writes are lost by design (expected); every
@@ -15,7 +14,7 @@
 - `known_loss`: RF=1 with unguarded wiped disks and producers without idempotence:
   acknowledged writes ARE lost, so the checker must say so (the end-to-end proof that
   a run can fail), and the producers must really be non-idempotent.
-- `full`: the acceptance campaign: every fault (pause-controller included), longer.
+- `full`: the acceptance campaign: every fault, longer.
 """
 
 from __future__ import annotations
@@ -26,8 +25,16 @@ from .runner import RunConfig
 from .workload import WorkloadConfig
 
 COMPOUND_FAULTS = {
-    "process": ["pause", "kill", "kill-leader", "kill-controller", "wipe"],
-    "docker": ["pause", "kill", "kill-leader", "kill-controller", "wipe", "partition"],
+    "process": ["pause", "pause-controller", "kill", "kill-leader", "kill-controller", "wipe"],
+    "docker": [
+        "pause",
+        "pause-controller",
+        "kill",
+        "kill-leader",
+        "kill-controller",
+        "wipe",
+        "partition",
+    ],
 }
 
 

@@ -296,6 +296,13 @@ def test_unreachable_cluster_is_one_clear_line() -> None:
         assert "minibroker dev" in err[0]
 
 
+def test_elect_leader_is_unclean_only_and_says_so() -> None:
+    result = mb("topic", "elect-leader", "t", "-p", "0", "-b", "127.0.0.1:1")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: only unclean elections are supported"), result.stderr
+    assert "pass --unclean" in result.stderr
+
+
 def test_bootstrap_from_the_environment() -> None:
     port = free_base_port(1)
     result = subprocess.run(
@@ -319,6 +326,7 @@ def test_bootstrap_from_the_environment() -> None:
         ["topic", "list"],
         ["topic", "describe"],
         ["topic", "delete"],
+        ["topic", "elect-leader"],
         ["produce"],
         ["consume"],
         ["cluster"],

@@ -22,6 +22,7 @@ from protocol.messages import (
     BrokerHeartbeatResponse,
     BrokerRegistrationRequest,
     BrokerRegistrationResponse,
+    CreatableReplicaAssignment,
     CreatableTopic,
     CreatableTopicResult,
     CreateTopicsRequest,
@@ -30,6 +31,7 @@ from protocol.messages import (
 from protocol.metadata_records import PartitionRecord
 
 CLUSTER_ID = "test-cluster-id"
+AS_A_BROKER = "<as a broker would>"
 
 
 class FakeClock:
@@ -86,9 +88,33 @@ class Harness:
     def image(self) -> MetadataImage:
         return self.writer.image
 
+    def run_for(self, seconds: float) -> None:
+        """The controller runs for `seconds`: the clock moves in liveness-check steps,
+        each noted as the liveness loop notes it. (A bare `clock.advance` longer than
+        the stall threshold is a controller stall: controller/liveness.py.)"""
+        end = self.clock.now + seconds
+        step = self.sessions.check_interval_s
+        self.sessions.observe()
+        while self.clock.now + step < end:
+            self.clock.advance(step)
+            self.sessions.observe()
+        self.clock.now = end
+        self.sessions.observe()
+
     async def register(
-        self, broker_id: int, *, new_incarnation: bool = True, cluster_id: str | None = None
+        self,
+        broker_id: int,
+        *,
+        new_incarnation: bool = True,
+        cluster_id: str | None = AS_A_BROKER,
+        empty_disk: bool = False,
     ) -> BrokerRegistrationResponse:
+        """As a real broker registers: without a cluster id the first time, naming it
+        afterwards (its meta.properties holds it), without one again when `empty_disk`
+        (its data directory was lost); or with the `cluster_id` given."""
+        if cluster_id == AS_A_BROKER:
+            first = broker_id not in self.incarnations
+            cluster_id = None if first or empty_disk else CLUSTER_ID
         if new_incarnation or broker_id not in self.incarnations:
             self.incarnations[broker_id] = uuid.uuid4().hex
         return await self.handlers.broker_registration(
@@ -140,6 +166,26 @@ class Harness:
             )
         )
         return response.topics[0]
+
+    async def create_assigned(
+        self, name: str, assignment: list[list[int]], configs: dict[str, str] | None = None
+    ) -> None:
+        """A topic with the replicas of each partition given (first = preferred leader)."""
+        response = await self.handlers.create_topics(
+            CreateTopicsRequest(
+                topics=[
+                    CreatableTopic(
+                        name=name,
+                        assignments=[
+                            CreatableReplicaAssignment(partition_index=i, broker_ids=b)
+                            for i, b in enumerate(assignment)
+                        ],
+                        configs=configs or {},
+                    )
+                ]
+            )
+        )
+        assert response.topics[0].error_code == 0, response
 
     def partition(self, topic: str, partition: int = 0) -> PartitionRecord:
         image_topic = self.image.topic_by_name(topic)

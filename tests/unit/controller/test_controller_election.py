@@ -96,6 +96,50 @@ def test_nobody_eligible_keeps_fenced_leader_in_isr() -> None:
     assert (new.leader, new.isr) == (NO_LEADER, [1, 2])
 
 
+def test_a_broker_that_lost_its_data_leaves_even_as_the_last_isr_member() -> None:
+    # It led: nobody else in the ISR, so the ISR becomes empty and nobody leads.
+    new = remove_broker(
+        part([1, 2], [1], 1), 1, usable_set(2), unclean_allowed=False, data_lost=True
+    )
+    assert new is not None
+    assert (new.leader, new.isr, new.leader_epoch, new.partition_epoch) == (NO_LEADER, [], 6, 10)
+    # Already leaderless (it was fenced as the last member): the ISR empties.
+    p = part([1, 2], [1], NO_LEADER)
+    new = remove_broker(p, 1, usable_set(2), unclean_allowed=False, data_lost=True)
+    assert new is not None
+    assert (new.leader, new.isr, new.leader_epoch, new.partition_epoch) == (NO_LEADER, [], 5, 10)
+    # Nobody else usable in a larger ISR: it leaves, the others stay.
+    new = remove_broker(
+        part([1, 2], [1, 2], 1), 1, usable_set(), unclean_allowed=False, data_lost=True
+    )
+    assert new is not None and (new.leader, new.isr) == (NO_LEADER, [2])
+    # With unclean elections allowed, an emptied ISR gets one among the usable replicas.
+    new = remove_broker(p, 1, usable_set(2), unclean_allowed=True, data_lost=True)
+    assert new is not None
+    assert (new.leader, new.isr, new.leader_recovery_state) == (2, [2], LEADER_RECOVERING)
+
+
+def test_an_empty_isr_elects_nobody_cleanly() -> None:
+    p = part([1, 2, 3], [], NO_LEADER)
+    assert elect_if_leaderless(p, usable_set(1, 2, 3), unclean_allowed=False) == (None, False)
+    new, unclean = elect_if_leaderless(p, usable_set(2, 3), unclean_allowed=True)
+    assert unclean and new is not None and (new.leader, new.isr) == (2, [2])
+
+
+def test_an_unclean_election_takes_a_replica_that_lost_its_data_last() -> None:
+    everyone = usable_set(1, 2, 3)
+    assert elect_leader([1, 2, 3], [], everyone, unclean_allowed=True, last_resort={1, 2}) == (
+        Election(3, True)
+    )
+    assert elect_leader([1, 2, 3], [], usable_set(1), unclean_allowed=True, last_resort={1}) == (
+        Election(1, True)
+    )
+    # A usable ISR member is still elected first, last resort or not.
+    assert elect_leader([1, 2], [1], everyone, unclean_allowed=True, last_resort={1}) == (
+        Election(1, False)
+    )
+
+
 def test_unclean_election_on_fencing() -> None:
     p = part([1, 2], [1], 1)
     new = remove_broker(p, 1, usable_set(2), unclean_allowed=True)

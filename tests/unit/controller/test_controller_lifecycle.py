@@ -7,32 +7,11 @@ from __future__ import annotations
 from protocol.errors import ErrorCode
 from protocol.messages import (
     BrokerRegistrationRequest,
-    CreatableReplicaAssignment,
-    CreatableTopic,
-    CreateTopicsRequest,
     DescribeClusterRequest,
     Listener,
     MetadataRequest,
 )
 from protocol.metadata_records import NO_LEADER, RegisterBrokerRecord
-
-
-async def create_assigned(h, name: str, assignment: list[list[int]], configs=None) -> None:
-    response = await h.handlers.create_topics(
-        CreateTopicsRequest(
-            topics=[
-                CreatableTopic(
-                    name=name,
-                    assignments=[
-                        CreatableReplicaAssignment(partition_index=i, broker_ids=b)
-                        for i, b in enumerate(assignment)
-                    ],
-                    configs=configs or {},
-                )
-            ]
-        )
-    )
-    assert response.topics[0].error_code == 0, response
 
 
 async def test_registration_epoch_is_the_record_offset(harness) -> None:
@@ -59,7 +38,7 @@ async def test_new_incarnation_new_epoch_and_leaderships_bumped(harness) -> None
     h = harness
     e1 = await h.start_broker(1)
     await h.start_broker(2)
-    await create_assigned(h, "t", [[1, 2], [2, 1]])
+    await h.create_assigned("t", [[1, 2], [2, 1]])
     before0, before1 = h.partition("t", 0), h.partition("t", 1)
     r = await h.register(1)  # broker 1 restarted
     assert r.broker_epoch > e1
@@ -76,7 +55,7 @@ async def test_new_incarnation_new_epoch_and_leaderships_bumped(harness) -> None
 async def test_new_incarnation_of_sole_replica_goes_leaderless_then_back(harness) -> None:
     h = harness
     await h.start_broker(1)
-    await create_assigned(h, "t", [[1]])
+    await h.create_assigned("t", [[1]])
     r = await h.register(1)
     p = h.partition("t")
     assert (p.leader, p.isr, p.leader_epoch) == (NO_LEADER, [1], 1)
@@ -154,14 +133,14 @@ async def test_session_timeout_fences_and_moves_leadership(harness) -> None:
     e1 = await h.start_broker(1)
     e2 = await h.start_broker(2)
     e3 = await h.start_broker(3)
-    await create_assigned(h, "t", [[1, 2, 3], [3, 1, 2]])
-    await create_assigned(h, "solo", [[3]])
+    await h.create_assigned("t", [[1, 2, 3], [3, 1, 2]])
+    await h.create_assigned("solo", [[3]])
     p0, p1 = h.partition("t", 0), h.partition("t", 1)
-    h.clock.advance(3.0)
+    h.run_for(3.0)
     await h.heartbeat(1, e1)
     await h.heartbeat(2, e2)
     assert await h.handlers.fence_expired_brokers() == []
-    h.clock.advance(1.5)  # broker 3: 4.5 s without a heartbeat > 4 s
+    h.run_for(1.5)  # broker 3: 4.5 s without a heartbeat > 4 s
     assert await h.handlers.fence_expired_brokers() == [3]
     assert h.image.brokers[3].fenced
     n0, n1, n2 = h.partition("t", 0), h.partition("t", 1), h.partition("solo", 0)
@@ -184,9 +163,9 @@ async def test_all_brokers_expire_in_one_batch(harness) -> None:
     h = harness
     for b in (1, 2):
         await h.start_broker(b)
-    await create_assigned(h, "t", [[1, 2]])
+    await h.create_assigned("t", [[1, 2]])
     p = h.partition("t")
-    h.clock.advance(10)
+    h.run_for(10)
     assert await h.handlers.fence_expired_brokers() == [1, 2]
     n = h.partition("t")
     # One record for both: leader gone, the last leader kept in the ISR, epochs bumped once.
@@ -198,8 +177,8 @@ async def test_unclean_election_only_when_topic_allows(harness) -> None:
     h = harness
     e1 = await h.start_broker(1)
     await h.start_broker(2)
-    await create_assigned(h, "clean", [[1, 2]])
-    await create_assigned(h, "dirty", [[1, 2]], configs={"unclean.leader.election.enable": "true"})
+    await h.create_assigned("clean", [[1, 2]])
+    await h.create_assigned("dirty", [[1, 2]], configs={"unclean.leader.election.enable": "true"})
     # Shrink both ISRs to [1] (leader 1), then broker 1 dies.
     from protocol.messages import (
         AlterPartitionPartition,
@@ -230,9 +209,9 @@ async def test_unclean_election_only_when_topic_allows(harness) -> None:
             )
         )
         assert resp.topics[0].partitions[0].error_code == 0
-    h.clock.advance(3)
+    h.run_for(3)
     await h.heartbeat(2, h.image.brokers[2].broker_epoch)
-    h.clock.advance(2)
+    h.run_for(2)
     assert await h.handlers.fence_expired_brokers() == [1]
     assert h.partition("clean").leader == NO_LEADER
     dirty = h.partition("dirty")
@@ -244,7 +223,7 @@ async def test_controlled_shutdown(harness) -> None:
     h = harness
     e1 = await h.start_broker(1)
     await h.start_broker(2)
-    await create_assigned(h, "t", [[1, 2]])
+    await h.create_assigned("t", [[1, 2]])
     before = h.partition("t")
     resp = await h.heartbeat(1, e1, want_shut_down=True)
     assert resp.should_shut_down and resp.is_fenced
@@ -270,15 +249,15 @@ async def test_restart_keeps_state_fresh_sessions_and_never_reuses_epochs(harnes
     h = harness
     e1 = await h.start_broker(1)
     e2 = await h.start_broker(2)
-    await create_assigned(h, "t", [[1, 2]])
-    h.clock.advance(3.5)
+    await h.create_assigned("t", [[1, 2]])
+    h.run_for(3.5)
     epochs_before = {b: h.image.brokers[b].broker_epoch for b in (1, 2)}
     part_before = h.partition("t")
     await h.reopen()  # controller restart
     assert {b: h.image.brokers[b].broker_epoch for b in (1, 2)} == epochs_before
     assert not h.image.brokers[1].fenced and not h.image.brokers[2].fenced
     assert h.partition("t") == part_before
-    h.clock.advance(3.5)  # 7 s since the last heartbeat, 3.5 s since the restart
+    h.run_for(3.5)  # 7 s since the last heartbeat, 3.5 s since the restart
     assert await h.handlers.fence_expired_brokers() == []
     last = h.image.last_offset
     r = await h.register(1)  # broker 1 restarts too
@@ -290,7 +269,7 @@ async def test_describe_cluster_and_metadata(harness) -> None:
     h = harness
     await h.start_broker(1)
     await h.register(2)  # fenced
-    await create_assigned(h, "t", [[1, 2]])
+    await h.create_assigned("t", [[1, 2]])
     desc = await h.handlers.describe_cluster(DescribeClusterRequest())
     assert desc.controller_id == 0 and desc.cluster_id == "test-cluster-id"
     assert [(b.broker_id, b.is_fenced, b.port) for b in desc.brokers] == [

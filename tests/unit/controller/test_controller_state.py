@@ -131,7 +131,7 @@ async def test_replay_equals_live(tmp_path: Path, make_harness) -> None:
         await h.create_topic("a", partitions=3, replication_factor=2)
         await h.create_topic("b", partitions=1, replication_factor=3)
         await h.register(2)  # new incarnation: leaderships move
-        h.clock.advance(5)
+        h.run_for(5)
         await h.heartbeat(1, e1)
         await h.handlers.fence_expired_brokers()  # 3 and 2 fenced
         await h.create_topic("c", partitions=2, replication_factor=1)
