@@ -206,15 +206,22 @@ def decode_columns(
                 add_ts(base_ts + ts_delta)
             b = body[p]
             if b < 0x80:
-                add_offset(base_offset + ((b >> 1) ^ -(b & 1)))
+                offset_delta = (b >> 1) ^ -(b & 1)
                 p += 1
             elif body[p + 1] < 0x80:
                 b = (b & 0x7F) | (body[p + 1] << 7)
-                add_offset(base_offset + ((b >> 1) ^ -(b & 1)))
+                offset_delta = (b >> 1) ^ -(b & 1)
                 p += 2
             else:
                 offset_delta, p = decode_varint(body, p)
-                add_offset(base_offset + offset_delta)
+            # As decode_batch_into: deltas increase, within the header's last one.
+            previous_delta = offsets[-1] - base_offset if offsets else -1
+            if not previous_delta < offset_delta <= header.last_offset_delta:
+                raise CorruptRecordError(
+                    f"record offset delta {offset_delta} after {previous_delta} (the batch "
+                    f"ends at delta {header.last_offset_delta})"
+                )
+            add_offset(base_offset + offset_delta)
             b = body[p]
             if b == 1:  # null key
                 add_key(None)

@@ -1038,6 +1038,10 @@ def decode_batch_into(
     log_append = bool(header.attributes & _ATTR_TIMESTAMP_TYPE)
     log_append_ts = header.max_timestamp
     no_headers: tuple[Header, ...] = ()
+    # Offset deltas increase and stay within the header's (a damaged delta would give
+    # a record another record's offset, or one outside the batch).
+    previous_delta = -1
+    last_delta = header.last_offset_delta
     try:
         for _ in range(header.record_count):
             b = body[p]
@@ -1070,6 +1074,12 @@ def decode_batch_into(
                 p += 2
             else:
                 offset_delta, p = decode_varint(body, p)
+            if not previous_delta < offset_delta <= last_delta:
+                raise CorruptRecordError(
+                    f"record offset delta {offset_delta} after {previous_delta} (the batch "
+                    f"ends at delta {last_delta})"
+                )
+            previous_delta = offset_delta
             b = body[p]
             if b == 1:  # null key
                 key = None
