@@ -185,8 +185,14 @@ def _touches_disk(
     def decorate(method: Callable[Concatenate[Log, _P], _R]) -> Callable[Concatenate[Log, _P], _R]:
         @functools.wraps(method)
         def guarded(self: Log, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-            with self._dir_failure.guard(f"{operation} of log {self._name}"):
+            # LogDirFailureChannel.guard inlined: appends and reads are the hot path.
+            channel = self._dir_failure
+            if channel.failure is not None:
+                raise channel.failure
+            try:
                 return method(self, *args, **kwargs)
+            except OSError as exc:
+                raise channel.fail(f"{operation} of log {self._name}", exc) from exc
 
         return guarded
 
