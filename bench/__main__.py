@@ -20,6 +20,7 @@ BENCHES = {
     "plot": "bench.plot",
     "summary": "bench.summary",
     "micro": "bench.micro",
+    "broker-cpu": "bench.broker_cpu",
 }
 # Options a bench name implies: produce-batch is the produce bench through
 # create_batch()/send_batch(), only the RF 3 acks=all cells the targets are about.

@@ -76,3 +76,17 @@ def test_consume_raw_cell_writes_sane_json(tmp_path: Path) -> None:
     (row,) = doc["results"]
     assert row["data_bytes"] >= 4 * 1024 * 1024 - 16384
     assert row["records"] > 0 and row["bytes"] > 0 and row["mb_per_s"] > 0
+
+
+def test_broker_cpu_writes_leader_and_follower_cost(tmp_path: Path) -> None:
+    doc = run_bench(
+        "broker-cpu",
+        tmp_path / "broker-cpu.json",
+        *("--record-size", "100", "--records", "20000", "--repeats", "1"),
+    )
+    (row,) = doc["results"]
+    assert row["records"] >= 30_000  # --quick's count, whole batches
+    # Each broker did some work per record; the leader (validation, appends, answers
+    # to two followers) more than a follower.
+    assert row["follower_us_per_record"] > 0
+    assert row["leader_us_per_record"] > row["follower_us_per_record"]
