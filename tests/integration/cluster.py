@@ -223,7 +223,8 @@ class Cluster:
 
     def stop_all(self) -> None:
         """Brokers first (their controlled shutdown needs the controller), then the
-        controller; whatever does not exit in time is killed."""
+        controller; whatever does not exit in time is killed. A process a test stopped
+        (SIGSTOP) is continued first: a stopped process cannot handle SIGTERM."""
         groups: list[list[Process]] = [list(self.brokers.values())]
         if self.controller is not None:
             groups.append([self.controller])
@@ -231,6 +232,7 @@ class Cluster:
             for proc in procs:
                 if proc.alive:
                     assert proc.popen is not None
+                    proc.popen.send_signal(signal.SIGCONT)
                     proc.popen.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + STOP_TIMEOUT_S
             for proc in procs:

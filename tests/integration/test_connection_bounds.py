@@ -21,7 +21,6 @@ import contextlib
 import resource
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,15 +48,6 @@ from protocol.record_batch import encode_batch, iter_headers
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 MAX_INT32 = 2**31 - 1
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop_all()
 
 
 def rss_bytes(pid: int) -> int:

@@ -18,8 +18,6 @@ restart on the full disk dies with a raw OSError traceback.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,18 +39,6 @@ PARTITIONS = 3
 SMALL_DISK = 3 * 1024 * 1024
 SEGMENT_BYTES = 1024 * 1024
 VALUE = b"v" * 1000
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        for proc in c.brokers.values():
-            if proc.alive:
-                os.kill(proc.pid, signal.SIGCONT)
-        c.stop_all()
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from cluster import REPO, Cluster, TestClient
@@ -44,15 +42,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 PRODUCE = int(ApiKey.PRODUCE)
 METADATA = int(ApiKey.METADATA)
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop_all()
 
 
 def batch(*values: bytes) -> bytes:

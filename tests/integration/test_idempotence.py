@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
-import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from cluster import Cluster, TestClient
@@ -54,18 +51,6 @@ from protocol.record_batch import BatchBuilder
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 TOPIC = "idempotent"
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        for proc in c.brokers.values():
-            if proc.alive:
-                os.kill(proc.pid, signal.SIGCONT)
-        c.stop_all()
 
 
 def batch(pid: int, seq: int, records: int = 3) -> bytes:

@@ -20,11 +20,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster import REPO, Cluster, running_cluster
+from cluster import REPO, Cluster
 
 from client import Admin, Consumer, Producer, TopicPartition
 from client.errors import InvalidReplicationFactorError
@@ -35,12 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 TOPIC = "acked"
 PARTITIONS = 3
 RECORDS = 300
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with running_cluster(tmp_path) as c:
-        yield c
 
 
 def start(cluster: Cluster, *, session_timeout_ms: int = 3000) -> None:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
@@ -46,15 +45,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 GROUP = "integration-group"
 TOPIC = "events"
 T = TypeVar("T")
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop_all()
 
 
 async def retry(attempt: Callable[[], Awaitable[T | None]], what: str, timeout: float = 30.0) -> T:

@@ -12,8 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,15 +29,6 @@ for _name in ("MINIBROKER_BOOTSTRAP_SERVERS", "MINIBROKER_CONTROLLER"):
     ENV.pop(_name, None)
 SESSION_TIMEOUT_MS = 1500
 WAIT_S = 30.0
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.stop_all()
 
 
 def mb(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

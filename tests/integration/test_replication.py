@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,18 +48,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 TOPIC = "replicated"
 LAG_MS = 1500
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        for proc in c.brokers.values():  # a stopped process cannot handle SIGTERM
-            if proc.alive:
-                os.kill(proc.pid, signal.SIGCONT)
-        c.stop_all()
 
 
 def start(cluster: Cluster, *, session_timeout_ms: int = 3000, brokers: int = 3) -> None:
