@@ -244,6 +244,11 @@ class ControllerServer:
         self._clients.add(task)
         try:
             await client.run()
+        except asyncio.CancelledError:
+            # close() cancels us. Ending normally, not cancelled, because Python 3.11's
+            # stream callback calls task.exception() on this task, which raises for a
+            # cancelled one: an "Exception in callback" traceback per open connection.
+            pass
         finally:
             self._clients.discard(task)
             self.table.release(admission.slot)

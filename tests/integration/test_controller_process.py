@@ -419,3 +419,24 @@ async def test_startup_errors_are_one_clear_line(
     assert [line for line in out.splitlines() if line.startswith("Error")] == [
         out.strip().splitlines()[-1]
     ]
+
+
+async def test_a_controller_stopping_with_connections_open_logs_no_traceback(
+    tmp_path: Path, procs: list[ControllerProc]
+) -> None:
+    """SIGTERM with clients connected (one idle, one that spoke) is a clean stop: exit
+    code 0 and no traceback (Python 3.11's stream callback logged one per connection
+    whose task was cancelled)."""
+    ctl = ControllerProc(tmp_path / "data", free_port())
+    procs.append(ctl)
+    await ctl.start()
+    idle = socket.create_connection(("127.0.0.1", ctl.port))
+    client = await Client.connect(ctl.port)
+    await register(client, 1, uuid.uuid4().hex)
+    try:
+        assert ctl.terminate() == 0
+    finally:
+        idle.close()
+        await client.close()
+    out = ctl.log_text()
+    assert "Traceback" not in out and "Exception in callback" not in out, out[-3000:]
