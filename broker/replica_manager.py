@@ -1032,6 +1032,8 @@ class ReplicaManager:
                     await result
             except asyncio.CancelledError:
                 raise
+            except LogDirFailureError:
+                pass  # the directory went offline: announced once, where it failed
             except Exception:
                 log.exception("background job %s failed", getattr(job, "__name__", job))
 

@@ -18,6 +18,7 @@ restart on the full disk dies with a raw OSError traceback.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -217,6 +218,42 @@ def check_io_errors_take_the_directory_offline(cluster: Cluster, disk: SmallFile
     assert "the disk under" in broker.log_text(), broker.tail()
     after = asyncio.run(leaders_and_isrs(bootstrap(cluster, but=1)))
     assert all(leader != 1 and 1 not in isr for leader, isr in after.values()), after
+    seen = asyncio.run(read_all(bootstrap(cluster, but=1)))
+    lost = [(p, o) for p, o in acked if o not in set(seen[p])]
+    assert not lost, f"acknowledged records lost: {lost[:10]}"
+
+
+def test_a_volume_deleted_under_a_running_broker_takes_it_offline(cluster: Cluster) -> None:
+    """A lost volume while the broker runs (its data directory removed: open files still
+    work, every new file fails with ENOENT): the next checkpoint takes the directory
+    offline and the leaderships move; acks=all producers see no error. Needs no root."""
+    start(cluster)
+    servers = bootstrap(cluster)
+    asyncio.run(create_topic(servers))
+
+    async def produce(first: int, count: int) -> list[tuple[int, int]]:
+        async with AsyncProducer(servers, acks="all", linger_ms=0) as producer:
+            out = []
+            for i in range(first, first + count):
+                meta = await producer.send_and_wait(TOPIC, VALUE, partition=i % PARTITIONS)
+                out.append((meta.partition, meta.offset))
+            return out
+
+    acked = asyncio.run(produce(0, 60))
+    shutil.rmtree(cluster.brokers[1].data_dir)
+    deadline = time.monotonic() + 30
+    while "is offline" not in cluster.brokers[1].log_text():
+        assert time.monotonic() < deadline, cluster.brokers[1].tail()
+        acked += asyncio.run(produce(len(acked), 10))
+    acked += asyncio.run(produce(len(acked), 60))
+
+    broker_log = cluster.brokers[1].log_text()
+    assert "No such file or directory (ENOENT)" in broker_log, broker_log[-3000:]
+    assert "Traceback" not in broker_log, broker_log[-3000:]
+    after = asyncio.run(leaders_and_isrs(bootstrap(cluster, but=1)))
+    assert all(leader != 1 and 1 not in isr for leader, isr in after.values()), after
+    health = asyncio.run(cluster_health(bootstrap(cluster, but=1)))
+    assert [d.broker for d in health.offline_log_dirs] == [1], health
     seen = asyncio.run(read_all(bootstrap(cluster, but=1)))
     lost = [(p, o) for p, o in acked if o not in set(seen[p])]
     assert not lost, f"acknowledged records lost: {lost[:10]}"
