@@ -1,28 +1,52 @@
 """The broker's configuration: one immutable object built once from flags, environment
-and TOML (see `broker/__main__.py`), then passed down to every part of the process.
+and TOML (`python -m broker`), then passed down to every part of the process.
 
-Parsing lives here (not in the click command) so that tests can build a BrokerConfig
-without a command line.
+Every setting is declared once, as a field below (`setting(...)`, or
+`topic_setting(...)` for the broker-wide default of a topic config): its flag, its
+MINIBROKER_* environment variable, its TOML key, its checks, its `--help` line and its
+README row all come from that declaration (runtime/settings.py). Fields without a
+declaration are internal bounds, not settings. Tests build a BrokerConfig directly.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from protocol.connection_limits import ConnectionLimits
+from broker.storage.log_config import LogConfig
+from protocol.connection_limits import ConnectionLimits, parse_per_ip_overrides
+from protocol.topic_configs import (
+    FLUSH_MESSAGES,
+    FLUSH_MS,
+    MAX_MESSAGE_BYTES,
+    RETENTION_BYTES,
+    RETENTION_MS,
+    SEGMENT_BYTES,
+    SEGMENT_MS,
+)
+from runtime.settings import (
+    ConfigError,
+    enable_test_faults_switch,
+    parse_host_port,
+    problems,
+    setting,
+    topic_defaults,
+    topic_setting,
+    unsafe_switch,
+)
 
-DEFAULT_LISTENERS = "PLAINTEXT://127.0.0.1:9092"
-DEFAULT_CONTROLLER = "127.0.0.1:9093"
+__all__ = [
+    "BrokerConfig",
+    "ConfigError",
+    "ListenerSpec",
+    "parse_host_port",
+    "parse_listeners",
+]
 
 _LISTENER_RE = re.compile(
     r"^(?P<name>[A-Za-z][A-Za-z0-9_]*)://(?P<host>\[[^\]]+\]|[^:/\s]*):(?P<port>\d+)$"
 )
-
-
-class ConfigError(ValueError):
-    """A setting that cannot be used; the message names the setting and the fix."""
 
 
 @dataclass(frozen=True)
@@ -60,69 +84,165 @@ def parse_listeners(value: str, *, option: str = "--listeners") -> list[Listener
     return out
 
 
-def parse_host_port(value: str, *, option: str) -> tuple[str, int]:
-    host, sep, port_s = value.strip().rpartition(":")
-    if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) <= 65535:
-        raise ConfigError(f"{option}: {value!r} is not HOST:PORT (e.g. 127.0.0.1:9093)")
-    return host.strip("[]"), int(port_s)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BrokerConfig:
-    node_id: int
-    listeners: list[ListenerSpec] = field(
-        default_factory=lambda: parse_listeners(DEFAULT_LISTENERS)
+    node_id: int = setting(minimum=0, doc="Broker id, >= 0.")
+    listeners: list[ListenerSpec] = setting(  # noqa: RUF009 (a dataclass field)
+        "PLAINTEXT://127.0.0.1:9092",
+        parse=parse_listeners,
+        doc="Comma-separated NAME://HOST:PORT to listen on; port 0 picks a free port.",
     )
     # None: advertise each listener's own address (with its actual port once bound).
-    advertised_listeners: list[ListenerSpec] | None = None
-    controller: tuple[str, int] = ("127.0.0.1", 9093)
-    data_dir: Path = Path("minibroker-data/broker-0")
-    heartbeat_interval_ms: int = 500
-    segment_bytes: int = 134_217_728
-    segment_ms: int = 604_800_000
-    retention_ms: int = 604_800_000
-    retention_bytes: int = -1
-    flush_messages: int | None = None
-    flush_ms: int | None = None
-    max_message_bytes: int = 1_048_588
-    replica_lag_time_max_ms: int = 10_000
-    log_level: str = "INFO"
-    # How long start-up keeps trying to reach the controller before giving up.
-    controller_connect_timeout_ms: int = 30_000
-    # How long a SIGTERM waits for the controller to move leaderships away.
-    controlled_shutdown_timeout_ms: int = 10_000
-    retention_check_interval_ms: int = 300_000
-    hw_checkpoint_interval_ms: int = 5_000
+    advertised_listeners: list[ListenerSpec] | None = setting(  # noqa: RUF009 (a dataclass field)
+        None,
+        parse=parse_listeners,
+        shown_default="the listeners",
+        doc="NAME://HOST:PORT clients are told to use, per listener name (a client gets "
+        "the address of the listener it came in on).",
+    )
+    controller: tuple[str, int] = setting(
+        "127.0.0.1:9093", parse=parse_host_port, doc="HOST:PORT of the controller."
+    )
+    # None: ./minibroker-data/broker-<node id> (filled in by __post_init__).
+    data_dir: Path = setting(  # noqa: RUF009 (a dataclass field)
+        None,
+        kind="path",
+        shown_default="./minibroker-data/broker-<node-id>",
+        doc="Directory of the logs and checkpoints.",
+    )
+    heartbeat_interval_ms: int = setting(
+        500, minimum=1, doc="Interval between heartbeats to the controller."
+    )
+    segment_bytes: int = topic_setting(SEGMENT_BYTES)
+    segment_ms: int = topic_setting(SEGMENT_MS)
+    retention_ms: int = topic_setting(RETENTION_MS)
+    retention_bytes: int = topic_setting(RETENTION_BYTES)
+    flush_messages: int | None = topic_setting(FLUSH_MESSAGES)
+    flush_ms: int | None = topic_setting(FLUSH_MS)
+    max_message_bytes: int = topic_setting(MAX_MESSAGE_BYTES)
+    replica_lag_time_max_ms: int = setting(
+        10_000, minimum=1, doc="A follower that has not caught up for this long leaves the ISR."
+    )
+    # The offsets coordinator's internal topic __consumer_offsets (Kafka's settings;
+    # Kafka defaults to 50 partitions, we default to 10: small clusters, cheap start).
+    offsets_topic_num_partitions: int = setting(
+        10,
+        minimum=1,
+        doc="Partitions of the internal topic __consumer_offsets when a broker creates it "
+        "(offsets.topic.num.partitions; Kafka's default is 50). Use the same value on "
+        "every broker.",
+    )
+    offsets_topic_replication_factor: int = setting(
+        3,
+        minimum=1,
+        doc="Replication factor of __consumer_offsets (offsets.topic.replication.factor); "
+        "lowered to the number of live brokers, with a warning, when fewer are up.",
+    )
+    controller_connect_timeout_ms: int = setting(
+        30_000,
+        minimum=1,
+        doc="How long start-up keeps trying to reach the controller before it gives up.",
+    )
+    controlled_shutdown_timeout_ms: int = setting(
+        10_000, minimum=1, doc="How long SIGTERM waits for the controller to move leaderships away."
+    )
+    retention_check_interval_ms: int = setting(
+        300_000, minimum=1, doc="How often retention looks for segments to delete."
+    )
+    hw_checkpoint_interval_ms: int = setting(
+        5_000, minimum=1, doc="How often high watermarks and recovery points are checkpointed."
+    )
     # Follower fetcher (Kafka's replica.fetch.* settings).
-    replica_fetch_wait_max_ms: int = 500
-    replica_fetch_max_bytes: int = 1_048_576
-    replica_fetch_response_max_bytes: int = 10_485_760
-    replica_fetch_backoff_ms: int = 200
+    replica_fetch_wait_max_ms: int = setting(
+        500,
+        minimum=0,
+        doc="Longest a follower's fetch waits at the leader for new data "
+        "(replica.fetch.wait.max.ms).",
+    )
+    replica_fetch_max_bytes: int = setting(
+        1_048_576,
+        minimum=1,
+        doc="Bytes a follower asks for per partition and fetch (replica.fetch.max.bytes).",
+    )
+    replica_fetch_response_max_bytes: int = setting(
+        10_485_760,
+        minimum=1,
+        doc="Bytes a follower asks for per fetch, all partitions together, and the most a "
+        "follower's fetch gets from this broker as leader (replica.fetch.response.max.bytes).",
+    )
+    replica_fetch_backoff_ms: int = setting(
+        200,
+        minimum=0,
+        doc="Pause of a follower's fetcher after a failed fetch (replica.fetch.backoff.ms).",
+    )
     # What one Fetch may return, all partitions (KIP-74: at least the first batch
     # whole): a consumer's is capped at fetch.max.bytes, a follower's at
     # replica.fetch.response.max.bytes above.
-    fetch_max_bytes: int = 57_671_680
+    fetch_max_bytes: int = setting(
+        57_671_680,
+        minimum=1,
+        doc="Most record bytes a consumer's fetch gets, all partitions together, whatever it "
+        "asks for; the first batch comes whole even when larger (fetch.max.bytes).",
+    )
     # Connection bounds (Kafka's names where Kafka has the setting).
-    max_connections: int = 10_000
-    max_connections_per_ip: int = 1_000
-    max_connections_per_ip_overrides: dict[str, int] = field(default_factory=dict)
-    connections_max_idle_ms: int = 600_000
-    request_frame_timeout_ms: int = 30_000
-    max_pending_bytes_per_connection: int = 64 * 1024 * 1024
-    # The offsets coordinator's internal topic __consumer_offsets (Kafka's settings;
-    # Kafka defaults to 50 partitions, we default to 10: small clusters, cheap start).
-    offsets_topic_num_partitions: int = 10
-    offsets_topic_replication_factor: int = 3
-    # Test-only switches (refused unless MINIBROKER_ENABLE_TEST_FAULTS=1, logged loudly):
-    # each turns one protection off so a scenario test can show the failure it guards.
-    enable_test_faults: bool = False
-    # Follower truncates to its high watermark (pre-KIP-101) instead of asking the leader.
-    unsafe_truncate_to_high_watermark: bool = False
-    # Leader ignores current_leader_epoch in Produce/Fetch/ListOffsets/OffsetsForLeaderEpoch.
-    unsafe_ignore_leader_epoch: bool = False
-    # Logs are never fsynced (a crash may lose what the page cache held).
-    unsafe_skip_fsync: bool = False
-    # Not flags: internal bounds with Kafka-like values.
+    max_connections: int = setting(
+        10_000,
+        minimum=1,
+        doc="Connections open at once, all listeners together; when full, a new connection "
+        "replaces the oldest one that has sent no request, else it is refused "
+        "(max.connections).",
+    )
+    max_connections_per_ip: int = setting(
+        1_000,
+        minimum=0,
+        doc="Connections open at once from one IP address, all listeners together; more are "
+        "refused (max.connections.per.ip).",
+    )
+    max_connections_per_ip_overrides: dict[str, int] = setting(  # noqa: RUF009 (a dataclass field)
+        "",
+        parse=parse_per_ip_overrides,
+        shown_default="none",
+        doc="Per-address limits that replace --max-connections-per-ip: ADDRESS:COUNT,... "
+        "(IP addresses, e.g. 10.0.0.5:5000) (max.connections.per.ip.overrides).",
+    )
+    connections_max_idle_ms: int = setting(
+        600_000,
+        minimum=1,
+        doc="Close a connection with nothing received, nothing of its answers taken and no "
+        "request in service for this long (connections.max.idle.ms).",
+    )
+    request_frame_timeout_ms: int = setting(
+        30_000,
+        minimum=1,
+        doc="Close a connection whose request frame, once begun, is not complete within this "
+        "long (slowloris); the clock stops while the broker itself is not reading it.",
+    )
+    max_pending_bytes_per_connection: int = setting(
+        64 * 1024 * 1024,
+        minimum=1,
+        doc="Bytes one connection may make the broker hold: requests in service, the record "
+        "bytes their fetches may return, answers not yet taken by the client. Past it the "
+        "broker stops reading that connection; one request at a time always runs.",
+    )
+    log_level: str = setting(
+        "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), doc="Logging level (stderr)."
+    )
+    # Test-only switches (refused unless test faults are enabled, logged loudly): each
+    # turns one protection off so a scenario test can show the failure it guards.
+    enable_test_faults: bool = enable_test_faults_switch()
+    unsafe_truncate_to_high_watermark: bool = unsafe_switch(
+        "TEST ONLY (needs --enable-test-faults): a follower truncates to its high watermark "
+        "instead of reconciling by leader epoch (pre-KIP-101)."
+    )
+    unsafe_ignore_leader_epoch: bool = unsafe_switch(
+        "TEST ONLY (needs --enable-test-faults): the leader ignores current_leader_epoch in "
+        "Produce, Fetch, ListOffsets and OffsetsForLeaderEpoch (pre-KIP-320/359)."
+    )
+    unsafe_skip_fsync: bool = unsafe_switch(
+        "TEST ONLY (needs --enable-test-faults): log data is never fsynced (flush.messages "
+        "and flush.ms do nothing) and the recovery point stays put."
+    )
+    # Not settings: internal bounds with Kafka-like values.
     request_timeout_ms: int = 30_000
     metadata_max_wait_ms: int = 1_000
     max_in_flight_per_connection: int = 100
@@ -132,41 +252,11 @@ class BrokerConfig:
     flush_check_interval_ms: int = 100
 
     def __post_init__(self) -> None:
-        if self.node_id < 0:
-            raise ConfigError(f"--node-id must be >= 0, got {self.node_id}")
-        if self.heartbeat_interval_ms <= 0:
-            raise ConfigError("--heartbeat-interval-ms must be > 0")
-        if self.segment_bytes < 1024:
-            raise ConfigError(f"--segment-bytes must be >= 1024, got {self.segment_bytes}")
-        if self.segment_ms <= 0:
-            raise ConfigError("--segment-ms must be > 0")
-        if self.retention_ms < -1 or self.retention_bytes < -1:
-            raise ConfigError("--retention-ms / --retention-bytes must be >= -1 (-1: unlimited)")
-        if self.flush_messages is not None and self.flush_messages <= 0:
-            raise ConfigError("--flush-messages must be > 0")
-        if self.flush_ms is not None and self.flush_ms <= 0:
-            raise ConfigError("--flush-ms must be > 0")
-        if self.max_message_bytes <= 0:
-            raise ConfigError("--max-message-bytes must be > 0")
-        if self.offsets_topic_num_partitions <= 0:
-            raise ConfigError("--offsets-topic-num-partitions must be > 0")
-        if self.offsets_topic_replication_factor <= 0:
-            raise ConfigError("--offsets-topic-replication-factor must be > 0")
-        if self.replica_lag_time_max_ms <= 0:
-            raise ConfigError("--replica-lag-time-max-ms must be > 0")
-        for name in (
-            "controller_connect_timeout_ms",
-            "controlled_shutdown_timeout_ms",
-            "retention_check_interval_ms",
-            "hw_checkpoint_interval_ms",
-            "fetch_max_bytes",
-            "max_connections",
-            "connections_max_idle_ms",
-            "request_frame_timeout_ms",
-            "max_pending_bytes_per_connection",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        if self.data_dir is None:
+            object.__setattr__(self, "data_dir", Path("minibroker-data") / f"broker-{self.node_id}")
+        found = problems(self)
+        if found:
+            raise ConfigError("; ".join(found))
         try:
             self.connection_limits()
         except ValueError as exc:
@@ -182,6 +272,10 @@ class BrokerConfig:
             for spec in self.advertised_listeners:
                 if not spec.host:
                     raise ConfigError(f"--advertised-listeners: {spec} needs a host")
+
+    def log_config(self) -> LogConfig:
+        """The broker-wide storage settings that a topic's configs override."""
+        return LogConfig(**topic_defaults(self))
 
     def connection_limits(self) -> ConnectionLimits:
         return ConnectionLimits(

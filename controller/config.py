@@ -1,33 +1,35 @@
-"""The controller's settings, in one place with their defaults.
+"""The controller's settings, each declared once (a field below), with its default.
 
 `python -m controller` fills a `ControllerConfig` from flags > `MINIBROKER_*`
-environment > TOML file > these defaults; tests build one directly.
+environment > TOML file > these defaults; the flag, environment variable, TOML key,
+checks, `--help` line and README row of each setting come from its declaration
+(runtime/settings.py). Fields without a declaration are internal bounds. Tests build
+a ControllerConfig directly.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.api import ApiKey
-from protocol.connection_limits import ConnectionLimits
+from protocol.connection_limits import ConnectionLimits, parse_per_ip_overrides
+from protocol.topic_configs import MIN_INSYNC_REPLICAS, UNCLEAN_LEADER_ELECTION
+from runtime.settings import (
+    TEST_FAULTS_ENV,
+    ConfigError,
+    Setting,
+    enable_test_faults_switch,
+    parse_host_port,
+    problems,
+    refusal,
+    setting,
+    topic_setting,
+    unsafe_switch,
+    unsafe_switches_on,
+)
 
-# Test-only fault switches are refused unless test faults are enabled (--enable-test-faults,
-# or this environment variable is "1"), so a production deployment cannot turn a
-# protection off by accident.
-TEST_FAULTS_ENV = "MINIBROKER_ENABLE_TEST_FAULTS"
-
-
-def _test_faults_env() -> bool:
-    return os.environ.get(TEST_FAULTS_ENV) == "1"
-
-
-DEFAULT_LISTEN = "127.0.0.1:9093"
-DEFAULT_DATA_DIR = "./minibroker-data/controller"
-
-log = logging.getLogger(__name__)
+__all__ = ["BROKER_API_KEYS", "TEST_FAULTS_ENV", "ControllerConfig", "parse_listen"]
 
 # The APIs brokers send the controller (CreateTopics/DeleteTopics/ElectLeaders too:
 # clients reach them only through a broker, which forwards them). A connection whose
@@ -47,49 +49,110 @@ BROKER_API_KEYS = frozenset(
 )
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    """Split `HOST:PORT` (IPv6 as `[::1]:9093`); raise ValueError with a helpful message."""
-    text = value.strip()
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text:
-        raise ValueError(f"{value!r} is not HOST:PORT (for example 127.0.0.1:9093)")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"port {port_text!r} in {value!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port {port} in {value!r} is outside 0..65535")
-    return host, port
+def parse_listen(value: str, *, option: str = "--listen") -> tuple[str, int]:
+    """Split `HOST:PORT` (IPv6 as `[::1]:9093`); port 0 picks a free port."""
+    return parse_host_port(value, option=option, allow_port_zero=True)
+
+
+# One flag, two fields: `--listen HOST:PORT` fills listen_host and listen_port.
+LISTEN = Setting(
+    name="listen",
+    kind="text",
+    default="127.0.0.1:9093",
+    parse=parse_listen,
+    doc="HOST:PORT to listen on for brokers and tools (port 0 picks a free one; the "
+    "listening log line names it).",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ControllerConfig:
-    node_id: int = 0
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 9093  # 0: pick a free port (the listening log line names it)
-    data_dir: Path = Path(DEFAULT_DATA_DIR)
-    session_timeout_ms: int = 4000
-    default_partitions: int = 1
-    default_replication_factor: int = 1
-    default_min_insync_replicas: int = 1
-    default_unclean_leader_election: bool = False
-    snapshot_every: int = 10_000
-    log_level: str = "INFO"
-
-    # Connection bounds (flags; Kafka's names where Kafka has the setting).
-    max_connections: int = 1000
-    max_connections_per_ip: int = 100
-    max_connections_per_ip_overrides: dict[str, int] = field(default_factory=dict)
+    node_id: int = setting(0, minimum=0, doc="Controller id, reported to clients as controller_id.")
+    listen_host: str = LISTEN.part(0)
+    listen_port: int = LISTEN.part(1)
+    data_dir: Path = setting(  # noqa: RUF009 (a dataclass field)
+        "./minibroker-data/controller",
+        kind="path",
+        doc="Directory of the metadata log, its snapshots and meta.properties (created if "
+        "missing).",
+    )
+    session_timeout_ms: int = setting(
+        4000,
+        minimum=1,
+        doc="A broker without a heartbeat for this long (while the controller runs) is "
+        "fenced: its leaderships move.",
+    )
+    default_partitions: int = setting(
+        1, minimum=1, doc="Partitions of a new topic that does not say."
+    )
+    default_replication_factor: int = setting(
+        1, minimum=1, doc="Replication factor of a new topic that does not say."
+    )
+    default_min_insync_replicas: int = topic_setting(MIN_INSYNC_REPLICAS, at_creation=True)
+    default_unclean_leader_election: bool = topic_setting(UNCLEAN_LEADER_ELECTION, at_creation=True)
+    snapshot_every: int = setting(
+        10_000,
+        minimum=1,
+        doc="Metadata records between snapshots; older log files are deleted after one.",
+    )
+    # Connection bounds (Kafka's names where Kafka has the setting).
+    max_connections: int = setting(
+        1000,
+        minimum=1,
+        doc="Connections open at once; when full, a new connection replaces the oldest one "
+        "that has sent no request, else it is refused (max.connections).",
+    )
     # Slots only connections whose first request is a broker API may use.
-    reserved_broker_connections: int = 300
-    first_request_timeout_ms: int = 10_000
-    connections_max_idle_ms: int = 600_000
-    request_frame_timeout_ms: int = 30_000
-    max_pending_bytes_per_connection: int = 64 * 1024 * 1024
+    reserved_broker_connections: int = setting(
+        300,
+        minimum=0,
+        doc="Of --max-connections, slots only brokers use (a connection whose first request "
+        "is a broker API); a broker opens 3. Must be below --max-connections.",
+    )
+    max_connections_per_ip: int = setting(
+        100,
+        minimum=0,
+        doc="Connections from one IP address that are not brokers'; past it a connection is "
+        "closed unless its first request is a broker API (max.connections.per.ip).",
+    )
+    max_connections_per_ip_overrides: dict[str, int] = setting(  # noqa: RUF009 (a dataclass field)
+        "",
+        parse=parse_per_ip_overrides,
+        shown_default="none",
+        doc="Per-address limits that replace --max-connections-per-ip: ADDRESS:COUNT,... "
+        "(IP addresses) (max.connections.per.ip.overrides).",
+    )
+    first_request_timeout_ms: int = setting(
+        10_000,
+        minimum=1,
+        doc="Close a connection that sends no whole request within this long of connecting.",
+    )
+    connections_max_idle_ms: int = setting(
+        600_000,
+        minimum=1,
+        doc="Close a connection that is not a broker's with nothing received, nothing of its "
+        "answers taken and no request in service for this long (connections.max.idle.ms).",
+    )
+    request_frame_timeout_ms: int = setting(
+        30_000,
+        minimum=1,
+        doc="Close a connection whose request frame, once begun, is not complete within this "
+        "long (slowloris); the clock stops while the controller itself is not reading it.",
+    )
+    max_pending_bytes_per_connection: int = setting(
+        64 * 1024 * 1024,
+        minimum=1,
+        doc="Bytes one connection may make the controller hold (requests in service, answers "
+        "not yet taken); past it the connection is not read. One request at a time always "
+        "runs.",
+    )
+    log_level: str = setting(
+        "INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        doc="Logging threshold (logs go to stderr).",
+    )
 
-    # Bounds (not on the command line: they protect the process, not tune it).
+    # Bounds (not settings: they protect the process, not tune it).
     max_request_bytes: int = 16 * 1024 * 1024  # controller requests are small
     max_in_flight_per_connection: int = 100
     max_metadata_waiters: int = 1000  # parked FetchMetadata long-polls
@@ -99,59 +162,42 @@ class ControllerConfig:
 
     # TEST ONLY: serve FaultControl (controller/faults.py) and allow the unsafe switches
     # below. Built directly (tests), it follows MINIBROKER_ENABLE_TEST_FAULTS.
-    enable_test_faults: bool = field(default_factory=_test_faults_env)
-    # TEST ONLY (KIP-903 scenario): skip the check that each new ISR member's broker
-    # epoch in AlterPartition equals its registered epoch, so a test can show the
-    # data loss the check prevents.
-    unsafe_ignore_broker_epochs: bool = False
-    # TEST ONLY (KIP-101 scenario 1): a broker that registers again (a restart) stays in
-    # the ISRs it was in, as under ZooKeeper when it came back within the lag time; only
-    # its leaderships move. Without it the new incarnation leaves every ISR (KIP-903).
-    unsafe_keep_restarted_replicas_in_isr: bool = False
+    enable_test_faults: bool = enable_test_faults_switch(follow_environment=True)
+    # (KIP-903 scenario) skip the check that each new ISR member's broker epoch in
+    # AlterPartition equals its registered epoch, so a test can show the data loss the
+    # check prevents.
+    unsafe_ignore_broker_epochs: bool = unsafe_switch(
+        "TEST ONLY (needs --enable-test-faults): AlterPartition accepts ISR members with a "
+        "stale broker epoch (pre-KIP-903)."
+    )
+    # (KIP-101 scenario 1) a broker that registers again (a restart) stays in the ISRs it
+    # was in, as under ZooKeeper when it came back within the lag time; only its
+    # leaderships move. Without it the new incarnation leaves every ISR (KIP-903).
+    unsafe_keep_restarted_replicas_in_isr: bool = unsafe_switch(
+        "TEST ONLY (needs --enable-test-faults): a re-registering broker stays in the ISRs "
+        "it was in (the ZooKeeper-era behaviour of KIP-101 scenario 1); only its "
+        "leaderships move."
+    )
 
     def __post_init__(self) -> None:
-        problems: list[str] = []
-        if self.node_id < 0:
-            problems.append(f"node id {self.node_id} must be >= 0")
+        found = problems(self)
         if not 0 <= self.listen_port <= 65535:
-            problems.append(f"listen port {self.listen_port} is outside 0..65535")
-        if self.session_timeout_ms < 1:
-            problems.append(f"session timeout {self.session_timeout_ms} ms must be >= 1")
-        for name in (
-            "default_partitions",
-            "default_replication_factor",
-            "default_min_insync_replicas",
-            "snapshot_every",
-        ):
-            if getattr(self, name) < 1:
-                problems.append(f"{name.replace('_', '-')} must be >= 1")
-        if logging.getLevelName(self.log_level.upper()) not in (
-            logging.DEBUG,
-            logging.INFO,
-            logging.WARNING,
-            logging.ERROR,
-            logging.CRITICAL,
-        ):
-            problems.append(f"log level {self.log_level!r} is not DEBUG/INFO/WARNING/ERROR")
+            found.append(f"--listen: port {self.listen_port} is outside 0..65535")
         if not 0 <= self.reserved_broker_connections < self.max_connections:
-            problems.append(
+            found.append(
                 f"--reserved-broker-connections ({self.reserved_broker_connections}) must be "
                 f"below --max-connections ({self.max_connections})"
             )
-        else:
+        elif not found:
             try:
                 self.connection_limits()
             except ValueError as exc:
-                problems.append(str(exc))
-        for name in self.protections_off:
-            if not self.enable_test_faults:
-                problems.append(
-                    f"--{name} is a test-only switch that turns a protection off; it is refused "
-                    f"unless --enable-test-faults (or {TEST_FAULTS_ENV}=1) is given too "
-                    "(never in production)"
-                )
-        if problems:
-            raise ValueError("; ".join(problems))
+                found.append(str(exc))
+        refused = refusal(self)
+        if refused:
+            found.append(refused)
+        if found:
+            raise ConfigError("; ".join(found))
 
     def connection_limits(self) -> ConnectionLimits:
         return ConnectionLimits(
@@ -171,11 +217,7 @@ class ControllerConfig:
     @property
     def protections_off(self) -> tuple[str, ...]:
         """The unsafe switches that are on, by flag name."""
-        return tuple(
-            name.replace("_", "-")
-            for name in ("unsafe_ignore_broker_epochs", "unsafe_keep_restarted_replicas_in_isr")
-            if getattr(self, name)
-        )
+        return unsafe_switches_on(self)
 
     @property
     def session_timeout_s(self) -> float:

@@ -1,29 +1,36 @@
 """Topic names and topic configs, validated the way Kafka validates them.
 
-Configs are Kafka's names with string values. The controller stores what the user
-set plus its own defaults for `min.insync.replicas` and
-`unclean.leader.election.enable` (they drive its elections and the leaders' acks=all
-rule); the storage settings it does not set stay absent so each broker's own
+Configs are Kafka's names with string values, checked against the one table of topic
+configs (`protocol/topic_configs.py`) that the brokers' storage applies too. The
+controller stores what the user set plus its own defaults for `min.insync.replicas`
+and `unclean.leader.election.enable` (they drive its elections and the leaders'
+acks=all rule); the storage settings it does not set stay absent so each broker's own
 defaults (--retention-ms, --segment-bytes, ...) apply to them.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+
+from protocol import topic_configs
+from protocol.topic_configs import InvalidTopicConfig
 
 MAX_TOPIC_NAME_LENGTH = 249
 _LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 
-MIN_INSYNC_REPLICAS = "min.insync.replicas"
-UNCLEAN_LEADER_ELECTION = "unclean.leader.election.enable"
+MIN_INSYNC_REPLICAS = topic_configs.MIN_INSYNC_REPLICAS.name
+UNCLEAN_LEADER_ELECTION = topic_configs.UNCLEAN_LEADER_ELECTION.name
+
+__all__ = [
+    "InvalidTopicConfig",
+    "InvalidTopicName",
+    "unclean_election_enabled",
+    "validate_topic_configs",
+    "validate_topic_name",
+]
 
 
 class InvalidTopicName(ValueError):
-    pass
-
-
-class InvalidTopicConfig(ValueError):
     pass
 
 
@@ -42,54 +49,6 @@ def validate_topic_name(name: str) -> None:
         )
 
 
-def _long(minimum: int) -> Callable[[str, str], str]:
-    def check(key: str, value: str) -> str:
-        try:
-            number = int(value.strip())
-        except ValueError:
-            raise InvalidTopicConfig(f"{key}={value!r} is not an integer") from None
-        if number < minimum:
-            raise InvalidTopicConfig(f"{key}={number} must be >= {minimum}")
-        if number >= 2**63:
-            raise InvalidTopicConfig(f"{key}={number} does not fit in 64 bits")
-        return str(number)
-
-    return check
-
-
-def _int(minimum: int) -> Callable[[str, str], str]:
-    as_long = _long(minimum)
-
-    def check(key: str, value: str) -> str:
-        text = as_long(key, value)
-        if int(text) >= 2**31:
-            raise InvalidTopicConfig(f"{key}={text} does not fit in 32 bits")
-        return text
-
-    return check
-
-
-def _boolean(key: str, value: str) -> str:
-    lowered = value.strip().lower()
-    if lowered not in ("true", "false"):
-        raise InvalidTopicConfig(f"{key}={value!r} must be true or false")
-    return lowered
-
-
-# Kafka's names and lower bounds.
-TOPIC_CONFIGS: dict[str, Callable[[str, str], str]] = {
-    MIN_INSYNC_REPLICAS: _int(1),
-    UNCLEAN_LEADER_ELECTION: _boolean,
-    "retention.ms": _long(-1),
-    "retention.bytes": _long(-1),
-    "segment.bytes": _int(14),
-    "segment.ms": _long(1),
-    "max.message.bytes": _int(0),
-    "flush.messages": _long(1),
-    "flush.ms": _long(0),
-}
-
-
 def validate_topic_configs(
     configs: dict[str, str],
     *,
@@ -97,16 +56,7 @@ def validate_topic_configs(
     default_unclean_leader_election: bool,
 ) -> dict[str, str]:
     """The configs to store: normalized values plus the controller's defaults."""
-    out: dict[str, str] = {}
-    for key, value in configs.items():
-        check = TOPIC_CONFIGS.get(key)
-        if check is None:
-            raise InvalidTopicConfig(
-                f"unknown topic config {key!r}; supported: {', '.join(sorted(TOPIC_CONFIGS))}"
-            )
-        if not isinstance(value, str):
-            raise InvalidTopicConfig(f"{key} must be a string value")
-        out[key] = check(key, value)
+    out = topic_configs.validate_topic_configs(configs)
     out.setdefault(MIN_INSYNC_REPLICAS, str(default_min_insync_replicas))
     out.setdefault(UNCLEAN_LEADER_ELECTION, "true" if default_unclean_leader_election else "false")
     return out

@@ -40,12 +40,10 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Concatenate, NamedTuple, ParamSpec, TypeVar
-
-import msgspec
 
 from broker.storage.epoch_cache import LeaderEpochFileCache
 from broker.storage.errors import (
@@ -55,6 +53,7 @@ from broker.storage.errors import (
     StorageError,
 )
 from broker.storage.fileio import SerialWriter, atomic_write, fsync_directory
+from broker.storage.log_config import LogConfig
 from broker.storage.log_dir_failure import LogDirFailureChannel
 from broker.storage.log_loader import LogLoader
 from broker.storage.offset_index import INT32_MAX
@@ -66,79 +65,10 @@ from protocol.record_batch import BatchHeader, check_produce_batches, stamp, val
 
 logger = logging.getLogger(__name__)
 
-DAY_MS = 24 * 60 * 60 * 1000
-INT64_MAX = 2**63 - 1
 EARLIEST_TIMESTAMP = -2  # ListOffsets sentinels, as in Kafka
 LATEST_TIMESTAMP = -1
 
 TopicPartition = tuple[str, int]
-
-
-# Kafka topic config name -> (LogConfig field, minimum, maximum, None allowed).
-_TOPIC_CONFIGS: dict[str, tuple[str, int, int, bool]] = {
-    "segment.bytes": ("segment_bytes", 14, INT32_MAX, False),
-    "segment.ms": ("segment_ms", 1, INT64_MAX, False),
-    "index.interval.bytes": ("index_interval_bytes", 0, INT32_MAX, False),
-    "retention.bytes": ("retention_bytes", -1, INT64_MAX, False),
-    "retention.ms": ("retention_ms", -1, INT64_MAX, False),
-    "flush.messages": ("flush_messages", 1, INT64_MAX, True),
-    "flush.ms": ("flush_ms", 0, INT64_MAX, True),
-    "max.message.bytes": ("max_message_bytes", 0, INT32_MAX, False),
-}
-
-
-class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-topic storage settings; defaults are Kafka's. -1 retention means unlimited;
-    None flush settings mean the broker never forces an fsync (replication is the
-    durability), as Kafka does by default."""
-
-    segment_bytes: int = 128 * 1024 * 1024
-    segment_ms: int = 7 * DAY_MS
-    index_interval_bytes: int = 4096
-    retention_bytes: int = -1
-    retention_ms: int = 7 * DAY_MS
-    flush_messages: int | None = None
-    flush_ms: int | None = None
-    max_message_bytes: int = 1024 * 1024 + 12
-
-    def __post_init__(self) -> None:
-        for name, (field, low, high, nullable) in _TOPIC_CONFIGS.items():
-            value = getattr(self, field)
-            if value is None and nullable:
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-                raise ValueError(
-                    f"invalid {name} ({field}) {value!r}: must be an integer in [{low}, {high}]"
-                )
-
-    @classmethod
-    def from_topic_configs(
-        cls, configs: Mapping[str, str], base: LogConfig | None = None
-    ) -> LogConfig:
-        """`base` overridden by the Kafka-named topic configs it knows; others are ignored
-        (they belong to other components). Raises ValueError naming a bad value."""
-        base = base if base is not None else cls()
-        changes: dict[str, int | None] = {}
-        for name, raw in configs.items():
-            spec = _TOPIC_CONFIGS.get(name)
-            if spec is None:
-                continue
-            field, low, high, nullable = spec
-            text = str(raw).strip()
-            try:
-                value = int(text)
-            except ValueError:
-                raise ValueError(
-                    f"invalid value {raw!r} for topic config {name}: expected an integer "
-                    f"in [{low}, {high}]"
-                ) from None
-            if not low <= value <= high:
-                raise ValueError(
-                    f"invalid value {raw!r} for topic config {name}: must be in [{low}, {high}]"
-                )
-            # Kafka spells "never flush" as Long.MAX_VALUE.
-            changes[field] = None if nullable and value == INT64_MAX else value
-        return msgspec.structs.replace(base, **changes)
 
 
 class AppendInfo(NamedTuple):

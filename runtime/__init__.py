@@ -1,0 +1,10 @@
+"""The shared runtime of the minibroker processes (Kafka's server-common): the pieces
+that broker, controller and client all need above the sans-I/O `protocol` package.
+
+- settings.py     the declarative configuration machinery: settings declared once as
+                  config-dataclass fields, and from them the flags, MINIBROKER_*
+                  environment variables, TOML loading, validation and README tables.
+
+Dependencies: runtime depends only on protocol; broker, controller and client depend
+on runtime and protocol, never on each other.
+"""
