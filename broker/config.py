@@ -87,13 +87,13 @@ def parse_listeners(value: str, *, option: str = "--listeners") -> list[Listener
 @dataclass(frozen=True, kw_only=True)
 class BrokerConfig:
     node_id: int = setting(minimum=0, doc="Broker id, >= 0.")
-    listeners: list[ListenerSpec] = setting(  # noqa: RUF009 (a dataclass field)
+    listeners: list[ListenerSpec] = setting(
         "PLAINTEXT://127.0.0.1:9092",
         parse=parse_listeners,
         doc="Comma-separated NAME://HOST:PORT to listen on; port 0 picks a free port.",
     )
     # None: advertise each listener's own address (with its actual port once bound).
-    advertised_listeners: list[ListenerSpec] | None = setting(  # noqa: RUF009 (a dataclass field)
+    advertised_listeners: list[ListenerSpec] | None = setting(
         None,
         parse=parse_listeners,
         shown_default="the listeners",
@@ -104,7 +104,7 @@ class BrokerConfig:
         "127.0.0.1:9093", parse=parse_host_port, doc="HOST:PORT of the controller."
     )
     # None: ./minibroker-data/broker-<node id> (filled in by __post_init__).
-    data_dir: Path = setting(  # noqa: RUF009 (a dataclass field)
+    data_dir: Path = setting(
         None,
         kind="path",
         shown_default="./minibroker-data/broker-<node-id>",
@@ -198,7 +198,7 @@ class BrokerConfig:
         doc="Connections open at once from one IP address, all listeners together; more are "
         "refused (max.connections.per.ip).",
     )
-    max_connections_per_ip_overrides: dict[str, int] = setting(  # noqa: RUF009 (a dataclass field)
+    max_connections_per_ip_overrides: dict[str, int] = setting(
         "",
         parse=parse_per_ip_overrides,
         shown_default="none",

@@ -70,7 +70,7 @@ class ControllerConfig:
     node_id: int = setting(0, minimum=0, doc="Controller id, reported to clients as controller_id.")
     listen_host: str = LISTEN.part(0)
     listen_port: int = LISTEN.part(1)
-    data_dir: Path = setting(  # noqa: RUF009 (a dataclass field)
+    data_dir: Path = setting(
         "./minibroker-data/controller",
         kind="path",
         doc="Directory of the metadata log, its snapshots and meta.properties (created if "
@@ -115,7 +115,7 @@ class ControllerConfig:
         doc="Connections from one IP address that are not brokers'; past it a connection is "
         "closed unless its first request is a broker API (max.connections.per.ip).",
     )
-    max_connections_per_ip_overrides: dict[str, int] = setting(  # noqa: RUF009 (a dataclass field)
+    max_connections_per_ip_overrides: dict[str, int] = setting(
         "",
         parse=parse_per_ip_overrides,
         shown_default="none",
