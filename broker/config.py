@@ -232,15 +232,18 @@ class BrokerConfig:
     enable_test_faults: bool = enable_test_faults_switch()
     unsafe_truncate_to_high_watermark: bool = unsafe_switch(
         "TEST ONLY (needs --enable-test-faults): a follower truncates to its high watermark "
-        "instead of reconciling by leader epoch (pre-KIP-101)."
+        "instead of reconciling by leader epoch (pre-KIP-101): acknowledged records can be "
+        "lost and replicas can diverge."
     )
     unsafe_ignore_leader_epoch: bool = unsafe_switch(
         "TEST ONLY (needs --enable-test-faults): the leader ignores current_leader_epoch in "
-        "Produce, Fetch, ListOffsets and OffsetsForLeaderEpoch (pre-KIP-320/359)."
+        "Produce, Fetch, ListOffsets and OffsetsForLeaderEpoch (pre-KIP-320/359): a deposed "
+        "leader accepts writes."
     )
     unsafe_skip_fsync: bool = unsafe_switch(
         "TEST ONLY (needs --enable-test-faults): log data is never fsynced (flush.messages "
-        "and flush.ms do nothing) and the recovery point stays put."
+        "and flush.ms do nothing) and the recovery point stays put: a machine crash loses "
+        "whatever the page cache held."
     )
     # Not settings: internal bounds with Kafka-like values.
     request_timeout_ms: int = 30_000

@@ -48,6 +48,7 @@ from broker.storage.log_manager import LogManager
 from broker.storage.meta_properties import MetaProperties
 from protocol.connection_limits import ConnectionTable
 from protocol.messages import FetchMetadataResponse, Listener
+from runtime.settings import announce_test_switches, refusal, topic_defaults, unsafe_switches_on
 
 log = logging.getLogger(__name__)
 
@@ -65,50 +66,21 @@ class StartupError(Exception):
 
 
 def base_log_config(config: BrokerConfig) -> LogConfig:
-    """The broker-wide defaults that topic configs override."""
-    return LogConfig(
-        segment_bytes=config.segment_bytes,
-        segment_ms=config.segment_ms,
-        retention_bytes=config.retention_bytes,
-        retention_ms=config.retention_ms,
-        flush_messages=config.flush_messages,
-        flush_ms=config.flush_ms,
-        max_message_bytes=config.max_message_bytes,
-    )
-
-
-# The unsafe switches of BrokerConfig, by flag name: each turns one protection off.
-UNSAFE_SWITCHES = {
-    "unsafe-truncate-to-high-watermark": (
-        "unsafe_truncate_to_high_watermark",
-        "followers truncate to their high watermark instead of asking the leader "
-        "(pre-KIP-101); acknowledged records can be lost and replicas can diverge",
-    ),
-    "unsafe-ignore-leader-epoch": (
-        "unsafe_ignore_leader_epoch",
-        "current_leader_epoch is not checked in Produce/Fetch/ListOffsets/"
-        "OffsetsForLeaderEpoch (KIP-320/KIP-359 off); a deposed leader accepts writes",
-    ),
-    "unsafe-skip-fsync": (
-        "unsafe_skip_fsync",
-        "logs are never fsynced; a machine crash loses whatever the page cache held",
-    ),
-}
+    """The broker-wide defaults that topic configs override (the broker settings that
+    declare a topic config's default, runtime/settings.py)."""
+    return LogConfig(**topic_defaults(config))
 
 
 def protections_off(config: BrokerConfig) -> tuple[str, ...]:
     """The unsafe switches that are on (their flag names)."""
-    return tuple(name for name, (field, _) in UNSAFE_SWITCHES.items() if getattr(config, field))
+    return unsafe_switches_on(config)
 
 
 def check_test_switches(config: BrokerConfig) -> None:
     """Refuse an unsafe switch without --enable-test-faults (StartupError)."""
-    on = protections_off(config)
-    if on and not config.enable_test_faults:
-        raise StartupError(
-            f"--{', --'.join(on)} turn(s) a protection off and need(s) --enable-test-faults "
-            "(MINIBROKER_ENABLE_TEST_FAULTS=1); these switches are for tests, never production"
-        )
+    reason = refusal(config)
+    if reason is not None:
+        raise StartupError(reason)
 
 
 def full_delta(image: MetadataImage) -> MetadataDelta:
@@ -153,12 +125,8 @@ class Broker:
 
     def _announce_test_switches(self) -> None:
         check_test_switches(self.config)
-        if not self.config.enable_test_faults:
-            return
-        log.warning("TEST FAULTS ENABLED: never use this in production (broker %d)", self.node_id)
-        for name, (field, what) in UNSAFE_SWITCHES.items():
-            if getattr(self.config, field):
-                log.warning("UNSAFE TEST SWITCH --%s is ON: %s", name, what)
+        if self.config.enable_test_faults:
+            announce_test_switches(self.config, log, f"broker {self.node_id}")
 
     async def start(self) -> None:
         config = self.config

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -375,6 +376,15 @@ def refusal(config: object) -> str | None:
         "protection off; refused unless --enable-test-faults (or "
         f"{TEST_FAULTS_ENV}=1) is given too. Never use them in production."
     )
+
+
+def announce_test_switches(config: object, log: logging.Logger, process: str) -> None:
+    """Log, loudly, that test faults are on and what each unsafe switch that is on
+    turns off (its declaration's doc): one place for every process's warning."""
+    log.warning("TEST FAULTS ENABLED: never use this in production (%s)", process)
+    for d in settings_of(type(config)):
+        if d.setting.role == "unsafe" and getattr(config, d.fields[0]):
+            log.warning("UNSAFE TEST SWITCH %s is ON: %s", d.flag, d.setting.doc)
 
 
 # ------------------------------------------------------------------ command line
