@@ -3,8 +3,7 @@
 Each function takes a partition's current state and returns its next state (a new
 PartitionRecord with the epochs bumped) or None when nothing changes. Rules:
 
-- a leader change bumps leader_epoch and partition_epoch; an ISR or leader recovery
-  state change alone bumps partition_epoch;
+- the epochs move as controller/epochs.py says (`change_partition`);
 - a clean election picks the first replica, in replica order, that is in the ISR and
   usable (registered, unfenced, not shutting down);
 - an unclean election (only when the topic allows it and no clean candidate exists)
@@ -36,11 +35,21 @@ from __future__ import annotations
 from collections.abc import Callable, Container
 from typing import NamedTuple
 
+from controller.epochs import change_partition
 from protocol.metadata_records import (
     LEADER_RECOVERING,
     NO_LEADER,
     PartitionRecord,
 )
+
+__all__ = [
+    "Election",
+    "IsUsable",
+    "change_partition",
+    "elect_if_leaderless",
+    "elect_leader",
+    "remove_broker",
+]
 
 IsUsable = Callable[[int], bool]
 
@@ -68,35 +77,6 @@ def elect_leader(
         if outside:  # the first in replica order, the last resort after the others
             return Election(min(outside, key=lambda b: b in last_resort), True)
     return Election(NO_LEADER, False)
-
-
-def change_partition(
-    partition: PartitionRecord,
-    *,
-    leader: int | None = None,
-    isr: list[int] | None = None,
-    leader_recovery_state: int | None = None,
-) -> PartitionRecord | None:
-    """The partition with the given fields changed and its epochs bumped, or None."""
-    new_leader = partition.leader if leader is None else leader
-    new_isr = list(partition.isr) if isr is None else list(isr)
-    new_recovery = (
-        partition.leader_recovery_state if leader_recovery_state is None else leader_recovery_state
-    )
-    leader_changed = new_leader != partition.leader
-    other_changed = new_isr != partition.isr or new_recovery != partition.leader_recovery_state
-    if not leader_changed and not other_changed:
-        return None
-    return PartitionRecord(
-        topic_id=partition.topic_id,
-        partition_id=partition.partition_id,
-        replicas=list(partition.replicas),
-        isr=new_isr,
-        leader=new_leader,
-        leader_epoch=partition.leader_epoch + (1 if leader_changed else 0),
-        partition_epoch=partition.partition_epoch + 1,
-        leader_recovery_state=new_recovery,
-    )
 
 
 def remove_broker(

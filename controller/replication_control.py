@@ -1,0 +1,494 @@
+"""Partitions and replication (Kafka's ReplicationControlManager): the partition
+changes when brokers go away or come back, AlterPartition (the leader's ISR changes,
+with KIP-903's broker epoch checks) and ElectLeaders. The epochs move as
+controller/epochs.py says; who leads, as controller/election.py says.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from controller.context import ControllerPart
+from controller.election import elect_if_leaderless, remove_broker
+from controller.epochs import change_partition
+from controller.state import MetadataImage
+from controller.topic_validation import unclean_election_enabled
+from protocol.api import ELECTION_UNCLEAN
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    AlterPartitionPartition,
+    AlterPartitionPartitionResult,
+    AlterPartitionRequest,
+    AlterPartitionResponse,
+    AlterPartitionTopicResult,
+    ElectLeadersRequest,
+    ElectLeadersResponse,
+    ElectLeadersResult,
+)
+from protocol.metadata_records import (
+    LEADER_RECOVERED,
+    LEADER_RECOVERING,
+    NO_LEADER,
+    MetadataRecord,
+    PartitionRecord,
+)
+
+log = logging.getLogger(__name__)
+
+
+def partition_name(image: MetadataImage, record: PartitionRecord) -> str:
+    """ "topic-partition" for log lines (the topic id when the topic is unknown)."""
+    topic = image.topics.get(record.topic_id)
+    return f"{topic.name if topic else record.topic_id}-{record.partition_id}"
+
+
+class ReplicationControl(ControllerPart):
+    def broker_gone_records(
+        self,
+        image: MetadataImage,
+        gone: set[int],
+        why: str,
+        *,
+        keep_in_isr: bool = False,
+        data_lost: bool = False,
+    ) -> list[MetadataRecord]:
+        """Partition changes for brokers that go away (fenced, shutting down, replaced
+        by a new incarnation): out of the ISRs (unless `keep_in_isr`, a test-only
+        switch; with `data_lost`, out of every ISR, the last member included),
+        leaderships moved (election.py)."""
+
+        def usable(broker_id: int) -> bool:
+            return broker_id not in gone and image.is_unfenced(broker_id)
+
+        lost = self.ctx.lost_data(image)
+        out: list[MetadataRecord] = []
+        for topic, partition in image.partitions():
+            if not gone.intersection(partition.replicas):
+                continue
+            unclean = unclean_election_enabled(topic.configs)
+            current = partition
+            for broker_id in sorted(gone):
+                changed = remove_broker(
+                    current,
+                    broker_id,
+                    usable,
+                    unclean_allowed=unclean,
+                    keep_in_isr=keep_in_isr,
+                    data_lost=data_lost,
+                    last_resort=lost,
+                )
+                if changed is not None:
+                    current = changed
+            if current is partition:
+                continue
+            # Several brokers at once: one record, epochs bumped once.
+            record = change_partition(
+                partition,
+                leader=current.leader,
+                isr=current.isr,
+                leader_recovery_state=current.leader_recovery_state,
+            )
+            if record is None:
+                continue
+            self.log_partition_change(image, partition, record, why)
+            out.append(record)
+        return out
+
+    def log_partition_change(
+        self, image: MetadataImage, old: PartitionRecord, new: PartitionRecord, why: str
+    ) -> None:
+        tp = partition_name(image, new)
+        if new.leader_recovery_state == LEADER_RECOVERING and (
+            old.leader_recovery_state != LEADER_RECOVERING or old.leader != new.leader
+        ):
+            self.ctx.unclean_elections += 1
+            log.warning(
+                "UNCLEAN leader election for %s (%s): leader %d -> %d at leader epoch %d, ISR "
+                "%s -> %s; records acknowledged by the old ISR may be lost (unclean elections "
+                "so far: %d)",
+                tp,
+                why,
+                old.leader,
+                new.leader,
+                new.leader_epoch,
+                old.isr,
+                new.isr,
+                self.ctx.unclean_elections,
+            )
+        elif new.leader != old.leader:
+            log.info(
+                "%s (%s): leader %d -> %d, leader epoch %d -> %d, ISR %s -> %s, partition epoch %d",
+                tp,
+                why,
+                old.leader,
+                new.leader,
+                old.leader_epoch,
+                new.leader_epoch,
+                old.isr,
+                new.isr,
+                new.partition_epoch,
+            )
+        else:
+            log.info(
+                "%s (%s): ISR %s -> %s, leader %d epoch %d, partition epoch %d",
+                tp,
+                why,
+                old.isr,
+                new.isr,
+                new.leader,
+                new.leader_epoch,
+                new.partition_epoch,
+            )
+
+    def unfence_records(self, image: MetadataImage, broker_id: int) -> list[MetadataRecord]:
+        """Elect leaders for leaderless partitions now that `broker_id` is back."""
+
+        def usable(b: int) -> bool:
+            return b == broker_id or image.is_unfenced(b)
+
+        out: list[MetadataRecord] = []
+        for topic, partition in image.partitions():
+            if partition.leader != NO_LEADER:
+                continue
+            changed, _unclean = elect_if_leaderless(
+                partition,
+                usable,
+                unclean_allowed=unclean_election_enabled(topic.configs),
+                last_resort=self.ctx.lost_data(image),
+            )
+            if changed is not None:
+                self.log_partition_change(image, partition, changed, f"broker {broker_id} back")
+                out.append(changed)
+        return out
+
+    # ------------------------------------------------------------------ ElectLeaders
+
+    async def elect_leaders(self, request: ElectLeadersRequest) -> ElectLeadersResponse:
+        """Kafka's ElectLeaders, unclean only, for leaderless partitions: a usable ISR
+        member if there is one, else (the operator accepting the loss of what it lacks)
+        the replica named, or the first usable one outside the ISR in replica order,
+        replicas known to have lost their data last."""
+        if request.election_type != ELECTION_UNCLEAN:
+            return ElectLeadersResponse(
+                error_code=int(ErrorCode.INVALID_REQUEST),
+                error_message=f"election type {request.election_type} is not served: only "
+                f"unclean elections ({ELECTION_UNCLEAN}); a leaderless partition gets its "
+                "in-sync replica back as leader by itself",
+            )
+        if not request.partitions:
+            return ElectLeadersResponse(
+                error_code=int(ErrorCode.INVALID_REQUEST),
+                error_message="name the partitions to elect a leader for",
+            )
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], ElectLeadersResponse]:
+            lost = self.ctx.lost_data(image)
+            records: list[MetadataRecord] = []
+            results: list[ElectLeadersResult] = []
+            seen: set[tuple[str, int]] = set()
+            for item in request.partitions:
+                tp = f"{item.topic}-{item.partition}"
+                code, why, state = self._elect_one(image, item.topic, item.partition, item.replica)
+                if (item.topic, item.partition) in seen:
+                    code, why, state = ErrorCode.INVALID_REQUEST, f"{tp} is listed twice", None
+                seen.add((item.topic, item.partition))
+                if code == ErrorCode.NONE and state is not None:
+                    changed, _unclean = elect_if_leaderless(
+                        state,
+                        self._electable(image, item.replica),
+                        unclean_allowed=True,
+                        last_resort=lost,
+                    )
+                    if changed is None:
+                        code, why = (
+                            ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                            f"no replica of {tp} is up (replicas {state.replicas} are down or "
+                            "fenced); start one of them",
+                        )
+                    else:
+                        self.log_partition_change(
+                            image, state, changed, "asked by an operator with ElectLeaders"
+                        )
+                        records.append(changed)
+                        state = changed
+                results.append(
+                    ElectLeadersResult(
+                        topic=item.topic,
+                        partition=item.partition,
+                        error_code=int(code),
+                        error_message=why or None,
+                        leader=-1 if state is None else state.leader,
+                        leader_epoch=-1 if state is None else state.leader_epoch,
+                    )
+                )
+            return records, ElectLeadersResponse(results=results)
+
+        return await self.writer.commit(build)
+
+    def _elect_one(
+        self, image: MetadataImage, topic_name: str, partition_id: int, replica: int
+    ) -> tuple[ErrorCode, str, PartitionRecord | None]:
+        """Whether a partition may get a leader by ElectLeaders: (error, why, state)."""
+        tp = f"{topic_name}-{partition_id}"
+        topic = image.topic_by_name(topic_name)
+        state = None if topic is None else topic.partitions.get(partition_id)
+        if state is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{tp} does not exist", None
+        if state.leader != NO_LEADER:
+            return (
+                ErrorCode.ELECTION_NOT_NEEDED,
+                f"{tp} has a leader: broker {state.leader} at leader epoch {state.leader_epoch}",
+                state,
+            )
+        if replica >= 0 and replica not in state.replicas:
+            return (
+                ErrorCode.INVALID_REQUEST,
+                f"broker {replica} holds no replica of {tp} (replicas {state.replicas})",
+                None,
+            )
+        if replica >= 0 and not image.is_unfenced(replica):
+            return (
+                ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                f"broker {replica} is down or fenced; start it, or name another replica of "
+                f"{tp} ({state.replicas})",
+                None,
+            )
+        return ErrorCode.NONE, "", state
+
+    @staticmethod
+    def _electable(image: MetadataImage, replica: int) -> Callable[[int], bool]:
+        if replica >= 0:
+            return lambda b: b == replica
+        return image.is_unfenced
+
+    # ------------------------------------------------------------------ AlterPartition
+
+    async def alter_partition(self, request: AlterPartitionRequest) -> AlterPartitionResponse:
+        outcomes: list[tuple[str, int, ErrorCode, str, PartitionRecord | None]] = []
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], AlterPartitionResponse]:
+            requester = image.brokers.get(request.broker_id)
+            if requester is None or requester.broker_epoch != request.broker_epoch:
+                known = None if requester is None else requester.broker_epoch
+                outcomes.append(
+                    (
+                        "*",
+                        -1,
+                        ErrorCode.STALE_BROKER_EPOCH,
+                        f"broker {request.broker_id} epoch {request.broker_epoch} is not the "
+                        f"registered epoch {known}",
+                        None,
+                    )
+                )
+                return [], AlterPartitionResponse(error_code=int(ErrorCode.STALE_BROKER_EPOCH))
+            records: list[MetadataRecord] = []
+            topics: list[AlterPartitionTopicResult] = []
+            seen: set[tuple[str, int]] = set()
+            for topic_data in request.topics:
+                results: list[AlterPartitionPartitionResult] = []
+                for data in topic_data.partitions:
+                    key = (topic_data.topic_name, data.partition_index)
+                    if key in seen:
+                        code, why, current = (
+                            ErrorCode.INVALID_REQUEST,
+                            "partition listed twice in one request",
+                            None,
+                        )
+                    else:
+                        seen.add(key)
+                        code, why, current = check_alter(
+                            image,
+                            request,
+                            topic_data.topic_name,
+                            data,
+                            shutting_down=self.ctx.shutting_down,
+                            ignore_broker_epochs=self.config.unsafe_ignore_broker_epochs,
+                        )
+                    if code != ErrorCode.NONE or current is None:
+                        outcomes.append(
+                            (topic_data.topic_name, data.partition_index, code, why, current)
+                        )
+                        results.append(
+                            AlterPartitionPartitionResult(
+                                partition_index=data.partition_index, error_code=int(code)
+                            )
+                        )
+                        continue
+                    state = change_partition(
+                        current,
+                        isr=[s.broker_id for s in data.new_isr_with_epochs],
+                        leader_recovery_state=data.leader_recovery_state,
+                    )
+                    if state is None:
+                        state = current
+                    else:
+                        records.append(state)
+                    outcomes.append(
+                        (topic_data.topic_name, data.partition_index, code, why, current)
+                    )
+                    results.append(
+                        AlterPartitionPartitionResult(
+                            partition_index=data.partition_index,
+                            leader_id=state.leader,
+                            leader_epoch=state.leader_epoch,
+                            isr=list(state.isr),
+                            leader_recovery_state=state.leader_recovery_state,
+                            partition_epoch=state.partition_epoch,
+                        )
+                    )
+                topics.append(
+                    AlterPartitionTopicResult(topic_name=topic_data.topic_name, partitions=results)
+                )
+            return records, AlterPartitionResponse(topics=topics)
+
+        response = await self.writer.commit(build)
+        for topic_name, partition, code, why, current in outcomes:
+            if code == ErrorCode.NONE:
+                new = self.image.topic_by_name(topic_name)
+                state = new.partitions.get(partition) if new else None
+                if state is not None and current is not None and state is not current:
+                    log.info(
+                        "AlterPartition from broker %d: %s-%d ISR %s -> %s, leader %d epoch %d, "
+                        "partition epoch %d -> %d",
+                        request.broker_id,
+                        topic_name,
+                        partition,
+                        current.isr,
+                        state.isr,
+                        state.leader,
+                        state.leader_epoch,
+                        current.partition_epoch,
+                        state.partition_epoch,
+                    )
+            else:
+                log.info(
+                    "AlterPartition from broker %d refused for %s-%d: %s (%s)",
+                    request.broker_id,
+                    topic_name,
+                    partition,
+                    code.name,
+                    why,
+                )
+        return response
+
+
+# KIP-903's checks of one AlterPartition entry (pure: the image and the controller's
+# shutdown set in, the verdict out).
+
+
+def check_alter(
+    image: MetadataImage,
+    request: AlterPartitionRequest,
+    topic_name: str,
+    data: AlterPartitionPartition,
+    *,
+    shutting_down: set[tuple[int, int]],
+    ignore_broker_epochs: bool,
+) -> tuple[ErrorCode, str, PartitionRecord | None]:
+    """KIP-903's checks for one partition: (error, why, current state)."""
+    topic = image.topic_by_name(topic_name)
+    current = None if topic is None else topic.partitions.get(data.partition_index)
+    if current is None:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "unknown partition", None
+    if data.leader_epoch > current.leader_epoch:
+        return (
+            ErrorCode.UNKNOWN_LEADER_EPOCH,
+            f"leader epoch {data.leader_epoch} is newer than {current.leader_epoch}",
+            current,
+        )
+    if data.leader_epoch < current.leader_epoch:
+        return (
+            ErrorCode.FENCED_LEADER_EPOCH,
+            f"leader epoch {data.leader_epoch} is older than {current.leader_epoch}",
+            current,
+        )
+    if request.broker_id != current.leader:
+        return (
+            ErrorCode.FENCED_LEADER_EPOCH,
+            f"broker {request.broker_id} is not the leader (leader is {current.leader})",
+            current,
+        )
+    if data.partition_epoch != current.partition_epoch:
+        return (
+            ErrorCode.INVALID_UPDATE_VERSION,
+            f"partition epoch {data.partition_epoch} is not the current {current.partition_epoch}",
+            current,
+        )
+    new_isr = [s.broker_id for s in data.new_isr_with_epochs]
+    if not new_isr or len(set(new_isr)) != len(new_isr):
+        return (
+            ErrorCode.INVALID_REQUEST,
+            f"invalid ISR {new_isr} (empty or duplicates)",
+            current,
+        )
+    if current.leader not in new_isr:
+        return (
+            ErrorCode.INVALID_REQUEST,
+            f"the new ISR {new_isr} leaves out the leader {current.leader}",
+            current,
+        )
+    if data.leader_recovery_state not in (LEADER_RECOVERED, LEADER_RECOVERING):
+        return (
+            ErrorCode.INVALID_REQUEST,
+            f"unknown leader recovery state {data.leader_recovery_state}",
+            current,
+        )
+    if data.leader_recovery_state == LEADER_RECOVERING and len(new_isr) > 1:
+        return (
+            ErrorCode.INVALID_REQUEST,
+            "the ISR cannot grow while the leader is still recovering",
+            current,
+        )
+    if (
+        current.leader_recovery_state == LEADER_RECOVERED
+        and data.leader_recovery_state == LEADER_RECOVERING
+    ):
+        return ErrorCode.INVALID_REQUEST, "RECOVERED cannot go back to RECOVERING", current
+    for state in data.new_isr_with_epochs:
+        reason = _ineligible(
+            image,
+            current,
+            state.broker_id,
+            state.broker_epoch,
+            shutting_down=shutting_down,
+            ignore_broker_epochs=ignore_broker_epochs,
+        )
+        if reason is not None:
+            return ErrorCode.INELIGIBLE_REPLICA, reason, current
+    return ErrorCode.NONE, "", current
+
+
+def _ineligible(
+    image: MetadataImage,
+    current: PartitionRecord,
+    broker_id: int,
+    broker_epoch: int,
+    *,
+    shutting_down: set[tuple[int, int]],
+    ignore_broker_epochs: bool,
+) -> str | None:
+    if broker_id not in current.replicas:
+        return f"broker {broker_id} is not a replica ({current.replicas})"
+    broker = image.brokers.get(broker_id)
+    if broker is None:
+        return f"broker {broker_id} is not registered"
+    if (broker_id, broker.broker_epoch) in shutting_down:
+        return f"broker {broker_id} is shutting down"
+    if broker.fenced:
+        return f"broker {broker_id} is fenced"
+    if broker_epoch != -1 and broker_epoch != broker.broker_epoch:
+        if ignore_broker_epochs:
+            log.warning(
+                "UNSAFE TEST FAULT: accepting broker %d with stale broker epoch %d "
+                "(registered %d) into an ISR",
+                broker_id,
+                broker_epoch,
+                broker.broker_epoch,
+            )
+            return None
+        return (
+            f"broker {broker_id} has broker epoch {broker.broker_epoch}, the request "
+            f"says {broker_epoch} (it restarted since; KIP-903)"
+        )
+    return None

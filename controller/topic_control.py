@@ -1,0 +1,282 @@
+"""Topics (Kafka's ReplicationControlManager's topic half and its configuration
+checks): CreateTopics (names, configs, replica placement, first partition states) and
+DeleteTopics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from typing import Any
+
+from controller.context import ControllerPart
+from controller.epochs import new_partition
+from controller.meta_properties import new_uuid_string
+from controller.replica_placement import PlacementError, assign_replicas
+from controller.state import MetadataImage
+from controller.topic_validation import (
+    InvalidTopicConfig,
+    InvalidTopicName,
+    validate_topic_configs,
+    validate_topic_name,
+)
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    CreatableTopic,
+    CreatableTopicResult,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeletableTopicResult,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+)
+from protocol.metadata_records import MetadataRecord, RemoveTopicRecord, TopicRecord
+
+log = logging.getLogger(__name__)
+
+
+class TopicControl(ControllerPart):
+    def placeable_brokers(self, image: MetadataImage) -> list[int]:
+        """Brokers that may get new replicas: unfenced, not shutting down, and heard
+        from (registration or heartbeat) by this controller process within their
+        session. An unfenced state replayed from the log after a restart is not
+        enough: that broker may have died while the controller was down."""
+        out = []
+        for broker_id in image.unfenced_broker_ids():
+            epoch = image.brokers[broker_id].broker_epoch
+            if (broker_id, epoch) in self.ctx.shutting_down:
+                continue
+            if self.sessions.heard_from(broker_id, epoch):
+                out.append(broker_id)
+        return out
+
+    def _create_one(
+        self, image: MetadataImage, topic: CreatableTopic
+    ) -> tuple[CreatableTopicResult, list[MetadataRecord]]:
+        def error(code: ErrorCode, message: str) -> tuple[CreatableTopicResult, list[Any]]:
+            log.info("refused to create topic %r: %s", topic.name, message)
+            return (
+                CreatableTopicResult(name=topic.name, error_code=int(code), error_message=message),
+                [],
+            )
+
+        try:
+            validate_topic_name(topic.name)
+        except InvalidTopicName as exc:
+            return error(ErrorCode.INVALID_TOPIC_EXCEPTION, str(exc))
+        if topic.name in image.topic_ids:
+            return error(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {topic.name!r} already exists")
+        unfenced = self.placeable_brokers(image)
+        if topic.assignments:
+            if topic.num_partitions != -1 or topic.replication_factor != -1:
+                return error(
+                    ErrorCode.INVALID_REQUEST,
+                    "give either assignments or num_partitions/replication_factor, not both",
+                )
+            indexes = sorted(a.partition_index for a in topic.assignments)
+            if indexes != list(range(len(indexes))):
+                return error(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"assignment partitions {indexes} are not 0..{len(indexes) - 1}",
+                )
+            if len(indexes) > self.config.max_partitions_per_topic:
+                return error(
+                    ErrorCode.INVALID_PARTITIONS,
+                    f"{len(indexes)} partitions exceed the limit of "
+                    f"{self.config.max_partitions_per_topic}",
+                )
+            sizes = {len(a.broker_ids) for a in topic.assignments}
+            if len(sizes) != 1 or 0 in sizes:
+                return error(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    "every partition needs the same, non-zero number of replicas",
+                )
+            placement: list[list[int]] = []
+            for assignment in sorted(topic.assignments, key=lambda a: a.partition_index):
+                replicas = list(assignment.broker_ids)
+                if len(set(replicas)) != len(replicas):
+                    return error(
+                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                        f"partition {assignment.partition_index} lists a broker twice: {replicas}",
+                    )
+                unknown = [b for b in replicas if b not in image.brokers]
+                if unknown:
+                    return error(
+                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                        f"partition {assignment.partition_index} names unregistered brokers "
+                        f"{unknown}",
+                    )
+                if not any(b in unfenced for b in replicas):
+                    return error(
+                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                        f"every broker of partition {assignment.partition_index} ({replicas}) "
+                        "is fenced",
+                    )
+                placement.append(replicas)
+            num_partitions, replication_factor = len(placement), len(placement[0])
+        else:
+            num_partitions = (
+                self.config.default_partitions
+                if topic.num_partitions == -1
+                else topic.num_partitions
+            )
+            replication_factor = (
+                self.config.default_replication_factor
+                if topic.replication_factor == -1
+                else topic.replication_factor
+            )
+            if num_partitions < 1:
+                return error(
+                    ErrorCode.INVALID_PARTITIONS,
+                    f"number of partitions must be >= 1, not {num_partitions}",
+                )
+            if num_partitions > self.config.max_partitions_per_topic:
+                return error(
+                    ErrorCode.INVALID_PARTITIONS,
+                    f"{num_partitions} partitions exceed the limit of "
+                    f"{self.config.max_partitions_per_topic}",
+                )
+            if replication_factor < 1:
+                return error(
+                    ErrorCode.INVALID_REPLICATION_FACTOR,
+                    f"replication factor must be >= 1, not {replication_factor}",
+                )
+            try:
+                placement = assign_replicas(
+                    num_partitions, replication_factor, unfenced, rng=self.ctx.rng
+                )
+            except PlacementError as exc:
+                silent = sorted(set(image.unfenced_broker_ids()) - set(unfenced))
+                hint = (
+                    f"; brokers {silent} are registered but have not heartbeated to this "
+                    "controller since it started: retry in a moment if they are alive"
+                    if silent
+                    else ""
+                )
+                return error(ErrorCode.INVALID_REPLICATION_FACTOR, f"{exc}{hint}")
+        try:
+            configs = validate_topic_configs(
+                topic.configs,
+                default_min_insync_replicas=self.config.default_min_insync_replicas,
+                default_unclean_leader_election=self.config.default_unclean_leader_election,
+            )
+        except InvalidTopicConfig as exc:
+            return error(ErrorCode.INVALID_CONFIG, str(exc))
+
+        topic_id = new_uuid_string()
+        while topic_id in image.topics:
+            topic_id = new_uuid_string()
+        records: list[MetadataRecord] = [
+            TopicRecord(name=topic.name, topic_id=topic_id, configs=configs)
+        ]
+        for partition_id, replicas in enumerate(placement):
+            isr = [b for b in replicas if b in unfenced]
+            records.append(new_partition(topic_id, partition_id, replicas, isr, leader=isr[0]))
+        result = CreatableTopicResult(
+            name=topic.name,
+            topic_id=topic_id,
+            num_partitions=num_partitions,
+            replication_factor=replication_factor,
+        )
+        return result, records
+
+    async def _await_silent_brokers(self, request: CreateTopicsRequest) -> None:
+        """Right after a restart the controller has not yet heard from live brokers
+        (their next heartbeat is a moment away): when that leaves fewer placeable
+        brokers than a topic's replication factor, wait until every silent broker
+        heartbeated or its session ran out (fenced), at most one session timeout."""
+        needed = max(
+            (
+                self.config.default_replication_factor
+                if t.replication_factor == -1
+                else t.replication_factor
+                for t in request.topics
+                if not t.assignments
+            ),
+            default=0,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.session_timeout_s
+        while loop.time() < deadline:
+            placeable = self.placeable_brokers(self.image)
+            if len(placeable) >= needed or len(self.image.unfenced_broker_ids()) == len(placeable):
+                return
+            await asyncio.sleep(0.05)
+
+    async def create_topics(self, request: CreateTopicsRequest) -> CreateTopicsResponse:
+        counts = Counter(t.name for t in request.topics)
+        await self._await_silent_brokers(request)
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], CreateTopicsResponse]:
+            results: list[CreatableTopicResult] = []
+            records: list[MetadataRecord] = []
+            for topic in request.topics:
+                if counts[topic.name] > 1:
+                    results.append(
+                        CreatableTopicResult(
+                            name=topic.name,
+                            error_code=int(ErrorCode.INVALID_REQUEST),
+                            error_message=f"topic {topic.name!r} appears more than once",
+                        )
+                    )
+                    continue
+                result, topic_records = self._create_one(image, topic)
+                results.append(result)
+                if not request.validate_only:
+                    records.extend(topic_records)
+            return records, CreateTopicsResponse(topics=results)
+
+        response = await self.writer.commit(build)
+        if not request.validate_only:
+            for result in response.topics:
+                if result.error_code == 0:
+                    topic = self.image.topic_by_name(result.name)
+                    assignment = (
+                        {p: part.replicas for p, part in sorted(topic.partitions.items())}
+                        if topic
+                        else {}
+                    )
+                    log.info(
+                        "created topic %s (id %s): %d partitions, replication factor %d, "
+                        "replicas %s, configs %s",
+                        result.name,
+                        result.topic_id,
+                        result.num_partitions,
+                        result.replication_factor,
+                        assignment,
+                        topic.configs if topic else {},
+                    )
+        return response
+
+    async def delete_topics(self, request: DeleteTopicsRequest) -> DeleteTopicsResponse:
+        counts = Counter(request.topic_names)
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], DeleteTopicsResponse]:
+            results: list[DeletableTopicResult] = []
+            records: list[MetadataRecord] = []
+            for name in request.topic_names:
+                topic = image.topic_by_name(name)
+                if counts[name] > 1:
+                    code, message = (
+                        ErrorCode.INVALID_REQUEST,
+                        f"topic {name!r} appears more than once",
+                    )
+                elif topic is None:
+                    code, message = (
+                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        f"topic {name!r} does not exist",
+                    )
+                else:
+                    records.append(RemoveTopicRecord(topic_id=topic.topic_id))
+                    results.append(DeletableTopicResult(name=name))
+                    continue
+                results.append(
+                    DeletableTopicResult(name=name, error_code=int(code), error_message=message)
+                )
+            return records, DeleteTopicsResponse(responses=results)
+
+        response = await self.writer.commit(build)
+        for result in response.responses:
+            if result.error_code == 0:
+                log.info("deleted topic %s", result.name)
+        return response
