@@ -42,7 +42,6 @@ from protocol.messages import (
     DeletableTopicResult,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
-    DescribeClusterBroker,
     DescribeClusterRequest,
     DescribeClusterResponse,
     DescribeLogDirsPartition,
@@ -63,17 +62,14 @@ from protocol.messages import (
     InitProducerIdResponse,
     ListOffsetsRequest,
     Message,
-    MetadataBroker,
-    MetadataPartition,
     MetadataRequest,
     MetadataResponse,
-    MetadataTopic,
     OffsetForLeaderEpochRequest,
     ProduceRequest,
     ReplicaBatchInfo,
     StrayReplica,
 )
-from protocol.metadata_records import NO_LEADER
+from runtime.metadata_answers import describe_cluster_response, metadata_response
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +80,14 @@ MAX_DESCRIBED_BATCHES = 100_000
 
 def valid_topic_name(name: str) -> bool:
     return bool(_TOPIC_RE.match(name)) and name not in (".", "..")
+
+
+def _missing_topic_error(name: str) -> ErrorCode:
+    return (
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if valid_topic_name(name)
+        else ErrorCode.INVALID_TOPIC_EXCEPTION
+    )
 
 
 class Handlers:
@@ -156,87 +160,25 @@ class Handlers:
         return live[0].broker_id if live else self.node_id
 
     async def metadata(self, ctx: RequestContext, req: MetadataRequest) -> MetadataResponse:
-        image = self.image
-        live = image.live_brokers()
-        live_ids = {b.broker_id for b in live}
-        brokers = []
-        for b in live:
-            listener = b.listener(ctx.listener)
-            if listener is not None:
-                brokers.append(
-                    MetadataBroker(
-                        node_id=b.broker_id, host=listener.host, port=listener.port, rack=b.rack
-                    )
-                )
-        names = sorted(image.topics_by_name) if req.topics is None else req.topics
-        topics = []
-        for name in names:
-            info = image.topics_by_name.get(name)
-            if info is None:
-                code = (
-                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                    if valid_topic_name(name)
-                    else ErrorCode.INVALID_TOPIC_EXCEPTION
-                )
-                topics.append(MetadataTopic(error_code=code, name=name))
-                continue
-            partitions = []
-            for index in sorted(info.partitions):
-                state = info.partitions[index]
-                partitions.append(
-                    MetadataPartition(
-                        error_code=(
-                            ErrorCode.LEADER_NOT_AVAILABLE
-                            if state.leader == NO_LEADER
-                            else ErrorCode.NONE
-                        ),
-                        partition_index=index,
-                        leader_id=state.leader,
-                        leader_epoch=state.leader_epoch,
-                        replica_nodes=list(state.replicas),
-                        isr_nodes=list(state.isr),
-                        offline_replicas=[r for r in state.replicas if r not in live_ids],
-                    )
-                )
-            topics.append(
-                MetadataTopic(
-                    name=name,
-                    topic_id=info.topic_id,
-                    is_internal=name == OFFSETS_TOPIC,
-                    partitions=partitions,
-                )
-            )
-        return MetadataResponse(
-            brokers=brokers,
-            cluster_id=image.cluster_id or self.controller.cluster_id,
+        return metadata_response(
+            self.image,
+            req,
+            cluster_id=self.image.cluster_id or self.controller.cluster_id,
             controller_id=self._controller_id(),
-            topics=topics,
-            metadata_offset=image.offset,
+            listener=ctx.listener,
+            missing_topic_error=_missing_topic_error,
+            internal_topics=(OFFSETS_TOPIC,),
         )
 
     async def describe_cluster(
         self, ctx: RequestContext, req: DescribeClusterRequest
     ) -> DescribeClusterResponse:
-        brokers = []
-        for b in sorted(self.image.brokers.values(), key=lambda b: b.broker_id):
-            if b.fenced and not req.include_fenced_brokers:
-                continue
-            listener = b.listener(ctx.listener) or (b.listeners[0] if b.listeners else None)
-            brokers.append(
-                DescribeClusterBroker(
-                    broker_id=b.broker_id,
-                    host=listener.host if listener else "",
-                    port=listener.port if listener else -1,
-                    rack=b.rack,
-                    is_fenced=b.fenced,
-                    broker_epoch=b.broker_epoch,
-                )
-            )
-        return DescribeClusterResponse(
+        return describe_cluster_response(
+            self.image,
+            req,
             cluster_id=self.image.cluster_id or self.controller.cluster_id or "",
             controller_id=self._controller_id(),
-            brokers=brokers,
-            metadata_offset=self.image.offset,
+            listener=ctx.listener,
         )
 
     # ------------------------------------------------------------------ data path

@@ -20,26 +20,25 @@ which reads a topic missing from a snapshot as deleted.
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from protocol.messages import MetadataEntry
-from protocol.metadata_records import (
-    LEADER_RECOVERED,
-    NO_LEADER,
-    FenceBrokerRecord,
-    ListenerInfo,
-    PartitionRecord,
-    ProducerIdsRecord,
-    RegisterBrokerRecord,
-    RemoveTopicRecord,
-    TopicRecord,
-    UnfenceBrokerRecord,
-)
+from protocol.metadata_records import LEADER_RECOVERED, NO_LEADER, PartitionRecord
+from runtime.metadata_image import BrokerInfo, TopicImage
+from runtime.metadata_image import MetadataImage as SharedImage
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "MAX_REMEMBERED_DELETIONS",
+    "BrokerInfo",
+    "LocalChanges",
+    "MetadataDelta",
+    "MetadataImage",
+    "PartitionState",
+    "TopicInfo",
+    "TopicPartition",
+]
 
 TopicPartition = tuple[str, int]
 
@@ -47,22 +46,6 @@ TopicPartition = tuple[str, int]
 # (broker/replica_manager.py). Forgetting the oldest is safe: a leftover replica of a
 # forgotten deletion is then set aside as stray instead of deleted.
 MAX_REMEMBERED_DELETIONS = 10_000
-
-
-@dataclass(frozen=True)
-class BrokerInfo:
-    broker_id: int
-    broker_epoch: int
-    incarnation_id: str
-    listeners: tuple[ListenerInfo, ...]
-    rack: str | None
-    fenced: bool
-
-    def listener(self, name: str) -> ListenerInfo | None:
-        for item in self.listeners:
-            if item.name == name:
-                return item
-        return None
 
 
 @dataclass(frozen=True)
@@ -84,12 +67,7 @@ class PartitionState:
         return (self.topic, self.partition)
 
 
-@dataclass
-class TopicInfo:
-    name: str
-    topic_id: str
-    configs: dict[str, str]
-    partitions: dict[int, PartitionState] = field(default_factory=dict)
+TopicInfo = TopicImage[PartitionState]
 
 
 @dataclass
@@ -154,18 +132,31 @@ class MetadataDelta:
         return out
 
 
-class MetadataImage:
+class MetadataImage(SharedImage[PartitionState]):
     """Mutable image; one instance per broker, updated in place by `apply`."""
 
     def __init__(self) -> None:
-        self.offset = -1  # offset of the last record applied
+        super().__init__()
         self.cluster_id: str | None = None
-        self.brokers: dict[int, BrokerInfo] = {}
-        self.topics_by_id: dict[str, TopicInfo] = {}
-        self.topics_by_name: dict[str, TopicInfo] = {}
         # Topic ids deleted by a RemoveTopicRecord this image applied, oldest first
         # (at most MAX_REMEMBERED_DELETIONS): id -> name.
         self.deleted_topic_ids: OrderedDict[str, str] = OrderedDict()
+        # While `apply` runs: the state before of every partition touched, and the delta.
+        self._before: dict[TopicPartition, PartitionState | None] = {}
+        self._delta = MetadataDelta()
+
+    @property
+    def offset(self) -> int:
+        """Offset of the last record applied."""
+        return self.last_offset
+
+    @offset.setter
+    def offset(self, value: int) -> None:
+        self.last_offset = value
+
+    @property
+    def topics_by_id(self) -> dict[str, TopicInfo]:
+        return self.topics
 
     # ------------------------------------------------------------------ queries
 
@@ -175,12 +166,42 @@ class MetadataImage:
             return None
         return info.partitions.get(partition)
 
-    def partitions(self) -> Iterable[PartitionState]:
-        for info in self.topics_by_id.values():
+    def partitions(self) -> Iterator[PartitionState]:
+        for info in self.topics.values():
             yield from info.partitions.values()
 
-    def live_brokers(self) -> list[BrokerInfo]:
-        return sorted((b for b in self.brokers.values() if not b.fenced), key=lambda b: b.broker_id)
+    # ------------------------------------------------------------------ the shared replay's hooks
+
+    def partition_view(self, topic: TopicInfo, record: PartitionRecord) -> PartitionState:
+        return PartitionState(
+            topic=topic.name,
+            topic_id=topic.topic_id,
+            partition=record.partition_id,
+            replicas=tuple(record.replicas),
+            isr=tuple(record.isr),
+            leader=record.leader,
+            leader_epoch=record.leader_epoch,
+            partition_epoch=record.partition_epoch,
+            leader_recovery_state=record.leader_recovery_state,
+        )
+
+    def _on_partition(
+        self, topic: TopicInfo, partition_id: int, old: PartitionState | None
+    ) -> None:
+        self._before.setdefault((topic.name, partition_id), old)
+
+    def _on_topic_configs(self, topic: TopicInfo) -> None:
+        self._delta.topic_configs[topic.name] = dict(topic.configs)
+
+    def _on_topic_deleted(self, topic: TopicInfo) -> None:
+        self._delta.topic_configs.pop(topic.name, None)
+        self._delta.deleted_topics[topic.topic_id] = topic.name
+        self.deleted_topic_ids[topic.topic_id] = topic.name
+        while len(self.deleted_topic_ids) > MAX_REMEMBERED_DELETIONS:
+            self.deleted_topic_ids.popitem(last=False)
+
+    def _on_brokers(self) -> None:
+        self._delta.brokers_changed = True
 
     # ------------------------------------------------------------------ updates
 
@@ -198,26 +219,23 @@ class MetadataImage:
             if next_offset is not None:
                 self.offset = next_offset - 1
             return delta
-        before: dict[TopicPartition, PartitionState | None] = {}
-        delta = MetadataDelta()
+        self._before, self._delta = {}, MetadataDelta()
         for entry in entries:
             if entry.offset <= self.offset:
                 continue  # a retried fetch may repeat entries
-            self._apply_one(entry.record, before, delta)
+            self.replay(entry.record)
             self.offset = entry.offset
-        self._finish(before, delta)
-        return delta
+        self._finish(self._before, self._delta)
+        return self._delta
 
     def _apply_snapshot(self, entries: list[MetadataEntry]) -> MetadataDelta:
         old_states = {p.tp: p for p in self.partitions()}
-        old_configs = {t.name: t.configs for t in self.topics_by_id.values()}
-        self.brokers.clear()
-        self.topics_by_id.clear()
-        self.topics_by_name.clear()
-        scratch = MetadataDelta()
-        before: dict[TopicPartition, PartitionState | None] = {}
+        old_configs = {t.name: t.configs for t in self.topics.values()}
+        self.clear()
+        # The records' own changes are not the delta: the difference of the images is.
+        self._before, self._delta = {}, MetadataDelta()
         for entry in entries:
-            self._apply_one(entry.record, before, scratch)
+            self.replay(entry.record)
             self.offset = entry.offset
         delta = MetadataDelta(brokers_changed=True, is_snapshot=True)
         new_states = {p.tp: p for p in self.partitions()}
@@ -230,104 +248,10 @@ class MetadataImage:
             if old_states.get(tp) != new:
                 delta.changed[tp] = new
                 delta.previous[tp] = old_states.get(tp)
-        for info in self.topics_by_id.values():
+        for info in self.topics.values():
             if old_configs.get(info.name) != info.configs:
                 delta.topic_configs[info.name] = dict(info.configs)
         return delta
-
-    def _apply_one(
-        self,
-        record: object,
-        before: dict[TopicPartition, PartitionState | None],
-        delta: MetadataDelta,
-    ) -> None:
-        if isinstance(record, PartitionRecord):
-            topic = self.topics_by_id.get(record.topic_id)
-            if topic is None:
-                log.warning(
-                    "partition record for unknown topic id %s partition %d ignored",
-                    record.topic_id,
-                    record.partition_id,
-                )
-                return
-            old = topic.partitions.get(record.partition_id)
-            state = PartitionState(
-                topic=topic.name,
-                topic_id=topic.topic_id,
-                partition=record.partition_id,
-                replicas=tuple(record.replicas),
-                isr=tuple(record.isr),
-                leader=record.leader,
-                leader_epoch=record.leader_epoch,
-                partition_epoch=record.partition_epoch,
-                leader_recovery_state=record.leader_recovery_state,
-            )
-            if old is not None:
-                # The controller's invariants; a violation means a corrupt metadata log.
-                assert state.leader_epoch >= old.leader_epoch, (old, state)
-                assert state.partition_epoch >= old.partition_epoch, (old, state)
-            before.setdefault(state.tp, old)
-            topic.partitions[record.partition_id] = state
-        elif isinstance(record, TopicRecord):
-            existing = self.topics_by_id.get(record.topic_id)
-            if existing is not None:
-                existing.configs = dict(record.configs)
-            else:
-                stale = self.topics_by_name.get(record.name)
-                if stale is not None:  # a name reused without a RemoveTopicRecord
-                    self._remove_topic(stale, before)
-                existing = TopicInfo(record.name, record.topic_id, dict(record.configs))
-                self.topics_by_id[record.topic_id] = existing
-                self.topics_by_name[record.name] = existing
-            delta.topic_configs[record.name] = dict(record.configs)
-        elif isinstance(record, RemoveTopicRecord):
-            info = self.topics_by_id.get(record.topic_id)
-            if info is not None:
-                self._remove_topic(info, before)
-                delta.topic_configs.pop(info.name, None)
-                delta.deleted_topics[record.topic_id] = info.name
-                self._remember_deletion(record.topic_id, info.name)
-        elif isinstance(record, RegisterBrokerRecord):
-            self.brokers[record.broker_id] = BrokerInfo(
-                broker_id=record.broker_id,
-                broker_epoch=record.broker_epoch,
-                incarnation_id=record.incarnation_id,
-                listeners=tuple(record.listeners),
-                rack=record.rack,
-                fenced=record.fenced,
-            )
-            delta.brokers_changed = True
-        elif isinstance(record, FenceBrokerRecord | UnfenceBrokerRecord):
-            broker = self.brokers.get(record.broker_id)
-            fenced = isinstance(record, FenceBrokerRecord)
-            if broker is not None and broker.broker_epoch == record.broker_epoch:
-                self.brokers[record.broker_id] = BrokerInfo(
-                    broker.broker_id,
-                    broker.broker_epoch,
-                    broker.incarnation_id,
-                    broker.listeners,
-                    broker.rack,
-                    fenced,
-                )
-                delta.brokers_changed = True
-        elif isinstance(record, ProducerIdsRecord):
-            pass  # the controller's bookkeeping: blocks are fetched by AllocateProducerIds
-        else:
-            log.warning("unknown metadata record %s ignored", type(record).__name__)
-
-    def _remember_deletion(self, topic_id: str, name: str) -> None:
-        self.deleted_topic_ids[topic_id] = name
-        while len(self.deleted_topic_ids) > MAX_REMEMBERED_DELETIONS:
-            self.deleted_topic_ids.popitem(last=False)
-
-    def _remove_topic(
-        self, info: TopicInfo, before: dict[TopicPartition, PartitionState | None]
-    ) -> None:
-        for state in info.partitions.values():
-            before.setdefault(state.tp, state)
-        del self.topics_by_id[info.topic_id]
-        if self.topics_by_name.get(info.name) is info:
-            del self.topics_by_name[info.name]
 
     def _finish(
         self, before: dict[TopicPartition, PartitionState | None], delta: MetadataDelta

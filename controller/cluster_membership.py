@@ -133,7 +133,7 @@ class ClusterMembership(ControllerPart):
                 if not data_lost and not request.clean_shutdown:
                     last_member_unclean[:] = [
                         partition_name(image, now)
-                        for _, p in image.partitions()
+                        for _, p in image.topic_partitions()
                         if (now := changed.get((p.topic_id, p.partition_id), p)).isr
                         == [existing.broker_id]
                     ]

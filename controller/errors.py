@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from protocol.invariants import InvariantError, invariant
+
 
 class ControllerError(Exception):
     """A condition that stops the controller; its message says what was wrong and what
@@ -21,11 +23,15 @@ class MetadataLogWriteError(ControllerError):
     controller stops rather than acknowledge anything else (replay repairs the tail)."""
 
 
-class InvariantViolation(AssertionError):
-    """A metadata invariant (offsets, epochs) was about to be broken: a bug, never input."""
+# A metadata invariant (offsets, epochs) was about to be broken: a bug, never input.
+# The one invariant helper (protocol/invariants.py), under the controller's old name.
+InvariantViolation = InvariantError
 
-
-def invariant(condition: bool, message: str) -> None:
-    """Assert an invariant; unlike `assert`, it also holds under `python -O`."""
-    if not condition:
-        raise InvariantViolation(message)
+__all__ = [
+    "ControllerError",
+    "CorruptMetadataError",
+    "DataDirError",
+    "InvariantViolation",
+    "MetadataLogWriteError",
+    "invariant",
+]

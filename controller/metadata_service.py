@@ -5,24 +5,19 @@ when they are too far behind)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
 from controller.context import ControllerPart
 from protocol.errors import ErrorCode
 from protocol.messages import (
-    DescribeClusterBroker,
     DescribeClusterRequest,
     DescribeClusterResponse,
     FetchMetadataRequest,
     FetchMetadataResponse,
-    MetadataBroker,
     MetadataEntry,
-    MetadataPartition,
     MetadataRequest,
     MetadataResponse,
-    MetadataTopic,
 )
-from protocol.metadata_records import NO_LEADER
+from runtime.metadata_answers import describe_cluster_response, metadata_response
 
 log = logging.getLogger(__name__)
 
@@ -79,73 +74,11 @@ class MetadataService(ControllerPart):
         )
 
     async def describe_cluster(self, request: DescribeClusterRequest) -> DescribeClusterResponse:
-        image = self.image
-        brokers = []
-        for broker_id in sorted(image.brokers):
-            broker = image.brokers[broker_id]
-            if broker.fenced and not request.include_fenced_brokers:
-                continue
-            first = broker.listeners[0]
-            brokers.append(
-                DescribeClusterBroker(
-                    broker_id=broker_id,
-                    host=first.host,
-                    port=first.port,
-                    rack=broker.rack,
-                    is_fenced=broker.fenced,
-                    broker_epoch=broker.broker_epoch,
-                )
-            )
-        return DescribeClusterResponse(
-            cluster_id=self.cluster_id,
-            controller_id=self.config.node_id,
-            brokers=brokers,
-            metadata_offset=image.last_offset,
+        return describe_cluster_response(
+            self.image, request, cluster_id=self.cluster_id, controller_id=self.config.node_id
         )
 
     async def metadata(self, request: MetadataRequest) -> MetadataResponse:
-        image = self.image
-        brokers = []
-        for broker_id in image.unfenced_broker_ids():
-            broker = image.brokers[broker_id]
-            first = broker.listeners[0]
-            brokers.append(
-                MetadataBroker(
-                    node_id=broker_id, host=first.host, port=first.port, rack=broker.rack
-                )
-            )
-        names: Iterable[str] = sorted(image.topic_ids) if request.topics is None else request.topics
-        topics = []
-        for name in names:
-            topic = image.topic_by_name(name)
-            if topic is None:
-                topics.append(
-                    MetadataTopic(error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), name=name)
-                )
-                continue
-            partitions = []
-            for partition_id in sorted(topic.partitions):
-                part = topic.partitions[partition_id]
-                partitions.append(
-                    MetadataPartition(
-                        error_code=int(
-                            ErrorCode.LEADER_NOT_AVAILABLE
-                            if part.leader == NO_LEADER
-                            else ErrorCode.NONE
-                        ),
-                        partition_index=partition_id,
-                        leader_id=part.leader,
-                        leader_epoch=part.leader_epoch,
-                        replica_nodes=list(part.replicas),
-                        isr_nodes=list(part.isr),
-                        offline_replicas=[r for r in part.replicas if not image.is_unfenced(r)],
-                    )
-                )
-            topics.append(MetadataTopic(name=name, topic_id=topic.topic_id, partitions=partitions))
-        return MetadataResponse(
-            brokers=brokers,
-            cluster_id=self.cluster_id,
-            controller_id=self.config.node_id,
-            topics=topics,
-            metadata_offset=image.last_offset,
+        return metadata_response(
+            self.image, request, cluster_id=self.cluster_id, controller_id=self.config.node_id
         )

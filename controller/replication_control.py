@@ -63,7 +63,7 @@ class ReplicationControl(ControllerPart):
 
         lost = self.ctx.lost_data(image)
         out: list[MetadataRecord] = []
-        for topic, partition in image.partitions():
+        for topic, partition in image.topic_partitions():
             if not gone.intersection(partition.replicas):
                 continue
             unclean = unclean_election_enabled(topic.configs)
@@ -148,7 +148,7 @@ class ReplicationControl(ControllerPart):
             return b == broker_id or image.is_unfenced(b)
 
         out: list[MetadataRecord] = []
-        for topic, partition in image.partitions():
+        for topic, partition in image.topic_partitions():
             if partition.leader != NO_LEADER:
                 continue
             changed, _unclean = elect_if_leaderless(

@@ -64,7 +64,7 @@ class TopicControl(ControllerPart):
             validate_topic_name(topic.name)
         except InvalidTopicName as exc:
             return error(ErrorCode.INVALID_TOPIC_EXCEPTION, str(exc))
-        if topic.name in image.topic_ids:
+        if topic.name in image.topics_by_name:
             return error(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {topic.name!r} already exists")
         unfenced = self.placeable_brokers(image)
         if topic.assignments:
