@@ -11,12 +11,27 @@ writes takes its epochs from here:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from protocol.metadata_records import LEADER_RECOVERED, PartitionRecord
+from runtime.metadata_image import BrokerInfo
 
 
 def broker_epoch_at(register_offset: int) -> int:
     """The epoch of a broker whose RegisterBrokerRecord is at `register_offset`."""
     return register_offset
+
+
+def stale_broker_epoch(
+    brokers: Mapping[int, BrokerInfo], broker_id: int, broker_epoch: int
+) -> str | None:
+    """Why a request from `broker_id` at `broker_epoch` is refused with
+    STALE_BROKER_EPOCH (an incarnation that is gone, or never registered), or None."""
+    broker = brokers.get(broker_id)
+    if broker is not None and broker.broker_epoch == broker_epoch:
+        return None
+    known = None if broker is None else broker.broker_epoch
+    return f"broker {broker_id} epoch {broker_epoch} is not the registered epoch {known}"
 
 
 def new_partition(

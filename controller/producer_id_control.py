@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from controller.context import ControllerPart
+from controller.epochs import stale_broker_epoch
 from controller.state import MetadataImage
 from protocol.errors import ErrorCode
 from protocol.messages import AllocateProducerIdsRequest, AllocateProducerIdsResponse
@@ -27,13 +28,10 @@ class ProducerIdControl(ControllerPart):
         def build(
             image: MetadataImage,
         ) -> tuple[list[MetadataRecord], AllocateProducerIdsResponse]:
-            broker = image.brokers.get(request.broker_id)
-            if broker is None or broker.broker_epoch != request.broker_epoch:
-                known = None if broker is None else broker.broker_epoch
+            stale = stale_broker_epoch(image.brokers, request.broker_id, request.broker_epoch)
+            if stale is not None:
                 return [], AllocateProducerIdsResponse(
-                    error_code=int(ErrorCode.STALE_BROKER_EPOCH),
-                    error_message=f"broker {request.broker_id} epoch {request.broker_epoch} "
-                    f"is not the registered epoch {known}",
+                    error_code=int(ErrorCode.STALE_BROKER_EPOCH), error_message=stale
                 )
             start = image.next_producer_id
             record = ProducerIdsRecord(

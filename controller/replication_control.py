@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from controller.context import ControllerPart
 from controller.election import elect_if_leaderless, remove_broker
-from controller.epochs import change_partition
+from controller.epochs import change_partition, stale_broker_epoch
 from controller.state import MetadataImage
 from controller.topic_validation import unclean_election_enabled
 from protocol.api import ELECTION_UNCLEAN
@@ -268,19 +268,9 @@ class ReplicationControl(ControllerPart):
         outcomes: list[tuple[str, int, ErrorCode, str, PartitionRecord | None]] = []
 
         def build(image: MetadataImage) -> tuple[list[MetadataRecord], AlterPartitionResponse]:
-            requester = image.brokers.get(request.broker_id)
-            if requester is None or requester.broker_epoch != request.broker_epoch:
-                known = None if requester is None else requester.broker_epoch
-                outcomes.append(
-                    (
-                        "*",
-                        -1,
-                        ErrorCode.STALE_BROKER_EPOCH,
-                        f"broker {request.broker_id} epoch {request.broker_epoch} is not the "
-                        f"registered epoch {known}",
-                        None,
-                    )
-                )
+            stale = stale_broker_epoch(image.brokers, request.broker_id, request.broker_epoch)
+            if stale is not None:
+                outcomes.append(("*", -1, ErrorCode.STALE_BROKER_EPOCH, stale, None))
                 return [], AlterPartitionResponse(error_code=int(ErrorCode.STALE_BROKER_EPOCH))
             records: list[MetadataRecord] = []
             topics: list[AlterPartitionTopicResult] = []
