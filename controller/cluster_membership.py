@@ -13,7 +13,7 @@ from typing import Any
 from controller.context import ControllerContext, ControllerPart
 from controller.epochs import broker_epoch_at
 from controller.replication_control import ReplicationControl, partition_name
-from controller.state import MetadataImage
+from controller.state import BrokerInfo, MetadataImage
 from protocol.errors import ErrorCode
 from protocol.messages import (
     BrokerHeartbeatRequest,
@@ -50,6 +50,23 @@ def registers_without_data(request: BrokerRegistrationRequest) -> bool:
     return not request.cluster_id
 
 
+def _registration_problem(request: BrokerRegistrationRequest) -> str | None:
+    """Why a registration is malformed (INVALID_REQUEST), or None."""
+    if request.broker_id < 0:
+        return f"broker id {request.broker_id} < 0"
+    if not request.incarnation_id:
+        return "empty incarnation id"
+    if not request.listeners:
+        return "a broker needs at least one listener"
+    for listener in request.listeners:
+        if not listener.host or not 0 < listener.port <= 65535:
+            return (
+                f"listener {listener.name} {listener.host}:{listener.port} is not a "
+                "usable advertised address"
+            )
+    return None
+
+
 class ClusterMembership(ControllerPart):
     def __init__(self, ctx: ControllerContext, replication: ReplicationControl) -> None:
         super().__init__(ctx)
@@ -61,12 +78,6 @@ class ClusterMembership(ControllerPart):
     async def broker_registration(
         self, request: BrokerRegistrationRequest
     ) -> BrokerRegistrationResponse:
-        def error(code: ErrorCode, message: str) -> tuple[list[MetadataRecord], Any]:
-            log.warning("refused registration of broker %d: %s", request.broker_id, message)
-            return [], BrokerRegistrationResponse(
-                error_code=int(code), error_message=message, cluster_id=self.cluster_id
-            )
-
         # Partitions whose last in-sync replica this registration concerns: left with an
         # empty ISR (the broker lost its data), or kept as the last member (it restarted
         # with its data after an unclean shutdown). Logged once the records are durable.
@@ -76,67 +87,23 @@ class ClusterMembership(ControllerPart):
         def build(image: MetadataImage) -> tuple[list[MetadataRecord], Any]:
             if request.cluster_id and request.cluster_id != self.cluster_id:
                 return [], self.foreign_clusters.refuse(request.broker_id, request.cluster_id)
-            if request.broker_id < 0:
-                return error(ErrorCode.INVALID_REQUEST, f"broker id {request.broker_id} < 0")
-            if not request.incarnation_id:
-                return error(ErrorCode.INVALID_REQUEST, "empty incarnation id")
-            if not request.listeners:
-                return error(ErrorCode.INVALID_REQUEST, "a broker needs at least one listener")
-            for listener in request.listeners:
-                if not listener.host or not 0 < listener.port <= 65535:
-                    return error(
-                        ErrorCode.INVALID_REQUEST,
-                        f"listener {listener.name} {listener.host}:{listener.port} is not a "
-                        "usable advertised address",
-                    )
+            problem = _registration_problem(request)
+            if problem is not None:
+                log.warning("refused registration of broker %d: %s", request.broker_id, problem)
+                return [], BrokerRegistrationResponse(
+                    error_code=int(ErrorCode.INVALID_REQUEST),
+                    error_message=problem,
+                    cluster_id=self.cluster_id,
+                )
             existing = image.brokers.get(request.broker_id)
             if existing is not None and existing.incarnation_id == request.incarnation_id:
                 # A retry of a registration that already succeeded: same epoch.
                 return [], (existing.broker_epoch, existing.broker_epoch)
             records: list[MetadataRecord] = []
             if existing is not None:
-                # The previous incarnation is gone: handle it like a fencing, so its
-                # leaderships move (leader epochs bumped) and it leaves the ISRs; every
-                # ISR, the last member included, when its data is gone.
-                data_lost = registers_without_data(request)
-                if not existing.fenced:
-                    records.append(
-                        FenceBrokerRecord(
-                            broker_id=existing.broker_id, broker_epoch=existing.broker_epoch
-                        )
-                    )
-                keep = self.config.unsafe_keep_restarted_replicas_in_isr
-                if keep:
-                    log.warning(
-                        "UNSAFE TEST SWITCH: broker %d registers again and stays in its ISRs "
-                        "(--unsafe-keep-restarted-replicas-in-isr)",
-                        existing.broker_id,
-                    )
-                why = (
-                    f"broker {existing.broker_id} epoch {existing.broker_epoch} replaced by a "
-                    f"new incarnation{' with an EMPTY data directory' if data_lost else ''}"
+                records = self._replace_incarnation(
+                    image, existing, request, stranded, last_member_unclean
                 )
-                changes = self.replication.broker_gone_records(
-                    image,
-                    {existing.broker_id},
-                    why,
-                    keep_in_isr=keep,
-                    data_lost=data_lost,
-                )
-                records.extend(changes)
-                changed = {
-                    (r.topic_id, r.partition_id): r
-                    for r in changes
-                    if isinstance(r, PartitionRecord)
-                }
-                stranded[:] = [partition_name(image, r) for r in changed.values() if not r.isr]
-                if not data_lost and not request.clean_shutdown:
-                    last_member_unclean[:] = [
-                        partition_name(image, now)
-                        for _, p in image.topic_partitions()
-                        if (now := changed.get((p.topic_id, p.partition_id), p)).isr
-                        == [existing.broker_id]
-                    ]
             epoch = broker_epoch_at(image.next_offset + len(records))
             records.append(
                 RegisterBrokerRecord(
@@ -189,6 +156,51 @@ class ClusterMembership(ControllerPart):
             self._warn_last_in_sync(request.broker_id, stranded, last_member_unclean)
         return BrokerRegistrationResponse(broker_epoch=epoch, cluster_id=self.cluster_id)
 
+    def _replace_incarnation(
+        self,
+        image: MetadataImage,
+        existing: BrokerInfo,
+        request: BrokerRegistrationRequest,
+        stranded: list[str],
+        last_member_unclean: list[str],
+    ) -> list[MetadataRecord]:
+        """The previous incarnation is gone: handle it like a fencing, so its
+        leaderships move (leader epochs bumped) and it leaves the ISRs; every ISR, the
+        last member included, when its data is gone. Fills `stranded` and
+        `last_member_unclean` (see broker_registration)."""
+        records: list[MetadataRecord] = []
+        data_lost = registers_without_data(request)
+        if not existing.fenced:
+            records.append(
+                FenceBrokerRecord(broker_id=existing.broker_id, broker_epoch=existing.broker_epoch)
+            )
+        keep = self.config.unsafe_keep_restarted_replicas_in_isr
+        if keep:
+            log.warning(
+                "UNSAFE TEST SWITCH: broker %d registers again and stays in its ISRs "
+                "(--unsafe-keep-restarted-replicas-in-isr)",
+                existing.broker_id,
+            )
+        why = (
+            f"broker {existing.broker_id} epoch {existing.broker_epoch} replaced by a "
+            f"new incarnation{' with an EMPTY data directory' if data_lost else ''}"
+        )
+        changes = self.replication.broker_gone_records(
+            image, {existing.broker_id}, why, keep_in_isr=keep, data_lost=data_lost
+        )
+        records.extend(changes)
+        changed = {
+            (r.topic_id, r.partition_id): r for r in changes if isinstance(r, PartitionRecord)
+        }
+        stranded[:] = [partition_name(image, r) for r in changed.values() if not r.isr]
+        if not data_lost and not request.clean_shutdown:
+            last_member_unclean[:] = [
+                partition_name(image, now)
+                for _, p in image.topic_partitions()
+                if (now := changed.get((p.topic_id, p.partition_id), p)).isr == [existing.broker_id]
+            ]
+        return records
+
     def _warn_last_in_sync(
         self, broker_id: int, stranded: list[str], last_member_unclean: list[str]
     ) -> None:
@@ -234,30 +246,22 @@ class ClusterMembership(ControllerPart):
             epoch = broker.broker_epoch
             self.sessions.touch(broker_id, epoch)
             caught_up = request.current_metadata_offset >= epoch
-            records: list[MetadataRecord] = []
             if request.want_shut_down or (broker_id, epoch) in self.ctx.shutting_down:
-                if not broker.fenced:
-                    records.append(FenceBrokerRecord(broker_id=broker_id, broker_epoch=epoch))
-                    records.extend(
-                        self.replication.broker_gone_records(
-                            image, {broker_id}, f"controlled shutdown of broker {broker_id}"
-                        )
-                    )
-                    events.append("shutdown")
+                records = self._fence(image, broker, f"controlled shutdown of broker {broker_id}")
+                events.extend(["shutdown"] if records else [])
                 return records, BrokerHeartbeatResponse(
                     is_caught_up=caught_up, is_fenced=True, should_shut_down=True
                 )
             if request.want_fence:
-                if not broker.fenced:
-                    why = (
-                        f"log directory of broker {broker_id} offline"
-                        if request.offline_log_dirs
-                        else f"broker {broker_id} asked to be fenced"
-                    )
-                    records.append(FenceBrokerRecord(broker_id=broker_id, broker_epoch=epoch))
-                    records.extend(self.replication.broker_gone_records(image, {broker_id}, why))
-                    events.append("fence")
+                why = (
+                    f"log directory of broker {broker_id} offline"
+                    if request.offline_log_dirs
+                    else f"broker {broker_id} asked to be fenced"
+                )
+                records = self._fence(image, broker, why)
+                events.extend(["fence"] if records else [])
                 return records, BrokerHeartbeatResponse(is_caught_up=caught_up, is_fenced=True)
+            records = []
             if broker.fenced:
                 if not caught_up:
                     return [], BrokerHeartbeatResponse(is_caught_up=False, is_fenced=True)
@@ -274,30 +278,18 @@ class ClusterMembership(ControllerPart):
         response = await self.writer.commit(build)
         if "shutdown" in events:
             self.ctx.shutting_down.add((broker_id, request.broker_epoch))
-            log.info(
-                "broker %d epoch %d: controlled shutdown, leaderships moved, broker fenced",
-                broker_id,
-                request.broker_epoch,
-            )
-        elif "fence" in events and request.offline_log_dirs:
-            log.warning(
-                "broker %d epoch %d fenced at its request, its leaderships moved: log "
-                "director%s offline: %s; it stays fenced until it restarts",
-                broker_id,
-                request.broker_epoch,
-                "y" if len(request.offline_log_dirs) == 1 else "ies",
-                "; ".join(request.offline_log_dirs),
-            )
-        elif "fence" in events:
-            log.info("broker %d epoch %d fenced at its request", broker_id, request.broker_epoch)
-        elif "unfence" in events:
-            log.info(
-                "broker %d epoch %d unfenced (metadata offset %d)",
-                broker_id,
-                request.broker_epoch,
-                request.current_metadata_offset,
-            )
+        _log_heartbeat_events(request, events)
         return response
+
+    def _fence(self, image: MetadataImage, broker: BrokerInfo, why: str) -> list[MetadataRecord]:
+        """The fencing of `broker` and the partition changes it causes; none when it
+        is fenced already."""
+        if broker.fenced:
+            return []
+        return [
+            FenceBrokerRecord(broker_id=broker.broker_id, broker_epoch=broker.broker_epoch),
+            *self.replication.broker_gone_records(image, {broker.broker_id}, why),
+        ]
 
     async def fence_expired_brokers(self) -> list[int]:
         """Fence every unfenced broker whose session ran out (the liveness loop)."""
@@ -395,4 +387,33 @@ class ForeignClusterRefusals(ControllerPart):
             error_code=int(ErrorCode.INCONSISTENT_CLUSTER_ID),
             error_message=reply,
             cluster_id=self.cluster_id,
+        )
+
+
+def _log_heartbeat_events(request: BrokerHeartbeatRequest, events: list[str]) -> None:
+    """What a heartbeat changed, once it is durable."""
+    broker_id, epoch = request.broker_id, request.broker_epoch
+    if "shutdown" in events:
+        log.info(
+            "broker %d epoch %d: controlled shutdown, leaderships moved, broker fenced",
+            broker_id,
+            epoch,
+        )
+    elif "fence" in events and request.offline_log_dirs:
+        log.warning(
+            "broker %d epoch %d fenced at its request, its leaderships moved: log "
+            "director%s offline: %s; it stays fenced until it restarts",
+            broker_id,
+            epoch,
+            "y" if len(request.offline_log_dirs) == 1 else "ies",
+            "; ".join(request.offline_log_dirs),
+        )
+    elif "fence" in events:
+        log.info("broker %d epoch %d fenced at its request", broker_id, epoch)
+    elif "unfence" in events:
+        log.info(
+            "broker %d epoch %d unfenced (metadata offset %d)",
+            broker_id,
+            epoch,
+            request.current_metadata_offset,
         )

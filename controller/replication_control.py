@@ -265,7 +265,7 @@ class ReplicationControl(ControllerPart):
     # ------------------------------------------------------------------ AlterPartition
 
     async def alter_partition(self, request: AlterPartitionRequest) -> AlterPartitionResponse:
-        outcomes: list[tuple[str, int, ErrorCode, str, PartitionRecord | None]] = []
+        outcomes: list[AlterOutcome] = []
 
         def build(image: MetadataImage) -> tuple[list[MetadataRecord], AlterPartitionResponse]:
             stale = stale_broker_epoch(image.brokers, request.broker_id, request.broker_epoch)
@@ -333,34 +333,43 @@ class ReplicationControl(ControllerPart):
             return records, AlterPartitionResponse(topics=topics)
 
         response = await self.writer.commit(build)
-        for topic_name, partition, code, why, current in outcomes:
-            if code == ErrorCode.NONE:
-                new = self.image.topic_by_name(topic_name)
-                state = new.partitions.get(partition) if new else None
-                if state is not None and current is not None and state is not current:
-                    log.info(
-                        "AlterPartition from broker %d: %s-%d ISR %s -> %s, leader %d epoch %d, "
-                        "partition epoch %d -> %d",
-                        request.broker_id,
-                        topic_name,
-                        partition,
-                        current.isr,
-                        state.isr,
-                        state.leader,
-                        state.leader_epoch,
-                        current.partition_epoch,
-                        state.partition_epoch,
-                    )
-            else:
-                log.info(
-                    "AlterPartition from broker %d refused for %s-%d: %s (%s)",
-                    request.broker_id,
-                    topic_name,
-                    partition,
-                    code.name,
-                    why,
-                )
+        _log_alter_outcomes(self.image, request.broker_id, outcomes)
         return response
+
+
+AlterOutcome = tuple[str, int, ErrorCode, str, PartitionRecord | None]
+
+
+def _log_alter_outcomes(image: MetadataImage, requester: int, outcomes: list[AlterOutcome]) -> None:
+    """One line per partition an AlterPartition changed or was refused for, once the
+    changes are durable (`image` is the image after them)."""
+    for topic_name, partition, code, why, current in outcomes:
+        if code != ErrorCode.NONE:
+            log.info(
+                "AlterPartition from broker %d refused for %s-%d: %s (%s)",
+                requester,
+                topic_name,
+                partition,
+                code.name,
+                why,
+            )
+            continue
+        topic = image.topic_by_name(topic_name)
+        state = topic.partitions.get(partition) if topic else None
+        if state is not None and current is not None and state is not current:
+            log.info(
+                "AlterPartition from broker %d: %s-%d ISR %s -> %s, leader %d epoch %d, "
+                "partition epoch %d -> %d",
+                requester,
+                topic_name,
+                partition,
+                current.isr,
+                state.isr,
+                state.leader,
+                state.leader_epoch,
+                current.partition_epoch,
+                state.partition_epoch,
+            )
 
 
 # KIP-903's checks of one AlterPartition entry (pure: the image and the controller's
@@ -381,60 +390,12 @@ def check_alter(
     current = None if topic is None else topic.partitions.get(data.partition_index)
     if current is None:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "unknown partition", None
-    if data.leader_epoch > current.leader_epoch:
-        return (
-            ErrorCode.UNKNOWN_LEADER_EPOCH,
-            f"leader epoch {data.leader_epoch} is newer than {current.leader_epoch}",
-            current,
-        )
-    if data.leader_epoch < current.leader_epoch:
-        return (
-            ErrorCode.FENCED_LEADER_EPOCH,
-            f"leader epoch {data.leader_epoch} is older than {current.leader_epoch}",
-            current,
-        )
-    if request.broker_id != current.leader:
-        return (
-            ErrorCode.FENCED_LEADER_EPOCH,
-            f"broker {request.broker_id} is not the leader (leader is {current.leader})",
-            current,
-        )
-    if data.partition_epoch != current.partition_epoch:
-        return (
-            ErrorCode.INVALID_UPDATE_VERSION,
-            f"partition epoch {data.partition_epoch} is not the current {current.partition_epoch}",
-            current,
-        )
-    new_isr = [s.broker_id for s in data.new_isr_with_epochs]
-    if not new_isr or len(set(new_isr)) != len(new_isr):
-        return (
-            ErrorCode.INVALID_REQUEST,
-            f"invalid ISR {new_isr} (empty or duplicates)",
-            current,
-        )
-    if current.leader not in new_isr:
-        return (
-            ErrorCode.INVALID_REQUEST,
-            f"the new ISR {new_isr} leaves out the leader {current.leader}",
-            current,
-        )
-    if data.leader_recovery_state not in (LEADER_RECOVERED, LEADER_RECOVERING):
-        return (
-            ErrorCode.INVALID_REQUEST,
-            f"unknown leader recovery state {data.leader_recovery_state}",
-            current,
-        )
-    if data.leader_recovery_state == LEADER_RECOVERING and len(new_isr) > 1:
-        return (
-            ErrorCode.INVALID_REQUEST,
-            "the ISR cannot grow while the leader is still recovering",
-            current,
-        )
-    if (
-        current.leader_recovery_state == LEADER_RECOVERED
-        and data.leader_recovery_state == LEADER_RECOVERING
-    ):
-        return ErrorCode.INVALID_REQUEST, "RECOVERED cannot go back to RECOVERING", current
+    fenced = _leader_problem(request.broker_id, data, current)
+    if fenced is not None:
+        return (*fenced, current)
+    invalid = _new_isr_problem(data, current)
+    if invalid is not None:
+        return ErrorCode.INVALID_REQUEST, invalid, current
     for state in data.new_isr_with_epochs:
         reason = _ineligible(
             image,
@@ -447,6 +408,52 @@ def check_alter(
         if reason is not None:
             return ErrorCode.INELIGIBLE_REPLICA, reason, current
     return ErrorCode.NONE, "", current
+
+
+def _leader_problem(
+    broker_id: int, data: AlterPartitionPartition, current: PartitionRecord
+) -> tuple[ErrorCode, str] | None:
+    """Whether the request comes from the current leader at the current epochs."""
+    if data.leader_epoch > current.leader_epoch:
+        return (
+            ErrorCode.UNKNOWN_LEADER_EPOCH,
+            f"leader epoch {data.leader_epoch} is newer than {current.leader_epoch}",
+        )
+    if data.leader_epoch < current.leader_epoch:
+        return (
+            ErrorCode.FENCED_LEADER_EPOCH,
+            f"leader epoch {data.leader_epoch} is older than {current.leader_epoch}",
+        )
+    if broker_id != current.leader:
+        return (
+            ErrorCode.FENCED_LEADER_EPOCH,
+            f"broker {broker_id} is not the leader (leader is {current.leader})",
+        )
+    if data.partition_epoch != current.partition_epoch:
+        return (
+            ErrorCode.INVALID_UPDATE_VERSION,
+            f"partition epoch {data.partition_epoch} is not the current {current.partition_epoch}",
+        )
+    return None
+
+
+def _new_isr_problem(data: AlterPartitionPartition, current: PartitionRecord) -> str | None:
+    """What makes the proposed ISR and recovery state invalid (INVALID_REQUEST)."""
+    new_isr = [s.broker_id for s in data.new_isr_with_epochs]
+    if not new_isr or len(set(new_isr)) != len(new_isr):
+        return f"invalid ISR {new_isr} (empty or duplicates)"
+    if current.leader not in new_isr:
+        return f"the new ISR {new_isr} leaves out the leader {current.leader}"
+    if data.leader_recovery_state not in (LEADER_RECOVERED, LEADER_RECOVERING):
+        return f"unknown leader recovery state {data.leader_recovery_state}"
+    if data.leader_recovery_state == LEADER_RECOVERING and len(new_isr) > 1:
+        return "the ISR cannot grow while the leader is still recovering"
+    if (
+        current.leader_recovery_state == LEADER_RECOVERED
+        and data.leader_recovery_state == LEADER_RECOVERING
+    ):
+        return "RECOVERED cannot go back to RECOVERING"
+    return None
 
 
 def _ineligible(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Any
 
 from controller.context import ControllerPart
 from controller.epochs import new_partition
@@ -35,6 +34,15 @@ from protocol.metadata_records import MetadataRecord, RemoveTopicRecord, TopicRe
 log = logging.getLogger(__name__)
 
 
+class _Refused(Exception):
+    """A CreateTopics entry refused: its error code and why."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 class TopicControl(ControllerPart):
     def placeable_brokers(self, image: MetadataImage) -> list[int]:
         """Brokers that may get new replicas: unfenced, not shutting down, and heard
@@ -53,115 +61,37 @@ class TopicControl(ControllerPart):
     def _create_one(
         self, image: MetadataImage, topic: CreatableTopic
     ) -> tuple[CreatableTopicResult, list[MetadataRecord]]:
-        def error(code: ErrorCode, message: str) -> tuple[CreatableTopicResult, list[Any]]:
-            log.info("refused to create topic %r: %s", topic.name, message)
+        """The records creating `topic` and the answer, or the refusal and none."""
+        unfenced = self.placeable_brokers(image)
+        try:
+            try:
+                validate_topic_name(topic.name)
+            except InvalidTopicName as exc:
+                raise _Refused(ErrorCode.INVALID_TOPIC_EXCEPTION, str(exc)) from None
+            if topic.name in image.topics_by_name:
+                raise _Refused(
+                    ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {topic.name!r} already exists"
+                )
+            if topic.assignments:
+                placement = self._assigned_placement(image, topic, unfenced)
+            else:
+                placement = self._counted_placement(image, topic, unfenced)
+            try:
+                configs = validate_topic_configs(
+                    topic.configs,
+                    default_min_insync_replicas=self.config.default_min_insync_replicas,
+                    default_unclean_leader_election=self.config.default_unclean_leader_election,
+                )
+            except InvalidTopicConfig as exc:
+                raise _Refused(ErrorCode.INVALID_CONFIG, str(exc)) from None
+        except _Refused as refused:
+            log.info("refused to create topic %r: %s", topic.name, refused.message)
             return (
-                CreatableTopicResult(name=topic.name, error_code=int(code), error_message=message),
+                CreatableTopicResult(
+                    name=topic.name, error_code=int(refused.code), error_message=refused.message
+                ),
                 [],
             )
-
-        try:
-            validate_topic_name(topic.name)
-        except InvalidTopicName as exc:
-            return error(ErrorCode.INVALID_TOPIC_EXCEPTION, str(exc))
-        if topic.name in image.topics_by_name:
-            return error(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {topic.name!r} already exists")
-        unfenced = self.placeable_brokers(image)
-        if topic.assignments:
-            if topic.num_partitions != -1 or topic.replication_factor != -1:
-                return error(
-                    ErrorCode.INVALID_REQUEST,
-                    "give either assignments or num_partitions/replication_factor, not both",
-                )
-            indexes = sorted(a.partition_index for a in topic.assignments)
-            if indexes != list(range(len(indexes))):
-                return error(
-                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-                    f"assignment partitions {indexes} are not 0..{len(indexes) - 1}",
-                )
-            if len(indexes) > self.config.max_partitions_per_topic:
-                return error(
-                    ErrorCode.INVALID_PARTITIONS,
-                    f"{len(indexes)} partitions exceed the limit of "
-                    f"{self.config.max_partitions_per_topic}",
-                )
-            sizes = {len(a.broker_ids) for a in topic.assignments}
-            if len(sizes) != 1 or 0 in sizes:
-                return error(
-                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-                    "every partition needs the same, non-zero number of replicas",
-                )
-            placement: list[list[int]] = []
-            for assignment in sorted(topic.assignments, key=lambda a: a.partition_index):
-                replicas = list(assignment.broker_ids)
-                if len(set(replicas)) != len(replicas):
-                    return error(
-                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-                        f"partition {assignment.partition_index} lists a broker twice: {replicas}",
-                    )
-                unknown = [b for b in replicas if b not in image.brokers]
-                if unknown:
-                    return error(
-                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-                        f"partition {assignment.partition_index} names unregistered brokers "
-                        f"{unknown}",
-                    )
-                if not any(b in unfenced for b in replicas):
-                    return error(
-                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
-                        f"every broker of partition {assignment.partition_index} ({replicas}) "
-                        "is fenced",
-                    )
-                placement.append(replicas)
-            num_partitions, replication_factor = len(placement), len(placement[0])
-        else:
-            num_partitions = (
-                self.config.default_partitions
-                if topic.num_partitions == -1
-                else topic.num_partitions
-            )
-            replication_factor = (
-                self.config.default_replication_factor
-                if topic.replication_factor == -1
-                else topic.replication_factor
-            )
-            if num_partitions < 1:
-                return error(
-                    ErrorCode.INVALID_PARTITIONS,
-                    f"number of partitions must be >= 1, not {num_partitions}",
-                )
-            if num_partitions > self.config.max_partitions_per_topic:
-                return error(
-                    ErrorCode.INVALID_PARTITIONS,
-                    f"{num_partitions} partitions exceed the limit of "
-                    f"{self.config.max_partitions_per_topic}",
-                )
-            if replication_factor < 1:
-                return error(
-                    ErrorCode.INVALID_REPLICATION_FACTOR,
-                    f"replication factor must be >= 1, not {replication_factor}",
-                )
-            try:
-                placement = assign_replicas(
-                    num_partitions, replication_factor, unfenced, rng=self.ctx.rng
-                )
-            except PlacementError as exc:
-                silent = sorted(set(image.unfenced_broker_ids()) - set(unfenced))
-                hint = (
-                    f"; brokers {silent} are registered but have not heartbeated to this "
-                    "controller since it started: retry in a moment if they are alive"
-                    if silent
-                    else ""
-                )
-                return error(ErrorCode.INVALID_REPLICATION_FACTOR, f"{exc}{hint}")
-        try:
-            configs = validate_topic_configs(
-                topic.configs,
-                default_min_insync_replicas=self.config.default_min_insync_replicas,
-                default_unclean_leader_election=self.config.default_unclean_leader_election,
-            )
-        except InvalidTopicConfig as exc:
-            return error(ErrorCode.INVALID_CONFIG, str(exc))
 
         topic_id = new_uuid_string()
         while topic_id in image.topics:
@@ -175,10 +105,92 @@ class TopicControl(ControllerPart):
         result = CreatableTopicResult(
             name=topic.name,
             topic_id=topic_id,
-            num_partitions=num_partitions,
-            replication_factor=replication_factor,
+            num_partitions=len(placement),
+            replication_factor=len(placement[0]),
         )
         return result, records
+
+    def _assigned_placement(
+        self, image: MetadataImage, topic: CreatableTopic, unfenced: list[int]
+    ) -> list[list[int]]:
+        """The replicas the request assigns, checked (raises _Refused)."""
+        if topic.num_partitions != -1 or topic.replication_factor != -1:
+            raise _Refused(
+                ErrorCode.INVALID_REQUEST,
+                "give either assignments or num_partitions/replication_factor, not both",
+            )
+        indexes = sorted(a.partition_index for a in topic.assignments)
+        if indexes != list(range(len(indexes))):
+            raise _Refused(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                f"assignment partitions {indexes} are not 0..{len(indexes) - 1}",
+            )
+        self._check_partition_count(len(indexes))
+        sizes = {len(a.broker_ids) for a in topic.assignments}
+        if len(sizes) != 1 or 0 in sizes:
+            raise _Refused(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                "every partition needs the same, non-zero number of replicas",
+            )
+        placement: list[list[int]] = []
+        for assignment in sorted(topic.assignments, key=lambda a: a.partition_index):
+            replicas = list(assignment.broker_ids)
+            index = assignment.partition_index
+            unknown = [b for b in replicas if b not in image.brokers]
+            if len(set(replicas)) != len(replicas):
+                why = f"partition {index} lists a broker twice: {replicas}"
+            elif unknown:
+                why = f"partition {index} names unregistered brokers {unknown}"
+            elif not any(b in unfenced for b in replicas):
+                why = f"every broker of partition {index} ({replicas}) is fenced"
+            else:
+                placement.append(replicas)
+                continue
+            raise _Refused(ErrorCode.INVALID_REPLICA_ASSIGNMENT, why)
+        return placement
+
+    def _counted_placement(
+        self, image: MetadataImage, topic: CreatableTopic, unfenced: list[int]
+    ) -> list[list[int]]:
+        """Replicas placed for the partition count and replication factor asked (or
+        the defaults) over the placeable brokers (raises _Refused)."""
+        num_partitions = (
+            self.config.default_partitions if topic.num_partitions == -1 else topic.num_partitions
+        )
+        replication_factor = (
+            self.config.default_replication_factor
+            if topic.replication_factor == -1
+            else topic.replication_factor
+        )
+        if num_partitions < 1:
+            raise _Refused(
+                ErrorCode.INVALID_PARTITIONS,
+                f"number of partitions must be >= 1, not {num_partitions}",
+            )
+        self._check_partition_count(num_partitions)
+        if replication_factor < 1:
+            raise _Refused(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                f"replication factor must be >= 1, not {replication_factor}",
+            )
+        try:
+            return assign_replicas(num_partitions, replication_factor, unfenced, rng=self.ctx.rng)
+        except PlacementError as exc:
+            silent = sorted(set(image.unfenced_broker_ids()) - set(unfenced))
+            hint = (
+                f"; brokers {silent} are registered but have not heartbeated to this "
+                "controller since it started: retry in a moment if they are alive"
+                if silent
+                else ""
+            )
+            raise _Refused(ErrorCode.INVALID_REPLICATION_FACTOR, f"{exc}{hint}") from None
+
+    def _check_partition_count(self, count: int) -> None:
+        if count > self.config.max_partitions_per_topic:
+            raise _Refused(
+                ErrorCode.INVALID_PARTITIONS,
+                f"{count} partitions exceed the limit of {self.config.max_partitions_per_topic}",
+            )
 
     async def _await_silent_brokers(self, request: CreateTopicsRequest) -> None:
         """Right after a restart the controller has not yet heard from live brokers
