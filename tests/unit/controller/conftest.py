@@ -153,39 +153,34 @@ class Harness:
         replication_factor: int = 1,
         configs: dict[str, str] | None = None,
     ) -> CreatableTopicResult:
-        response = await self.handlers.create_topics(
-            CreateTopicsRequest(
-                topics=[
-                    CreatableTopic(
-                        name=name,
-                        num_partitions=partitions,
-                        replication_factor=replication_factor,
-                        configs=configs or {},
-                    )
-                ]
+        return await self._create(
+            CreatableTopic(
+                name=name,
+                num_partitions=partitions,
+                replication_factor=replication_factor,
+                configs=configs or {},
             )
         )
+
+    async def _create(self, topic: CreatableTopic) -> CreatableTopicResult:
+        response = await self.handlers.create_topics(CreateTopicsRequest(topics=[topic]))
         return response.topics[0]
 
     async def create_assigned(
         self, name: str, assignment: list[list[int]], configs: dict[str, str] | None = None
     ) -> None:
         """A topic with the replicas of each partition given (first = preferred leader)."""
-        response = await self.handlers.create_topics(
-            CreateTopicsRequest(
-                topics=[
-                    CreatableTopic(
-                        name=name,
-                        assignments=[
-                            CreatableReplicaAssignment(partition_index=i, broker_ids=b)
-                            for i, b in enumerate(assignment)
-                        ],
-                        configs=configs or {},
-                    )
-                ]
+        result = await self._create(
+            CreatableTopic(
+                name=name,
+                assignments=[
+                    CreatableReplicaAssignment(partition_index=i, broker_ids=b)
+                    for i, b in enumerate(assignment)
+                ],
+                configs=configs or {},
             )
         )
-        assert response.topics[0].error_code == 0, response
+        assert result.error_code == 0, result
 
     def partition(self, topic: str, partition: int = 0) -> PartitionRecord:
         image_topic = self.image.topic_by_name(topic)

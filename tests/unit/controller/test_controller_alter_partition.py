@@ -24,19 +24,7 @@ async def setup(h) -> dict[int, int]:
     """Brokers 1, 2, 3 unfenced, broker 4 registered (unfenced, not a replica of t),
     topic t partition 0 on [1, 2, 3] led by 1."""
     epochs = {b: await h.start_broker(b) for b in (1, 2, 3, 4)}
-    response = await h.handlers.create_topics(
-        CreateTopicsRequest(
-            topics=[
-                CreatableTopic(
-                    name="t",
-                    assignments=[
-                        CreatableReplicaAssignment(partition_index=0, broker_ids=[1, 2, 3])
-                    ],
-                )
-            ]
-        )
-    )
-    assert response.topics[0].error_code == 0
+    await h.create_assigned("t", [[1, 2, 3]])
     return epochs
 
 

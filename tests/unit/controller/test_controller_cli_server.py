@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from wire_client import Client
 
 import controller.app
 from controller.__main__ import main
 from controller.app import ControllerProcess
 from controller.config import ControllerConfig
 from protocol.api import ApiKey
-from protocol.connection import ClientConnection, Response
 from protocol.errors import ErrorCode
 from protocol.messages import (
     ApiVersionsRequest,
@@ -113,37 +113,6 @@ def test_cli_help_lists_every_option_with_default() -> None:
 
 
 # ------------------------------------------------------------------ server glue
-
-
-class Client:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.conn = ClientConnection("test")
-        self.responses: dict[int, Response] = {}
-
-    @classmethod
-    async def connect(cls, port: int) -> Client:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
-        return cls(reader, writer)
-
-    def send(self, body: Message, api_version: int | None = None) -> int:
-        cid, data = self.conn.send_request(body, api_version=api_version)
-        self.writer.write(data)
-        return cid
-
-    async def receive(self, cid: int, timeout: float = 5.0) -> Response:
-        async def loop() -> Response:
-            while cid not in self.responses:
-                data = await self.reader.read(65536)
-                assert data, "connection closed"
-                for r in self.conn.receive_data(data):
-                    self.responses[r.correlation_id] = r
-            return self.responses.pop(cid)
-
-        return await asyncio.wait_for(loop(), timeout)
-
-    async def close(self) -> None:
-        self.writer.close()
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from wire_client import Client
 
 import controller.app
 from controller.__main__ import main
@@ -19,7 +19,6 @@ from controller.app import ControllerProcess
 from controller.config import TEST_FAULTS_ENV, ControllerConfig
 from controller.faults import NO_FAULTS, TestFaults
 from protocol.api import ApiKey
-from protocol.connection import ClientConnection, Response
 from protocol.errors import ErrorCode
 from protocol.messages import (
     AlterPartitionPartition,
@@ -121,19 +120,7 @@ async def test_fault_control_only_with_test_faults(make_harness, tmp_path: Path)
 async def _rf3_topic(h) -> None:
     for b in (1, 2, 3):
         await h.start_broker(b)
-    response = await h.handlers.create_topics(
-        CreateTopicsRequest(
-            topics=[
-                CreatableTopic(
-                    name="t",
-                    assignments=[
-                        CreatableReplicaAssignment(partition_index=0, broker_ids=[1, 2, 3])
-                    ],
-                )
-            ]
-        )
-    )
-    assert response.topics[0].error_code == 0
+    await h.create_assigned("t", [[1, 2, 3]])
 
 
 async def test_restarted_replica_leaves_the_isr_by_default(harness) -> None:
@@ -161,43 +148,6 @@ async def test_keep_restarted_replicas_in_isr(make_harness, tmp_path: Path, capl
 
 
 # ------------------------------------------------------------------ over a real connection
-
-
-class Client:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.conn = ClientConnection("test")
-        self.responses: dict[int, Response] = {}
-
-    @classmethod
-    async def connect(cls, port: int) -> Client:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
-        return cls(reader, writer)
-
-    def send(self, body: Message) -> int:
-        cid, data = self.conn.send_request(body)
-        self.writer.write(data)
-        return cid
-
-    async def receive(self, cid: int, timeout: float = 5.0) -> Response:
-        async def loop() -> Response:
-            while cid not in self.responses:
-                data = await self.reader.read(65536)
-                if not data:
-                    raise ConnectionError("closed by the controller")
-                for r in self.conn.receive_data(data):
-                    self.responses[r.correlation_id] = r
-            return self.responses.pop(cid)
-
-        return await asyncio.wait_for(loop(), timeout)
-
-    async def call(self, body: Message) -> Any:
-        response = await self.receive(self.send(body))
-        assert response.error_code == 0, response
-        return response.body
-
-    async def close(self) -> None:
-        self.writer.close()
 
 
 @pytest.fixture
