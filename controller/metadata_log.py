@@ -167,6 +167,97 @@ class Recovered:
     truncated_bytes: int = 0
 
 
+def _load_newest_snapshot(directory: Path, snapshots: list[int], recovered: Recovered) -> None:
+    """The newest snapshot into `recovered`; the older ones are deleted."""
+    if not snapshots:
+        return
+    newest = snapshots[-1]
+    path = directory / snapshot_file_name(newest)
+    snap = decode_snapshot(path.read_bytes(), path)
+    if snap.last_offset != newest:
+        raise CorruptMetadataError(
+            f"snapshot {path} holds offset {snap.last_offset}, not the one in its name"
+        )
+    recovered.snapshot_offset = newest
+    recovered.snapshot_records = list(snap.records)
+    for old in snapshots[:-1]:
+        (directory / snapshot_file_name(old)).unlink()
+
+
+def _drop_covered_logs(directory: Path, logs: list[int], snap_offset: int) -> list[int]:
+    """Delete the log files the snapshot wholly covers (a crash came before their
+    deletion); the first offsets of the others."""
+    kept: list[int] = []
+    for i, first in enumerate(logs):
+        nxt = logs[i + 1] if i + 1 < len(logs) else None
+        if nxt is not None and nxt <= snap_offset + 1:
+            (directory / log_file_name(first)).unlink()
+            continue
+        kept.append(first)
+    return kept
+
+
+def _replay_file(
+    path: Path, cursor: int, snap_offset: int, recovered: Recovered, *, is_last: bool
+) -> int:
+    """Read one log file, whose first entry must be at `cursor`: its entries past the
+    snapshot go to `recovered`; a torn tail of the last file is cut. Returns the
+    offset after its last entry."""
+    data = path.read_bytes()
+    pos = 0
+    while pos < len(data):
+        try:
+            parsed = _parse_at(data, pos)
+        except CorruptMetadataError as exc:
+            raise CorruptMetadataError(f"{path}: {exc}") from None
+        if isinstance(parsed, str):
+            _cut_torn_tail(path, data, pos, parsed, cursor, recovered, is_last=is_last)
+            break
+        entry = parsed.entry
+        if entry.offset != cursor:
+            raise CorruptMetadataError(
+                f"metadata log {path} has offset {entry.offset} at byte {pos} where "
+                f"{cursor} was expected; restore the data dir from a backup"
+            )
+        if entry.offset > snap_offset:
+            recovered.entries.append(entry)
+        cursor += 1
+        pos = parsed.end
+    return cursor
+
+
+def _cut_torn_tail(
+    path: Path, data: bytes, pos: int, why: str, cursor: int, recovered: Recovered, *, is_last: bool
+) -> None:
+    """The entry at byte `pos` is damaged: cut the file there if it is the torn tail
+    of the last file (nothing valid follows), else refuse to start."""
+    later = _valid_entry_after(data, pos + 1, cursor - 1) if is_last else None
+    if not is_last or later is not None:
+        where = f"; valid entries follow at byte {later}" if later else ""
+        raise CorruptMetadataError(
+            f"metadata log {path} is corrupt at byte {pos} ({why}){where}: "
+            "acknowledged metadata would be lost; restore the data dir from a "
+            "backup"
+        )
+    cut = len(data) - pos
+    log.warning(
+        "metadata log %s: cutting a torn tail of %d bytes at byte %d (%s); "
+        "offsets from %d on were never acknowledged",
+        path,
+        cut,
+        pos,
+        why,
+        cursor,
+    )
+    os.truncate(path, pos)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    recovered.truncated_bytes += cut
+
+
 class MetadataLog:
     """Appends entries durably. Not safe for concurrent appends: the controller's single
     writer (metadata_writer.py) serializes them."""
@@ -207,28 +298,10 @@ class MetadataLog:
         logs = sorted(int(m.group(1)) for n in names if (m := _LOG_RE.match(n)))
 
         recovered = Recovered()
-        if snapshots:
-            newest = snapshots[-1]
-            path = directory / snapshot_file_name(newest)
-            snap = decode_snapshot(path.read_bytes(), path)
-            if snap.last_offset != newest:
-                raise CorruptMetadataError(
-                    f"snapshot {path} holds offset {snap.last_offset}, not the one in its name"
-                )
-            recovered.snapshot_offset = newest
-            recovered.snapshot_records = list(snap.records)
-            for old in snapshots[:-1]:
-                (directory / snapshot_file_name(old)).unlink()
+        _load_newest_snapshot(directory, snapshots, recovered)
         snap_offset = recovered.snapshot_offset
 
-        kept: list[int] = []
-        for i, first in enumerate(logs):
-            nxt = logs[i + 1] if i + 1 < len(logs) else None
-            if nxt is not None and nxt <= snap_offset + 1:
-                # Wholly covered by the snapshot: a crash came before its deletion.
-                (directory / log_file_name(first)).unlink()
-                continue
-            kept.append(first)
+        kept = _drop_covered_logs(directory, logs, snap_offset)
 
         if kept and kept[0] > snap_offset + 1:
             raise CorruptMetadataError(
@@ -246,50 +319,7 @@ class MetadataLog:
                     f"{path} starts at offset {first} but the previous file ends at {cursor - 1}; "
                     "restore the data dir from a backup"
                 )
-            data = path.read_bytes()
-            pos = 0
-            while pos < len(data):
-                try:
-                    parsed = _parse_at(data, pos)
-                except CorruptMetadataError as exc:
-                    raise CorruptMetadataError(f"{path}: {exc}") from None
-                if isinstance(parsed, str):
-                    later = _valid_entry_after(data, pos + 1, cursor - 1) if is_last else None
-                    if not is_last or later is not None:
-                        where = f"; valid entries follow at byte {later}" if later else ""
-                        raise CorruptMetadataError(
-                            f"metadata log {path} is corrupt at byte {pos} ({parsed}){where}: "
-                            "acknowledged metadata would be lost; restore the data dir from a "
-                            "backup"
-                        )
-                    cut = len(data) - pos
-                    log.warning(
-                        "metadata log %s: cutting a torn tail of %d bytes at byte %d (%s); "
-                        "offsets from %d on were never acknowledged",
-                        path,
-                        cut,
-                        pos,
-                        parsed,
-                        cursor,
-                    )
-                    os.truncate(path, pos)
-                    fd = os.open(path, os.O_WRONLY)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                    recovered.truncated_bytes += cut
-                    break
-                entry = parsed.entry
-                if entry.offset != cursor:
-                    raise CorruptMetadataError(
-                        f"metadata log {path} has offset {entry.offset} at byte {pos} where "
-                        f"{cursor} was expected; restore the data dir from a backup"
-                    )
-                if entry.offset > snap_offset:
-                    recovered.entries.append(entry)
-                cursor += 1
-                pos = parsed.end
+            cursor = _replay_file(path, cursor, snap_offset, recovered, is_last=is_last)
 
         next_offset = max(cursor, snap_offset + 1)
         if cursor < snap_offset + 1 and kept:

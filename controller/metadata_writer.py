@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from controller.errors import MetadataLogWriteError
+from controller.errors import MetadataLogWriteError, invariant
 from controller.metadata_log import MetadataLog
 from controller.state import MetadataImage
 from protocol.messages import MetadataEntry
@@ -50,7 +50,10 @@ class MetadataWriter:
         self.on_fatal = on_fatal
         self._lock = asyncio.Lock()
         self._retained: list[MetadataEntry] = list(retained or [])
-        assert not self._retained or self._retained[-1].offset == image.last_offset
+        invariant(
+            not self._retained or self._retained[-1].offset == image.last_offset,
+            "the retained log ends where the image is",
+        )
         self._snapshot_offset = snapshot_offset
         self._since_snapshot = len(self._retained)
         self._appended = asyncio.Event()
