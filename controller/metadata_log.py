@@ -49,9 +49,9 @@ import crc32c
 import msgspec
 
 from controller.errors import CorruptMetadataError, MetadataLogWriteError, invariant
-from controller.meta_properties import fsync_dir
 from protocol.messages import MetadataEntry
 from protocol.metadata_records import MetadataRecord
+from runtime.fileio import fsync_directory
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +280,7 @@ class MetadataLog:
         existed = path.exists()
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if not existed:
-            fsync_dir(path.parent)
+            fsync_directory(path.parent)
         return fd
 
     # ------------------------------------------------------------------ recovery
@@ -335,7 +335,7 @@ class MetadataLog:
             mlog = cls(directory, active, next_offset)
             for first in kept:
                 (directory / log_file_name(first)).unlink()
-            fsync_dir(directory)
+            fsync_directory(directory)
         else:
             active = kept[-1] if kept else next_offset
             mlog = cls(directory, active, next_offset)
@@ -391,7 +391,7 @@ class MetadataLog:
         finally:
             os.close(fd)
         os.replace(tmp, final)
-        fsync_dir(directory)
+        fsync_directory(directory)
         # The snapshot is durable; from here on a failure only delays the clean-up.
         new_first = last_offset + 1
         try:
@@ -418,7 +418,7 @@ class MetadataLog:
                 except OSError as exc:
                     log.warning("cannot delete %s after snapshot %d: %s", name, last_offset, exc)
         with contextlib.suppress(OSError):
-            fsync_dir(directory)
+            fsync_directory(directory)
 
     async def write_snapshot(self, last_offset: int, records: list[MetadataRecord]) -> None:
         """Write the image as of `last_offset` (which must be the last appended offset),

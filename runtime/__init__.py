@@ -4,6 +4,9 @@ that broker, controller and client all need above the sans-I/O `protocol` packag
 - settings.py     the declarative configuration machinery: settings declared once as
                   config-dataclass fields, and from them the flags, MINIBROKER_*
                   environment variables, TOML loading, validation and README tables.
+- fileio.py       durable files: atomic_write, fsync_directory, the data-dir lock,
+                  the serial writer thread.
+- meta_properties.py  `meta.properties`, the identity of a data directory.
 
 Dependencies: runtime depends only on protocol; broker, controller and client depend
 on runtime and protocol, never on each other.

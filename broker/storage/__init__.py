@@ -9,11 +9,13 @@ Modules, one job each (the owner of an on-disk format documents it at its top):
 - log_loader.py       loading and crash recovery of a partition directory
 - log.py              the log of one partition replica: append, read, truncate, retention
 - checkpoints.py      broker-wide offset checkpoint files
-- meta_properties.py  `meta.properties`, the identity of a data directory
+- meta_properties.py  the broker's claim on `meta.properties` (format: runtime/)
 - partition_metadata.py  `partition.metadata`, the topic id of a partition directory
 - log_manager.py      every log of a data directory, clean-shutdown marker
-- fileio.py           durable write primitives (write_all, fsync_directory, atomic_write)
 - errors.py           the exceptions
+
+The durable write primitives (write_all, fsync_directory, atomic_write, the
+directory lock) are runtime/fileio.py, shared with the controller.
 
 The broker never decodes a record: storage reads and writes whole batches and looks
 only at their headers.

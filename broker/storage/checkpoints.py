@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from broker.storage.errors import CorruptCheckpointError
-from broker.storage.fileio import atomic_write
+from runtime.fileio import atomic_write
 
 __all__ = [
     "LOG_START_OFFSET_CHECKPOINT",

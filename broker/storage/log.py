@@ -52,7 +52,6 @@ from broker.storage.errors import (
     RecordTooLargeError,
     StorageError,
 )
-from broker.storage.fileio import SerialWriter, atomic_write, fsync_directory
 from broker.storage.log_config import LogConfig
 from broker.storage.log_dir_failure import LogDirFailureChannel
 from broker.storage.log_loader import LogLoader
@@ -62,6 +61,7 @@ from broker.storage.producer_state import LeaderAppendCheck, ProducerStateManage
 from broker.storage.segment import LogSegment
 from protocol.errors import CorruptRecordError
 from protocol.record_batch import BatchHeader, check_produce_batches, stamp, validate_batches
+from runtime.fileio import SerialWriter, atomic_write, fsync_directory
 
 logger = logging.getLogger(__name__)
 

@@ -52,10 +52,10 @@ from broker.storage.errors import (
     CorruptSegmentError,
     StorageError,
 )
-from broker.storage.fileio import TMP_SUFFIX, fsync_directory
 from broker.storage.partition_metadata import PARTITION_METADATA
 from broker.storage.producer_state import is_snapshot_file
 from broker.storage.segment import DELETED_SUFFIX, LOG_SUFFIX, SEGMENT_SUFFIXES, LogSegment
+from runtime.fileio import TMP_SUFFIX, fsync_directory
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,6 @@ as Kafka does.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import re
@@ -49,10 +48,16 @@ from broker.storage.checkpoints import (
     OffsetCheckpointFile,
 )
 from broker.storage.errors import StorageError
-from broker.storage.fileio import TMP_SUFFIX, SerialWriter, atomic_write, fsync_directory
 from broker.storage.log import Log, LogConfig, TopicPartition
 from broker.storage.log_dir_failure import LogDirFailureChannel
 from broker.storage.partition_metadata import read_topic_id
+from runtime.fileio import (
+    TMP_SUFFIX,
+    DataDirLock,
+    SerialWriter,
+    atomic_write,
+    fsync_directory,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +70,6 @@ STRAY_ADVICE = (
     "the metadata assigns it here again (e.g. the controller's data was restored), stop "
     "the broker and rename it back to <topic>-<partition>"
 )
-LOCK_FILE = ".lock"
 DELETE_DIR_SUFFIX = "-delete"
 STRAY_DIR_SUFFIX = "-stray"
 _MAX_DIR_NAME = 255
@@ -107,6 +111,13 @@ class StrayLog(NamedTuple):
         return total
 
 
+def _in_use(lock: Path) -> StorageError:
+    return StorageError(
+        f"data directory {lock.parent} is in use by another broker process "
+        f"({lock} is locked); stop it or use another directory"
+    )
+
+
 class LogManager:
     """Opens, creates, checkpoints and deletes the logs of one data directory."""
 
@@ -116,7 +127,7 @@ class LogManager:
         self._logs: dict[TopicPartition, Log] = {}
         self._strays: dict[str, StrayLog] = {}  # by directory name
         self._had_clean_shutdown = False
-        self._lock_fd = -1
+        self._lock = DataDirLock(self.data_dir, _in_use)
         self._started = False
         # Producer snapshots of segment rolls are written here, off the event loop.
         self._writer: SerialWriter | None = None
@@ -139,7 +150,7 @@ class LogManager:
         CorruptCheckpointError if a checkpoint file does not parse."""
         assert not self._started, "startup() called twice"
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._acquire_lock()
+        self._lock.acquire()
         self._writer = SerialWriter(f"storage-writer {self.data_dir.name}")
         try:
             return self._load_logs()
@@ -342,7 +353,7 @@ class LogManager:
         logger.info("Shut down %d log(s) in %s cleanly", len(self._logs), self.data_dir)
         self._logs.clear()
         self._started = False
-        self._release_lock()
+        self._lock.release()
 
     def close(self) -> None:
         """Close every log and release the directory WITHOUT flushing, checkpointing or
@@ -352,7 +363,7 @@ class LogManager:
         self._close_writer()
         self._logs.clear()
         self._started = False
-        self._release_lock()
+        self._lock.release()
 
     def wait_for_background_writes(self) -> None:
         """Block until the snapshots and directory removals queued so far are done."""
@@ -363,25 +374,6 @@ class LogManager:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-    def _acquire_lock(self) -> None:
-        fd = os.open(self.data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StorageError(
-                f"data directory {self.data_dir} is in use by another broker process "
-                f"({self.data_dir / LOCK_FILE} is locked); stop it or use another directory"
-            ) from None
-        self._lock_fd = fd
-
-    def _release_lock(self) -> None:
-        if self._lock_fd >= 0:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
-            self._lock_fd = -1
 
     def _check_started(self) -> None:
         if not self._started:

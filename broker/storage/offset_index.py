@@ -28,7 +28,7 @@ from array import array
 from pathlib import Path
 
 from broker.storage.errors import CorruptIndexError
-from broker.storage.fileio import read_all, write_all
+from runtime.fileio import read_all, write_all
 
 ENTRY_SIZE = 8
 _ENTRY = struct.Struct(">ii")

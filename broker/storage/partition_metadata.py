@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 
 from broker.storage.errors import CorruptCheckpointError
-from broker.storage.fileio import atomic_write
+from runtime.fileio import atomic_write
 
 PARTITION_METADATA = "partition.metadata"
 VERSION = 0

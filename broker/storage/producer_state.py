@@ -56,9 +56,9 @@ from typing import NamedTuple
 import crc32c
 import msgspec
 
-from broker.storage.fileio import atomic_write
 from protocol.errors import ErrorCode
 from protocol.record_batch import NO_PRODUCER_EPOCH, NO_SEQUENCE, BatchHeader
+from runtime.fileio import atomic_write
 
 logger = logging.getLogger(__name__)
 

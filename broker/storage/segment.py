@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from broker.storage.errors import CorruptIndexError, CorruptSegmentError
-from broker.storage.fileio import write_all
 from broker.storage.offset_index import INT32_MAX, OffsetIndex
 from broker.storage.time_index import TimeIndex
 from protocol.errors import CorruptRecordError
@@ -52,6 +51,7 @@ from protocol.record_batch import (
     scan_valid_prefix,
     validate_batch,
 )
+from runtime.fileio import write_all
 
 if TYPE_CHECKING:
     from broker.storage.epoch_cache import LeaderEpochFileCache

@@ -28,8 +28,8 @@ import struct
 from pathlib import Path
 
 from broker.storage.errors import CorruptIndexError
-from broker.storage.fileio import read_all, write_all
 from broker.storage.offset_index import INT32_MAX
+from runtime.fileio import read_all, write_all
 
 ENTRY_SIZE = 12
 _ENTRY = struct.Struct(">qi")

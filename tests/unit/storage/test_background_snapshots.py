@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage.fileio import SerialWriter
 from broker.storage.log import Log, LogConfig
 from broker.storage.producer_state import snapshot_file_name
 from protocol.record_batch import BatchBuilder
+from runtime.fileio import SerialWriter
 
 PID = 1000
 

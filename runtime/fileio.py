@@ -1,4 +1,5 @@
-"""Durable file primitives shared by every on-disk structure of the storage engine.
+"""Durable file primitives shared by every on-disk structure of the broker and the
+controller.
 
 `write_all` never returns after a short write, `read_all` reads a whole file through
 its descriptor, `fsync_directory` makes renames, creations and unlinks durable, and
@@ -14,10 +15,15 @@ A crash between 1 and 3 leaves a `.tmp` file that the loaders delete at startup.
 
 `SerialWriter` runs such writes on one worker thread, in the order they were
 submitted, so the event loop never waits for their fsyncs.
+
+`DataDirLock` holds ``<data dir>/.lock`` (an empty file) with ``flock(LOCK_EX)`` for
+the life of a process, so two processes never share one data directory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import queue
 import threading
@@ -26,7 +32,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from protocol.invariants import invariant
+
 TMP_SUFFIX = ".tmp"
+LOCK_FILE = ".lock"
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -76,6 +85,38 @@ def atomic_write(path: Path, data: bytes) -> None:
     fsync_directory(path.parent)
 
 
+class DataDirLock:
+    """Exclusive use of a data directory for the life of the process: ``flock`` on
+    ``<data_dir>/.lock``. `in_use(lock_path)` builds the error raised when another
+    process holds it (each process names itself and its flag); any other OSError
+    (creating the file, a filesystem without locks) passes through unchanged."""
+
+    def __init__(self, data_dir: Path, in_use: Callable[[Path], Exception]) -> None:
+        self.data_dir = Path(data_dir)
+        self.path = self.data_dir / LOCK_FILE
+        self._in_use = in_use
+        self._fd = -1
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise self._in_use(self.path) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = -1
+
+
 class SerialWriter:
     """One worker thread running file writes off the event loop, one at a time, in
     submission order (a later write of a directory never overtakes an earlier one).
@@ -83,7 +124,7 @@ class SerialWriter:
     so a disk that cannot keep up slows the loop down instead of growing a queue."""
 
     def __init__(self, name: str = "storage-writer", *, max_pending: int = 64) -> None:
-        assert max_pending > 0, "max_pending must be positive"
+        invariant(max_pending > 0, "max_pending must be positive")
         self._queue: queue.Queue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None]
         self._queue = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
