@@ -62,6 +62,19 @@ def read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def text_lines(raw: bytes, corrupt: Callable[[str], Exception]) -> list[str]:
+    """The lines of a small UTF-8 text file that must end with a newline (a file
+    without one was torn or truncated: its last line may be cut mid-number);
+    `corrupt(problem)` builds the caller's error."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise corrupt(f"not UTF-8 text (byte {exc.start})") from exc
+    if not text.endswith("\n"):
+        raise corrupt("does not end with a newline (truncated?)")
+    return text[:-1].split("\n")
+
+
 def fsync_directory(path: Path) -> None:
     """fsync a directory so that entries created, renamed or removed in it are durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -24,7 +24,7 @@ from typing import Self
 
 import msgspec
 
-from runtime.fileio import atomic_write
+from runtime.fileio import atomic_write, text_lines
 
 META_PROPERTIES = "meta.properties"
 META_VERSION = 1
@@ -52,14 +52,9 @@ class MetaProperties(msgspec.Struct, frozen=True):
 
     @classmethod
     def parse(cls, raw: bytes, path: Path) -> Self:
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise cls.corrupt(path, f"not UTF-8 text (byte {exc.start})") from exc
-        if not text.endswith("\n"):
-            raise cls.corrupt(path, "does not end with a newline (truncated?)")
         values: dict[str, str] = {}
-        for number, line in enumerate(text[:-1].split("\n"), start=1):
+        lines = text_lines(raw, lambda problem: cls.corrupt(path, problem))
+        for number, line in enumerate(lines, start=1):
             stripped = line.strip()
             if not stripped or stripped[0] in "#!":
                 continue

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from broker.storage.errors import CorruptCheckpointError
-from runtime.fileio import atomic_write
+from runtime.fileio import atomic_write, text_lines
 
 __all__ = [
     "LOG_START_OFFSET_CHECKPOINT",
@@ -79,14 +79,7 @@ class CheckpointFile:
             return None
         except OSError as exc:
             raise self.corrupt(None, f"cannot be read ({exc.strerror})") from exc
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise self.corrupt(None, f"not UTF-8 text (byte {exc.start})") from exc
-        if not text.endswith("\n"):
-            # A torn or truncated file: the last line may be cut mid-number.
-            raise self.corrupt(None, "does not end with a newline (truncated?)")
-        lines = text[:-1].split("\n")
+        lines = text_lines(raw, lambda problem: self.corrupt(None, problem))
         if len(lines) < 2:
             raise self.corrupt(len(lines) + 1, "missing the version or the count line")
         version = self._parse_int(lines[0], 1, "version")
