@@ -34,6 +34,14 @@ class ApiKey(IntEnum):
     DESCRIBE_REPLICA_LOG = 1002
 
 
+def api_name(api_key: int) -> str:
+    """The name of an API key for logs and errors ("FETCH"), also for an unknown one."""
+    try:
+        return ApiKey(api_key).name
+    except ValueError:
+        return f"api {api_key}"
+
+
 # ElectLeaders election types (Kafka's numbers); only UNCLEAN is served.
 ELECTION_PREFERRED = 0
 ELECTION_UNCLEAN = 1

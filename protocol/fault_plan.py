@@ -3,8 +3,8 @@
 A process started with `--enable-test-faults` keeps one `FaultPlan`. Its request paths
 ask `decide(direction, api_key, peer_id)` before serving an incoming request
 (direction "in") or sending an outgoing one ("out"); the answer is the first matching
-rule's action, and the asyncio glue of each process (broker/faults.py,
-controller/faults.py) carries it out: sleep, drop, drop the response, or park.
+rule's action, and the asyncio glue (runtime/faults.py) carries it out: sleep,
+drop, drop the response, or park.
 
 Matching, in rule order (the first match wins):
 - `direction` equal;
@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from protocol.api import ApiKey
+from protocol.api import ApiKey, api_name
 from protocol.messages import FaultControlRequest, FaultRule, Message
 
 ACTIONS = ("delay", "drop", "drop_response", "hold")
@@ -71,20 +71,12 @@ def peer_id_of(body: Message) -> int:
     return UNKNOWN_PEER_ID
 
 
-def api_name(api_key: int) -> str:
-    if api_key == ANY_API:
-        return "ANY_API"
-    try:
-        return ApiKey(api_key).name
-    except ValueError:
-        return f"api {api_key}"
-
-
 def describe_rule(rule: FaultRule) -> str:
     peer = "any peer" if rule.peer_id == ANY_PEER else f"peer {rule.peer_id}"
     action = rule.action if rule.action != "delay" else f"delay {rule.delay_ms} ms"
     times = "until cleared" if rule.remaining == UNLIMITED else f"{rule.remaining} time(s)"
-    return f"{action} {rule.direction} {api_name(rule.api_key)} {peer} {times}"
+    api = "ANY_API" if rule.api_key == ANY_API else api_name(rule.api_key)
+    return f"{action} {rule.direction} {api} {peer} {times}"
 
 
 def validate_rule(rule: FaultRule) -> None:

@@ -7,6 +7,8 @@ that broker, controller and client all need above the sans-I/O `protocol` packag
 - fileio.py       durable files: atomic_write, fsync_directory, the data-dir lock,
                   the serial writer thread.
 - meta_properties.py  `meta.properties`, the identity of a data directory.
+- faults.py       the test-only fault controls (FaultControl): delay, drop, drop the
+                  answer, hold; the rules themselves are protocol/fault_plan.py.
 
 Dependencies: runtime depends only on protocol; broker, controller and client depend
 on runtime and protocol, never on each other.
