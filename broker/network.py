@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from broker.faults import DROP, DROP_RESPONSE, NO_FAULTS, Faults
-from protocol.api import ApiKey
+from protocol.api import api_name as _api_name
 from protocol.connection import Buffer, CloseReason, RejectedRequest, Request
 from protocol.connection_limits import ConnectionLimits, ConnectionSlot, ConnectionTable
 from protocol.errors import DecodeError, ErrorCode
@@ -253,13 +253,6 @@ class _Connection(asyncio.Protocol):
             task.cancel()
         if self._transport is not None:
             self._transport.abort()
-
-
-def _api_name(api_key: int) -> str:
-    try:
-        return ApiKey(api_key).name
-    except ValueError:
-        return f"api {api_key}"
 
 
 class ListenerServer:

@@ -34,7 +34,7 @@ from controller.config import ControllerConfig
 from controller.errors import MetadataLogWriteError
 from controller.faults import DROP, DROP_RESPONSE
 from controller.handlers import ControllerHandlers
-from protocol.api import ApiKey
+from protocol.api import api_name as _api_name
 from protocol.connection import CloseReason, RejectedRequest, Request
 from protocol.connection_limits import ConnectionSlot, ConnectionTable
 from protocol.errors import DecodeError, ErrorCode
@@ -42,13 +42,6 @@ from protocol.errors import DecodeError, ErrorCode
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 64 * 1024
-
-
-def _api_name(api_key: int) -> str:
-    try:
-        return ApiKey(api_key).name
-    except ValueError:
-        return f"api {api_key}"
 
 
 class _Client:
