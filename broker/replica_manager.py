@@ -82,6 +82,7 @@ from protocol.messages import (
     ProduceTopicResponse,
 )
 from protocol.metadata_records import LEADER_RECOVERED
+from runtime.fileio import off_loop
 
 log = logging.getLogger(__name__)
 
@@ -1049,11 +1050,8 @@ class ReplicaManager:
             # Partitions not opened yet keep their last checkpointed value.
             for tp, hw in self._checkpointed_hws.items():
                 hws.setdefault(tp, hw)
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(
-                self._executor, self.log_manager.checkpoint_high_watermarks, hws
-            )
-            await loop.run_in_executor(
+            await off_loop(self._executor, self.log_manager.checkpoint_high_watermarks, hws)
+            await off_loop(
                 self._executor, self.log_manager.checkpoint_recovery_points_and_log_starts
             )
 
@@ -1065,7 +1063,7 @@ class ReplicaManager:
             target = p.log_end_offset
             if p.log.recovery_point >= target:
                 return  # a concurrent flush already covered it
-            await asyncio.get_running_loop().run_in_executor(self._executor, p.log.flush, target)
+            await off_loop(self._executor, p.log.flush, target)
 
     async def _after_follower_append(self, p: Partition) -> None:
         """flush.messages holds on followers too (Kafka flushes on any append)."""

@@ -35,7 +35,6 @@ acknowledged metadata is lost: the controller refuses to start and says so.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -51,7 +50,7 @@ import msgspec
 from controller.errors import CorruptMetadataError, MetadataLogWriteError, invariant
 from protocol.messages import MetadataEntry
 from protocol.metadata_records import MetadataRecord
-from runtime.fileio import fsync_directory
+from runtime.fileio import atomic_write, fsync_directory, off_loop, write_all
 
 log = logging.getLogger(__name__)
 
@@ -344,10 +343,7 @@ class MetadataLog:
     # ------------------------------------------------------------------ appends
 
     def _write_sync(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
+        write_all(self._fd, data)
         os.fsync(self._fd)
 
     async def append(self, entries: list[MetadataEntry]) -> None:
@@ -365,9 +361,8 @@ class MetadataLog:
             )
             expected += 1
         data = b"".join(encode_entry(e) for e in entries)
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self._write_sync, data)
+            await off_loop(self._executor, self._write_sync, data)
         except OSError as exc:
             self._failed = (
                 f"cannot write the metadata log in {self.directory}: {exc.strerror or exc}; "
@@ -380,18 +375,7 @@ class MetadataLog:
 
     def _snapshot_sync(self, last_offset: int, data: bytes) -> None:
         directory = self.directory
-        final = directory / snapshot_file_name(last_offset)
-        tmp = final.with_name(final.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        fsync_directory(directory)
+        atomic_write(directory / snapshot_file_name(last_offset), data)
         # The snapshot is durable; from here on a failure only delays the clean-up.
         new_first = last_offset + 1
         try:
@@ -429,8 +413,10 @@ class MetadataLog:
             f"snapshot at {last_offset} but the log ends at {self._next_offset - 1}",
         )
         data = encode_snapshot(last_offset, records)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._snapshot_sync, last_offset, data)
+        # One hop for the whole sequence, in the log's one thread: a snapshot and the
+        # appends around it never interleave (runtime/fileio.py off_loop says why not
+        # aiofiles).
+        await off_loop(self._executor, self._snapshot_sync, last_offset, data)
 
     def close(self) -> None:
         """Sync and close. Appends were fsynced already; this is belt and braces."""
