@@ -1,267 +1,67 @@
-"""Request and response bodies of every API, as msgspec Structs (MessagePack maps).
-
-Field names follow Kafka's JSON schemas so users can look them up. Every epoch field
-defaults to -1, the sentinel that skips its check. New fields are only ever added
-with a default, so an older peer's message still decodes (unknown fields are ignored).
-
-Record data (`records`) is carried as raw bytes: one or more RecordBatch v2 batches,
-never re-encoded per record. It is typed `memoryview` so that decoding does not copy
-it: the field is a view into the received frame (which the frame decoder hands over
-and never reuses). Any bytes-like value may be given when building a message.
-"""
+"""What brokers and the controller say to each other, and the operator APIs:
+AlterPartition (KIP-903), registration, heartbeats, FetchMetadata, DescribeCluster,
+CreateTopics, DeleteTopics, ElectLeaders, the test-only fault controls, replica log
+inspection and log directories; and the registry (API_SPECS) of every API's request and
+response types."""
 
 from __future__ import annotations
 
 import msgspec
 
 from protocol.api import ELECTION_UNCLEAN, ApiKey
+from protocol.messages import client_apis as c
+from protocol.messages.client_apis import Message
 from protocol.metadata_records import MetadataRecord
 
-
-class Message(msgspec.Struct, kw_only=True):
-    """Base of every request and response body."""
-
-
-# ------------------------------------------------------------------ shared parts
-
-
-class ErrorBody(Message, kw_only=True):
-    """Body of a response whose header carries a non-zero error code."""
-
-    error_message: str = ""
-
-
-class LeaderIdAndEpoch(Message, kw_only=True):
-    leader_id: int = -1
-    leader_epoch: int = -1
-
-
-class EpochEndOffset(Message, kw_only=True):
-    epoch: int = -1
-    end_offset: int = -1
-
-
-# ------------------------------------------------------------------ ApiVersions
-
-
-class ApiVersionsRequest(Message, kw_only=True):
-    client_software_name: str = "minibroker"
-    client_software_version: str = ""
-
-
-class ApiVersionRange(Message, kw_only=True):
-    api_key: int
-    min_version: int
-    max_version: int
-
-
-class ApiVersionsResponse(Message, kw_only=True):
-    error_code: int = 0
-    api_keys: list[ApiVersionRange] = []
-
-
-# ------------------------------------------------------------------ Metadata (KIP-232)
-
-
-class MetadataRequest(Message, kw_only=True):
-    topics: list[str] | None = None  # None: all topics
-    allow_auto_topic_creation: bool = False
-
-
-class MetadataBroker(Message, kw_only=True):
-    node_id: int
-    host: str
-    port: int
-    rack: str | None = None
-
-
-class MetadataPartition(Message, kw_only=True):
-    error_code: int = 0
-    partition_index: int
-    leader_id: int = -1
-    leader_epoch: int = -1
-    replica_nodes: list[int] = []
-    isr_nodes: list[int] = []
-    offline_replicas: list[int] = []
-
-
-class MetadataTopic(Message, kw_only=True):
-    error_code: int = 0
-    name: str
-    topic_id: str = ""
-    is_internal: bool = False
-    partitions: list[MetadataPartition] = []
-
-
-class MetadataResponse(Message, kw_only=True):
-    brokers: list[MetadataBroker] = []
-    cluster_id: str | None = None
-    controller_id: int = -1
-    topics: list[MetadataTopic] = []
-    # Offset of the metadata log this answer reflects; lets tools see staleness.
-    metadata_offset: int = -1
-
-
-# ------------------------------------------------------------------ Produce (KIP-359)
-
-
-class ProducePartition(Message, kw_only=True):
-    index: int
-    current_leader_epoch: int = -1
-    records: memoryview  # see the module docstring; bytes are fine when sending
-
-
-class ProduceTopic(Message, kw_only=True):
-    name: str
-    partitions: list[ProducePartition]
-
-
-class ProduceRequest(Message, kw_only=True):
-    transactional_id: str | None = None
-    acks: int = -1
-    timeout_ms: int = 30_000
-    topics: list[ProduceTopic]
-
-
-class ProducePartitionResponse(Message, kw_only=True):
-    index: int
-    error_code: int = 0
-    base_offset: int = -1
-    log_append_time_ms: int = -1
-    log_start_offset: int = -1
-    error_message: str | None = None
-    current_leader: LeaderIdAndEpoch = msgspec.field(default_factory=LeaderIdAndEpoch)
-
-
-class ProduceTopicResponse(Message, kw_only=True):
-    name: str
-    partitions: list[ProducePartitionResponse]
-
-
-class ProduceResponse(Message, kw_only=True):
-    topics: list[ProduceTopicResponse] = []
-    throttle_time_ms: int = 0
-
-
-# ------------------------------------------------------------------ Fetch (KIP-320, KIP-903)
-
-
-class FetchPartition(Message, kw_only=True):
-    partition: int
-    current_leader_epoch: int = -1
-    fetch_offset: int
-    last_fetched_epoch: int = -1
-    log_start_offset: int = -1
-    partition_max_bytes: int = 1024 * 1024
-
-
-class FetchTopic(Message, kw_only=True):
-    topic: str
-    partitions: list[FetchPartition]
-
-
-class FetchRequest(Message, kw_only=True):
-    replica_id: int = -1  # broker id of a follower, -1 for consumers
-    replica_epoch: int = -1  # the follower's broker epoch (KIP-903)
-    max_wait_ms: int = 500
-    min_bytes: int = 1
-    max_bytes: int = 50 * 1024 * 1024
-    isolation_level: int = 0
-    topics: list[FetchTopic]
-
-
-class FetchPartitionResponse(Message, kw_only=True):
-    partition_index: int
-    error_code: int = 0
-    high_watermark: int = -1
-    last_stable_offset: int = -1
-    log_start_offset: int = -1
-    diverging_epoch: EpochEndOffset = msgspec.field(default_factory=EpochEndOffset)
-    current_leader: LeaderIdAndEpoch = msgspec.field(default_factory=LeaderIdAndEpoch)
-    records: memoryview = memoryview(b"")  # see the module docstring
-
-
-class FetchTopicResponse(Message, kw_only=True):
-    topic: str
-    partitions: list[FetchPartitionResponse]
-
-
-class FetchResponse(Message, kw_only=True):
-    error_code: int = 0
-    throttle_time_ms: int = 0
-    responses: list[FetchTopicResponse] = []
-
-
-# ------------------------------------------------------------------ ListOffsets (KIP-320)
-
-
-class ListOffsetsPartition(Message, kw_only=True):
-    partition_index: int
-    current_leader_epoch: int = -1
-    timestamp: int  # -2 earliest, -1 latest, else ms
-
-
-class ListOffsetsTopic(Message, kw_only=True):
-    name: str
-    partitions: list[ListOffsetsPartition]
-
-
-class ListOffsetsRequest(Message, kw_only=True):
-    replica_id: int = -1
-    isolation_level: int = 0
-    topics: list[ListOffsetsTopic]
-
-
-class ListOffsetsPartitionResponse(Message, kw_only=True):
-    partition_index: int
-    error_code: int = 0
-    timestamp: int = -1
-    offset: int = -1
-    leader_epoch: int = -1
-
-
-class ListOffsetsTopicResponse(Message, kw_only=True):
-    name: str
-    partitions: list[ListOffsetsPartitionResponse]
-
-
-class ListOffsetsResponse(Message, kw_only=True):
-    topics: list[ListOffsetsTopicResponse] = []
-
-
-# ------------------------------------------------------------------ OffsetsForLeaderEpoch
-
-
-class OffsetForLeaderPartition(Message, kw_only=True):
-    partition: int
-    current_leader_epoch: int = -1
-    leader_epoch: int
-
-
-class OffsetForLeaderTopic(Message, kw_only=True):
-    topic: str
-    partitions: list[OffsetForLeaderPartition]
-
-
-class OffsetForLeaderEpochRequest(Message, kw_only=True):
-    replica_id: int = -1
-    topics: list[OffsetForLeaderTopic]
-
-
-class EpochEndOffsetResult(Message, kw_only=True):
-    partition: int
-    error_code: int = 0
-    leader_epoch: int = -1
-    end_offset: int = -1
-
-
-class OffsetForLeaderTopicResult(Message, kw_only=True):
-    topic: str
-    partitions: list[EpochEndOffsetResult]
-
-
-class OffsetForLeaderEpochResponse(Message, kw_only=True):
-    topics: list[OffsetForLeaderTopicResult] = []
+__all__ = [
+    "API_BY_REQUEST_TYPE",
+    "API_SPECS",
+    "AlterPartitionPartition",
+    "AlterPartitionPartitionResult",
+    "AlterPartitionRequest",
+    "AlterPartitionResponse",
+    "AlterPartitionTopic",
+    "AlterPartitionTopicResult",
+    "ApiSpec",
+    "BrokerHeartbeatRequest",
+    "BrokerHeartbeatResponse",
+    "BrokerRegistrationRequest",
+    "BrokerRegistrationResponse",
+    "BrokerState",
+    "CreatableReplicaAssignment",
+    "CreatableTopic",
+    "CreatableTopicResult",
+    "CreateTopicsRequest",
+    "CreateTopicsResponse",
+    "DeletableTopicResult",
+    "DeleteTopicsRequest",
+    "DeleteTopicsResponse",
+    "DescribeClusterBroker",
+    "DescribeClusterRequest",
+    "DescribeClusterResponse",
+    "DescribeLogDirsPartition",
+    "DescribeLogDirsRequest",
+    "DescribeLogDirsResponse",
+    "DescribeLogDirsResult",
+    "DescribeLogDirsTopic",
+    "DescribeLogDirsTopicResult",
+    "DescribeReplicaLogRequest",
+    "DescribeReplicaLogResponse",
+    "ElectLeadersPartition",
+    "ElectLeadersRequest",
+    "ElectLeadersResponse",
+    "ElectLeadersResult",
+    "EpochStartOffset",
+    "FaultControlRequest",
+    "FaultControlResponse",
+    "FaultRule",
+    "FetchMetadataRequest",
+    "FetchMetadataResponse",
+    "Listener",
+    "MetadataEntry",
+    "ReplicaBatchInfo",
+    "StrayReplica",
+]
 
 
 # ------------------------------------------------------------------ AlterPartition (KIP-903)
@@ -489,113 +289,6 @@ class ElectLeadersResponse(Message, kw_only=True):
     results: list[ElectLeadersResult] = []
 
 
-# ------------------------------------------------------------------ groups (KIP-320 epochs)
-
-
-class FindCoordinatorRequest(Message, kw_only=True):
-    key: str
-    key_type: int = 0  # 0 group, 1 transaction
-
-
-class FindCoordinatorResponse(Message, kw_only=True):
-    error_code: int = 0
-    error_message: str | None = None
-    node_id: int = -1
-    host: str = ""
-    port: int = -1
-
-
-class OffsetCommitPartition(Message, kw_only=True):
-    partition_index: int
-    committed_offset: int
-    committed_leader_epoch: int = -1
-    committed_metadata: str | None = None
-
-
-class OffsetCommitTopic(Message, kw_only=True):
-    name: str
-    partitions: list[OffsetCommitPartition]
-
-
-class OffsetCommitRequest(Message, kw_only=True):
-    group_id: str
-    generation_id: int = -1
-    member_id: str = ""
-    topics: list[OffsetCommitTopic]
-
-
-class OffsetCommitPartitionResponse(Message, kw_only=True):
-    partition_index: int
-    error_code: int = 0
-
-
-class OffsetCommitTopicResponse(Message, kw_only=True):
-    name: str
-    partitions: list[OffsetCommitPartitionResponse]
-
-
-class OffsetCommitResponse(Message, kw_only=True):
-    topics: list[OffsetCommitTopicResponse] = []
-
-
-class OffsetFetchTopic(Message, kw_only=True):
-    name: str
-    partition_indexes: list[int]
-
-
-class OffsetFetchRequest(Message, kw_only=True):
-    group_id: str
-    topics: list[OffsetFetchTopic] | None = None  # None: all committed
-
-
-class OffsetFetchPartitionResponse(Message, kw_only=True):
-    partition_index: int
-    committed_offset: int = -1
-    committed_leader_epoch: int = -1
-    metadata: str | None = None
-    error_code: int = 0
-
-
-class OffsetFetchTopicResponse(Message, kw_only=True):
-    name: str
-    partitions: list[OffsetFetchPartitionResponse]
-
-
-class OffsetFetchResponse(Message, kw_only=True):
-    error_code: int = 0
-    topics: list[OffsetFetchTopicResponse] = []
-
-
-# ------------------------------------------------------------------ idempotent producer
-
-
-class InitProducerIdRequest(Message, kw_only=True):
-    transactional_id: str | None = None
-    transaction_timeout_ms: int = -1
-    producer_id: int = -1
-    producer_epoch: int = -1
-
-
-class InitProducerIdResponse(Message, kw_only=True):
-    error_code: int = 0
-    producer_id: int = -1
-    producer_epoch: int = -1
-
-
-class AllocateProducerIdsRequest(Message, kw_only=True):
-    """Broker -> controller: a block of producer ids to hand out (KIP-730)."""
-
-    broker_id: int
-    broker_epoch: int = -1
-
-
-class AllocateProducerIdsResponse(Message, kw_only=True):
-    error_code: int = 0
-    error_message: str | None = None
-    producer_id_start: int = -1
-    producer_id_len: int = 0
-
-
 # ------------------------------------------------------------------ test-only fault controls
 
 
@@ -725,8 +418,8 @@ class DescribeLogDirsResponse(Message, kw_only=True):
 
 class ApiSpec(msgspec.Struct, frozen=True):
     key: ApiKey
-    request: type[Message]
-    response: type[Message]
+    request: type[c.Message]
+    response: type[c.Message]
     min_version: int = 0
     max_version: int = 0
 
@@ -734,35 +427,45 @@ class ApiSpec(msgspec.Struct, frozen=True):
 API_SPECS: dict[int, ApiSpec] = {
     spec.key: spec
     for spec in (
-        ApiSpec(ApiKey.PRODUCE, ProduceRequest, ProduceResponse),
-        ApiSpec(ApiKey.FETCH, FetchRequest, FetchResponse),
-        ApiSpec(ApiKey.LIST_OFFSETS, ListOffsetsRequest, ListOffsetsResponse),
-        ApiSpec(ApiKey.METADATA, MetadataRequest, MetadataResponse),
-        ApiSpec(ApiKey.OFFSET_COMMIT, OffsetCommitRequest, OffsetCommitResponse),
-        ApiSpec(ApiKey.OFFSET_FETCH, OffsetFetchRequest, OffsetFetchResponse),
-        ApiSpec(ApiKey.FIND_COORDINATOR, FindCoordinatorRequest, FindCoordinatorResponse),
-        ApiSpec(ApiKey.API_VERSIONS, ApiVersionsRequest, ApiVersionsResponse),
+        ApiSpec(ApiKey.PRODUCE, c.ProduceRequest, c.ProduceResponse),
+        ApiSpec(ApiKey.FETCH, c.FetchRequest, c.FetchResponse),
+        ApiSpec(ApiKey.LIST_OFFSETS, c.ListOffsetsRequest, c.ListOffsetsResponse),
+        ApiSpec(ApiKey.METADATA, c.MetadataRequest, c.MetadataResponse),
+        ApiSpec(ApiKey.OFFSET_COMMIT, c.OffsetCommitRequest, c.OffsetCommitResponse),
+        ApiSpec(ApiKey.OFFSET_FETCH, c.OffsetFetchRequest, c.OffsetFetchResponse),
+        ApiSpec(ApiKey.FIND_COORDINATOR, c.FindCoordinatorRequest, c.FindCoordinatorResponse),
+        ApiSpec(ApiKey.API_VERSIONS, c.ApiVersionsRequest, c.ApiVersionsResponse),
         ApiSpec(ApiKey.CREATE_TOPICS, CreateTopicsRequest, CreateTopicsResponse),
         ApiSpec(ApiKey.DELETE_TOPICS, DeleteTopicsRequest, DeleteTopicsResponse),
-        ApiSpec(ApiKey.INIT_PRODUCER_ID, InitProducerIdRequest, InitProducerIdResponse),
+        ApiSpec(ApiKey.INIT_PRODUCER_ID, c.InitProducerIdRequest, c.InitProducerIdResponse),
         ApiSpec(
             ApiKey.OFFSET_FOR_LEADER_EPOCH,
-            OffsetForLeaderEpochRequest,
-            OffsetForLeaderEpochResponse,
+            c.OffsetForLeaderEpochRequest,
+            c.OffsetForLeaderEpochResponse,
         ),
         ApiSpec(ApiKey.ALTER_PARTITION, AlterPartitionRequest, AlterPartitionResponse),
         ApiSpec(ApiKey.DESCRIBE_CLUSTER, DescribeClusterRequest, DescribeClusterResponse),
-        ApiSpec(ApiKey.BROKER_REGISTRATION, BrokerRegistrationRequest, BrokerRegistrationResponse),
+        ApiSpec(
+            ApiKey.BROKER_REGISTRATION,
+            BrokerRegistrationRequest,
+            BrokerRegistrationResponse,
+        ),
         ApiSpec(ApiKey.BROKER_HEARTBEAT, BrokerHeartbeatRequest, BrokerHeartbeatResponse),
         ApiSpec(ApiKey.FETCH_METADATA, FetchMetadataRequest, FetchMetadataResponse),
         ApiSpec(
-            ApiKey.ALLOCATE_PRODUCER_IDS, AllocateProducerIdsRequest, AllocateProducerIdsResponse
+            ApiKey.ALLOCATE_PRODUCER_IDS,
+            c.AllocateProducerIdsRequest,
+            c.AllocateProducerIdsResponse,
         ),
         ApiSpec(ApiKey.FAULT_CONTROL, FaultControlRequest, FaultControlResponse),
-        ApiSpec(ApiKey.DESCRIBE_REPLICA_LOG, DescribeReplicaLogRequest, DescribeReplicaLogResponse),
+        ApiSpec(
+            ApiKey.DESCRIBE_REPLICA_LOG,
+            DescribeReplicaLogRequest,
+            DescribeReplicaLogResponse,
+        ),
         ApiSpec(ApiKey.DESCRIBE_LOG_DIRS, DescribeLogDirsRequest, DescribeLogDirsResponse),
         ApiSpec(ApiKey.ELECT_LEADERS, ElectLeadersRequest, ElectLeadersResponse),
     )
 }
 
-API_BY_REQUEST_TYPE: dict[type[Message], ApiSpec] = {s.request: s for s in API_SPECS.values()}
+API_BY_REQUEST_TYPE: dict[type[c.Message], ApiSpec] = {s.request: s for s in API_SPECS.values()}
