@@ -1,0 +1,182 @@
+"""Encoding: BatchBuilder collects records and builds one RecordBatch v2."""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Sequence
+
+import crc32c
+
+from protocol.records.batch_format import (
+    _ATTR_COMPRESSION_MASK,
+    HEADER_SIZE,
+    LENGTH_PREFIX,
+    MAGIC,
+    NO_PARTITION_LEADER_EPOCH,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    Compression,
+    Header,
+)
+from protocol.records.compression import compress
+from protocol.records.varints import _NULL_VARINT, _VARINTS, VARINT_CACHE_SIZE, encode_varint
+
+# ---------------------------------------------------------------- encoding
+
+
+def _encode_headers(headers: Sequence[Header]) -> bytes:
+    """Header count, then per header: key length, key (UTF-8), value length, value."""
+    out = bytearray(encode_varint(len(headers)))
+    for hkey, hvalue in headers:
+        hk = hkey.encode()
+        out += encode_varint(len(hk))
+        out += hk
+        if hvalue is None:
+            out += _NULL_VARINT
+        else:
+            out += encode_varint(len(hvalue))
+            out += hvalue
+    return bytes(out)
+
+
+class BatchBuilder:
+    """Accumulates records for one batch; `build()` returns the encoded batch.
+
+    Offsets are relative (the leader stamps the base offset); the partition leader
+    epoch is stamped by the leader too unless given here.
+    """
+
+    def __init__(
+        self,
+        *,
+        compression: Compression = Compression.NONE,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_PRODUCER_EPOCH,
+        base_sequence: int = NO_SEQUENCE,
+        partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+        base_timestamp: int | None = None,
+    ) -> None:
+        self.compression = compression
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.base_sequence = base_sequence
+        self.partition_leader_epoch = partition_leader_epoch
+        self._base_timestamp = base_timestamp
+        self._max_timestamp = -1
+        self._parts: list[bytes] = []
+        self._count = 0
+        self._size = HEADER_SIZE
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def estimated_size(self) -> int:
+        """Uncompressed size so far, header included."""
+        return self._size
+
+    @property
+    def base_timestamp(self) -> int:
+        """Timestamp of the first record (-1 while empty)."""
+        return -1 if self._base_timestamp is None else self._base_timestamp
+
+    def append(
+        self,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Sequence[Header] = (),
+        timestamp: int | None = None,
+    ) -> int:
+        """Add a record; returns its offset delta within the batch."""
+        if timestamp is None:
+            timestamp = int(time.time() * 1000)
+        if self._base_timestamp is None:
+            self._base_timestamp = timestamp
+        if timestamp > self._max_timestamp:
+            self._max_timestamp = timestamp
+        delta = self._count
+        # One record is: length, attributes (0), timestamp delta, offset delta, key,
+        # value, headers. The pieces go to `_parts` as they are and are joined once in
+        # build(), so a value is copied once; small varints come from a table.
+        varints = _VARINTS
+        ts_delta = timestamp - self._base_timestamp
+        head = b"\x00" + (
+            varints[ts_delta] if 0 <= ts_delta < VARINT_CACHE_SIZE else encode_varint(ts_delta)
+        )
+        head += varints[delta] if delta < VARINT_CACHE_SIZE else encode_varint(delta)
+        if key is None:
+            head += _NULL_VARINT
+        else:
+            key_len = len(key)
+            head += (
+                varints[key_len] if key_len < VARINT_CACHE_SIZE else encode_varint(key_len)
+            ) + key
+        if value is None:
+            head += _NULL_VARINT
+            value = b""
+        else:
+            value_len = len(value)
+            head += (
+                varints[value_len] if value_len < VARINT_CACHE_SIZE else encode_varint(value_len)
+            )
+        tail = _encode_headers(headers) if headers else b"\x00"
+        body_len = len(head) + len(value) + len(tail)
+        length = varints[body_len] if body_len < VARINT_CACHE_SIZE else encode_varint(body_len)
+        self._parts += (length, head, value, tail)
+        self._count = delta + 1
+        self._size += len(length) + body_len
+        return delta
+
+    def build(self, base_offset: int = 0) -> bytes:
+        if self._count == 0:
+            raise ValueError("a record batch needs at least one record")
+        base_ts = self._base_timestamp if self._base_timestamp is not None else 0
+        records = compress(self.compression, b"".join(self._parts))
+        attributes = int(self.compression) & _ATTR_COMPRESSION_MASK
+        tail = struct.pack(
+            ">hiqqqhii",
+            attributes,
+            self._count - 1,
+            base_ts,
+            self._max_timestamp,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            self._count,
+        )
+        crc = crc32c.crc32c(records, crc32c.crc32c(tail))
+        batch_length = HEADER_SIZE - LENGTH_PREFIX + len(records)
+        head = struct.pack(
+            ">qiiBI", base_offset, batch_length, self.partition_leader_epoch, MAGIC, crc
+        )
+        return head + tail + records
+
+
+def encode_batch(
+    records: Sequence[tuple[bytes | None, bytes | None]]
+    | Sequence[tuple[bytes | None, bytes | None, Sequence[Header], int | None]],
+    *,
+    base_offset: int = 0,
+    compression: Compression = Compression.NONE,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+) -> bytes:
+    """Encode `(key, value)` or `(key, value, headers, timestamp)` tuples as one batch."""
+    builder = BatchBuilder(
+        compression=compression,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        partition_leader_epoch=partition_leader_epoch,
+    )
+    for item in records:
+        if len(item) == 2:
+            builder.append(item[1], item[0])
+        else:
+            key, value, headers, timestamp = item  # type: ignore[misc]
+            builder.append(value, key, headers, timestamp)
+    return builder.build(base_offset)
