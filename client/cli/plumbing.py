@@ -1,0 +1,127 @@
+"""What every command shares: the bootstrap option and its environment variable, the
+--debug switch, running a coroutine with errors mapped to one line and exit code 1,
+and small text tables."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import click
+import uvloop
+
+from client.errors import MinibrokerError
+
+T = TypeVar("T")
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+BOOTSTRAP_ENV = "MINIBROKER_BOOTSTRAP_SERVERS"
+# How long produce/consume wait for a topic to show up (a new one takes milliseconds).
+TOPIC_WAIT_MS = 10_000
+LOG_FORMAT = "%(asctime)s %(levelname)s [client] %(name)s: %(message)s"
+
+
+# ------------------------------------------------------------------ plumbing
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(dict)["debug"] = True
+        logging.getLogger().setLevel(logging.DEBUG)
+
+
+def _debug_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--debug",
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_set_debug,
+        help="Show tracebacks and the client's debug log.",
+    )(f)
+
+
+def _resolve_bootstrap(
+    ctx: click.Context, _param: click.Parameter | None, value: str | None
+) -> str:
+    # The command's own -b wins, then `minibroker -b ...`, then the env var, then the default.
+    if value:
+        return value
+    root = ctx.find_root().obj or {}
+    return root.get("bootstrap") or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP
+
+
+def client_command(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options every command that talks to a cluster has."""
+    f = click.option(
+        "-b",
+        "--bootstrap-server",
+        "bootstrap",
+        default=None,
+        callback=_resolve_bootstrap,
+        help="Brokers to bootstrap from, HOST:PORT[,HOST:PORT...] (`minibroker dev` "
+        f"prints this list).  [default: `minibroker -b`, else env {BOOTSTRAP_ENV}, "
+        f"else {DEFAULT_BOOTSTRAP}]",
+    )(f)
+    return _debug_option(f)
+
+
+def _is_debug() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.find_root().obj and ctx.find_root().obj.get("debug"))
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+def run(fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+    """Run a coroutine on uvloop, turning errors into one line and exit code 1."""
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(fn(*args, **kwargs))
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit:
+        raise
+    except (MinibrokerError, ValueError, OSError) as exc:
+        if _is_debug():
+            raise
+        _fail(str(exc))
+    except Exception as exc:
+        if _is_debug():
+            raise
+        _fail(f"unexpected {type(exc).__name__}: {exc} (run again with --debug for details)")
+
+
+def _parse_configs(pairs: tuple[str, ...]) -> dict[str, str]:
+    configs: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--config")
+        configs[key.strip()] = value.strip()
+    return configs
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    lines = [
+        "  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _nodes(ids: tuple[int, ...]) -> str:
+    return "[" + " ".join(map(str, ids)) + "]"

@@ -1,0 +1,187 @@
+"""The `minibroker` group, the server commands (`controller`, `broker`: the module run
+as a subprocess, never imported) and `dev`, and `main`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import click
+import uvloop
+
+from client.cli.plumbing import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, LOG_FORMAT, _fail
+from client.dev_cluster import DevCluster, DevClusterError
+
+# ------------------------------------------------------------------ the group
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="MINIBROKER_DEBUG",
+    help="Show tracebacks and the client's debug log.",
+)
+@click.option(
+    "-b",
+    "--bootstrap-server",
+    "bootstrap",
+    default=None,
+    help="Brokers for every client command, HOST:PORT[,HOST:PORT...]  "
+    f"[default: env {BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP}]",
+)
+@click.version_option(package_name="minibroker", message="%(prog)s %(version)s")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool, bootstrap: str | None) -> None:
+    """minibroker: a replicated, Kafka-style log broker with leader epochs.
+
+    Start a local cluster with `minibroker dev`, then in another terminal:
+
+    \b
+      minibroker topic create t --partitions 3
+      seq 1 10 | minibroker produce t
+      minibroker consume t --from-beginning -n 10
+    """
+    obj = ctx.ensure_object(dict)
+    obj["debug"] = obj.get("debug", False) or debug
+    obj["bootstrap"] = bootstrap
+    logging.basicConfig(
+        level=logging.DEBUG if obj["debug"] else logging.WARNING,
+        format=LOG_FORMAT,
+        stream=sys.stderr,
+    )
+
+
+# ------------------------------------------------------------------ servers
+
+
+def _exec_module(module: str, args: tuple[str, ...]) -> NoReturn:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the directory holding client/
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # exec: signals and the exit code are the server's own.
+    os.execve(sys.executable, [sys.executable, "-m", module, *args], env)
+
+
+_PASSTHROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+
+
+@cli.command(context_settings=_PASSTHROUGH, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def controller(args: tuple[str, ...]) -> None:
+    """Run the controller: `python -m controller ARGS` (try `minibroker controller --help`)."""
+    _exec_module("controller", args)
+
+
+@cli.command(context_settings=_PASSTHROUGH, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def broker(args: tuple[str, ...]) -> None:
+    """Run a broker: `python -m broker ARGS` (try `minibroker broker --help`)."""
+    _exec_module("broker", args)
+
+
+@cli.command()
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("minibroker-data"),
+    show_default=True,
+    help="Where the controller (controller/), the brokers (broker-N/) and the logs "
+    "(logs/) live. Reused across runs.",
+)
+@click.option(
+    "--brokers",
+    type=click.IntRange(1, 32),
+    default=3,
+    show_default=True,
+    help="Number of brokers (node ids 1..N).",
+)
+@click.option(
+    "--base-port",
+    type=click.IntRange(1, 65535),
+    default=9092,
+    show_default=True,
+    help="Port of broker 1; broker N listens on base-port + 2*(N-1) (9092, 9094, 9096).",
+)
+@click.option(
+    "--controller-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Controller port.  [default: base-port + 1, i.e. 9093]",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--startup-timeout",
+    type=click.FloatRange(1, 600),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the controller and every broker to be up.",
+)
+@click.option(
+    "--stop-timeout",
+    type=click.FloatRange(1, 600),
+    default=20.0,
+    show_default=True,
+    help="Seconds to wait for each group (brokers, then controller) after SIGTERM "
+    "before killing it.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="Log level of the servers (their logs go to DATA_DIR/logs/).",
+)
+def dev(
+    data_dir: Path,
+    brokers: int,
+    base_port: int,
+    controller_port: int | None,
+    host: str,
+    startup_timeout: float,
+    stop_timeout: float,
+    log_level: str,
+) -> None:
+    """Run a local cluster in the foreground: one controller and N brokers.
+
+    Prints the bootstrap address once every broker is up; Ctrl-C (or SIGTERM) stops
+    the brokers, then the controller, and exits 0 when all stopped cleanly. If a
+    server dies or a port is busy it exits 1 and shows that server's last log lines.
+    """
+    try:
+        cluster = DevCluster(
+            data_dir=data_dir,
+            brokers=brokers,
+            base_port=base_port,
+            controller_port=controller_port,
+            host=host,
+            startup_timeout=startup_timeout,
+            stop_timeout=stop_timeout,
+            log_level=log_level.upper(),
+        )
+    except DevClusterError as exc:
+        _fail(str(exc))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        code = runner.run(cluster.run())
+    sys.exit(code)
+
+
+def _reserve_std_fds() -> None:
+    # With stdin/stdout/stderr closed (`<&-`), sockets would get fds 0-2, which uvloop
+    # refuses to close; park /dev/null there (open() takes the lowest free fd).
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
+
+
+def main() -> None:
+    _reserve_std_fds()
+    cli(prog_name="minibroker")
