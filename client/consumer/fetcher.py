@@ -1,0 +1,259 @@
+"""The fetcher: one Fetch per leader for its assigned partitions with their positions
+and epochs, the answers decoded into buffered records, and the records handed out by
+poll in order."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+
+from client.consumer.partition_state import _Fetched, _PartitionState, log
+from client.epochs import leader_for_epoch
+from client.errors import (
+    BrokerResponseError,
+    LeaderEpochBehindError,
+    MinibrokerError,
+    error_for,
+)
+from client.types import ConsumerRecord, TopicPartition
+from protocol.api import CONSUMER_REPLICA_ID, NO_EPOCH
+from protocol.errors import CorruptRecordError as ProtocolCorruptRecordError
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    FetchPartition,
+    FetchPartitionResponse,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
+)
+from protocol.record_batch import check_batch, decode_batch_into, iter_headers
+
+
+class Fetcher:
+    """The fetcher: one Fetch per leader for its assigned partitions with their positions"""
+
+    async def _ensure_metadata(self) -> None:
+        """Fetch metadata now for assigned partitions the cache does not know yet (the
+        first poll after assign), at most once per retry backoff."""
+        meta = self._cluster.metadata
+        self._expand_subscription()
+        missing_topic = self._subscription is not None and any(
+            meta.partitions_for_topic(t) is None for t in self._subscription
+        )
+        if not missing_topic and all(meta.partition(tp) is not None for tp in self._states):
+            return
+        now = time.monotonic()
+        if now - self._last_metadata_wait < self.retry_backoff_ms / 1000:
+            return
+        self._last_metadata_wait = now
+        try:
+            await self._cluster.refresh_metadata()
+        except MinibrokerError as exc:
+            log.debug("metadata refresh failed: %s", exc)
+        self._expand_subscription()
+
+    def _drain(self, limit: int) -> dict[TopicPartition, list[ConsumerRecord]]:
+        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        for tp in list(self._buffer):
+            if limit <= 0:
+                break
+            fetched = self._buffer[tp]
+            state = self._states.get(tp)
+            if state is None or state.paused or state.position != fetched.fetch_offset:
+                del self._buffer[tp]  # unassigned, paused or seeked since the fetch
+                continue
+            chunk = fetched.records[fetched.index : fetched.index + limit]
+            fetched.index += len(chunk)
+            limit -= len(chunk)
+            if chunk:
+                out[tp] = chunk
+                last = chunk[-1]
+                state.position = last.offset + 1
+                state.position_epoch = last.leader_epoch
+            if fetched.index >= len(fetched.records):
+                # Past the last batch even if its tail records were compacted away.
+                del self._buffer[tp]
+                if fetched.next_offset > state.position:
+                    state.position = fetched.next_offset
+                    state.position_epoch = fetched.next_epoch
+            else:
+                fetched.fetch_offset = state.position
+        return out
+
+    def _send_fetches(self) -> None:
+        now = time.monotonic()
+        by_leader: dict[int, list[tuple[TopicPartition, int, int, int]]] = defaultdict(list)
+        to_validate: dict[int, list[tuple[TopicPartition, int, int, int]]] = defaultdict(list)
+        for tp, state in self._states.items():
+            if state.paused or state.position is None or tp in self._buffer:
+                continue
+            if state.backoff_until > now:
+                continue
+            try:
+                leader, epoch = leader_for_epoch(self._cluster, tp, state.position_epoch)
+            except LeaderEpochBehindError as exc:
+                self._wait_for_leader_epoch(tp, state, exc)
+                continue
+            except BrokerResponseError:
+                self._cluster.request_refresh()
+                state.backoff_until = now + self.retry_backoff_ms / 1000
+                continue
+            if epoch != state.leader_epoch_seen:
+                self._note_leader_epoch(tp, state, epoch)
+            if state.awaiting_validation:
+                if leader not in self._validating:
+                    to_validate[leader].append((tp, state.position, epoch, state.position_epoch))
+                continue
+            if leader in self._fetching:
+                continue
+            state.epoch_wait_since, state.epoch_waits = 0.0, 0
+            by_leader[leader].append((tp, state.position, epoch, state.position_epoch))
+        loop = asyncio.get_running_loop()
+        for node, parts in to_validate.items():
+            self._validating[node] = loop.create_task(
+                self._validate(node, parts), name=f"minibroker-validate-{node}"
+            )
+        for node, parts in by_leader.items():
+            task = loop.create_task(self._fetch(node, parts), name=f"minibroker-fetch-{node}")
+            self._fetching[node] = task
+
+    async def _fetch(self, node: int, parts: list[tuple[TopicPartition, int, int, int]]) -> None:
+        by_topic: dict[str, list[FetchPartition]] = defaultdict(list)
+        for tp, offset, epoch, last_epoch in parts:
+            by_topic[tp.topic].append(
+                FetchPartition(
+                    partition=tp.partition,
+                    current_leader_epoch=epoch,
+                    fetch_offset=offset,
+                    last_fetched_epoch=last_epoch,
+                    partition_max_bytes=self.max_partition_fetch_bytes,
+                )
+            )
+        request = FetchRequest(
+            replica_id=CONSUMER_REPLICA_ID,
+            max_wait_ms=self.fetch_max_wait_ms,
+            min_bytes=self.fetch_min_bytes,
+            max_bytes=self.fetch_max_bytes,
+            isolation_level=self.isolation_level,
+            topics=[FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
+        )
+        offsets = {tp: offset for tp, offset, _, _ in parts}
+        try:
+            response = await self._cluster.send(
+                node, request, timeout_ms=self.request_timeout_ms + self.fetch_max_wait_ms
+            )
+            assert isinstance(response, FetchResponse)
+            if response.error_code != ErrorCode.NONE:
+                raise error_for(response.error_code, f"Fetch refused by broker {node}")
+            for topic in response.responses:
+                for p in topic.partitions:
+                    tp = TopicPartition(topic.topic, p.partition_index)
+                    if tp in offsets:
+                        self._handle_partition(tp, offsets[tp], p)
+        except MinibrokerError as exc:
+            if not exc.retriable:
+                self._pending_error = exc
+            else:
+                log.info("fetch from broker %d failed: %s; backing off", node, exc)
+                until = time.monotonic() + self.retry_backoff_ms / 1000
+                for tp in offsets:
+                    state = self._states.get(tp)
+                    if state is not None:
+                        state.backoff_until = until
+                if exc.invalid_metadata:
+                    self._cluster.request_refresh()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug or corrupt data: surface it from poll()
+            log.exception("fetch from broker %d failed", node)
+            self._pending_error = exc
+        finally:
+            self._fetching.pop(node, None)
+            self._fetch_done.set()
+
+    def _handle_partition(
+        self, tp: TopicPartition, fetch_offset: int, p: FetchPartitionResponse
+    ) -> None:
+        state = self._states.get(tp)
+        if state is None or state.position != fetch_offset or state.paused:
+            return  # unassigned, seeked or paused while the fetch was out
+        code = p.error_code
+        if code == ErrorCode.NONE:
+            if p.high_watermark >= 0:
+                state.high_watermark = p.high_watermark
+            if p.log_start_offset >= 0:
+                state.log_start_offset = p.log_start_offset
+            if p.diverging_epoch.epoch >= 0:
+                self._handle_diverging(
+                    tp, state, p.diverging_epoch.epoch, p.diverging_epoch.end_offset
+                )
+                return
+            self._buffer_records(tp, state, fetch_offset, p.records)
+            return
+        error = error_for(code, topic=tp.topic, partition=tp.partition)
+        if code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            self._out_of_range(
+                tp,
+                state,
+                fetch_offset,
+                f"log start {p.log_start_offset}, high watermark {p.high_watermark}",
+            )
+            return
+        if (
+            code in (ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+            and state.position_epoch != NO_EPOCH
+        ):
+            # The leader changed under us: validate before fetching from the new one.
+            state.awaiting_validation = True
+        if error.retriable:
+            log.info("%s: %s; refreshing metadata and retrying", tp, error)
+            state.backoff_until = time.monotonic() + self.retry_backoff_ms / 1000
+            if error.invalid_metadata:
+                self._cluster.request_refresh()
+            return
+        self._pending_error = error
+
+    def _buffer_records(
+        self, tp: TopicPartition, state: _PartitionState, fetch_offset: int, data: bytes
+    ) -> None:
+        if not data:
+            return
+        # Whole batches decode straight into ConsumerRecords, one pass per batch
+        # (decode_batch_into); control batches only move the next offset.
+        records: list[ConsumerRecord] = []
+        next_offset, next_epoch = fetch_offset, state.position_epoch
+        topic, partition = tp.topic, tp.partition
+        verify = self.check_crcs
+        try:
+            for pos, header in iter_headers(data):
+                if verify:
+                    check_batch(data, pos, header)
+                if not header.is_control:
+                    start = len(records)
+                    decode_batch_into(records, data, pos, header, ConsumerRecord, topic, partition)
+                    if header.base_offset < fetch_offset:  # the batch holding the position
+                        records[start:] = [r for r in records[start:] if r[2] >= fetch_offset]
+                if header.next_offset > next_offset:
+                    next_offset = header.next_offset
+                    next_epoch = header.partition_leader_epoch
+        except ProtocolCorruptRecordError as exc:
+            # Records decoded before the bad batch are still good: return them first.
+            if not records:
+                self._pending_error = error_for(
+                    ErrorCode.CORRUPT_MESSAGE,
+                    f"at offset {next_offset}: {exc}",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                )
+                return
+        kd, vd = self._key_deserializer, self._value_deserializer
+        if kd is not None or vd is not None:
+            records = [
+                r._replace(
+                    key=kd(r.key) if kd is not None and r.key is not None else r.key,
+                    value=vd(r.value) if vd is not None and r.value is not None else r.value,
+                )
+                for r in records
+            ]
+        self._buffer[tp] = _Fetched(fetch_offset, records, next_offset, next_epoch)

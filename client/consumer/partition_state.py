@@ -1,0 +1,113 @@
+"""Per assigned partition: its position with the leader epoch of the record before it
+(KIP-320), whether it awaits validation or a reset, and the records fetched for it;
+and the error answers of the coordinator APIs."""
+
+from __future__ import annotations
+
+import logging
+
+from client.errors import (
+    BrokerResponseError,
+    error_for,
+)
+from client.types import ConsumerRecord
+from protocol.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NO_EPOCH
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    Message,
+)
+
+log = logging.getLogger(__name__)
+
+
+_RESET_TIMESTAMPS = {"earliest": EARLIEST_TIMESTAMP, "latest": LATEST_TIMESTAMP}
+
+
+_ISOLATION = {"read_uncommitted": 0, "read_committed": 1}
+
+
+_COORDINATOR_MAX_BACKOFF_S = 1.0
+
+
+# Longest pause between metadata refreshes while a position waits for its leader
+# epoch to appear in the metadata (Kafka's retry.backoff.max.ms).
+_EPOCH_WAIT_MAX_BACKOFF_S = 1.0
+
+
+# Partition or response errors after which the coordinator is looked up again (as
+# Kafka's commit handler marks the coordinator unknown).
+_COORDINATOR_MOVED = frozenset(
+    {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.REQUEST_TIMED_OUT}
+)
+
+
+def _answer_errors(response: Message, group: str) -> list[BrokerResponseError]:
+    """The errors of a coordinator answer: its whole-response error code if any, else
+    one per partition that failed."""
+    code = getattr(response, "error_code", 0)
+    if code != ErrorCode.NONE:
+        return [error_for(code, f"group {group!r}")]
+    return [
+        error_for(p.error_code, topic=topic.name, partition=p.partition_index)
+        for topic in getattr(response, "topics", ())
+        for p in topic.partitions
+        if p.error_code != ErrorCode.NONE
+    ]
+
+
+class _PartitionState:
+    __slots__ = (
+        "awaiting_validation",
+        "backoff_until",
+        "epoch_wait_since",
+        "epoch_waits",
+        "high_watermark",
+        "leader_epoch_seen",
+        "log_start_offset",
+        "paused",
+        "position",
+        "position_epoch",
+        "reset",
+    )
+
+    def __init__(self) -> None:
+        self.position: int | None = None
+        # Leader epoch of the record just before `position` (-1: unknown).
+        self.position_epoch = NO_EPOCH
+        self.reset: str | None = None  # pending 'earliest' / 'latest'
+        self.paused = False
+        self.high_watermark = -1
+        self.log_start_offset = -1
+        self.backoff_until = 0.0
+        # Leader epoch of the metadata we last fetched with, to notice leader changes.
+        self.leader_epoch_seen = NO_EPOCH
+        # KIP-320: hold fetching until OffsetsForLeaderEpoch confirms the position
+        # (after a leader change, or a seek/committed offset carrying an epoch).
+        self.awaiting_validation = False
+        # Since when (monotonic s; 0: not) the position waits for a leader at its
+        # epoch (client/epochs.py rules 1, 2), and how many retries so far.
+        self.epoch_wait_since = 0.0
+        self.epoch_waits = 0
+
+    def set_position(self, offset: int, epoch: int, *, validate: bool = False) -> None:
+        self.position = offset
+        self.position_epoch = epoch
+        self.reset = None
+        self.awaiting_validation = validate and epoch != NO_EPOCH
+        self.epoch_wait_since = 0.0
+        self.epoch_waits = 0
+
+
+class _Fetched:
+    """Decoded records of one partition not yet returned by poll()."""
+
+    __slots__ = ("fetch_offset", "index", "next_epoch", "next_offset", "records")
+
+    def __init__(
+        self, fetch_offset: int, records: list[ConsumerRecord], next_offset: int, next_epoch: int
+    ) -> None:
+        self.fetch_offset = fetch_offset
+        self.records = records
+        self.index = 0
+        self.next_offset = next_offset
+        self.next_epoch = next_epoch
