@@ -35,10 +35,9 @@ Reasons (stable names, scripts match on them):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-if TYPE_CHECKING:  # admin.py imports this module; the types are only annotations here
-    from client.admin import ClusterDescription, TopicDescription
+from client.descriptions import ClusterDescription, TopicDescription
 
 NO_BROKER_REACHABLE = "no_broker_reachable"
 CONTROLLER_UNREACHABLE = "controller_unreachable"
