@@ -9,7 +9,7 @@ File `leader-epoch-checkpoint` in the partition directory, text, Kafka's layout:
     5 420               epoch 5 at offset 420
                         (the file ends with a newline)
 
-Invariants, checked on load and asserted after every change: epochs strictly
+Invariants, checked on load and after every change (kept under python -O): epochs strictly
 increase, start offsets never decrease, both are >= 0.
 
 The file is replaced atomically on every change (temp file, fsync, rename, fsync the
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from broker.storage.checkpoints import CheckpointFile
+from protocol.invariants import InvariantError
 
 logger = logging.getLogger(__name__)
 
@@ -245,12 +246,14 @@ class LeaderEpochFileCache:
         self.flush()
 
     def _check_invariants(self) -> None:
+        # Kept under python -O (item 7 of issue 14): epochs never decrease.
         for prev, entry in itertools.pairwise(self._entries):
-            assert entry.epoch > prev.epoch, f"epochs must strictly increase: {self._entries}"
-            assert entry.start_offset >= prev.start_offset, (
-                f"start offsets must not decrease: {self._entries}"
-            )
-        assert all(e.epoch >= 0 and e.start_offset >= 0 for e in self._entries), self._entries
+            if entry.epoch <= prev.epoch:
+                raise InvariantError(f"epochs must strictly increase: {self._entries}")
+            if entry.start_offset < prev.start_offset:
+                raise InvariantError(f"start offsets must not decrease: {self._entries}")
+        if not all(e.epoch >= 0 and e.start_offset >= 0 for e in self._entries):
+            raise InvariantError(f"negative epoch or start offset: {self._entries}")
 
 
 def _epoch_of(entry: EpochEntry) -> int:
