@@ -14,7 +14,6 @@ cache and batch headers, via DescribeReplicaLog, which brokers serve read-only).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from types import TracebackType
 
 from client.admin_diagnostics import (
     DEFAULT_CONTROLLER_PORT,
@@ -44,6 +43,7 @@ from client.errors import (
     UnknownTopicOrPartitionError,
     error_for,
 )
+from client.lifecycle import AsyncClient
 from client.offsets import list_offsets
 from client.types import OffsetAndTimestamp, TopicPartition
 from protocol.api import EARLIEST_TIMESTAMP, ELECTION_UNCLEAN, LATEST_TIMESTAMP
@@ -86,7 +86,7 @@ _SPEC_TIMESTAMPS: dict[object, int] = {
 }
 
 
-class AsyncAdmin(Diagnostics):
+class AsyncAdmin(Diagnostics, AsyncClient):
     """Administrative operations. Use `async with AsyncAdmin(...) as admin:` or
     `await start()` / `await close()`."""
 
@@ -123,18 +123,6 @@ class AsyncAdmin(Diagnostics):
         """Close every connection."""
         await self._cluster.close()
         self._started = False
-
-    async def __aenter__(self) -> AsyncAdmin:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def _check(self) -> None:
         if not self._started:

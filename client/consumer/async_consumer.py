@@ -32,7 +32,6 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from types import TracebackType
 from typing import Any
 
 from client.cluster import ClusterClient
@@ -49,11 +48,12 @@ from client.consumer.truncation import TruncationValidation
 from client.errors import (
     IllegalStateError,
 )
+from client.lifecycle import AsyncClient
 from client.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
 
 class AsyncConsumer(
-    SubscriptionState, OffsetLookup, CommittedOffsets, Fetcher, TruncationValidation
+    SubscriptionState, OffsetLookup, CommittedOffsets, Fetcher, TruncationValidation, AsyncClient
 ):
     """Asynchronous consumer with manual assignment (`assign`, `seek`, `poll`)."""
 
@@ -142,18 +142,6 @@ class AsyncConsumer(
         self._fetching.clear()
         self._validating.clear()
         await self._cluster.close()
-
-    async def __aenter__(self) -> AsyncConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def _check(self) -> None:
         if not self._started:

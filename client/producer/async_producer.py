@@ -61,7 +61,6 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
-from types import TracebackType
 from typing import Any
 
 from client.cluster import ClusterClient
@@ -70,6 +69,7 @@ from client.errors import (
     KafkaTimeoutError,
     MinibrokerError,
 )
+from client.lifecycle import AsyncClient
 from client.partitioner import DefaultPartitioner
 from client.producer.accumulator import RecordAccumulator
 from client.producer.batches import (
@@ -89,7 +89,7 @@ from protocol.record_batch import (
 )
 
 
-class AsyncProducer(RecordAccumulator, Sender, IdempotenceState):
+class AsyncProducer(RecordAccumulator, Sender, IdempotenceState, AsyncClient):
     """Asynchronous producer. `async with AsyncProducer(...) as p:` or start()/close()."""
 
     def __init__(
@@ -210,18 +210,6 @@ class AsyncProducer(RecordAccumulator, Sender, IdempotenceState):
             self._run_sender(), name="minibroker-producer-sender"
         )
         self._started = True
-
-    async def __aenter__(self) -> AsyncProducer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def flush(self, timeout_ms: int | None = None) -> None:
         """Send everything buffered now and wait until each batch is acknowledged or
