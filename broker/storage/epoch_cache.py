@@ -198,6 +198,16 @@ class LeaderEpochFileCache:
         index = bisect.bisect_right(self._entries, offset, key=_start_of)
         return self._entries[index - 1].epoch if index else None
 
+    def learn_from_leader(self, epoch: int, base_offset: int, log_end_offset: int) -> None:
+        """A follower's batch of `epoch` at `base_offset` is about to land at the log
+        end: record its epoch first (the checkpoint is never behind the log)."""
+        if epoch < self.latest_epoch:
+            # Our newer entries start at or past the LEO: claims of epochs in which this
+            # replica wrote nothing. The leader's lineage replaces them.
+            self.truncate_from_end(log_end_offset)
+        if epoch >= self.latest_epoch:
+            self.assign(epoch, base_offset)
+
     def truncate_from_end(self, end_offset: int) -> None:
         """Remove the entries whose start offset is >= end_offset (log truncated there)."""
         if end_offset < 0 or not self._entries or self._entries[-1].start_offset < end_offset:

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from broker.storage.errors import OffsetOutOfRangeError
 from broker.storage.log_config import LogConfig
 from broker.storage.offset_index import INT32_MAX
 from broker.storage.segment import LogSegment
@@ -200,8 +201,15 @@ class LocalLog:
         max_offset: int | None,
         min_one_batch: bool,
     ) -> bytes | memoryview:
-        """Whole batches from the one containing `start_offset` (inside the log, below
-        the LEO), possibly spanning segments; see Log.read."""
+        """Whole batches from the one containing `start_offset`, possibly spanning
+        segments; see Log.read."""
+        log_end = self.log_end_offset
+        if start_offset == log_end:
+            return b""
+        if not self.log_start_offset <= start_offset < log_end:
+            raise OffsetOutOfRangeError(start_offset, self.log_start_offset, log_end)
+        if max_offset is not None and start_offset >= max_offset:
+            return b""  # e.g. a consumer already at the high watermark
         index = max(0, bisect.bisect_right(self._bases, start_offset) - 1)
         parts: list[bytes | memoryview] = []
         remaining = max_bytes
@@ -275,8 +283,10 @@ class LocalLog:
             self.log_start_offset = min(self.log_start_offset, new_end)
         return new_end
 
-    def truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
+    def truncate_fully_and_start_at(self, offset: int, now_ms: int | None) -> None:
         """Delete every segment and restart empty at `offset`, fsynced."""
+        if now_ms is None:
+            now_ms = current_ms()
         with self.lock:
             for segment in reversed(self._segments):
                 segment.delete()

@@ -34,14 +34,12 @@ from __future__ import annotations
 import functools
 import logging
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
 from broker.storage.epoch_cache import LeaderEpochFileCache
 from broker.storage.errors import (
-    InvalidAppendError,
-    OffsetOutOfRangeError,
     StorageError,
 )
 from broker.storage.local_log import LocalLog, current_ms
@@ -49,19 +47,19 @@ from broker.storage.log_append import (
     EMPTY_APPEND,
     AppendInfo,
     appended,
-    check_follower_batches,
+    duplicate_append,
     stamp_batches,
     validate_client_batches,
+    validate_leader_batches,
 )
 from broker.storage.log_config import LogConfig
 from broker.storage.log_dir_failure import LogDirFailureChannel
 from broker.storage.log_loader import LogLoader
+from broker.storage.log_truncation import LogTruncation
 from broker.storage.partition_metadata import read_topic_id, write_topic_id
 from broker.storage.producer_snapshots import ProducerSnapshots
 from broker.storage.producer_state import LeaderAppendCheck, ProducerStateManager
 from broker.storage.segment import LogSegment
-from protocol.errors import CorruptRecordError
-from protocol.record_batch import BatchHeader, validate_batches
 from runtime.fileio import SerialWriter
 
 logger = logging.getLogger(__name__)
@@ -149,6 +147,9 @@ class Log:
             producer_state.load(log_start_offset, self.log_end_offset, self._local.iter_headers)
         self._producer_state = producer_state
         self._snapshots = ProducerSnapshots(producer_state, writer, self._name)
+        self._truncation = LogTruncation(
+            self._local, epoch_cache, producer_state, self._snapshots, self._name
+        )
 
     @classmethod
     def open(
@@ -322,24 +323,15 @@ class Log:
         if any(header.producer_id >= 0 for _, header in stamped):
             check = self._producer_state.prepare_leader_append(h for _, h in stamped)
             if check.duplicate is not None:
-                dup = check.duplicate
-                return AppendInfo(
-                    first_offset=dup.first_offset,
-                    last_offset=dup.last_offset,
-                    log_append_time=-1,
-                    max_timestamp=dup.timestamp,
-                    valid_bytes=0,
-                    batch_count=0,
-                    duplicate=True,
-                )
+                return duplicate_append(check.duplicate)
         # Normally a no-op: the leader assigned (epoch, LEO) when it took over.
         self._epoch_cache.assign(leader_epoch, first_offset)
-        info = self._append(buf, stamped, current_ms() if now_ms is None else now_ms)
+        self._local.append(memoryview(buf), stamped, current_ms() if now_ms is None else now_ms)
         if check is not None:
             self._producer_state.commit(check, self.log_end_offset)
         else:
             self._producer_state.map_end_offset = self.log_end_offset
-        return info
+        return appended(stamped, len(buf))
 
     @_touches_disk("leader epoch checkpoint")
     def assign_epoch_at_end(self, epoch: int) -> None:
@@ -359,43 +351,18 @@ class Log:
         self._check_open()
         if not records:
             return EMPTY_APPEND
-        try:
-            batches = validate_batches(records)
-        except CorruptRecordError as exc:
-            raise InvalidAppendError(
-                f"[Log {self._name}] corrupt batch from the leader: {exc}"
-            ) from exc
-        check_follower_batches(
-            self._name, batches, self.log_end_offset, self._local.last_batch_epoch()
+        log_end = self.log_end_offset
+        batches = validate_leader_batches(
+            self._name, records, log_end, self._local.last_batch_epoch()
         )
         for _, header in batches:
-            self._learn_epoch(header.partition_leader_epoch, header.base_offset)
-        info = self._append(
-            memoryview(records), batches, current_ms() if now_ms is None else now_ms
-        )
+            self._epoch_cache.learn_from_leader(
+                header.partition_leader_epoch, header.base_offset, log_end
+            )
+        self._local.append(memoryview(records), batches, current_ms() if now_ms is None else now_ms)
         # A new leader must deduplicate the retries of batches it only replicated.
         self._producer_state.apply_replicated(h for _, h in batches)
-        return info
-
-    def _learn_epoch(self, epoch: int, base_offset: int) -> None:
-        """Record a follower batch's epoch in the cache before the batch lands."""
-        cache = self._epoch_cache
-        if epoch < cache.latest_epoch:
-            # Our newer entries start at or past the LEO: claims of epochs in which this
-            # replica wrote nothing. The leader's lineage replaces them.
-            cache.truncate_from_end(self.log_end_offset)
-        if epoch >= cache.latest_epoch:
-            cache.assign(epoch, base_offset)
-
-    def _append(
-        self,
-        buf: bytearray | memoryview,
-        batches: list[tuple[int, BatchHeader]],
-        now_ms: int,
-    ) -> AppendInfo:
-        view = memoryview(buf)
-        self._local.append(view, batches, now_ms)
-        return appended(batches, len(view))
+        return appended(batches, len(records))
 
     # ------------------------------------------------------------------ rolling
 
@@ -432,15 +399,7 @@ class Log:
         watermark for consumers). b"" at the LEO; OffsetOutOfRangeError outside
         [log_start_offset, log_end_offset]. A read within one segment is the buffer
         pread returned, or a memoryview of it when cut: never copied."""
-        local = self._local
-        log_end = local.log_end_offset
-        if start_offset == log_end:
-            return b""
-        if not local.log_start_offset <= start_offset < log_end:
-            raise OffsetOutOfRangeError(start_offset, local.log_start_offset, log_end)
-        if max_offset is not None and start_offset >= max_offset:
-            return b""  # e.g. a consumer already at the high watermark
-        return local.read(start_offset, max_bytes, max_offset, min_one_batch)
+        return self._local.read(start_offset, max_bytes, max_offset, min_one_batch)
 
     @_touches_disk("timestamp lookup")
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int, int] | None:
@@ -471,44 +430,14 @@ class Log:
         The truncation is fsynced before returning.
         """
         self._check_open()
-        if offset < 0:
-            raise ValueError(f"cannot truncate to negative offset {offset}")
-        if offset >= self.log_end_offset:
-            self._epoch_cache.truncate_from_end(offset)
-            return False
-        if self._local.segments[0].base_offset > offset:
-            self.truncate_fully_and_start_at(offset)
-            return True
-        old_end = self.log_end_offset
-        new_end = self._local.truncate_to(offset)
-        self._epoch_cache.truncate_from_end(new_end)
-        # Roll the producer state back: the last snapshot at or below the new end,
-        # then the batch headers after it.
-        self._snapshots.wait()
-        self._producer_state.load(self.log_start_offset, new_end, self._local.iter_headers)
-        logger.info(
-            "[Log %s] truncated from log end %d to %d (asked for %d)",
-            self._name,
-            old_end,
-            new_end,
-            offset,
-        )
-        self._local.check_invariants()
-        return True
+        return self._truncation.truncate_to(offset)
 
     @_touches_disk("truncation")
     def truncate_fully_and_start_at(self, offset: int, *, now_ms: int | None = None) -> None:
         """Delete everything and restart the log empty at `offset` (a follower whose log
         is entirely below or above the leader's). Clears the epoch cache."""
         self._check_open()
-        if offset < 0:
-            raise ValueError(f"cannot restart the log at negative offset {offset}")
-        self._local.truncate_fully_and_start_at(offset, current_ms() if now_ms is None else now_ms)
-        self._epoch_cache.clear()
-        self._snapshots.wait()
-        self._producer_state.clear(offset)
-        logger.info("[Log %s] truncated fully, restarting at offset %d", self._name, offset)
-        self._local.check_invariants()
+        self._truncation.truncate_fully_and_start_at(offset, now_ms)
 
     # ------------------------------------------------------------------ retention
 
@@ -518,11 +447,7 @@ class Log:
         wholly below the log start offset. Only whole segments entirely below the high
         watermark, never the active one. Returns how many were deleted."""
         self._check_open()
-        count, reason = self._local.segments_to_delete(high_watermark=high_watermark, now_ms=now_ms)
-        if count:
-            self._delete_prefix(count, reason=reason)
-        self._producer_state.remove_expired(now_ms)
-        return count
+        return self._truncation.delete_old_segments(high_watermark, now_ms)
 
     @_touches_disk("record deletion")
     def delete_records_before(self, offset: int, *, high_watermark: int | None = None) -> int:
@@ -531,38 +456,7 @@ class Log:
         a batch: reads from it still return that whole batch and consumers skip the
         records below. Returns the new log start offset."""
         self._check_open()
-        limit = self.log_end_offset if high_watermark is None else high_watermark
-        if offset > limit or offset < 0:
-            raise OffsetOutOfRangeError(offset, self.log_start_offset, limit)
-        if offset <= self.log_start_offset:
-            return self.log_start_offset
-        if offset == self.log_end_offset and not self._local.segments[-1].is_empty:
-            self.roll()  # every batch goes: the active segment must be deletable too
-        self._local.advance_log_start(offset)
-        self._epoch_cache.truncate_from_start(offset)
-        self._snapshots.wait()
-        self._producer_state.delete_snapshots_before(offset)
-        count = self._local.segments_below(offset)
-        if count:
-            self._delete_prefix(count, reason="delete records")
-        self._local.check_invariants()
-        return self.log_start_offset
-
-    def _delete_prefix(self, count: int, *, reason: str) -> None:
-        self._local.delete_prefix(count)
-        log_start = self.log_start_offset
-        self._epoch_cache.truncate_from_start(log_start)
-        # A snapshot below the log start could not be replayed from any more.
-        self._snapshots.wait()
-        self._producer_state.delete_snapshots_before(log_start)
-        logger.info(
-            "[Log %s] deleted %d segment(s) (%s), log start offset now %d",
-            self._name,
-            count,
-            reason,
-            log_start,
-        )
-        self._local.check_invariants()
+        return self._truncation.delete_records_before(offset, high_watermark, self.roll)
 
     # ------------------------------------------------------------------ durability
 
@@ -589,10 +483,6 @@ class Log:
         """Close and remove the whole directory."""
         self.close(snapshot=False)
         shutil.rmtree(self._dir, ignore_errors=False)
-
-    def _iter_headers(self, from_offset: int) -> Iterator[BatchHeader]:
-        """Batch headers from the batch holding `from_offset` to the log end."""
-        return self._local.iter_headers(from_offset)
 
     def _check_open(self) -> None:
         if self._local.closed:

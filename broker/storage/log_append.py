@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from broker.storage.errors import InvalidAppendError, RecordTooLargeError
+from broker.storage.producer_state import BatchMetadata
+from protocol.errors import CorruptRecordError
 from protocol.record_batch import BatchHeader, check_produce_batches, stamp, validate_batches
 
 
@@ -70,10 +72,29 @@ def stamp_batches(
     return stamped
 
 
-def check_follower_batches(
-    name: str, batches: list[tuple[int, BatchHeader]], log_end: int, last_epoch: int
-) -> None:
-    """Offsets strictly increase from the LEO, epochs are set and never go back."""
+def duplicate_append(dup: BatchMetadata) -> AppendInfo:
+    """The answer to an idempotent producer's retry: the original append's offsets."""
+    return AppendInfo(
+        first_offset=dup.first_offset,
+        last_offset=dup.last_offset,
+        log_append_time=-1,
+        max_timestamp=dup.timestamp,
+        valid_bytes=0,
+        batch_count=0,
+        duplicate=True,
+    )
+
+
+def validate_leader_batches(
+    name: str, records: bytes | bytearray | memoryview, log_end: int, last_epoch: int
+) -> list[tuple[int, BatchHeader]]:
+    """A follower's check of the leader's batches: complete and intact, offsets
+    strictly increasing from the LEO, epochs set and never going back; else
+    InvalidAppendError."""
+    try:
+        batches = validate_batches(records)
+    except CorruptRecordError as exc:
+        raise InvalidAppendError(f"[Log {name}] corrupt batch from the leader: {exc}") from exc
     next_offset = log_end
     epoch = last_epoch
     for _, header in batches:
@@ -95,3 +116,4 @@ def check_follower_batches(
             )
         next_offset = header.next_offset
         epoch = header.partition_leader_epoch
+    return batches
