@@ -6,10 +6,8 @@ Files, in the partition directory, named by the segment's base offset (20 digits
     00000000000000001500.index       offset -> position   (see offset_index.py)
     00000000000000001500.timeindex   timestamp -> offset  (see time_index.py)
 
-`.log` format: a concatenation of Kafka RecordBatch v2 batches exactly as they
-travel on the wire (layout in protocol/record_batch.py), with no file header, no
-padding and no trailer. The broker writes and reads whole batches and only ever
-looks at their 61-byte headers. Invariants of a segment file:
+`.log` format: see file_records.py (batches back to back, exactly as on the wire).
+Invariants of a segment file:
 
 - the first batch starts at the segment's base offset, and every further batch starts
   at the previous batch's next offset (no gaps inside a segment; the log rolls a new
@@ -25,13 +23,12 @@ rebuilds both indexes. Deleting a segment renames its files to `*.deleted` (the
 `.log` first: from then on the segment does not exist) and then unlinks them; the
 log loader removes `*.deleted` leftovers of a crash.
 
-Reads use os.pread on a descriptor kept open; flush() may run on a worker thread
-while the event loop appends, and close() waits for an fsync in progress.
+Reads use os.pread on a descriptor kept open (FileRecords); flush() may run on a
+worker thread while the event loop appends, and close() waits for an fsync in progress.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -39,19 +36,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from broker.storage.errors import CorruptIndexError, CorruptSegmentError
+from broker.storage.errors import CorruptIndexError
+from broker.storage.file_records import FileRecords
 from broker.storage.offset_index import INT32_MAX, OffsetIndex
 from broker.storage.time_index import TimeIndex
-from protocol.errors import CorruptRecordError
 from protocol.record_batch import (
     HEADER_SIZE,
     BatchHeader,
-    iter_headers,
-    parse_header,
-    scan_valid_prefix,
-    validate_batch,
 )
-from runtime.fileio import write_all
 
 if TYPE_CHECKING:
     from broker.storage.epoch_cache import LeaderEpochFileCache
@@ -63,11 +55,6 @@ INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 DELETED_SUFFIX = ".deleted"
 SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
-
-# Header scans read this much at a time: a few index intervals of small batches.
-_SCAN_CHUNK = 16 * 1024
-# Recovery validates CRCs over large reads.
-_RECOVERY_CHUNK = 4 * 1024 * 1024
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -110,22 +97,19 @@ class LogSegment:
         self._io_lock = threading.Lock()
         self._closed = False
         if create:
-            self._fd = os.open(
-                self.log_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644
-            )
+            self._file = FileRecords(self.log_path, create=True)
             # Index files with no .log are leftovers; a new segment starts them afresh.
             self.index_path.unlink(missing_ok=True)
             self.time_index_path.unlink(missing_ok=True)
             self._indexes_missing = False
         else:
-            self._fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND)
+            self._file = FileRecords(self.log_path, create=False)
             self._indexes_missing = not (self.index_path.exists() and self.time_index_path.exists())
         try:
-            self._size = os.fstat(self._fd).st_size
             self.offset_index = OffsetIndex(self.index_path, base_offset)
             self.time_index = TimeIndex(self.time_index_path, base_offset)
         except BaseException:
-            os.close(self._fd)
+            self._file.close()
             raise
         # Derived state, valid once `_loaded` (always for a new segment).
         self._loaded = create
@@ -158,11 +142,11 @@ class LogSegment:
 
     @property
     def size(self) -> int:
-        return self._size
+        return self._file.size
 
     @property
     def is_empty(self) -> bool:
-        return self._size == 0
+        return self._file.size == 0
 
     @property
     def next_offset(self) -> int:
@@ -219,17 +203,9 @@ class LogSegment:
             expected = header.next_offset
             total += header.size
         assert total == len(view), f"{len(view)} bytes do not match the batch headers ({total})"
-        position = self._size
+        position = self._file.size
         assert position + total <= INT32_MAX, f"segment {self.log_path} would exceed 2 GiB"
-        try:
-            write_all(self._fd, view)
-        except OSError as exc:
-            # Leave no partial batch behind for readers; recovery would cut it anyway.
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, position)
-            # os.write names no file: say which one (the log directory goes offline).
-            raise OSError(exc.errno, exc.strerror, str(self.log_path)) from exc
-        self._size += total
+        self._file.append(view)
         for header in headers:
             self._index_batch(position, header)
             position += header.size
@@ -244,11 +220,10 @@ class LogSegment:
         if found is None:
             return 0
         position, header = found
-        removed = self._size - position
+        removed = self._file.size - position
         self.offset_index.truncate_to(header.base_offset)
         self.time_index.truncate_to(header.base_offset)
-        os.ftruncate(self._fd, position)
-        self._size = position
+        self._file.truncate(position)
         self._load_tail_state()
         return removed
 
@@ -262,29 +237,26 @@ class LogSegment:
         with self._io_lock:
             if self._closed:
                 return
-            os.fsync(self._fd)
+            self._file.fsync()
             self.offset_index.flush()
             self.time_index.flush()
 
     def close(self, *, final_time_entry: bool = True) -> None:
         """Close the files, first recording the largest timestamp in the time index
         (unless told not to write: a data directory gone offline)."""
-        self._close(final_time_entry=final_time_entry)
-
-    def _close(self, *, final_time_entry: bool) -> None:
         with self._io_lock:
             if self._closed:
                 return
             if final_time_entry:
                 self.on_become_inactive()
             self._closed = True
-            os.close(self._fd)
+            self._file.close()
             self.offset_index.close()
             self.time_index.close()
 
     def delete(self) -> None:
         """Close and remove the three files, the `.log` first (see the module docstring)."""
-        self._close(final_time_entry=False)
+        self.close(final_time_entry=False)
         renamed = []
         for path in (self.log_path, self.index_path, self.time_index_path):
             target = path.with_name(path.name + DELETED_SUFFIX)
@@ -333,7 +305,8 @@ class LogSegment:
         if found is None:
             return SegmentRead(b"", True)
         position, first = found
-        limit = self._size if max_position is None else min(max_position, self._size)
+        size = self._file.size
+        limit = size if max_position is None else min(max_position, size)
         if position + first.size > limit or (
             max_offset is not None and first.base_offset >= max_offset
         ):
@@ -343,26 +316,15 @@ class LogSegment:
             if not min_one_batch:
                 return SegmentRead(b"", False)
             window = first.size
-        chunk = os.pread(self._fd, window, position)
-        end = 0
-        bounded = False
-        try:
-            for batch_position, header in iter_headers(chunk):
-                if max_offset is not None and header.base_offset >= max_offset:
-                    bounded = True
-                    break
-                end = batch_position + header.size
-        except CorruptRecordError as exc:
-            raise self._corrupt(position + end, str(exc)) from exc
-        data = chunk if end == len(chunk) else memoryview(chunk)[:end]
-        return SegmentRead(data, not bounded and position + end == self._size)
+        data, bounded = self._file.read_batches(position, window, max_offset)
+        return SegmentRead(data, not bounded and position + len(data) == size)
 
     def translate_offset(self, offset: int) -> tuple[int, BatchHeader] | None:
         """(position, header) of the first batch whose last offset is >= `offset`."""
         if offset >= self.next_offset:
             return None
         _, position = self.offset_index.lookup(offset)
-        for batch_position, header in self._scan_headers(position):
+        for batch_position, header in self._file.scan_headers(position):
             if header.last_offset >= offset:
                 return batch_position, header
         return None
@@ -377,7 +339,7 @@ class LogSegment:
         found = self.translate_offset(max(self.time_index.lookup(timestamp), start_offset))
         if found is None:
             return None
-        for _, header in self._scan_headers(found[0]):
+        for _, header in self._file.scan_headers(found[0]):
             if header.max_timestamp >= timestamp:
                 return (
                     max(header.base_offset, start_offset),
@@ -388,7 +350,7 @@ class LogSegment:
 
     def iter_batches(self, start_position: int = 0) -> Iterator[tuple[int, BatchHeader]]:
         """(position, header) of every batch from `start_position`, headers only."""
-        return self._scan_headers(start_position)
+        return self._file.scan_headers(start_position)
 
     # ------------------------------------------------------------------ loading
 
@@ -396,9 +358,10 @@ class LogSegment:
         """Load a segment from a clean shutdown: check the indexes and the batches after
         the last index entry. Raises CorruptIndexError or CorruptSegmentError, after
         which the caller recovers the segment."""
-        if self._indexes_missing and self._size:
+        size = self._file.size
+        if self._indexes_missing and size:
             raise CorruptIndexError(f"index files of segment {self.log_path} are missing")
-        self.offset_index.sanity_check(self._size)
+        self.offset_index.sanity_check(size)
         self._load_tail_state()
         self.time_index.sanity_check(self._next_offset)
         self._init_created_ms()
@@ -427,16 +390,16 @@ class LogSegment:
         self._bytes_since_last_index_entry = 0
         valid_end = 0
         problem: str | None = None
-        for position, header in self._scan_valid():
-            problem = self._recovery_problem(header, epoch_cache, log_start_offset)
+        for position, header in self._file.scan_valid():
+            problem = _recovery_problem(self, header, epoch_cache, log_start_offset)
             if problem is not None:
                 break
             self._index_batch(position, header)
             valid_end = position + header.size
-        truncated = self._size - valid_end
+        truncated = self._file.size - valid_end
         if truncated:
             if problem is None:
-                problem = self._describe_invalid(valid_end)
+                problem = self._file.describe_invalid(valid_end)
             logger.warning(
                 "Recovery of %s: cutting %d bytes at position %d (offset %d): %s",
                 self.log_path,
@@ -445,18 +408,11 @@ class LogSegment:
                 self._next_offset,
                 problem,
             )
-            os.ftruncate(self._fd, valid_end)
-            self._size = valid_end
+            self._file.truncate(valid_end)
         self._indexes_missing = False
         self._init_created_ms()
         self._loaded = True
         return truncated
-
-    def last_batch_header(self) -> BatchHeader | None:
-        last = None
-        for _, header in self._scan_headers(self.offset_index.last_entry[1]):
-            last = header
-        return last
 
     # ------------------------------------------------------------------ internals
 
@@ -480,21 +436,10 @@ class LogSegment:
         max_timestamp, offset_of_max = self.time_index.last_entry
         if index_position:
             # The last entry must name a batch starting at its offset, or the index is bad.
-            try:
-                pointed = parse_header(os.pread(self._fd, HEADER_SIZE, index_position))
-            except CorruptRecordError as exc:
-                raise CorruptIndexError(
-                    f"index {self.offset_index.path} points at position {index_position}, "
-                    f"where there is no batch header: {exc}"
-                ) from exc
-            if pointed.base_offset != index_offset:
-                raise CorruptIndexError(
-                    f"index {self.offset_index.path} maps offset {index_offset} to position "
-                    f"{index_position}, where batch {pointed.base_offset} starts"
-                )
+            self._file.check_index_entry(self.offset_index.path, index_offset, index_position)
         expected = index_offset
         last_epoch = -1
-        for _, header in self._scan_headers(index_position):
+        for _, header in self._file.scan_headers(index_position):
             if header.base_offset != expected:
                 raise CorruptIndexError(
                     f"segment {self.log_path}: batch at offset {header.base_offset} where "
@@ -509,104 +454,45 @@ class LogSegment:
         self._max_timestamp = max_timestamp
         self._offset_of_max_timestamp = offset_of_max
         self._last_epoch = last_epoch
-        self._bytes_since_last_index_entry = self._size - index_position
+        self._bytes_since_last_index_entry = self._file.size - index_position
 
     def _init_created_ms(self) -> None:
-        if self._size >= HEADER_SIZE:
-            first = parse_header(os.pread(self._fd, HEADER_SIZE, 0))
+        if self._file.size >= HEADER_SIZE:
+            first = self._file.header_at(0)
             if first.max_timestamp >= 0:
                 # Survives restarts, but never in the future of the opening time.
                 self._created_ms = min(self._created_ms, first.max_timestamp)
 
-    def _scan_headers(self, start: int) -> Iterator[tuple[int, BatchHeader]]:
-        """Headers (no CRC check) from `start` to the end of the file, read in chunks."""
-        end = self._size
-        position = start
-        while position < end:
-            chunk = os.pread(self._fd, min(_SCAN_CHUNK, end - position), position)
-            if len(chunk) < HEADER_SIZE:
-                raise self._corrupt(position, "partial batch header at the end of the file")
-            offset = 0
-            while len(chunk) - offset >= HEADER_SIZE:
-                try:
-                    header = parse_header(chunk, offset)
-                except CorruptRecordError as exc:
-                    raise self._corrupt(position + offset, str(exc)) from exc
-                if position + offset + header.size > end:
-                    raise self._corrupt(position + offset, "batch runs past the end of the file")
-                yield position + offset, header
-                offset += header.size
-            position += offset
-
-    def _scan_valid(self) -> Iterator[tuple[int, BatchHeader]]:
-        """Fully validated batches (length, magic, CRC) from the start of the file,
-        stopping at the first invalid or incomplete one."""
-        position = 0
-        want = _RECOVERY_CHUNK
-        while position < self._size:
-            chunk = os.pread(self._fd, min(want, self._size - position), position)
-            at_eof = position + len(chunk) >= self._size
-            valid, batches = scan_valid_prefix(chunk)
-            for batch_position, header in batches:
-                yield position + batch_position, header
-            position += valid
-            want = _RECOVERY_CHUNK
-            if valid == len(chunk):
-                continue
-            if at_eof:
-                return
-            # The scan stopped inside the chunk: a bad batch, or one the chunk cut short.
-            if valid and len(chunk) - valid < HEADER_SIZE:
-                continue  # only the header was cut: read again from it
-            try:
-                need = parse_header(chunk, valid).size
-            except CorruptRecordError:
-                return
-            if valid + need <= len(chunk):
-                return
-            want = max(want, need)
-
-    def _recovery_problem(
-        self, header: BatchHeader, epoch_cache: LeaderEpochFileCache | None, log_start: int
-    ) -> str | None:
-        """Why a CRC-valid batch still cannot be kept, or None."""
-        if header.base_offset != self._next_offset:
-            return f"batch base offset {header.base_offset} where {self._next_offset} was expected"
-        if header.last_offset - self.base_offset > INT32_MAX:
-            return f"batch last offset {header.last_offset} overflows the segment's int32 range"
-        epoch = header.partition_leader_epoch
-        if epoch < 0:
-            return f"batch at offset {header.base_offset} carries no leader epoch ({epoch})"
-        if epoch < self._last_epoch:
-            return (
-                f"batch at offset {header.base_offset} has leader epoch {epoch}, "
-                f"below the previous batch's {self._last_epoch}"
-            )
-        if epoch_cache is not None and header.next_offset > log_start:
-            offset = max(header.base_offset, log_start)
-            expected = epoch_cache.epoch_for_offset(offset)
-            if expected is not None and expected != epoch:
-                return (
-                    f"batch at offset {header.base_offset} has leader epoch {epoch} but "
-                    f"{epoch_cache.path.name} says epoch {expected} wrote offset {offset}"
-                )
-        return None
-
-    def _describe_invalid(self, position: int) -> str:
-        remaining = self._size - position
-        head = os.pread(self._fd, min(remaining, HEADER_SIZE), position)
-        try:
-            header = parse_header(head)
-            if header.size > remaining:
-                return f"batch claims {header.size} bytes but only {remaining} remain (torn write)"
-            validate_batch(os.pread(self._fd, header.size, position))
-        except CorruptRecordError as exc:
-            return str(exc)
-        return "invalid batch"
-
-    def _corrupt(self, position: int, problem: str) -> CorruptSegmentError:
-        return CorruptSegmentError(self.log_path, position, problem)
-
     def __repr__(self) -> str:
         state = f"next_offset={self._next_offset}" if self._loaded else "not loaded"
-        return f"LogSegment({self.log_path}, size={self._size}, {state})"
+        return f"LogSegment({self.log_path}, size={self._file.size}, {state})"
+
+
+def _recovery_problem(
+    segment: LogSegment,
+    header: BatchHeader,
+    epoch_cache: LeaderEpochFileCache | None,
+    log_start: int,
+) -> str | None:
+    """Why a CRC-valid batch still cannot be kept by `segment` (recovering), or None."""
+    if header.base_offset != segment._next_offset:
+        return f"batch base offset {header.base_offset} where {segment._next_offset} was expected"
+    if header.last_offset - segment.base_offset > INT32_MAX:
+        return f"batch last offset {header.last_offset} overflows the segment's int32 range"
+    epoch = header.partition_leader_epoch
+    if epoch < 0:
+        return f"batch at offset {header.base_offset} carries no leader epoch ({epoch})"
+    if epoch < segment._last_epoch:
+        return (
+            f"batch at offset {header.base_offset} has leader epoch {epoch}, "
+            f"below the previous batch's {segment._last_epoch}"
+        )
+    if epoch_cache is not None and header.next_offset > log_start:
+        offset = max(header.base_offset, log_start)
+        expected = epoch_cache.epoch_for_offset(offset)
+        if expected is not None and expected != epoch:
+            return (
+                f"batch at offset {header.base_offset} has leader epoch {epoch} but "
+                f"{epoch_cache.path.name} says epoch {expected} wrote offset {offset}"
+            )
+    return None

@@ -1,0 +1,174 @@
+"""The `.log` file of a segment, as Kafka's FileRecords: record batches on disk.
+
+Format: a concatenation of Kafka RecordBatch v2 batches exactly as they travel on the
+wire (layout in protocol/record_batch.py), with no file header, no padding and no
+trailer. The broker writes and reads whole batches and only ever looks at their
+61-byte headers. Appends go through one O_APPEND descriptor; a failed write is cut
+back so no partial batch is left for readers (recovery would cut it anyway). Reads
+use os.pread on the same descriptor, so they need no seek and no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from broker.storage.errors import CorruptIndexError, CorruptSegmentError
+from protocol.errors import CorruptRecordError
+from protocol.record_batch import (
+    HEADER_SIZE,
+    BatchHeader,
+    iter_headers,
+    parse_header,
+    scan_valid_prefix,
+    validate_batch,
+)
+from runtime.fileio import write_all
+
+# Header scans read this much at a time: a few index intervals of small batches.
+_SCAN_CHUNK = 16 * 1024
+# Recovery validates CRCs over large reads.
+_RECOVERY_CHUNK = 4 * 1024 * 1024
+
+
+class FileRecords:
+    """One `.log` file: its size, appends, cuts and header scans."""
+
+    def __init__(self, path: Path, *, create: bool) -> None:
+        self.path = path
+        if create:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        else:
+            self.fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        try:
+            self.size = os.fstat(self.fd).st_size
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def append(self, view: memoryview) -> None:
+        """Write `view` (whole batches) at the end of the file."""
+        position = self.size
+        try:
+            write_all(self.fd, view)
+        except OSError as exc:
+            # Leave no partial batch behind for readers; recovery would cut it anyway.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, position)
+            # os.write names no file: say which one (the log directory goes offline).
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
+        self.size += len(view)
+
+    def truncate(self, position: int) -> None:
+        os.ftruncate(self.fd, position)
+        self.size = position
+
+    def fsync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def header_at(self, position: int) -> BatchHeader:
+        """The batch header at `position` (CorruptRecordError when there is none)."""
+        return parse_header(os.pread(self.fd, HEADER_SIZE, position))
+
+    def check_index_entry(self, index: Path, offset: int, position: int) -> None:
+        """CorruptIndexError unless the batch at `position` starts at `offset`."""
+        try:
+            pointed = self.header_at(position)
+        except CorruptRecordError as exc:
+            raise CorruptIndexError(
+                f"index {index} points at position {position}, "
+                f"where there is no batch header: {exc}"
+            ) from exc
+        if pointed.base_offset != offset:
+            raise CorruptIndexError(
+                f"index {index} maps offset {offset} to position "
+                f"{position}, where batch {pointed.base_offset} starts"
+            )
+
+    def read_batches(
+        self, position: int, window: int, max_offset: int | None
+    ) -> tuple[bytes | memoryview, bool]:
+        """The whole batches in `window` bytes from `position` (one pread, cut without
+        copying), none starting at or past `max_offset`; and whether `max_offset`
+        stopped the read."""
+        chunk = os.pread(self.fd, window, position)
+        end = 0
+        bounded = False
+        try:
+            for batch_position, header in iter_headers(chunk):
+                if max_offset is not None and header.base_offset >= max_offset:
+                    bounded = True
+                    break
+                end = batch_position + header.size
+        except CorruptRecordError as exc:
+            raise self.corrupt(position + end, str(exc)) from exc
+        return (chunk if end == len(chunk) else memoryview(chunk)[:end]), bounded
+
+    def scan_headers(self, start: int) -> Iterator[tuple[int, BatchHeader]]:
+        """Headers (no CRC check) from `start` to the end of the file, read in chunks."""
+        end = self.size
+        position = start
+        while position < end:
+            chunk = os.pread(self.fd, min(_SCAN_CHUNK, end - position), position)
+            if len(chunk) < HEADER_SIZE:
+                raise self.corrupt(position, "partial batch header at the end of the file")
+            offset = 0
+            while len(chunk) - offset >= HEADER_SIZE:
+                try:
+                    header = parse_header(chunk, offset)
+                except CorruptRecordError as exc:
+                    raise self.corrupt(position + offset, str(exc)) from exc
+                if position + offset + header.size > end:
+                    raise self.corrupt(position + offset, "batch runs past the end of the file")
+                yield position + offset, header
+                offset += header.size
+            position += offset
+
+    def scan_valid(self) -> Iterator[tuple[int, BatchHeader]]:
+        """Fully validated batches (length, magic, CRC) from the start of the file,
+        stopping at the first invalid or incomplete one."""
+        position = 0
+        want = _RECOVERY_CHUNK
+        while position < self.size:
+            chunk = os.pread(self.fd, min(want, self.size - position), position)
+            at_eof = position + len(chunk) >= self.size
+            valid, batches = scan_valid_prefix(chunk)
+            for batch_position, header in batches:
+                yield position + batch_position, header
+            position += valid
+            want = _RECOVERY_CHUNK
+            if valid == len(chunk):
+                continue
+            if at_eof:
+                return
+            # The scan stopped inside the chunk: a bad batch, or one the chunk cut short.
+            if valid and len(chunk) - valid < HEADER_SIZE:
+                continue  # only the header was cut: read again from it
+            try:
+                need = parse_header(chunk, valid).size
+            except CorruptRecordError:
+                return
+            if valid + need <= len(chunk):
+                return
+            want = max(want, need)
+
+    def describe_invalid(self, position: int) -> str:
+        """Why the batch at `position` is not valid (for recovery's warning)."""
+        remaining = self.size - position
+        head = os.pread(self.fd, min(remaining, HEADER_SIZE), position)
+        try:
+            header = parse_header(head)
+            if header.size > remaining:
+                return f"batch claims {header.size} bytes but only {remaining} remain (torn write)"
+            validate_batch(os.pread(self.fd, header.size, position))
+        except CorruptRecordError as exc:
+            return str(exc)
+        return "invalid batch"
+
+    def corrupt(self, position: int, problem: str) -> CorruptSegmentError:
+        return CorruptSegmentError(self.path, position, problem)
