@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from broker.storage.epoch_cache import LeaderEpochFileCache
 from broker.storage.errors import OffsetOutOfRangeError
@@ -25,45 +26,38 @@ from broker.storage.producer_state import ProducerStateManager
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
 class LogTruncation:
     """Truncation and deletion of one replica's log (Log's methods of those names)."""
 
-    def __init__(
-        self,
-        local: LocalLog,
-        epoch_cache: LeaderEpochFileCache,
-        producer_state: ProducerStateManager,
-        snapshots: ProducerSnapshots,
-        name: str,
-    ) -> None:
-        self._local = local
-        self._epoch_cache = epoch_cache
-        self._producer_state = producer_state
-        self._snapshots = snapshots
-        self._name = name
+    local: LocalLog
+    epoch_cache: LeaderEpochFileCache
+    producer_state: ProducerStateManager
+    snapshots: ProducerSnapshots
+    name: str
 
     # ------------------------------------------------------------------ at the end
 
     def truncate_to(self, offset: int) -> bool:
-        local = self._local
+        local = self.local
         if offset < 0:
             raise ValueError(f"cannot truncate to negative offset {offset}")
         if offset >= local.log_end_offset:
-            self._epoch_cache.truncate_from_end(offset)
+            self.epoch_cache.truncate_from_end(offset)
             return False
         if local.segments[0].base_offset > offset:
             self.truncate_fully_and_start_at(offset, None)
             return True
         old_end = local.log_end_offset
         new_end = local.truncate_to(offset)
-        self._epoch_cache.truncate_from_end(new_end)
+        self.epoch_cache.truncate_from_end(new_end)
         # Roll the producer state back: the last snapshot at or below the new end,
         # then the batch headers after it.
-        self._snapshots.wait()
-        self._producer_state.load(local.log_start_offset, new_end, local.iter_headers)
+        self.snapshots.wait()
+        self.producer_state.load(local.log_start_offset, new_end, local.iter_headers)
         logger.info(
             "[Log %s] truncated from log end %d to %d (asked for %d)",
-            self._name,
+            self.name,
             old_end,
             new_end,
             offset,
@@ -74,26 +68,26 @@ class LogTruncation:
     def truncate_fully_and_start_at(self, offset: int, now_ms: int | None) -> None:
         if offset < 0:
             raise ValueError(f"cannot restart the log at negative offset {offset}")
-        self._local.truncate_fully_and_start_at(offset, now_ms)
-        self._epoch_cache.clear()
-        self._snapshots.wait()
-        self._producer_state.clear(offset)
-        logger.info("[Log %s] truncated fully, restarting at offset %d", self._name, offset)
-        self._local.check_invariants()
+        self.local.truncate_fully_and_start_at(offset, now_ms)
+        self.epoch_cache.clear()
+        self.snapshots.wait()
+        self.producer_state.clear(offset)
+        logger.info("[Log %s] truncated fully, restarting at offset %d", self.name, offset)
+        self.local.check_invariants()
 
     # ------------------------------------------------------------------ at the start
 
     def delete_old_segments(self, high_watermark: int, now_ms: int) -> int:
-        count, reason = self._local.segments_to_delete(high_watermark=high_watermark, now_ms=now_ms)
+        count, reason = self.local.segments_to_delete(high_watermark=high_watermark, now_ms=now_ms)
         if count:
             self._delete_prefix(count, reason=reason)
-        self._producer_state.remove_expired(now_ms)
+        self.producer_state.remove_expired(now_ms)
         return count
 
     def delete_records_before(
         self, offset: int, high_watermark: int | None, roll: Callable[[], object]
     ) -> int:
-        local = self._local
+        local = self.local
         limit = local.log_end_offset if high_watermark is None else high_watermark
         if offset > limit or offset < 0:
             raise OffsetOutOfRangeError(offset, local.log_start_offset, limit)
@@ -102,9 +96,9 @@ class LogTruncation:
         if offset == local.log_end_offset and not local.segments[-1].is_empty:
             roll()  # every batch goes: the active segment must be deletable too
         local.advance_log_start(offset)
-        self._epoch_cache.truncate_from_start(offset)
-        self._snapshots.wait()
-        self._producer_state.delete_snapshots_before(offset)
+        self.epoch_cache.truncate_from_start(offset)
+        self.snapshots.wait()
+        self.producer_state.delete_snapshots_before(offset)
         count = local.segments_below(offset)
         if count:
             self._delete_prefix(count, reason="delete records")
@@ -112,17 +106,17 @@ class LogTruncation:
         return local.log_start_offset
 
     def _delete_prefix(self, count: int, *, reason: str) -> None:
-        self._local.delete_prefix(count)
-        log_start = self._local.log_start_offset
-        self._epoch_cache.truncate_from_start(log_start)
+        self.local.delete_prefix(count)
+        log_start = self.local.log_start_offset
+        self.epoch_cache.truncate_from_start(log_start)
         # A snapshot below the log start could not be replayed from any more.
-        self._snapshots.wait()
-        self._producer_state.delete_snapshots_before(log_start)
+        self.snapshots.wait()
+        self.producer_state.delete_snapshots_before(log_start)
         logger.info(
             "[Log %s] deleted %d segment(s) (%s), log start offset now %d",
-            self._name,
+            self.name,
             count,
             reason,
             log_start,
         )
-        self._local.check_invariants()
+        self.local.check_invariants()
