@@ -21,36 +21,37 @@ segment rebuilds it from the log.
 from __future__ import annotations
 
 import bisect
-import os
 import struct
 import sys
 from array import array
+from collections.abc import MutableSequence
 from pathlib import Path
 
 from broker.storage.errors import CorruptIndexError
-from runtime.fileio import read_all, write_all
+from broker.storage.index_file import IndexFile
+from protocol.invariants import InvariantError
+from runtime.fileio import write_all
 
 ENTRY_SIZE = 8
 _ENTRY = struct.Struct(">ii")
 INT32_MAX = 2**31 - 1
 
 
-class OffsetIndex:
+class OffsetIndex(IndexFile):
     """One `.index` file, kept open for appends, mirrored in two int32 arrays."""
 
     def __init__(self, path: Path, base_offset: int) -> None:
-        self.path = Path(path)
-        self.base_offset = base_offset
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        raw = read_all(self._fd)
-        self._file_size = len(raw)
-        usable = len(raw) - len(raw) % ENTRY_SIZE
+        super().__init__(path, base_offset, ENTRY_SIZE)
         pairs = array("i")
-        pairs.frombytes(raw[:usable])
+        pairs.frombytes(self._raw_entries)
+        del self._raw_entries
         if sys.byteorder == "little":
             pairs.byteswap()
         self._relative_offsets = pairs[0::2]
         self._positions = pairs[1::2]
+
+    def _columns(self) -> tuple[MutableSequence[int], MutableSequence[int]]:
+        return self._relative_offsets, self._positions
 
     def __len__(self) -> int:
         return len(self._relative_offsets)
@@ -80,14 +81,18 @@ class OffsetIndex:
 
     def append(self, offset: int, position: int) -> None:
         relative = offset - self.base_offset
-        assert 0 <= relative <= INT32_MAX, f"relative offset {relative} out of int32 range"
-        assert 0 <= position <= INT32_MAX, f"position {position} out of int32 range"
+        if not 0 <= relative <= INT32_MAX:
+            raise InvariantError(f"relative offset {relative} out of int32 range")
+        if not 0 <= position <= INT32_MAX:
+            raise InvariantError(f"position {position} out of int32 range")
         if self._relative_offsets:
-            assert relative > self._relative_offsets[-1], (
-                f"index offsets must strictly increase: {offset} after "
-                f"{self.base_offset + self._relative_offsets[-1]} in {self.path}"
-            )
-            assert position > self._positions[-1], f"index positions must increase: {self.path}"
+            if relative <= self._relative_offsets[-1]:
+                raise InvariantError(
+                    f"index offsets must strictly increase: {offset} after "
+                    f"{self.base_offset + self._relative_offsets[-1]} in {self.path}"
+                )
+            if position <= self._positions[-1]:
+                raise InvariantError(f"index positions must increase: {self.path}")
         write_all(self._fd, _ENTRY.pack(relative, position))
         self._relative_offsets.append(relative)
         self._positions.append(position)
@@ -121,24 +126,3 @@ class OffsetIndex:
                 f"index file {self.path} points at position {self._positions[-1]} "
                 f"past the end of its {log_size}-byte log"
             )
-
-    def flush(self) -> None:
-        os.fsync(self._fd)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def delete(self) -> None:
-        """Close and remove the file (a missing file is fine)."""
-        self.close()
-        self.path.unlink(missing_ok=True)
-
-    def _truncate_entries(self, keep: int) -> None:
-        if keep == len(self._relative_offsets) and self._file_size == keep * ENTRY_SIZE:
-            return
-        os.ftruncate(self._fd, keep * ENTRY_SIZE)
-        del self._relative_offsets[keep:]
-        del self._positions[keep:]
-        self._file_size = keep * ENTRY_SIZE

@@ -40,6 +40,7 @@ from broker.storage.errors import CorruptIndexError
 from broker.storage.file_records import FileRecords
 from broker.storage.offset_index import INT32_MAX, OffsetIndex
 from broker.storage.time_index import TimeIndex
+from protocol.invariants import InvariantError
 from protocol.record_batch import (
     HEADER_SIZE,
     BatchHeader,
@@ -162,11 +163,9 @@ class LogSegment:
     @property
     def largest_timestamp(self) -> int:
         """What retention.ms compares: the max timestamp, else the file's mtime."""
-        return self._max_timestamp if self._max_timestamp >= 0 else self.last_modified_ms
-
-    @property
-    def last_modified_ms(self) -> int:
-        return int(os.stat(self.log_path).st_mtime * 1000)
+        if self._max_timestamp >= 0:
+            return self._max_timestamp
+        return int(os.stat(self.log_path).st_mtime * 1000)  # the file's last modification
 
     @property
     def created_ms(self) -> int:
@@ -190,21 +189,27 @@ class LogSegment:
         The first must start at `next_offset`, and each next one where the previous
         ended; the log rolls a new segment rather than leave a gap.
         """
-        assert self._loaded and not self._closed, f"append to unusable segment {self.log_path}"
+        if not self._loaded or self._closed:
+            raise InvariantError(f"append to unusable segment {self.log_path}")
         view = memoryview(records)
         expected = self._next_offset
         total = 0
         for header in headers:
-            assert header.base_offset == expected, (
-                f"batch at offset {header.base_offset} appended to {self.log_path} "
-                f"whose next offset is {expected}"
-            )
-            assert header.last_offset - self.base_offset <= INT32_MAX, "relative offset overflow"
+            # Kept under python -O: offsets appended strictly increase, with no gap.
+            if header.base_offset != expected:
+                raise InvariantError(
+                    f"batch at offset {header.base_offset} appended to {self.log_path} "
+                    f"whose next offset is {expected}"
+                )
+            if header.last_offset - self.base_offset > INT32_MAX:
+                raise InvariantError("relative offset overflow")
             expected = header.next_offset
             total += header.size
-        assert total == len(view), f"{len(view)} bytes do not match the batch headers ({total})"
+        if total != len(view):
+            raise InvariantError(f"{len(view)} bytes do not match the batch headers ({total})")
         position = self._file.size
-        assert position + total <= INT32_MAX, f"segment {self.log_path} would exceed 2 GiB"
+        if position + total > INT32_MAX:
+            raise InvariantError(f"segment {self.log_path} would exceed 2 GiB")
         self._file.append(view)
         for header in headers:
             self._index_batch(position, header)

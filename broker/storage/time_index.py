@@ -23,33 +23,34 @@ Derived data like the offset index: rebuilt from the log when inconsistent.
 from __future__ import annotations
 
 import bisect
-import os
 import struct
+from collections.abc import MutableSequence
 from pathlib import Path
 
 from broker.storage.errors import CorruptIndexError
+from broker.storage.index_file import IndexFile
 from broker.storage.offset_index import INT32_MAX
-from runtime.fileio import read_all, write_all
+from protocol.invariants import InvariantError
+from runtime.fileio import write_all
 
 ENTRY_SIZE = 12
 _ENTRY = struct.Struct(">qi")
 
 
-class TimeIndex:
+class TimeIndex(IndexFile):
     """One `.timeindex` file, kept open for appends, mirrored in two lists."""
 
     def __init__(self, path: Path, base_offset: int) -> None:
-        self.path = Path(path)
-        self.base_offset = base_offset
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        raw = read_all(self._fd)
-        self._file_size = len(raw)
-        usable = len(raw) - len(raw) % ENTRY_SIZE
+        super().__init__(path, base_offset, ENTRY_SIZE)
         self._timestamps: list[int] = []
         self._relative_offsets: list[int] = []
-        for timestamp, relative in _ENTRY.iter_unpack(raw[:usable]):
+        for timestamp, relative in _ENTRY.iter_unpack(self._raw_entries):
             self._timestamps.append(timestamp)
             self._relative_offsets.append(relative)
+        del self._raw_entries
+
+    def _columns(self) -> tuple[MutableSequence[int], MutableSequence[int]]:
+        return self._timestamps, self._relative_offsets
 
     def __len__(self) -> int:
         return len(self._timestamps)
@@ -81,10 +82,10 @@ class TimeIndex:
         if timestamp < 0 or (self._timestamps and timestamp <= self._timestamps[-1]):
             return False
         relative = offset - self.base_offset
-        assert 0 <= relative <= INT32_MAX, f"relative offset {relative} out of int32 range"
-        assert not self._relative_offsets or relative >= self._relative_offsets[-1], (
-            f"time index offsets must not decrease: {offset} in {self.path}"
-        )
+        if not 0 <= relative <= INT32_MAX:
+            raise InvariantError(f"relative offset {relative} out of int32 range")
+        if self._relative_offsets and relative < self._relative_offsets[-1]:
+            raise InvariantError(f"time index offsets must not decrease: {offset} in {self.path}")
         write_all(self._fd, _ENTRY.pack(timestamp, relative))
         self._timestamps.append(timestamp)
         self._relative_offsets.append(relative)
@@ -122,24 +123,3 @@ class TimeIndex:
                 f"{self.base_offset + self._relative_offsets[-1]}, past the segment end "
                 f"{next_offset}"
             )
-
-    def flush(self) -> None:
-        os.fsync(self._fd)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def delete(self) -> None:
-        """Close and remove the file (a missing file is fine)."""
-        self.close()
-        self.path.unlink(missing_ok=True)
-
-    def _truncate_entries(self, keep: int) -> None:
-        if keep == len(self._timestamps) and self._file_size == keep * ENTRY_SIZE:
-            return
-        os.ftruncate(self._fd, keep * ENTRY_SIZE)
-        del self._timestamps[keep:]
-        del self._relative_offsets[keep:]
-        self._file_size = keep * ENTRY_SIZE
