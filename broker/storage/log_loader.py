@@ -37,6 +37,7 @@ import bisect
 import logging
 import os
 import re
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -73,28 +74,20 @@ class LoadedLog(NamedTuple):
     recovery_point: int
 
 
+@dataclass
 class LogLoader:
     """Loads (and if needed recovers) one partition directory; see the module doc."""
 
-    def __init__(
-        self,
-        dir: Path,
-        *,
-        name: str,
-        index_interval_bytes: int,
-        recovery_point: int,
-        log_start_offset: int,
-        had_clean_shutdown: bool,
-        now_ms: int,
-    ) -> None:
-        self.dir = dir
-        self.name = name
-        self.index_interval_bytes = index_interval_bytes
-        self.recovery_point = recovery_point
-        self.log_start_offset = log_start_offset
-        self.had_clean_shutdown = had_clean_shutdown
-        self.now_ms = now_ms
-        self._dir_changed = False  # files were created, removed or cut: fsync the directory
+    dir: Path
+    _: KW_ONLY
+    name: str
+    index_interval_bytes: int
+    recovery_point: int
+    log_start_offset: int
+    had_clean_shutdown: bool
+    now_ms: int
+    # Files were created, removed or cut: fsync the directory.
+    _dir_changed: bool = field(default=False, init=False)
 
     def load(self) -> LoadedLog:
         bases = self._scan_directory()
