@@ -1,0 +1,150 @@
+"""The append path: Produce with acks 0/1/all (min.insync.replicas before and after the
+append, a delayed produce answered when the high watermark passes the batch), and the
+partition lookup with its leader-epoch answer."""
+
+from __future__ import annotations
+
+from broker.delayed_requests import DelayedProduce, log
+from broker.partition import Partition, Role
+from broker.storage.errors import (
+    InvalidAppendError,
+    RecordTooLargeError,
+    StorageError,
+)
+from broker.storage.producer_state import ProducerStateError
+from protocol.errors import CorruptRecordError, DecodeError, ErrorCode, InvalidRecordError
+from protocol.messages import (
+    LeaderIdAndEpoch,
+    ProducePartitionResponse,
+    ProduceRequest,
+    ProduceResponse,
+    ProduceTopicResponse,
+)
+
+
+class AppendPath:
+    """The append path: Produce with acks 0/1/all (min.insync.replicas before and after the"""
+
+    def _current_leader(self, topic: str, index: int) -> LeaderIdAndEpoch:
+        state = self.image.partition(topic, index)
+        if state is None:
+            return LeaderIdAndEpoch()
+        return LeaderIdAndEpoch(leader_id=state.leader, leader_epoch=state.leader_epoch)
+
+    def _lookup(self, topic: str, index: int) -> tuple[Partition | None, ErrorCode]:
+        state = self.image.partition(topic, index)
+        if self.log_dir_failure is not None and (
+            (topic, index) in self.partitions or (state and self.node_id in state.replicas)
+        ):
+            # Kafka's answer for a replica in an offline log directory (retriable: the
+            # client refreshes metadata and finds the partition's new leader).
+            return None, ErrorCode.KAFKA_STORAGE_ERROR
+        p = self.partitions.get((topic, index))
+        if p is not None and p.role is not Role.STOPPED:
+            return p, ErrorCode.NONE
+        if state is not None:
+            # It exists, just not here: the client's metadata is stale.
+            return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
+        return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+    async def produce(self, request: ProduceRequest) -> ProduceResponse:
+        acks = request.acks
+        topics_out: list[ProduceTopicResponse] = []
+        waits: list[tuple[Partition, int, int]] = []
+        pending: list[ProducePartitionResponse] = []
+        flushes: list[Partition] = []
+        for topic in request.topics:
+            parts_out: list[ProducePartitionResponse] = []
+            topics_out.append(ProduceTopicResponse(name=topic.name, partitions=parts_out))
+            for part in topic.partitions:
+                r = ProducePartitionResponse(index=part.index)
+                parts_out.append(r)
+                if acks not in (0, 1, -1):
+                    r.error_code = ErrorCode.INVALID_REQUIRED_ACKS
+                    r.error_message = f"acks must be 0, 1 or -1 (all), got {acks}"
+                    continue
+                p, err = self._lookup(topic.name, part.index)
+                if p is None:
+                    r.error_code = err
+                    r.current_leader = self._current_leader(topic.name, part.index)
+                    continue
+                r.current_leader = p.current_leader
+                err = p.check_leader_epoch(part.current_leader_epoch)
+                if err != ErrorCode.NONE:
+                    r.error_code = err
+                    continue
+                if acks == -1 and len(p.isr) < p.min_insync_replicas:
+                    r.error_code = ErrorCode.NOT_ENOUGH_REPLICAS
+                    r.error_message = (
+                        f"ISR {list(p.isr)} is smaller than min.insync.replicas="
+                        f"{p.min_insync_replicas}"
+                    )
+                    continue
+                try:
+                    info = p.append_as_leader(part.records)
+                except InvalidRecordError as exc:
+                    r.error_code = ErrorCode.INVALID_RECORD
+                    r.error_message = str(exc)
+                    log.info("%s: refused an invalid produce: %s", p.name, exc)
+                    continue
+                except (CorruptRecordError, InvalidAppendError, DecodeError) as exc:
+                    r.error_code = ErrorCode.CORRUPT_MESSAGE
+                    r.error_message = str(exc)
+                    log.info("%s: refused a corrupt produce: %s", p.name, exc)
+                    continue
+                except RecordTooLargeError as exc:
+                    r.error_code = ErrorCode.MESSAGE_TOO_LARGE
+                    r.error_message = str(exc)
+                    continue
+                except ProducerStateError as exc:
+                    r.error_code = exc.error_code
+                    r.error_message = str(exc)
+                    log.info("%s: refused an idempotent produce: %s", p.name, exc)
+                    continue
+                except StorageError as exc:
+                    r.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+                    r.error_message = str(exc)
+                    log.error("%s: append failed: %s", p.name, exc)
+                    continue
+                r.base_offset = info.first_offset
+                r.log_append_time_ms = info.log_append_time
+                r.log_start_offset = p.log_start_offset
+                if info.duplicate:
+                    log.debug("%s: duplicate batch answered with offset %d", p.name, r.base_offset)
+                    # acks=all still waits until the original is committed (Kafka).
+                    if acks == -1:
+                        waits.append((p, info.last_offset + 1, p.leader_generation))
+                        pending.append(r)
+                    continue
+                self._notify(p.tp)
+                flush_messages = p.log.config.flush_messages
+                if flush_messages is not None and p.log.unflushed_messages >= flush_messages:
+                    flushes.append(p)
+                if acks == -1:
+                    waits.append((p, info.last_offset + 1, p.leader_generation))
+                    pending.append(r)
+        # flush.messages: as in Kafka, the append that crosses the threshold flushes
+        # before it is acknowledged (in a worker thread, never on the loop).
+        for p in flushes:
+            await self.flush_partition(p)
+        if waits:
+            op = DelayedProduce(waits)
+            await self.produce_purgatory.wait(op, max(0, request.timeout_ms) / 1000)
+            op.try_complete()  # what was decided by now (nothing changes without a notify)
+            for (p, required, _), r, outcome in zip(waits, pending, op.outcomes, strict=True):
+                if outcome is None:
+                    r.error_code = ErrorCode.REQUEST_TIMED_OUT
+                    r.error_message = (
+                        f"high watermark {p.high_watermark} did not reach {required} "
+                        f"within {request.timeout_ms} ms"
+                    )
+                elif outcome == ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+                    r.error_code = outcome
+                    r.error_message = (
+                        f"written, but the ISR {list(p.isr)} shrank below "
+                        f"min.insync.replicas={p.min_insync_replicas}"
+                    )
+                elif outcome == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                    r.error_code = outcome
+                    r.current_leader = self._current_leader(*p.tp)
+        return ProduceResponse(topics=topics_out)

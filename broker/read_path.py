@@ -1,0 +1,225 @@
+"""The read path: Fetch with long-poll (consumers below the high watermark, followers up
+to the log end, whose fetch records their progress), ListOffsets and
+OffsetsForLeaderEpoch."""
+
+from __future__ import annotations
+
+from broker.delayed_requests import (
+    DelayedFetch,
+    _FetchWatch,
+    fetch_response_max_bytes,
+    log,
+    mono_ms,
+)
+from broker.partition import Partition
+from broker.storage.errors import (
+    OffsetOutOfRangeError,
+    StorageError,
+)
+from protocol.api import DEBUGGING_REPLICA_ID, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NO_EPOCH
+from protocol.errors import ErrorCode
+from protocol.messages import (
+    EpochEndOffset,
+    EpochEndOffsetResult,
+    FetchPartition,
+    FetchPartitionResponse,
+    FetchRequest,
+    FetchResponse,
+    FetchTopicResponse,
+    ListOffsetsPartitionResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsTopicResponse,
+    Message,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+    OffsetForLeaderTopicResult,
+)
+
+
+class ReadPath:
+    """The read path: Fetch with long-poll (consumers below the high watermark, followers up"""
+
+    async def fetch(self, request: FetchRequest) -> FetchResponse:
+        to_leo = request.replica_id >= 0 or request.replica_id == DEBUGGING_REPLICA_ID
+        responses, total, watches, answer_now = self._read_fetch(request, first=True)
+        max_wait_ms = min(request.max_wait_ms, self.config.max_fetch_wait_ms)
+        # Kafka's rule: never wait for more than the response may carry.
+        min_bytes = min(request.min_bytes, fetch_response_max_bytes(self.config, request))
+        if answer_now or total >= min_bytes or max_wait_ms <= 0 or not watches:
+            return FetchResponse(responses=responses)
+        op = DelayedFetch(watches, min_bytes=min_bytes, have_bytes=total, to_leo=to_leo)
+        await self.fetch_purgatory.wait(op, max_wait_ms / 1000)
+        responses, _, _, _ = self._read_fetch(request, first=False)
+        return FetchResponse(responses=responses)
+
+    def _read_fetch(
+        self, request: FetchRequest, *, first: bool
+    ) -> tuple[list[FetchTopicResponse], int, list[_FetchWatch], bool]:
+        """One pass over the requested partitions: (responses, bytes read, what to
+        watch if the fetch waits, whether it must answer now)."""
+        replica_id = request.replica_id
+        is_follower = replica_id >= 0
+        to_leo = is_follower or replica_id == DEBUGGING_REPLICA_ID
+        remaining = fetch_response_max_bytes(self.config, request)
+        min_one = True  # the first partition with data returns at least one whole batch
+        total = 0
+        answer_now = False
+        watches: list[_FetchWatch] = []
+        ts = mono_ms()
+        out: list[FetchTopicResponse] = []
+        for topic in request.topics:
+            parts: list[FetchPartitionResponse] = []
+            out.append(FetchTopicResponse(topic=topic.topic, partitions=parts))
+            for fp in topic.partitions:
+                # Kafka lets a debugging consumer read any replica, not only the leader.
+                r, p = self._fetch_partition_checks(
+                    topic.topic, fp, require_leader=replica_id != DEBUGGING_REPLICA_ID
+                )
+                parts.append(r)
+                if p is None:
+                    answer_now = True
+                    continue
+                if is_follower and replica_id not in p.replicas:
+                    # Only assigned replicas may read past the high watermark.
+                    r.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    answer_now = True
+                    continue
+                if is_follower and first:
+                    self._record_follower_fetch(p, replica_id, request.replica_epoch, fp, ts)
+                r.high_watermark = p.high_watermark
+                r.last_stable_offset = p.high_watermark
+                max_offset = p.log_end_offset if to_leo else p.high_watermark
+                limit = min(max(0, fp.partition_max_bytes), remaining)
+                data = b""
+                if fp.fetch_offset < max_offset and (limit > 0 or min_one):
+                    try:
+                        data = p.log.read(
+                            fp.fetch_offset, limit, max_offset=max_offset, min_one_batch=min_one
+                        )
+                    except OffsetOutOfRangeError:
+                        r.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+                        r.log_start_offset = p.log_start_offset
+                        answer_now = True
+                        continue
+                    except StorageError as exc:
+                        log.error("%s: read at %d failed: %s", p.name, fp.fetch_offset, exc)
+                        r.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+                        answer_now = True
+                        continue
+                if data:
+                    r.records = data
+                    total += len(data)
+                    remaining = max(0, remaining - len(data))
+                    min_one = False
+                watches.append(_FetchWatch(p, fp.fetch_offset))
+        return out, total, watches, answer_now
+
+    def fetch_reservation(self, body: Message) -> int:
+        """What a request may add to its connection's pending bytes beyond its own
+        frame (protocol.connection.ServerConnection reserves it while it is served):
+        a Fetch its record-data cap, others nothing worth counting in advance."""
+        if isinstance(body, FetchRequest):
+            return fetch_response_max_bytes(self.config, body)
+        return 0
+
+    def _fetch_partition_checks(
+        self, topic: str, fp: FetchPartition, *, require_leader: bool = True
+    ) -> tuple[FetchPartitionResponse, Partition | None]:
+        r = FetchPartitionResponse(partition_index=fp.partition)
+        p, err = self._lookup(topic, fp.partition)
+        if p is None:
+            r.error_code = err
+            r.current_leader = self._current_leader(topic, fp.partition)
+            return r, None
+        r.current_leader = p.current_leader
+        r.high_watermark = p.high_watermark
+        r.last_stable_offset = p.high_watermark
+        r.log_start_offset = p.log_start_offset
+        err = p.check_leader_epoch(fp.current_leader_epoch, require_leader=require_leader)
+        if err != ErrorCode.NONE:
+            r.error_code = err
+            return r, None
+        leo = p.log_end_offset
+        if fp.last_fetched_epoch != NO_EPOCH and fp.last_fetched_epoch >= 0:
+            # Kafka's order (Partition.readRecords): an epoch we cannot place, or an
+            # offset below our log start, is out of range whatever the epochs say.
+            epoch, end_offset = p.log.epoch_cache.end_offset_for(fp.last_fetched_epoch, leo)
+            if epoch == NO_EPOCH or end_offset < 0 or fp.fetch_offset < p.log_start_offset:
+                r.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+                return r, None
+            if epoch < fp.last_fetched_epoch or end_offset < fp.fetch_offset:
+                # KIP-320/595: the fetcher's log diverges from ours; it truncates to
+                # this point (or reports LogTruncation) before fetching again.
+                r.diverging_epoch = EpochEndOffset(epoch=epoch, end_offset=end_offset)
+                return r, None
+        if not p.log_start_offset <= fp.fetch_offset <= leo:
+            r.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+            return r, None
+        return r, p
+
+    def list_offsets(self, request: ListOffsetsRequest) -> ListOffsetsResponse:
+        to_leo = request.replica_id >= 0 or request.replica_id == DEBUGGING_REPLICA_ID
+        topics_out: list[ListOffsetsTopicResponse] = []
+        for topic in request.topics:
+            parts: list[ListOffsetsPartitionResponse] = []
+            topics_out.append(ListOffsetsTopicResponse(name=topic.name, partitions=parts))
+            for lp in topic.partitions:
+                r = ListOffsetsPartitionResponse(partition_index=lp.partition_index)
+                parts.append(r)
+                p, err = self._lookup(topic.name, lp.partition_index)
+                if p is None:
+                    r.error_code = err
+                    continue
+                err = p.check_leader_epoch(lp.current_leader_epoch)
+                if err != ErrorCode.NONE:
+                    r.error_code = err
+                    continue
+                ts = lp.timestamp
+                # Kafka's fetchOffsetForTimestamp: for consumers, a new leader whose
+                # HW lags its epoch start has no "latest" to give (it would go back),
+                # nor a timestamp answer at or past its HW; earliest is served.
+                lagging = not to_leo and p.high_watermark_behind_epoch_start
+                if ts == EARLIEST_TIMESTAMP:
+                    r.offset = p.log_start_offset
+                    epoch = p.log.epoch_cache.epoch_for_offset(r.offset)
+                    r.leader_epoch = epoch if epoch is not None else -1
+                elif ts == LATEST_TIMESTAMP:
+                    if lagging:
+                        r.error_code = ErrorCode.OFFSET_NOT_AVAILABLE
+                        continue
+                    r.offset = p.log_end_offset if to_leo else p.high_watermark
+                    r.leader_epoch = p.leader_epoch
+                elif ts >= 0:
+                    found = p.log.offset_for_timestamp(ts)
+                    limit = p.log_end_offset if to_leo else p.high_watermark
+                    if found is not None and found[0] < limit:
+                        r.offset, r.timestamp, r.leader_epoch = found[0], found[1], found[2]
+                    elif lagging:
+                        r.error_code = ErrorCode.OFFSET_NOT_AVAILABLE
+                else:
+                    r.error_code = ErrorCode.INVALID_REQUEST
+        return ListOffsetsResponse(topics=topics_out)
+
+    def offsets_for_leader_epoch(
+        self, request: OffsetForLeaderEpochRequest
+    ) -> OffsetForLeaderEpochResponse:
+        topics_out: list[OffsetForLeaderTopicResult] = []
+        for topic in request.topics:
+            parts: list[EpochEndOffsetResult] = []
+            topics_out.append(OffsetForLeaderTopicResult(topic=topic.topic, partitions=parts))
+            for op in topic.partitions:
+                r = EpochEndOffsetResult(partition=op.partition)
+                parts.append(r)
+                p, err = self._lookup(topic.topic, op.partition)
+                if p is None:
+                    r.error_code = err
+                    continue
+                err = p.check_leader_epoch(op.current_leader_epoch)
+                if err != ErrorCode.NONE:
+                    r.error_code = err
+                    continue
+                r.leader_epoch, r.end_offset = p.log.epoch_cache.end_offset_for(
+                    op.leader_epoch, p.log_end_offset
+                )
+        return OffsetForLeaderEpochResponse(topics=topics_out)
