@@ -28,6 +28,9 @@ class IndexFile:
     def _columns(self) -> tuple[MutableSequence[int], MutableSequence[int]]:
         raise NotImplementedError
 
+    def __len__(self) -> int:
+        return len(self._columns()[0])
+
     def flush(self) -> None:
         os.fsync(self._fd)
 

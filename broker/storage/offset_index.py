@@ -53,9 +53,6 @@ class OffsetIndex(IndexFile):
     def _columns(self) -> tuple[MutableSequence[int], MutableSequence[int]]:
         return self._relative_offsets, self._positions
 
-    def __len__(self) -> int:
-        return len(self._relative_offsets)
-
     @property
     def entries(self) -> list[tuple[int, int]]:
         """(absolute offset, position) of every entry."""

@@ -52,9 +52,6 @@ class TimeIndex(IndexFile):
     def _columns(self) -> tuple[MutableSequence[int], MutableSequence[int]]:
         return self._timestamps, self._relative_offsets
 
-    def __len__(self) -> int:
-        return len(self._timestamps)
-
     @property
     def entries(self) -> list[tuple[int, int]]:
         """(timestamp, absolute offset) of every entry."""
