@@ -40,7 +40,7 @@ from broker.storage.errors import CorruptIndexError
 from broker.storage.file_records import FileRecords
 from broker.storage.offset_index import INT32_MAX, OffsetIndex
 from broker.storage.time_index import TimeIndex
-from protocol.invariants import InvariantError
+from protocol.invariants import InvariantError, invariant
 from protocol.record_batch import (
     HEADER_SIZE,
     BatchHeader,
@@ -152,7 +152,8 @@ class LogSegment:
     @property
     def next_offset(self) -> int:
         """One past the last offset in the segment (the base offset when empty)."""
-        assert self._loaded, f"segment {self.log_path} used before sanity_check()/recover()"
+        if not self._loaded:
+            raise InvariantError(f"segment {self.log_path} used before sanity_check()/recover()")
         return self._next_offset
 
     @property
@@ -176,7 +177,7 @@ class LogSegment:
     @property
     def last_epoch(self) -> int:
         """Leader epoch of the last batch, -1 when empty."""
-        assert self._loaded
+        invariant(self._loaded, "segment used before sanity_check()/recover()")
         return self._last_epoch
 
     # ------------------------------------------------------------------ writes
