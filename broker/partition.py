@@ -22,21 +22,19 @@ truncation) and never passes the LEO; leader and partition epochs never decrease
 
 from __future__ import annotations
 
-import enum
 import logging
 from typing import TYPE_CHECKING
 
 from broker.isr import (
-    EXPAND,
-    SHRINK,
     PendingIsr,
     ReplicaState,
-    caught_up_for_expand,
     high_watermark_candidate,
-    out_of_sync_replicas,
 )
+from broker.partition_isr import PartitionIsr
+from broker.partition_role import Role
 from protocol.api import NO_EPOCH
 from protocol.errors import ErrorCode
+from protocol.invariants import invariant
 from protocol.messages import LeaderIdAndEpoch
 from protocol.metadata_records import LEADER_RECOVERED, NO_LEADER
 
@@ -53,14 +51,7 @@ __all__ = ["MIN_INSYNC_REPLICAS", "Partition", "PendingIsr", "ReplicaState", "Ro
 _warned_ignore_epoch = False
 
 
-class Role(enum.Enum):
-    LEADER = "leader"
-    FOLLOWER = "follower"
-    OFFLINE = "offline"  # a replica here, but the partition has no leader
-    STOPPED = "stopped"  # removed from this broker; in-flight requests must give up
-
-
-class Partition:
+class Partition(PartitionIsr):
     def __init__(
         self,
         topic: str,
@@ -172,12 +163,18 @@ class Partition:
 
     def _accept_state(self, state: PartitionState) -> None:
         # The controller never lowers an epoch; if it did, fencing would be unsound.
-        assert state.leader_epoch >= self.leader_epoch, (
-            f"{self.name}: leader epoch went back {self.leader_epoch} -> {state.leader_epoch}"
+        invariant(
+            state.leader_epoch >= self.leader_epoch,
+            lambda: (
+                f"{self.name}: leader epoch went back {self.leader_epoch} -> {state.leader_epoch}"
+            ),
         )
-        assert state.partition_epoch >= self.partition_epoch, (
-            f"{self.name}: partition epoch went back "
-            f"{self.partition_epoch} -> {state.partition_epoch}"
+        invariant(
+            state.partition_epoch >= self.partition_epoch,
+            lambda: (
+                f"{self.name}: partition epoch went back "
+                f"{self.partition_epoch} -> {state.partition_epoch}"
+            ),
         )
         self.leader_id = state.leader
         self.leader_epoch = state.leader_epoch
@@ -189,7 +186,7 @@ class Partition:
     def make_leader(self, state: PartitionState, now_ms: int) -> bool:
         """Take (or keep) leadership at `state.leader_epoch`. Returns True when this is
         a new leadership or a new epoch (the epoch cache got an entry)."""
-        assert state.leader == self.node_id
+        invariant(state.leader == self.node_id, "state.leader == self.node_id")
         new_term = self.role is not Role.LEADER or state.leader_epoch != self.leader_epoch
         if not new_term and state.partition_epoch < self.partition_epoch:
             # An AlterPartition answer already gave us a newer state of this term.
@@ -237,7 +234,10 @@ class Partition:
     def make_follower(self, state: PartitionState) -> bool:
         """Follow `state.leader`. Returns True on a leader or epoch change (the fetcher
         must then reconcile with OffsetsForLeaderEpoch before fetching)."""
-        assert state.leader != self.node_id and state.leader != NO_LEADER
+        invariant(
+            state.leader != self.node_id and state.leader != NO_LEADER,
+            "state.leader != self.node_id and state.leader != NO_LEADER",
+        )
         changed = (
             self.role is not Role.FOLLOWER
             or state.leader != self.leader_id
@@ -288,13 +288,14 @@ class Partition:
         epoch and the role. Storage validates the batches and the idempotent-producer
         sequences (ProducerStateError) and may raise; a duplicate is answered with the
         original offsets (`info.duplicate`)."""
-        assert self.role is Role.LEADER
+        invariant(self.role is Role.LEADER, "self.role is Role.LEADER")
         before = self.log.log_end_offset
         info = self.log.append_as_leader(records, self.leader_epoch)
         if info.duplicate:
             return info  # an idempotent retry: nothing written, the original offsets
-        assert info.first_offset == before and info.last_offset >= before, (
-            f"{self.name}: appended offsets must strictly increase ({before} -> {info})"
+        invariant(
+            info.first_offset == before and info.last_offset >= before,
+            lambda: f"{self.name}: appended offsets must strictly increase ({before} -> {info})",
         )
         self.appended_bytes += info.valid_bytes
         self.maybe_increment_high_watermark()
@@ -336,11 +337,15 @@ class Partition:
         return False
 
     def _set_high_watermark(self, new_hw: int) -> None:
-        assert new_hw >= self.high_watermark, (
-            f"{self.name}: high watermark would go back {self.high_watermark} -> {new_hw}"
+        invariant(
+            new_hw >= self.high_watermark,
+            lambda: f"{self.name}: high watermark would go back {self.high_watermark} -> {new_hw}",
         )
-        assert new_hw <= self.log.log_end_offset, (
-            f"{self.name}: high watermark {new_hw} past the log end {self.log.log_end_offset}"
+        invariant(
+            new_hw <= self.log.log_end_offset,
+            lambda: (
+                f"{self.name}: high watermark {new_hw} past the log end {self.log.log_end_offset}"
+            ),
         )
         self.high_watermark = new_hw
 
@@ -351,125 +356,19 @@ class Partition:
 
     # ------------------------------------------------------------------ ISR decisions
 
-    def out_of_sync_replicas(self, now_ms: int, lag_ms: int) -> list[int]:
-        return out_of_sync_replicas(
-            self.isr, self.node_id, self.replica_states, self.log.log_end_offset, now_ms, lag_ms
-        )
-
-    def wants_to_add(self, replica_id: int) -> bool:
-        """`replica_id`, outside the ISR, has caught up enough to join it (eligibility
-        by broker epoch and fencing is the caller's check, against the image)."""
-        if self.role is not Role.LEADER or replica_id in self.isr:
-            return False
-        if replica_id not in self.replicas or replica_id == self.node_id:
-            return False
-        state = self.replica_states.get(replica_id)
-        return state is not None and caught_up_for_expand(
-            state,
-            leader_epoch=self.leader_epoch,
-            high_watermark=self.high_watermark,
-            epoch_start_offset=self.leader_epoch_start_offset,
-        )
-
-    def propose_isr(self, kind: str, new_isr: tuple[int, ...], now_ms: int) -> PendingIsr:
-        """Record an ISR change about to be sent (one at a time)."""
-        assert self.role is Role.LEADER and self.pending_isr is None
-        assert kind in (EXPAND, SHRINK) and self.node_id in new_isr
-        pending = PendingIsr(
-            kind=kind,
-            isr=tuple(new_isr),
-            committed_isr=self.isr,
-            leader_epoch=self.leader_epoch,
-            partition_epoch=self.partition_epoch,
-            created_ms=now_ms,
-        )
-        self.pending_isr = pending
-        log.info(
-            "%s: %s ISR %s -> %s (leader epoch %d, partition epoch %d)",
-            self.name,
-            "expanding" if kind == EXPAND else "shrinking",
-            list(self.isr),
-            list(new_isr),
-            self.leader_epoch,
-            self.partition_epoch,
-        )
-        return pending
-
-    def isr_change_committed(
-        self, pending: PendingIsr, *, isr: tuple[int, ...], leader_epoch: int, partition_epoch: int
-    ) -> bool:
-        """The controller accepted `pending`: adopt its ISR and partition epoch (the
-        metadata log will bring the same state later: a no-op then). Returns True when
-        the high watermark moved. A stale answer is ignored."""
-        if self.pending_isr is not pending or self.role is not Role.LEADER:
-            return False
-        if pending.refused_ms is not None:
-            return False  # already answered (refused): a duplicate answer changes nothing
-        if leader_epoch != self.leader_epoch or partition_epoch < self.partition_epoch:
-            log.info(
-                "%s: ignoring an AlterPartition answer for leader epoch %d, partition epoch "
-                "%d (we are at %d, %d)",
-                self.name,
-                leader_epoch,
-                partition_epoch,
-                self.leader_epoch,
-                self.partition_epoch,
-            )
-            return False
-        self.pending_isr = None
-        old = self.isr
-        self.isr = tuple(isr)
-        self.partition_epoch = partition_epoch
-        log.info(
-            "%s: ISR %s -> %s committed (partition epoch %d)%s",
-            self.name,
-            list(old),
-            list(self.isr),
-            partition_epoch,
-            " (under min ISR)" if len(self.isr) < self.min_insync_replicas else "",
-        )
-        return self.maybe_increment_high_watermark()
-
-    def isr_change_failed(self, pending: PendingIsr, *, await_metadata: bool, now_ms: int) -> bool:
-        """The controller refused `pending` (or it was abandoned). With
-        `await_metadata` its members keep counting in the high watermark until the
-        metadata log brings the partition's state; otherwise the partition goes back
-        to the committed ISR. Returns True when the high watermark moved."""
-        if self.pending_isr is not pending:
-            return False
-        if await_metadata:
-            pending.refused_ms = now_ms
-            return False
-        self.pending_isr = None
-        return self.maybe_increment_high_watermark()
-
-    def abandon_refused_isr_change(self, now_ms: int, timeout_ms: int) -> bool:
-        """A refused change whose metadata never came: give up on it after `timeout_ms`
-        (bounded wait). True when the high watermark moved."""
-        pending = self.pending_isr
-        if pending is None or pending.refused_ms is None:
-            return False
-        if now_ms - pending.refused_ms < timeout_ms:
-            return False
-        log.warning(
-            "%s: no metadata superseded the refused ISR change %s -> %s within %d ms; dropping it",
-            self.name,
-            list(pending.committed_isr),
-            list(pending.isr),
-            timeout_ms,
-        )
-        return self.isr_change_failed(pending, await_metadata=False, now_ms=now_ms)
-
     # ------------------------------------------------------------------ follower work
 
     def append_as_follower(self, records: bytes) -> AppendInfo:
         """Append the leader's batches as they are (fetcher, after truncation)."""
-        assert self.role is Role.FOLLOWER
+        invariant(self.role is Role.FOLLOWER, "self.role is Role.FOLLOWER")
         before = self.log.log_end_offset
         info = self.log.append_as_follower(records)
         if info.batch_count:
-            assert info.first_offset >= before and info.last_offset >= info.first_offset, (
-                f"{self.name}: appended offsets must strictly increase ({before} -> {info})"
+            invariant(
+                info.first_offset >= before and info.last_offset >= info.first_offset,
+                lambda: (
+                    f"{self.name}: appended offsets must strictly increase ({before} -> {info})"
+                ),
             )
         self.appended_bytes += info.valid_bytes
         return info
@@ -477,7 +376,7 @@ class Partition:
     def update_follower_high_watermark(self, leader_high_watermark: int) -> bool:
         """Apply the leader's high watermark: min(leader HW, our LEO), never backwards.
         Only after truncation (the fetcher's FETCHING phase). True when it moved."""
-        assert self.role is Role.FOLLOWER
+        invariant(self.role is Role.FOLLOWER, "self.role is Role.FOLLOWER")
         new_hw = min(leader_high_watermark, self.log.log_end_offset)
         if new_hw <= self.high_watermark:
             return False
@@ -486,7 +385,7 @@ class Partition:
 
     def truncate_to(self, offset: int, *, reason: str) -> None:
         """Follower truncation (by epoch, or the leader's LEO after an out-of-range)."""
-        assert self.role is not Role.LEADER, f"{self.name}: a leader never truncates"
+        invariant(self.role is not Role.LEADER, lambda: f"{self.name}: a leader never truncates")
         before = self.log.log_end_offset
         self.log.truncate_to(offset)
         after = self.log.log_end_offset
@@ -502,7 +401,7 @@ class Partition:
         self._hw_after_truncation()
 
     def truncate_fully_and_start_at(self, offset: int, *, reason: str) -> None:
-        assert self.role is not Role.LEADER, f"{self.name}: a leader never truncates"
+        invariant(self.role is not Role.LEADER, lambda: f"{self.name}: a leader never truncates")
         before = (self.log.log_start_offset, self.log.log_end_offset)
         self.log.truncate_fully_and_start_at(offset)
         log.info(

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from broker.rpc import RpcError
 from protocol.errors import ErrorCode
+from protocol.invariants import invariant
 from protocol.messages import AllocateProducerIdsResponse
 
 log = logging.getLogger(__name__)
@@ -90,8 +91,9 @@ class ProducerIdManager:
                 problem = f"controller unreachable: {exc}"
             else:
                 if resp.error_code == ErrorCode.NONE and resp.producer_id_len > 0:
-                    assert resp.producer_id_start >= self._end, (
-                        f"producer id block went back: {resp.producer_id_start} < {self._end}"
+                    invariant(
+                        resp.producer_id_start >= self._end,
+                        f"producer id block went back: {resp.producer_id_start} < {self._end}",
                     )
                     self._next = resp.producer_id_start
                     self._end = resp.producer_id_start + resp.producer_id_len
