@@ -129,8 +129,9 @@ class Log:
         self._topic_id = topic_id
         # Shared by every log of the data directory (the LogManager's).
         self._dir_failure = dir_failure or LogDirFailureChannel(dir.parent)
-        self._topic_partition = parse_topic_partition(dir)
-        self._name = f"{self._topic_partition[0]}-{self._topic_partition[1]}"
+        # The replica's parts, fixed for its life: read them, never replace them.
+        self.topic_partition: TopicPartition = parse_topic_partition(dir)
+        self._name = f"{self.topic_partition[0]}-{self.topic_partition[1]}"
         self._local = LocalLog(
             dir,
             config,
@@ -141,11 +142,11 @@ class Log:
             now_ms=now_ms,
             on_roll=self._on_roll,
         )
-        self._epoch_cache = epoch_cache
+        self.epoch_cache: LeaderEpochFileCache = epoch_cache
         if producer_state is None:
             producer_state = ProducerStateManager(dir, name=self._name)
             producer_state.load(log_start_offset, self.log_end_offset, self._local.iter_headers)
-        self._producer_state = producer_state
+        self.producer_state: ProducerStateManager = producer_state
         self._snapshots = ProducerSnapshots(producer_state, writer, self._name)
         self._truncation = LogTruncation(
             self._local, epoch_cache, producer_state, self._snapshots, self._name
@@ -192,7 +193,7 @@ class Log:
             dir_failure=dir_failure,
             topic_id=topic_id,
         )
-        log._producer_state.remove_expired(now)
+        log.producer_state.remove_expired(now)
         logger.info(
             "[Log %s] opened: log start %d, log end %d, recovery point %d, %d segment(s), "
             "latest epoch %d",
@@ -238,10 +239,6 @@ class Log:
         self._local.config = config
 
     @property
-    def topic_partition(self) -> TopicPartition:
-        return self._topic_partition
-
-    @property
     def log_start_offset(self) -> int:
         return self._local.log_start_offset
 
@@ -254,16 +251,8 @@ class Log:
         return self._local.recovery_point
 
     @property
-    def epoch_cache(self) -> LeaderEpochFileCache:
-        return self._epoch_cache
-
-    @property
-    def producer_state(self) -> ProducerStateManager:
-        return self._producer_state
-
-    @property
     def latest_epoch(self) -> int:
-        return self._epoch_cache.latest_epoch
+        return self.epoch_cache.latest_epoch
 
     @property
     def segments(self) -> tuple[LogSegment, ...]:
@@ -310,10 +299,10 @@ class Log:
         batches = validate_client_batches(buf, self._local.config.max_message_bytes)
         if leader_epoch < 0:
             raise ValueError(f"leader epoch must be >= 0, got {leader_epoch}")
-        if leader_epoch < self._epoch_cache.latest_epoch:
+        if leader_epoch < self.epoch_cache.latest_epoch:
             raise StorageError(
                 f"[Log {self._name}] refusing a leader append in epoch {leader_epoch}: the log "
-                f"already has epoch {self._epoch_cache.latest_epoch} (a deposed leader?)"
+                f"already has epoch {self.epoch_cache.latest_epoch} (a deposed leader?)"
             )
         first_offset = self.log_end_offset
         stamped = stamp_batches(buf, batches, first_offset, leader_epoch)
@@ -321,23 +310,23 @@ class Log:
         # raises ProducerStateError. A retried batch is answered, not written.
         check: LeaderAppendCheck | None = None
         if any(header.producer_id >= 0 for _, header in stamped):
-            check = self._producer_state.prepare_leader_append(h for _, h in stamped)
+            check = self.producer_state.prepare_leader_append(h for _, h in stamped)
             if check.duplicate is not None:
                 return duplicate_append(check.duplicate)
         # Normally a no-op: the leader assigned (epoch, LEO) when it took over.
-        self._epoch_cache.assign(leader_epoch, first_offset)
+        self.epoch_cache.assign(leader_epoch, first_offset)
         self._local.append(memoryview(buf), stamped, current_ms() if now_ms is None else now_ms)
         if check is not None:
-            self._producer_state.commit(check, self.log_end_offset)
+            self.producer_state.commit(check, self.log_end_offset)
         else:
-            self._producer_state.map_end_offset = self.log_end_offset
+            self.producer_state.map_end_offset = self.log_end_offset
         return appended(stamped, len(buf))
 
     @_touches_disk("leader epoch checkpoint")
     def assign_epoch_at_end(self, epoch: int) -> None:
         """KIP-101: a new leader's epoch starts at the log end offset (written to the
         leader-epoch checkpoint before any batch of the epoch is appended)."""
-        self._epoch_cache.assign(epoch, self.log_end_offset)
+        self.epoch_cache.assign(epoch, self.log_end_offset)
 
     @_touches_disk("append")
     def append_as_follower(
@@ -356,12 +345,12 @@ class Log:
             self._name, records, log_end, self._local.last_batch_epoch()
         )
         for _, header in batches:
-            self._epoch_cache.learn_from_leader(
+            self.epoch_cache.learn_from_leader(
                 header.partition_leader_epoch, header.base_offset, log_end
             )
         self._local.append(memoryview(records), batches, current_ms() if now_ms is None else now_ms)
         # A new leader must deduplicate the retries of batches it only replicated.
-        self._producer_state.apply_replicated(h for _, h in batches)
+        self.producer_state.apply_replicated(h for _, h in batches)
         return appended(batches, len(records))
 
     # ------------------------------------------------------------------ rolling
@@ -409,10 +398,10 @@ class Log:
         (earliest) and -1 (latest) answer (log start | LEO, -1, epoch)."""
         if timestamp == EARLIEST_TIMESTAMP:
             start = self._local.log_start_offset
-            epoch = self._epoch_cache.epoch_for_offset(start)
+            epoch = self.epoch_cache.epoch_for_offset(start)
             return start, -1, -1 if epoch is None else epoch
         if timestamp == LATEST_TIMESTAMP:
-            return self.log_end_offset, -1, self._epoch_cache.latest_epoch
+            return self.log_end_offset, -1, self.epoch_cache.latest_epoch
         if timestamp < 0:
             raise ValueError(f"invalid timestamp {timestamp}")
         return self._local.offset_for_timestamp(timestamp)
