@@ -41,19 +41,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING
 
 from broker.faults import NO_FAULTS, Faults
+from broker.fetch_state import (
+    IDLE_WAKE_S,
+    MAX_BACKOFF_FACTOR,
+    Client,
+    ClientFactory,
+    PartitionFetchState,
+    Phase,
+    TopicPartition,
+    _code,
+    offset_truncation_state,
+)
+from broker.follower_truncation import FollowerTruncation
 from broker.partition import Partition, Role
 from broker.rpc import RpcClient, RpcError
-from broker.storage.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 from broker.storage.errors import InvalidAppendError, StorageError
-from protocol.api import LATEST_TIMESTAMP
 from protocol.errors import ErrorCode
 from protocol.messages import (
     FetchPartition,
@@ -61,15 +69,6 @@ from protocol.messages import (
     FetchRequest,
     FetchResponse,
     FetchTopic,
-    ListOffsetsPartition,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
-    ListOffsetsTopic,
-    Message,
-    OffsetForLeaderEpochRequest,
-    OffsetForLeaderEpochResponse,
-    OffsetForLeaderPartition,
-    OffsetForLeaderTopic,
 )
 
 if TYPE_CHECKING:
@@ -78,99 +77,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TopicPartition = tuple[str, int]
-
-# A partition that keeps failing waits at most this many backoffs between attempts.
-MAX_BACKOFF_FACTOR = 8
-# Truncation rounds (OffsetsForLeaderEpoch answers) one partition may take before it
-# backs off: each round drops at least one epoch, so this is never reached normally.
-MAX_TRUNCATION_ROUNDS = 1000
-# A source with nothing to do re-checks at least this often.
-IDLE_WAKE_S = 1.0
-
 
 # ---------------------------------------------------------------------- the rule
 
 
-class TruncationState(NamedTuple):
-    """Where to truncate, and whether the reconciliation is complete (False: ask the
-    leader again with our new latest epoch)."""
-
-    offset: int
-    completed: bool
-
-
-def offset_truncation_state(
-    leader_epoch: int,
-    leader_end_offset: int,
-    *,
-    follower_end_offset_for: Callable[[int], tuple[int, int]],
-    follower_leo: int,
-    fetch_offset: int,
-) -> TruncationState:
-    """Kafka's AbstractFetcherThread.getOffsetTruncationState, case for case.
-
-    (`leader_epoch`, `leader_end_offset`) is the leader's OffsetsForLeaderEpoch answer
-    (or a Fetch diverging_epoch); `follower_end_offset_for(epoch)` is our own epoch
-    cache's answer to the same question: (largest epoch <= it, its end offset)."""
-    if leader_end_offset == UNDEFINED_EPOCH_OFFSET:
-        # The leader cannot say: keep our log and fetch from where we are.
-        return TruncationState(fetch_offset, True)
-    if leader_epoch == UNDEFINED_EPOCH:
-        # An answer without an epoch: its end offset is all we have.
-        return TruncationState(min(leader_end_offset, follower_leo), True)
-    follower_epoch, follower_end = follower_end_offset_for(leader_epoch)
-    if follower_end == UNDEFINED_EPOCH_OFFSET:
-        # We know no epoch <= the leader's (we were not tracking then): the leader's
-        # end offset it is.
-        return TruncationState(min(leader_end_offset, follower_leo), True)
-    if follower_epoch != leader_epoch:
-        # We do not have the epoch the leader answered with: cut our epochs above it
-        # and ask again with the largest epoch below it that we have.
-        return TruncationState(min(follower_end, follower_leo), False)
-    return TruncationState(min(follower_end, leader_end_offset, follower_leo), True)
-
-
 # ---------------------------------------------------------------------- per partition
-
-
-class Phase(enum.Enum):
-    TRUNCATING = "truncating"
-    FETCHING = "fetching"
-
-
-@dataclass(eq=False)
-class PartitionFetchState:
-    partition: Partition
-    leader_id: int
-    leader_epoch: int
-    phase: Phase = Phase.TRUNCATING
-    ready_at: float = 0.0  # loop time before which the partition waits (backoff)
-    failures: int = 0  # consecutive failures, for the backoff
-    truncation_rounds: int = 0
-    out_of_range: int = 0  # consecutive OFFSET_OUT_OF_RANGE above the leader's log start
-
-    @property
-    def tp(self) -> TopicPartition:
-        return self.partition.tp
-
-    def still_valid(self) -> bool:
-        """The partition still follows this leader at this epoch."""
-        p = self.partition
-        return (
-            p.role is Role.FOLLOWER
-            and p.leader_id == self.leader_id
-            and p.leader_epoch == self.leader_epoch
-        )
-
-
-class Client(Protocol):
-    async def request(self, body: Message, *, timeout_s: float | None = None) -> Message: ...
-
-    async def close(self) -> None: ...
-
-
-ClientFactory = Callable[[int, str, int], Client]
 
 
 # ---------------------------------------------------------------------- the manager
@@ -298,7 +209,7 @@ class FetcherManager:
             await source.wait_stopped()
 
 
-class SourceFetcher:
+class SourceFetcher(FollowerTruncation):
     """The partitions followed from one leader, and the task that replicates them."""
 
     def __init__(
@@ -432,127 +343,6 @@ class SourceFetcher:
 
     # ------------------------------------------------------------------ truncation
 
-    async def _truncate(self, states: list[PartitionFetchState]) -> None:
-        ask: list[PartitionFetchState] = []
-        for s in states:
-            if not self._current(s):
-                self._prune(s)
-                continue
-            p = s.partition
-            if self.unsafe_hw:
-                hw = p.high_watermark
-                log.warning(
-                    "%s: UNSAFE: truncating to the high watermark %d (LEO %d) instead of "
-                    "asking leader %d for the end of epoch %d (pre-KIP-101)",
-                    p.name,
-                    hw,
-                    p.log_end_offset,
-                    self.leader_id,
-                    p.log.latest_epoch,
-                )
-                p.truncate_to(hw, reason="UNSAFE truncate to high watermark")
-                self._start_fetching(s)
-            elif p.log.latest_epoch == UNDEFINED_EPOCH:
-                # No epochs: the log holds no batches (every batch carries one), so
-                # there is nothing to reconcile.
-                self._start_fetching(s)
-            else:
-                ask.append(s)
-        if not ask:
-            return
-        topics: dict[str, list[OffsetForLeaderPartition]] = {}
-        for s in ask:
-            topics.setdefault(s.partition.topic, []).append(
-                OffsetForLeaderPartition(
-                    partition=s.partition.index,
-                    current_leader_epoch=s.leader_epoch,
-                    leader_epoch=s.partition.log.latest_epoch,
-                )
-            )
-        request = OffsetForLeaderEpochRequest(
-            replica_id=self.manager.node_id,
-            topics=[OffsetForLeaderTopic(topic=t, partitions=ps) for t, ps in topics.items()],
-        )
-        by_tp = {s.tp: (s, s.partition.log.latest_epoch) for s in ask}
-        try:
-            resp = await self.client.request(request, timeout_s=self.rpc_timeout_s)
-        except RpcError:
-            for s in ask:
-                s.ready_at = asyncio.get_running_loop().time() + self._backoff(s.failures + 1)
-            raise
-        assert isinstance(resp, OffsetForLeaderEpochResponse)
-        answered: set[TopicPartition] = set()
-        for topic in resp.topics:
-            for r in topic.partitions:
-                tp = (topic.topic, r.partition)
-                entry = by_tp.get(tp)
-                if entry is None or tp in answered:
-                    continue
-                answered.add(tp)
-                s, asked_epoch = entry
-                if not self._current(s) or s.phase is not Phase.TRUNCATING:
-                    continue
-                if s.partition.log.latest_epoch != asked_epoch:
-                    continue  # the log changed meanwhile: ask again
-                code = _code(r.error_code)
-                if code != ErrorCode.NONE:
-                    self._back_off(s, f"OffsetsForLeaderEpoch answered {code.name}")
-                    continue
-                self._apply_truncation(s, r.leader_epoch, r.end_offset, asked_epoch)
-        for tp, (s, _) in by_tp.items():
-            if tp not in answered and self._current(s):
-                self._back_off(s, "no OffsetsForLeaderEpoch answer for the partition")
-
-    def _apply_truncation(
-        self, s: PartitionFetchState, leader_epoch: int, end_offset: int, asked_epoch: int
-    ) -> None:
-        p = s.partition
-        leo = p.log_end_offset
-        decision = offset_truncation_state(
-            leader_epoch,
-            end_offset,
-            follower_end_offset_for=lambda e: p.log.epoch_cache.end_offset_for(e, leo),
-            follower_leo=leo,
-            fetch_offset=leo,
-        )
-        log.info(
-            "%s: leader %d at epoch %d has epoch %d ending at %d for our epoch %d; "
-            "truncating to %d (LEO %d)%s",
-            p.name,
-            self.leader_id,
-            s.leader_epoch,
-            leader_epoch,
-            end_offset,
-            asked_epoch,
-            decision.offset,
-            leo,
-            "" if decision.completed else ", then asking again with our next lower epoch",
-        )
-        p.truncate_to(decision.offset, reason=f"reconciled by epoch with leader {self.leader_id}")
-        self.manager.notify(p.tp)
-        if decision.completed:
-            self._start_fetching(s)
-            return
-        s.truncation_rounds += 1
-        if s.truncation_rounds >= MAX_TRUNCATION_ROUNDS:
-            s.truncation_rounds = 0
-            self._back_off(s, "truncation does not converge")
-
-    def _start_fetching(self, s: PartitionFetchState) -> None:
-        s.phase = Phase.FETCHING
-        s.failures = 0
-        s.truncation_rounds = 0
-        log.info(
-            "%s: fetching from broker %d at leader epoch %d from offset %d (latest epoch %d, "
-            "HW %d)",
-            s.partition.name,
-            self.leader_id,
-            s.leader_epoch,
-            s.partition.log_end_offset,
-            s.partition.log.latest_epoch,
-            s.partition.high_watermark,
-        )
-
     # ------------------------------------------------------------------ fetching
 
     async def _fetch(self, states: list[PartitionFetchState]) -> None:
@@ -673,96 +463,3 @@ class SourceFetcher:
             p.update_follower_high_watermark(r.high_watermark)
         self.manager.notify(p.tp)
         return False
-
-    def _out_of_range(
-        self, s: PartitionFetchState, fetch_offset: int, r: FetchPartitionResponse
-    ) -> bool:
-        p = s.partition
-        if r.log_start_offset >= 0 and fetch_offset < r.log_start_offset:
-            # Kafka's rule: the leader deleted what we would need; start over at its
-            # log start offset.
-            log.warning(
-                "%s: fetch offset %d is below leader %d's log start %d",
-                p.name,
-                fetch_offset,
-                self.leader_id,
-                r.log_start_offset,
-            )
-            p.truncate_fully_and_start_at(
-                r.log_start_offset, reason=f"below leader {self.leader_id}'s log start"
-            )
-            self.manager.notify(p.tp)
-            return False
-        s.out_of_range += 1
-        if p.log_end_offset == p.log_start_offset and r.log_start_offset >= 0:
-            # An empty log past the leader's end: nothing to lose, start at its start.
-            p.truncate_fully_and_start_at(
-                r.log_start_offset, reason=f"empty log ahead of leader {self.leader_id}"
-            )
-            self.manager.notify(p.tp)
-            return False
-        if not self.unsafe_hw and s.out_of_range == 1 and p.log.latest_epoch >= 0:
-            log.error(
-                "%s: fetch offset %d is past leader %d's log end (epoch %d) after epoch "
-                "truncation; reconciling again",
-                p.name,
-                fetch_offset,
-                self.leader_id,
-                s.leader_epoch,
-            )
-            s.phase = Phase.TRUNCATING
-            return False
-        return True
-
-    async def _reset_to_leader_end(self, states: list[PartitionFetchState]) -> None:
-        """Kafka's fetchOffsetAndTruncate: ask the leader for its LEO (ListOffsets as a
-        replica) and truncate to it when we are past it."""
-        topics: dict[str, list[ListOffsetsPartition]] = {}
-        for s in states:
-            topics.setdefault(s.partition.topic, []).append(
-                ListOffsetsPartition(
-                    partition_index=s.partition.index,
-                    current_leader_epoch=s.leader_epoch,
-                    timestamp=LATEST_TIMESTAMP,
-                )
-            )
-        request = ListOffsetsRequest(
-            replica_id=self.manager.node_id,
-            topics=[ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()],
-        )
-        by_tp = {s.tp: s for s in states}
-        resp = await self.client.request(request, timeout_s=self.rpc_timeout_s)
-        assert isinstance(resp, ListOffsetsResponse)
-        for topic in resp.topics:
-            for r in topic.partitions:
-                s = by_tp.pop((topic.name, r.partition_index), None)
-                if s is None or not self._current(s) or s.phase is not Phase.FETCHING:
-                    continue
-                code = _code(r.error_code)
-                p = s.partition
-                if code != ErrorCode.NONE or r.offset < 0:
-                    self._back_off(s, f"ListOffsets answered {code.name}")
-                    continue
-                if r.offset < p.log_end_offset:
-                    log.error(
-                        "%s: our LEO %d is past leader %d's log end %d; truncating to it "
-                        "(the logs may have diverged: an unclean election or an unsafe switch)",
-                        p.name,
-                        p.log_end_offset,
-                        self.leader_id,
-                        r.offset,
-                    )
-                    p.truncate_to(r.offset, reason=f"leader {self.leader_id}'s log end")
-                    self.manager.notify(p.tp)
-                else:
-                    self._back_off(s, "out of range, but the leader has grown since")
-        for s in by_tp.values():
-            if self._current(s):
-                self._back_off(s, "no ListOffsets answer for the partition")
-
-
-def _code(value: int) -> ErrorCode:
-    try:
-        return ErrorCode(value)
-    except ValueError:
-        return ErrorCode.UNKNOWN_SERVER_ERROR

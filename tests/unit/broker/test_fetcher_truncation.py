@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.fetcher import TruncationState, offset_truncation_state
+from broker.fetch_state import TruncationState, offset_truncation_state
 from broker.storage.epoch_cache import EpochEntry, LeaderEpochFileCache
 
 
