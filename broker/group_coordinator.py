@@ -48,7 +48,6 @@ import msgspec
 from broker.config import BrokerConfig
 from broker.controller_channel import ControllerChannel
 from broker.metadata_image import MetadataImage
-from broker.network import RequestContext
 from broker.partition import MIN_INSYNC_REPLICAS, Partition, Role
 from broker.replica_manager import ReplicaManager
 from broker.rpc import RpcError, RpcErrorResponse
@@ -75,6 +74,7 @@ from protocol.messages import (
 )
 from protocol.metadata_records import NO_LEADER
 from protocol.record_batch import BatchBuilder, decode_batch, iter_headers
+from runtime.server import RequestContext
 
 log = logging.getLogger(__name__)
 

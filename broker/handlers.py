@@ -23,7 +23,6 @@ from broker.controller_channel import ControllerChannel
 from broker.faults import NO_FAULTS, Faults
 from broker.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from broker.metadata_image import MetadataImage
-from broker.network import Handler, RequestContext
 from broker.partition import Role
 from broker.producer_ids import ProducerIdManager, ProducerIdUnavailableError
 from broker.replica_manager import ReplicaManager
@@ -70,6 +69,7 @@ from protocol.messages import (
     StrayReplica,
 )
 from runtime.metadata_answers import describe_cluster_response, metadata_response
+from runtime.server import Handler, RequestContext
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,6 @@ from broker.faults import NO_FAULTS, Faults, NoFsyncLogManager, TestFaults
 from broker.group_coordinator import GroupCoordinator
 from broker.handlers import Handlers
 from broker.metadata_image import MetadataDelta, MetadataImage
-from broker.network import ListenerServer
 from broker.replica_manager import ReplicaManager
 from broker.storage.errors import StorageError, describe_os_error, os_error_advice
 from broker.storage.log import LogConfig
@@ -48,6 +47,7 @@ from broker.storage.log_manager import LogManager
 from broker.storage.meta_properties import MetaProperties
 from protocol.connection_limits import ConnectionTable
 from protocol.messages import FetchMetadataResponse, Listener
+from runtime.server import ListenerServer
 from runtime.settings import announce_test_switches, refusal, topic_defaults, unsafe_switches_on
 
 log = logging.getLogger(__name__)

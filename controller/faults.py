@@ -6,7 +6,6 @@ of the cluster goes on while it waits.
 
 from __future__ import annotations
 
-from protocol.messages import Message
 from runtime import faults
 from runtime.faults import DROP, DROP_RESPONSE, PROCEED
 
@@ -20,10 +19,6 @@ class Faults(faults.Faults):
 
     def __init__(self) -> None:
         super().__init__("controller")
-
-    # The controller's server has one listener and calls before_answer(api_key, body).
-    async def before_answer(self, api_key: int, body: Message) -> str | None:  # type: ignore[override]
-        return await super().before_answer(LISTENER, api_key, body)
 
 
 class TestFaults(Faults, faults.TestFaults):

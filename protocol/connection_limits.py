@@ -1,7 +1,7 @@
 """Who may hold a connection to a server, and for how long: sans-I/O.
 
-Both servers (broker/network.py, controller/server.py) keep one `ConnectionTable` per
-process and ask it at each accept and at each connection's first request; the
+The server loop (runtime/server.py, for broker listeners and the controller) keeps one
+`ConnectionTable` per process and asks it at each accept and at each connection's first request; the
 per-connection clocks (idle time, time to finish a frame) and the bytes a connection
 may hold live in `protocol.connection.ServerConnection`. The rules, once:
 

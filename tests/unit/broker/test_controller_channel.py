@@ -1,4 +1,4 @@
-"""ControllerChannel against an in-process fake controller (served by broker.network)."""
+"""ControllerChannel against an in-process fake controller (served by runtime.server)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from broker.controller_channel import (
     ControllerChannel,
     ControllerUnreachableError,
 )
-from broker.network import ListenerServer, RequestContext
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -31,6 +30,7 @@ from protocol.messages import (
     MetadataEntry,
 )
 from protocol.metadata_records import RegisterBrokerRecord, UnfenceBrokerRecord
+from runtime.server import ListenerServer, RequestContext
 
 
 class FakeController:

@@ -20,7 +20,6 @@ from broker.faults import (
     PROCEED,
     TestFaults,
 )
-from broker.network import ListenerServer, RequestContext
 from broker.rpc import RpcClient, RpcConnectionError, RpcTimeoutError
 from broker.server import Broker, StartupError, check_test_switches, protections_off
 from protocol.api import ApiKey
@@ -34,6 +33,7 @@ from protocol.messages import (
     MetadataRequest,
     MetadataResponse,
 )
+from runtime.server import ListenerServer, RequestContext
 
 METADATA = int(ApiKey.METADATA)
 FETCH = int(ApiKey.FETCH)

@@ -13,7 +13,6 @@ from broker_harness import Harness, batch
 from broker.config import BrokerConfig
 from broker.faults import NO_FAULTS, NoFsyncLogManager, TestFaults
 from broker.handlers import Handlers
-from broker.network import RequestContext
 from broker.server import base_log_config
 from broker.storage.log_manager import LogManager
 from protocol.api import ApiKey
@@ -29,6 +28,7 @@ from protocol.messages import (
     ProduceTopic,
 )
 from protocol.record_batch import iter_headers
+from runtime.server import RequestContext
 
 CTX = RequestContext("PLAINTEXT", "127.0.0.1:1", "test", 0)
 

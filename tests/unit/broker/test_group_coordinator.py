@@ -24,7 +24,6 @@ from broker.group_coordinator import (
     load_cache,
     partition_for,
 )
-from broker.network import RequestContext
 from broker.storage.log import Log, LogConfig
 from protocol.errors import ErrorCode
 from protocol.messages import (
@@ -43,6 +42,7 @@ from protocol.messages import (
 )
 from protocol.metadata_records import ListenerInfo, RegisterBrokerRecord, UnfenceBrokerRecord
 from protocol.record_batch import BatchBuilder, encode_batch
+from runtime.server import RequestContext
 
 CTX = RequestContext(listener="PLAINTEXT", peer="test", client_id=None, api_version=0)
 

@@ -7,7 +7,6 @@ import struct
 
 import pytest
 
-from broker.network import ListenerServer, RequestContext
 from broker.rpc import RpcClient, RpcConnectionError, RpcErrorResponse, RpcTimeoutError
 from protocol.api import ApiKey
 from protocol.connection import ClientConnection
@@ -22,6 +21,7 @@ from protocol.messages import (
     MetadataRequest,
     MetadataResponse,
 )
+from runtime.server import ListenerServer, RequestContext
 
 
 class App:

@@ -35,8 +35,18 @@ async def test_controller_faults_log_as_controller(caplog: pytest.LogCaptureFixt
     faults.control(FaultControlRequest(add_rules=[drop_rule()]))
     body = AlterPartitionRequest(broker_id=2, broker_epoch=1, topics=[])
     with caplog.at_level(logging.WARNING):
-        assert await faults.before_answer(int(ApiKey.ALTER_PARTITION), body) == DROP
-        assert await faults.before_answer(int(ApiKey.ALTER_PARTITION), body) is PROCEED
+        assert (
+            await faults.before_answer(
+                controller.faults.LISTENER, int(ApiKey.ALTER_PARTITION), body
+            )
+            == DROP
+        )
+        assert (
+            await faults.before_answer(
+                controller.faults.LISTENER, int(ApiKey.ALTER_PARTITION), body
+            )
+            is PROCEED
+        )
     assert "TEST FAULT at controller 0: drop" in caplog.text
     assert faults.injected == 1
 

@@ -1,10 +1,11 @@
-"""Incoming connections: one asyncio server per listener, one ServerConnection per
-client connection.
+"""The one asyncio server of every process (broker listeners and the controller):
+one server per listener, one protocol.connection.ServerConnection per client
+connection, one handler signature `handler(ctx: RequestContext, body) -> response`.
 
 Each request runs as its own task so that a long-polling Fetch does not stall the
 loop; ServerConnection releases the responses in request order. Bounds (the rules live
-in protocol/connection.py and protocol/connection_limits.py, shared with the
-controller's server; this file only applies them):
+in protocol/connection.py and protocol/connection_limits.py; this file only applies
+them):
 - per process, all listeners together (one ConnectionTable): max connections, max
   connections per IP; a new connection over the total displaces the oldest one that
   has sent no request;
@@ -22,9 +23,11 @@ controller's server; this file only applies them):
 
 Bad input never takes the server down: an unknown API or version gets its error
 response (ServerConnection builds it), a malformed frame closes only its connection
-with a log line, and a handler that raises answers UNKNOWN_SERVER_ERROR.
+with a log line, and a handler that raises answers UNKNOWN_SERVER_ERROR (or what the
+process's `error_answer` maps the exception to: the controller answers
+KAFKA_STORAGE_ERROR when its metadata log failed).
 
-Test faults (broker/faults.py, only with --enable-test-faults) act before a handler
+Test faults (runtime/faults.py, only with --enable-test-faults) act before a handler
 runs: they may delay or park the request, drop it (the connection is closed without
 an answer), or let it run and close the connection instead of answering.
 """
@@ -39,12 +42,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from broker.faults import DROP, DROP_RESPONSE, NO_FAULTS, Faults
 from protocol.api import api_name as _api_name
 from protocol.connection import Buffer, CloseReason, RejectedRequest, Request
 from protocol.connection_limits import ConnectionLimits, ConnectionSlot, ConnectionTable
 from protocol.errors import DecodeError, ErrorCode
 from protocol.messages import Message
+from runtime.faults import DROP, DROP_RESPONSE, Faults
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,9 @@ class RequestContext:
 
 
 Handler = Callable[[RequestContext, Message], Awaitable[Message]]
+# An exception a process answers with its own error code instead of
+# UNKNOWN_SERVER_ERROR: (code, message), or None for the default.
+ErrorAnswer = Callable[[Exception], "tuple[ErrorCode, str] | None"]
 
 
 class _Connection(asyncio.Protocol):
@@ -206,19 +212,23 @@ class _Connection(asyncio.Protocol):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception(
-                "handler for %s from %s (client %s) failed",
-                _api_name(header.api_key),
-                self._peer,
-                header.client_id,
-            )
+            known = server.error_answer(exc) if server.error_answer is not None else None
+            if known is None:
+                log.exception(
+                    "handler for %s from %s (client %s) failed",
+                    _api_name(header.api_key),
+                    self._peer,
+                    header.client_id,
+                )
             if self._closed:
                 return
-            out = self._conn.send_error_parts(
-                request,
-                ErrorCode.UNKNOWN_SERVER_ERROR,
-                f"{_api_name(header.api_key)} failed on the broker: {type(exc).__name__}: {exc}",
-            )
+            if known is None:
+                known = (
+                    ErrorCode.UNKNOWN_SERVER_ERROR,
+                    f"{_api_name(header.api_key)} failed on the {server.role}: "
+                    f"{type(exc).__name__}: {exc}",
+                )
+            out = self._conn.send_error_parts(request, *known)
         self._write(out)
         self._process()
 
@@ -268,7 +278,9 @@ class ListenerServer:
         *,
         table: ConnectionTable | None = None,
         response_reservation: Callable[[Message], int] | None = None,
-        faults: Faults = NO_FAULTS,
+        faults: Faults | None = None,
+        error_answer: ErrorAnswer | None = None,
+        role: str = "broker",
     ) -> None:
         self.name = name
         self.host = host
@@ -276,7 +288,9 @@ class ListenerServer:
         self.handlers = handlers
         self.table = table if table is not None else ConnectionTable(ConnectionLimits())
         self.response_reservation = response_reservation
-        self.faults = faults
+        self.role = role  # "broker" or "controller": named in error answers and logs
+        self.faults = faults if faults is not None else Faults(role)
+        self.error_answer = error_answer
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
