@@ -82,6 +82,12 @@ class QueryRun:
             assert self.query.isActive, f"query stopped: {self.query.exception()}"
             assert time.monotonic() < deadline, f"{len(self.rows())} of {n} rows: {self.rows()}"
             time.sleep(0.2)
+        # foreachBatch runs before Spark records the batch's progress: wait for it, so
+        # end_offset() speaks of the batch that delivered the last rows, not the one before.
+        last_batch = self.batches[-1][0] if self.batches else -1
+        while (self.query.lastProgress or {}).get("batchId", -1) < last_batch:
+            assert time.monotonic() < deadline, f"progress of batch {last_batch} never reported"
+            time.sleep(0.1)
         return self.rows()
 
     def stop(self) -> None:
