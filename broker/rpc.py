@@ -1,18 +1,18 @@
-"""Outgoing RPC: one asyncio connection to a peer (the controller, later a leader)
-around protocol.connection.ClientConnection.
+"""Outgoing RPC from a broker: a reconnecting client for one peer (the controller, a
+leader) over `runtime.rpc.PipelinedConnection` (the connection the client library uses
+too: pipelining with a bounded number in flight, a timed-out request closes the
+connection, a dropped connection fails every pending request, write backpressure).
 
-- pipelining: many requests in flight on one connection (bounded), answered in order;
-- per-request timeout: a timed-out request closes the connection, as Kafka's client
-  does, because every later response on it would queue behind the lost one;
+What is the broker's own:
 - reconnect on the next request, no sooner than a bounded exponential backoff (with
   jitter) after the last failure;
 - `request_with_retry` retries connection failures and timeouts until a deadline;
 - test faults (broker/faults.py) act before a request is written; their waits count
   against the request timeout, and `peer_id` (the destination's node id, or
-  CONTROLLER_PEER_ID) is what fault rules match.
-
-A response with a non-zero header error code (the peer could not serve the request
-at all) raises RpcErrorResponse; per-partition error codes are the caller's business.
+  CONTROLLER_PEER_ID) is what fault rules match;
+- the error types: RpcConnectionError, RpcTimeoutError, and RpcErrorResponse for a
+  response with a non-zero header error code (the peer could not serve the request at
+  all); per-partition error codes are the caller's business.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import random
 import time
 
 from broker.faults import DROP_RESPONSE, NO_FAULTS, Faults, InjectedDrop
-from protocol.connection import ClientConnection, Response
-from protocol.errors import DecodeError, ErrorCode
+from protocol.errors import ErrorCode
+from protocol.invariants import invariant
 from protocol.messages import API_BY_REQUEST_TYPE, Message
+from runtime.rpc import PipelinedConnection
 
 log = logging.getLogger(__name__)
 
@@ -55,27 +56,24 @@ class RpcErrorResponse(RpcError):
         self.message = message
 
 
-class _Protocol(asyncio.Protocol):
-    def __init__(self, owner: RpcClient) -> None:
-        self._owner = owner
-        self.transport: asyncio.Transport | None = None
-        self.closed = asyncio.get_running_loop().create_future()
+class _BrokerFailures:
+    """The broker's exception for each failure of an outgoing connection."""
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses; same interface.
-        self.transport = transport  # type: ignore[assignment]
+    def connection(self, message: str, *, reason: str | None = None) -> Exception:
+        return RpcConnectionError(message)
 
-    def data_received(self, data: bytes) -> None:
-        self._owner._on_data(self, data)
+    def timeout(self, message: str) -> Exception:
+        return RpcTimeoutError(message)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._owner._on_lost(self, exc)
-        if not self.closed.done():
-            self.closed.set_result(None)
+    def answer(self, error: ErrorCode, message: str) -> Exception:
+        return RpcErrorResponse(error, message)
+
+
+_FAILURES = _BrokerFailures()
 
 
 class RpcClient:
-    """A connection to one peer. Not thread-safe; one event loop."""
+    """A connection to one peer, reopened after a failure. Not thread-safe; one event loop."""
 
     def __init__(
         self,
@@ -96,13 +94,11 @@ class RpcClient:
         self.request_timeout_s = request_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._client_id = client_id
+        self._max_in_flight = max_in_flight
         self._faults = faults
         self.peer_id = peer_id  # what test fault rules match (-1: unknown)
-        self._slots = asyncio.Semaphore(max_in_flight)
         self._connect_lock = asyncio.Lock()
-        self._proto: _Protocol | None = None
-        self._conn: ClientConnection | None = None
-        self._pending: dict[int, asyncio.Future[Response]] = {}
+        self._conn: PipelinedConnection | None = None
         self._backoff_s = 0.0
         self._next_attempt = 0.0
         self._closed = False
@@ -113,57 +109,29 @@ class RpcClient:
 
     @property
     def connected(self) -> bool:
-        return self._proto is not None
+        return self._conn is not None and self._conn.connected
 
     async def request(self, body: Message, *, timeout_s: float | None = None) -> Message:
         """Send one request and return the response body."""
         spec = API_BY_REQUEST_TYPE[type(body)]
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
         loop = asyncio.get_running_loop()
-        async with self._slots:
-            fault = None
-            fault_s = 0.0  # time a test fault held the request: part of its timeout
-            if self._faults.enabled:
-                started = loop.time()
-                fault = await self._injected_fault(int(spec.key), spec.key.name, timeout)
-                fault_s = loop.time() - started
-            proto, conn = await self._ensure_connected()
-            deadline = loop.time() + max(0.0, timeout - fault_s)
-            correlation_id, data = conn.send_request(body)
-            fut: asyncio.Future[Response] = loop.create_future()
-            self._pending[correlation_id] = fut
-            assert proto.transport is not None
-            proto.transport.write(data)
-            try:
-                # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation
-                # that races with the response, and a cancelled loop would run on.
-                async with asyncio.timeout_at(deadline):
-                    response = await fut
-            except TimeoutError:
-                self._pending.pop(correlation_id, None)
-                log.warning(
-                    "%s request to %s %s timed out after %.1fs; closing the connection",
-                    spec.key.name,
-                    self.name,
-                    self.peer,
-                    timeout,
-                )
-                self._drop(proto)
-                raise RpcTimeoutError(
-                    f"{spec.key.name} to {self.name} at {self.peer} timed out after {timeout:.1f}s"
-                ) from None
-            finally:
-                self._pending.pop(correlation_id, None)
-            if fault == DROP_RESPONSE:
-                self._drop(proto)
-                raise RpcConnectionError(
-                    f"test fault: the answer to {spec.key.name} from {self.name} at "
-                    f"{self.peer} was dropped"
-                )
-        if response.error_code != ErrorCode.NONE:
-            raise RpcErrorResponse(response.error_code, response.error_message)
-        assert response.body is not None
-        return response.body
+        fault = None
+        fault_s = 0.0  # time a test fault held the request: part of its timeout
+        if self._faults.enabled:
+            started = loop.time()
+            fault = await self._injected_fault(int(spec.key), spec.key.name, timeout)
+            fault_s = loop.time() - started
+        conn = await self._ensure_connected()
+        response = await conn.send(body, timeout_s=max(0.0, timeout - fault_s))
+        if fault == DROP_RESPONSE:
+            conn.abort(f"test fault: dropped the connection to {conn.peer}")
+            raise RpcConnectionError(
+                f"test fault: the answer to {spec.key.name} from {self.name} at "
+                f"{self.peer} was dropped"
+            )
+        invariant(response is not None, "a request expecting an answer got one")
+        return response  # type: ignore[return-value]
 
     async def _injected_fault(self, api_key: int, api: str, timeout: float) -> str | None:
         """Carry out a test fault before sending; its wait counts against the timeout."""
@@ -196,79 +164,51 @@ class RpcClient:
 
     async def close(self) -> None:
         self._closed = True
-        proto = self._proto
-        if proto is not None:
-            self._drop(proto)
+        conn, self._conn = self._conn, None
+        if conn is not None:
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(1.0):
-                    await asyncio.shield(proto.closed)
+                await conn.close()
 
     # ------------------------------------------------------------------ internals
 
-    async def _ensure_connected(self) -> tuple[_Protocol, ClientConnection]:
-        if self._proto is not None and self._conn is not None:
-            return self._proto, self._conn
+    async def _ensure_connected(self) -> PipelinedConnection:
+        conn = self._conn
+        if conn is not None and conn.connected:
+            return conn
         async with self._connect_lock:
-            if self._proto is not None and self._conn is not None:
-                return self._proto, self._conn
+            conn = self._conn
+            if conn is not None and conn.connected:
+                return conn
+            if conn is not None:
+                # The last connection broke: back off as after a failed connect, so a
+                # peer that accepts and drops at once is not hammered.
+                self._back_off(conn.closed_at)
+                self._conn = None
             if self._closed:
                 raise RpcConnectionError(f"connection to {self.name} at {self.peer} is closed")
             wait = self._next_attempt - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            loop = asyncio.get_running_loop()
+            conn = PipelinedConnection(
+                self.host,
+                self.port,
+                peer=f"{self.name} at {self.peer}",
+                failures=_FAILURES,
+                client_id=self._client_id,
+                request_timeout_s=self.request_timeout_s,
+                connect_timeout_s=self.connect_timeout_s,
+                max_in_flight=self._max_in_flight,
+            )
             try:
-                async with asyncio.timeout(self.connect_timeout_s):
-                    _transport, proto = await loop.create_connection(
-                        lambda: _Protocol(self), self.host, self.port
-                    )
-            except (OSError, TimeoutError) as exc:
-                self._backoff_s = min(MAX_BACKOFF_S, max(INITIAL_BACKOFF_S, self._backoff_s * 2))
-                self._next_attempt = time.monotonic() + self._backoff_s * random.uniform(0.8, 1.2)
-                raise RpcConnectionError(
-                    f"cannot connect to {self.name} at {self.peer}: {exc or type(exc).__name__}"
-                ) from exc
+                await conn.connect()
+            except RpcConnectionError:
+                self._back_off(conn.closed_at)
+                raise
             self._backoff_s = 0.0
-            self._proto = proto
-            self._conn = ClientConnection(self._client_id)
-            log.debug("connected to %s at %s", self.name, self.peer)
-            return proto, self._conn
+            self._conn = conn
+            return conn
 
-    def _on_data(self, proto: _Protocol, data: bytes) -> None:
-        if proto is not self._proto or self._conn is None:
-            return
-        try:
-            responses = self._conn.receive_data(data)
-        except DecodeError as exc:
-            log.error("bad response from %s at %s: %s; closing", self.name, self.peer, exc)
-            self._drop(proto)
-            return
-        for response in responses:
-            fut = self._pending.pop(response.correlation_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(response)
-
-    def _on_lost(self, proto: _Protocol, exc: Exception | None) -> None:
-        if proto is self._proto:
-            self._fail_all(proto, exc)
-
-    def _drop(self, proto: _Protocol) -> None:
-        if proto.transport is not None:
-            proto.transport.abort()
-        if proto is self._proto:
-            self._fail_all(proto, None)
-
-    def _fail_all(self, proto: _Protocol, exc: Exception | None) -> None:
-        self._proto = None
-        self._conn = None
-        # A broken connection backs off like a failed connect, so a peer that accepts
-        # and drops at once is not hammered.
+    def _back_off(self, failed_at: float | None) -> None:
         self._backoff_s = min(MAX_BACKOFF_S, max(INITIAL_BACKOFF_S, self._backoff_s * 2))
-        self._next_attempt = time.monotonic() + self._backoff_s * random.uniform(0.8, 1.2)
-        pending, self._pending = self._pending, {}
-        why = f": {exc}" if exc else ""
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(
-                    RpcConnectionError(f"connection to {self.name} at {self.peer} lost{why}")
-                )
+        since = time.monotonic() if failed_at is None else failed_at
+        self._next_attempt = since + self._backoff_s * random.uniform(0.8, 1.2)

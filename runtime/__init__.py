@@ -7,6 +7,12 @@ that broker, controller and client all need above the sans-I/O `protocol` packag
 - fileio.py       durable files: atomic_write, fsync_directory, the data-dir lock,
                   the serial writer thread.
 - meta_properties.py  `meta.properties`, the identity of a data directory.
+- rpc.py          the one pipelined request/response connection (bounded in flight,
+                  a timed-out request closes it, write backpressure), under the
+                  broker's reconnecting RpcClient and the client's BrokerConnection.
+- server.py       the one server loop: listeners, connection bounds, dispatch.
+- metadata_image.py, metadata_answers.py  the one replay of metadata records and the
+                  one builder of Metadata / DescribeCluster answers.
 - faults.py       the test-only fault controls (FaultControl): delay, drop, drop the
                   answer, hold; the rules themselves are protocol/fault_plan.py.
 
