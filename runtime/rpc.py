@@ -238,8 +238,7 @@ class PipelinedConnection:
         future: asyncio.Future[Message] = loop.create_future()
         timer = None
         if holds_slot:
-            api = api_name(int(API_BY_REQUEST_TYPE[type(request)].key))
-            timer = loop.call_later(timeout, self._on_timeout, correlation_id, api, timeout)
+            timer = loop.call_later(timeout, self._on_timeout, correlation_id, request, timeout)
         self._pending[correlation_id] = _Pending(future, timer, holds_slot)
         invariant(self._transport is not None, "a connected connection has a transport")
         self._transport.write(data)  # type: ignore[union-attr]
@@ -276,11 +275,12 @@ class PipelinedConnection:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _on_timeout(self, correlation_id: int, api: str, timeout: float) -> None:
+    def _on_timeout(self, correlation_id: int, request: Message, timeout: float) -> None:
         entry = self._pending.pop(correlation_id, None)
         if entry is None:
             return
         self._finish(entry)
+        api = api_name(int(API_BY_REQUEST_TYPE[type(request)].key))
         error = self._failures.timeout(
             f"no answer from {self.peer} to {api} within {int(timeout * 1000)} ms "
             f"(correlation id {correlation_id}); closing the connection"
