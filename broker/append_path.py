@@ -4,6 +4,9 @@ partition lookup with its leader-epoch answer."""
 
 from __future__ import annotations
 
+import logging
+from typing import Protocol
+
 from broker.delayed_requests import DelayedProduce, log
 from broker.partition import Partition, Role
 from broker.storage.errors import (
@@ -13,6 +16,7 @@ from broker.storage.errors import (
 )
 from broker.storage.producer_state import ProducerStateError
 from protocol.errors import CorruptRecordError, DecodeError, ErrorCode, InvalidRecordError
+from protocol.invariants import invariant
 from protocol.messages import (
     LeaderIdAndEpoch,
     ProducePartitionResponse,
@@ -20,6 +24,36 @@ from protocol.messages import (
     ProduceResponse,
     ProduceTopicResponse,
 )
+
+# What a refused append answers, by the exception's class (the most specific listed
+# class of the exception wins), and how loudly it is logged (None: not logged).
+_REFUSALS: dict[type[Exception], tuple[ErrorCode | None, int | None, str]] = {
+    InvalidRecordError: (ErrorCode.INVALID_RECORD, logging.INFO, "refused an invalid produce"),
+    CorruptRecordError: (ErrorCode.CORRUPT_MESSAGE, logging.INFO, "refused a corrupt produce"),
+    InvalidAppendError: (ErrorCode.CORRUPT_MESSAGE, logging.INFO, "refused a corrupt produce"),
+    DecodeError: (ErrorCode.CORRUPT_MESSAGE, logging.INFO, "refused a corrupt produce"),
+    RecordTooLargeError: (ErrorCode.MESSAGE_TOO_LARGE, None, ""),
+    # None: the producer-state error carries its own code (OUT_OF_ORDER_SEQUENCE...).
+    ProducerStateError: (None, logging.INFO, "refused an idempotent produce"),
+    StorageError: (ErrorCode.KAFKA_STORAGE_ERROR, logging.ERROR, "append failed"),
+}
+_REFUSED_APPENDS = tuple(_REFUSALS)
+
+
+def _refusal(p: Partition, exc: Exception) -> tuple[int, str]:
+    """The error code and message a refused append answers; logs it as _REFUSALS says."""
+    listed = next(cls for cls in type(exc).__mro__ if cls in _REFUSALS)
+    code, level, what = _REFUSALS[listed]
+    if level is not None:
+        log.log(level, "%s: %s: %s", p.name, what, exc)
+    if code is None:
+        invariant(isinstance(exc, ProducerStateError), "only producer-state errors carry a code")
+        code = exc.error_code  # type: ignore[attr-defined]
+    return code, str(exc)
+
+
+class _PartitionAnswer(Protocol):
+    error_code: int
 
 
 class AppendPath:
@@ -46,6 +80,20 @@ class AppendPath:
             # It exists, just not here: the client's metadata is stale.
             return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
         return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+    def _leader_at(
+        self, answer: _PartitionAnswer, topic: str, index: int, current_leader_epoch: int
+    ) -> Partition | None:
+        """The partition if this broker leads it at the epoch the client knows; else
+        None, with the reason (unknown, not here, offline, fenced or unknown epoch) set
+        as the answer's error code."""
+        p, err = self._lookup(topic, index)
+        if p is not None:
+            err = p.check_leader_epoch(current_leader_epoch)
+        if err != ErrorCode.NONE:
+            answer.error_code = err
+            return None
+        return p
 
     async def produce(self, request: ProduceRequest) -> ProduceResponse:
         acks = request.acks
@@ -82,29 +130,8 @@ class AppendPath:
                     continue
                 try:
                     info = p.append_as_leader(part.records)
-                except InvalidRecordError as exc:
-                    r.error_code = ErrorCode.INVALID_RECORD
-                    r.error_message = str(exc)
-                    log.info("%s: refused an invalid produce: %s", p.name, exc)
-                    continue
-                except (CorruptRecordError, InvalidAppendError, DecodeError) as exc:
-                    r.error_code = ErrorCode.CORRUPT_MESSAGE
-                    r.error_message = str(exc)
-                    log.info("%s: refused a corrupt produce: %s", p.name, exc)
-                    continue
-                except RecordTooLargeError as exc:
-                    r.error_code = ErrorCode.MESSAGE_TOO_LARGE
-                    r.error_message = str(exc)
-                    continue
-                except ProducerStateError as exc:
-                    r.error_code = exc.error_code
-                    r.error_message = str(exc)
-                    log.info("%s: refused an idempotent produce: %s", p.name, exc)
-                    continue
-                except StorageError as exc:
-                    r.error_code = ErrorCode.KAFKA_STORAGE_ERROR
-                    r.error_message = str(exc)
-                    log.error("%s: append failed: %s", p.name, exc)
+                except _REFUSED_APPENDS as exc:
+                    r.error_code, r.error_message = _refusal(p, exc)
                     continue
                 r.base_offset = info.first_offset
                 r.log_append_time_ms = info.log_append_time

@@ -26,6 +26,7 @@ from protocol.messages import (
     FetchRequest,
     FetchResponse,
     FetchTopicResponse,
+    ListOffsetsPartition,
     ListOffsetsPartitionResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -33,6 +34,7 @@ from protocol.messages import (
     Message,
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
+    OffsetForLeaderPartition,
     OffsetForLeaderTopicResult,
 )
 
@@ -160,66 +162,69 @@ class ReadPath:
 
     def list_offsets(self, request: ListOffsetsRequest) -> ListOffsetsResponse:
         to_leo = request.replica_id >= 0 or request.replica_id == DEBUGGING_REPLICA_ID
-        topics_out: list[ListOffsetsTopicResponse] = []
-        for topic in request.topics:
-            parts: list[ListOffsetsPartitionResponse] = []
-            topics_out.append(ListOffsetsTopicResponse(name=topic.name, partitions=parts))
-            for lp in topic.partitions:
-                r = ListOffsetsPartitionResponse(partition_index=lp.partition_index)
-                parts.append(r)
-                p, err = self._lookup(topic.name, lp.partition_index)
-                if p is None:
-                    r.error_code = err
-                    continue
-                err = p.check_leader_epoch(lp.current_leader_epoch)
-                if err != ErrorCode.NONE:
-                    r.error_code = err
-                    continue
-                ts = lp.timestamp
-                # Kafka's fetchOffsetForTimestamp: for consumers, a new leader whose
-                # HW lags its epoch start has no "latest" to give (it would go back),
-                # nor a timestamp answer at or past its HW; earliest is served.
-                lagging = not to_leo and p.high_watermark_behind_epoch_start
-                if ts == EARLIEST_TIMESTAMP:
-                    r.offset = p.log_start_offset
-                    epoch = p.log.epoch_cache.epoch_for_offset(r.offset)
-                    r.leader_epoch = epoch if epoch is not None else -1
-                elif ts == LATEST_TIMESTAMP:
-                    if lagging:
-                        r.error_code = ErrorCode.OFFSET_NOT_AVAILABLE
-                        continue
-                    r.offset = p.log_end_offset if to_leo else p.high_watermark
-                    r.leader_epoch = p.leader_epoch
-                elif ts >= 0:
-                    found = p.log.offset_for_timestamp(ts)
-                    limit = p.log_end_offset if to_leo else p.high_watermark
-                    if found is not None and found[0] < limit:
-                        r.offset, r.timestamp, r.leader_epoch = found[0], found[1], found[2]
-                    elif lagging:
-                        r.error_code = ErrorCode.OFFSET_NOT_AVAILABLE
-                else:
-                    r.error_code = ErrorCode.INVALID_REQUEST
-        return ListOffsetsResponse(topics=topics_out)
+        return ListOffsetsResponse(
+            topics=[
+                ListOffsetsTopicResponse(
+                    name=topic.name,
+                    partitions=[
+                        self._list_offset(topic.name, lp, to_leo) for lp in topic.partitions
+                    ],
+                )
+                for topic in request.topics
+            ]
+        )
+
+    def _list_offset(
+        self, topic: str, lp: ListOffsetsPartition, to_leo: bool
+    ) -> ListOffsetsPartitionResponse:
+        r = ListOffsetsPartitionResponse(partition_index=lp.partition_index)
+        p = self._leader_at(r, topic, lp.partition_index, lp.current_leader_epoch)
+        if p is None:
+            return r
+        ts = lp.timestamp
+        # Kafka's fetchOffsetForTimestamp: for consumers, a new leader whose HW lags its
+        # epoch start has no "latest" to give (it would go back), nor a timestamp answer
+        # at or past its HW; earliest is served.
+        lagging = not to_leo and p.high_watermark_behind_epoch_start
+        if ts == EARLIEST_TIMESTAMP:
+            r.offset = p.log_start_offset
+            epoch = p.log.epoch_cache.epoch_for_offset(r.offset)
+            r.leader_epoch = epoch if epoch is not None else -1
+        elif ts == LATEST_TIMESTAMP:
+            if lagging:
+                r.error_code = ErrorCode.OFFSET_NOT_AVAILABLE
+                return r
+            r.offset = p.log_end_offset if to_leo else p.high_watermark
+            r.leader_epoch = p.leader_epoch
+        elif ts >= 0:
+            found = p.log.offset_for_timestamp(ts)
+            limit = p.log_end_offset if to_leo else p.high_watermark
+            if found is not None and found[0] < limit:
+                r.offset, r.timestamp, r.leader_epoch = found[0], found[1], found[2]
+            elif lagging:
+                r.error_code = ErrorCode.OFFSET_NOT_AVAILABLE
+        else:
+            r.error_code = ErrorCode.INVALID_REQUEST
+        return r
 
     def offsets_for_leader_epoch(
         self, request: OffsetForLeaderEpochRequest
     ) -> OffsetForLeaderEpochResponse:
-        topics_out: list[OffsetForLeaderTopicResult] = []
-        for topic in request.topics:
-            parts: list[EpochEndOffsetResult] = []
-            topics_out.append(OffsetForLeaderTopicResult(topic=topic.topic, partitions=parts))
-            for op in topic.partitions:
-                r = EpochEndOffsetResult(partition=op.partition)
-                parts.append(r)
-                p, err = self._lookup(topic.topic, op.partition)
-                if p is None:
-                    r.error_code = err
-                    continue
-                err = p.check_leader_epoch(op.current_leader_epoch)
-                if err != ErrorCode.NONE:
-                    r.error_code = err
-                    continue
-                r.leader_epoch, r.end_offset = p.log.epoch_cache.end_offset_for(
-                    op.leader_epoch, p.log_end_offset
+        return OffsetForLeaderEpochResponse(
+            topics=[
+                OffsetForLeaderTopicResult(
+                    topic=topic.topic,
+                    partitions=[self._epoch_end_offset(topic.topic, op) for op in topic.partitions],
                 )
-        return OffsetForLeaderEpochResponse(topics=topics_out)
+                for topic in request.topics
+            ]
+        )
+
+    def _epoch_end_offset(self, topic: str, op: OffsetForLeaderPartition) -> EpochEndOffsetResult:
+        r = EpochEndOffsetResult(partition=op.partition)
+        p = self._leader_at(r, topic, op.partition, op.current_leader_epoch)
+        if p is not None:
+            r.leader_epoch, r.end_offset = p.log.epoch_cache.end_offset_for(
+                op.leader_epoch, p.log_end_offset
+            )
+        return r
