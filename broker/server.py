@@ -93,6 +93,15 @@ def full_delta(image: MetadataImage) -> MetadataDelta:
     return delta
 
 
+async def _start_step(done: asyncio.Event, timeout_s: float, failure: str) -> None:
+    """Wait for one step of start-up; past `timeout_s` the broker refuses to start."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await done.wait()
+    except TimeoutError:
+        raise StartupError(failure) from None
+
+
 class Broker:
     def __init__(self, config: BrokerConfig, *, faults: Faults | None = None) -> None:
         self.config = config
@@ -180,15 +189,13 @@ class Broker:
         self._spawn(self.controller.heartbeat_loop(), "heartbeats")
         self._spawn(self.controller.metadata_loop(self._on_metadata), "metadata")
         timeout_s = config.controller_connect_timeout_ms / 1000
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self.controller.caught_up.wait()
-        except TimeoutError:
-            raise StartupError(
-                f"could not catch up with the metadata log of the controller at "
-                f"{self.controller.controller_address} within {timeout_s:.0f}s; "
-                "check that the controller is healthy"
-            ) from None
+        await _start_step(
+            self.controller.caught_up,
+            timeout_s,
+            f"could not catch up with the metadata log of the controller at "
+            f"{self.controller.controller_address} within {timeout_s:.0f}s; "
+            "check that the controller is healthy",
+        )
         await self._publish()
         failure = self.log_manager.dir_failure.failure
         if failure is not None:  # creating or leading a replica failed on the disk
@@ -197,14 +204,12 @@ class Broker:
             await server.start_serving()
         assert self.replica_manager is not None
         self.replica_manager.start_background()
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self.controller.unfenced.wait()
-        except TimeoutError:
-            raise StartupError(
-                f"the controller at {self.controller.controller_address} did not unfence "
-                f"broker {self.node_id} within {timeout_s:.0f}s; check the controller's log"
-            ) from None
+        await _start_step(
+            self.controller.unfenced,
+            timeout_s,
+            f"the controller at {self.controller.controller_address} did not unfence "
+            f"broker {self.node_id} within {timeout_s:.0f}s; check the controller's log",
+        )
         listener_text = ", ".join(str(s) for s in self.config.listeners)
         advertised_text = ", ".join(str(s) for s in advertised.values())
         log.info(
