@@ -69,7 +69,7 @@ class _BrokerFailures:
         return RpcErrorResponse(error, message)
 
 
-_FAILURES = _BrokerFailures()
+RPC_FAILURES = _BrokerFailures()  # the broker's outgoing connections raise Rpc* errors
 
 
 class RpcClient:
@@ -193,7 +193,7 @@ class RpcClient:
                 self.host,
                 self.port,
                 peer=f"{self.name} at {self.peer}",
-                failures=_FAILURES,
+                failures=RPC_FAILURES,
                 client_id=self._client_id,
                 request_timeout_s=self.request_timeout_s,
                 connect_timeout_s=self.connect_timeout_s,

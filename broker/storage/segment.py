@@ -121,23 +121,16 @@ class LogSegment:
         self._bytes_since_last_index_entry = 0
         self._created_ms = now_ms
 
+    # The two ways to get a segment; `sizing` is index_interval_bytes and now_ms.
     @classmethod
-    def create(
-        cls, dir: Path, base_offset: int, *, index_interval_bytes: int, now_ms: int
-    ) -> LogSegment:
+    def create(cls, dir: Path, base_offset: int, **sizing: int) -> LogSegment:
         """A new empty segment; fails if its `.log` file already exists."""
-        return cls(
-            dir, base_offset, index_interval_bytes=index_interval_bytes, now_ms=now_ms, create=True
-        )
+        return cls(dir, base_offset, create=True, **sizing)
 
     @classmethod
-    def open(
-        cls, dir: Path, base_offset: int, *, index_interval_bytes: int, now_ms: int
-    ) -> LogSegment:
+    def open(cls, dir: Path, base_offset: int, **sizing: int) -> LogSegment:
         """Existing segment files; follow with `sanity_check()` or `recover()`."""
-        return cls(
-            dir, base_offset, index_interval_bytes=index_interval_bytes, now_ms=now_ms, create=False
-        )
+        return cls(dir, base_offset, create=False, **sizing)
 
     # ------------------------------------------------------------------ state
 

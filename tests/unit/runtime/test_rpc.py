@@ -15,32 +15,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from protocol.errors import ErrorCode
+from broker.rpc import RPC_FAILURES, RpcConnectionError, RpcTimeoutError
 from protocol.messages import MetadataRequest
 from runtime.rpc import PipelinedConnection
 
-
-class Timeout(Exception):
-    pass
-
-
-class Dropped(Exception):
-    pass
-
-
-class Answered(Exception):
-    pass
-
-
-class Failures:
-    def connection(self, message: str, *, reason: str | None = None) -> Exception:
-        return Dropped(message)
-
-    def timeout(self, message: str) -> Exception:
-        return Timeout(message)
-
-    def answer(self, error: ErrorCode, message: str) -> Exception:
-        return Answered(error, message)
+# The broker's failures (its Rpc* errors); the client library's are client/connection.py's.
+Timeout, Dropped = RpcTimeoutError, RpcConnectionError
 
 
 class SilentPeer:
@@ -74,7 +54,7 @@ async def connection(
         "127.0.0.1",
         port,
         peer=f"test peer at 127.0.0.1:{port}",
-        failures=Failures(),
+        failures=RPC_FAILURES,
         client_id="t",
         request_timeout_s=timeout_s,
         connect_timeout_s=5.0,
