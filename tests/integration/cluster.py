@@ -25,9 +25,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from protocol.api import CONSUMER_REPLICA_ID, DEBUGGING_REPLICA_ID
 from protocol.connection import ClientConnection, Response
 from protocol.errors import ErrorCode
-from protocol.messages import Message
+from protocol.messages import FetchPartition, FetchRequest, FetchResponse, FetchTopic, Message
+from protocol.record_batch import iter_records
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
@@ -315,3 +317,35 @@ class TestClient:
         )
         assert response.body is not None
         return response.body
+
+    async def read_partition(
+        self, topic: str, *, replica: bool, partition: int = 0
+    ) -> list[tuple[int, bytes]]:
+        """(offset, value) of every record of the partition from offset 0: as a debugging
+        replica when `replica` (so past the high watermark), else as a consumer (below
+        it). Reads until a Fetch returns nothing."""
+        out: list[tuple[int, bytes]] = []
+        offset = 0
+        while True:
+            resp = await self.call(
+                FetchRequest(
+                    replica_id=DEBUGGING_REPLICA_ID if replica else CONSUMER_REPLICA_ID,
+                    max_wait_ms=0,
+                    topics=[
+                        FetchTopic(
+                            topic=topic,
+                            partitions=[FetchPartition(partition=partition, fetch_offset=offset)],
+                        )
+                    ],
+                )
+            )
+            assert isinstance(resp, FetchResponse)
+            part = resp.responses[0].partitions[0]
+            assert part.error_code == 0, ErrorCode(part.error_code).name
+            records = list(iter_records(part.records, min_offset=offset))
+            if not records:
+                return out
+            for _, record in records:
+                assert record.value is not None
+                out.append((record.offset, record.value))
+                offset = record.offset + 1

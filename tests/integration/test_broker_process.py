@@ -26,28 +26,22 @@ from protocol.messages import (
     DeleteTopicsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
-    FetchPartition,
-    FetchRequest,
     FetchResponse,
-    FetchTopic,
     InitProducerIdRequest,
     InitProducerIdResponse,
-    ListOffsetsPartition,
-    ListOffsetsRequest,
     ListOffsetsResponse,
-    ListOffsetsTopic,
     MetadataRequest,
     MetadataResponse,
-    OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
-    OffsetForLeaderPartition,
-    OffsetForLeaderTopic,
-    ProducePartition,
-    ProduceRequest,
     ProduceResponse,
-    ProduceTopic,
 )
 from protocol.record_batch import encode_batch, iter_headers, iter_records
+from tests.one_partition import (
+    fetch_request,
+    list_offsets_request,
+    offsets_for_epoch_request,
+    produce_request,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -109,20 +103,8 @@ async def produce(
     epoch: int = -1,
     acks: int = 1,
 ):
-    resp = await client.call(
-        ProduceRequest(
-            acks=acks,
-            timeout_ms=5000,
-            topics=[
-                ProduceTopic(
-                    name=topic,
-                    partitions=[
-                        ProducePartition(index=index, current_leader_epoch=epoch, records=records)
-                    ],
-                )
-            ],
-        )
-    )
+    request = produce_request(topic, records, index=index, epoch=epoch, acks=acks, timeout_ms=5000)
+    resp = await client.call(request)
     assert isinstance(resp, ProduceResponse)
     return resp.topics[0].partitions[0]
 
@@ -137,62 +119,22 @@ async def fetch(
     last_epoch: int = -1,
     max_wait_ms: int = 0,
 ):
-    resp = await client.call(
-        FetchRequest(
-            max_wait_ms=max_wait_ms,
-            topics=[
-                FetchTopic(
-                    topic=topic,
-                    partitions=[
-                        FetchPartition(
-                            partition=index,
-                            current_leader_epoch=epoch,
-                            fetch_offset=offset,
-                            last_fetched_epoch=last_epoch,
-                        )
-                    ],
-                )
-            ],
-        )
+    request = fetch_request(
+        topic, offset, index=index, epoch=epoch, last_epoch=last_epoch, max_wait_ms=max_wait_ms
     )
+    resp = await client.call(request)
     assert isinstance(resp, FetchResponse)
     return resp.responses[0].partitions[0]
 
 
 async def list_offset(client: TestClient, topic: str, ts: int, *, epoch: int = -1):
-    resp = await client.call(
-        ListOffsetsRequest(
-            topics=[
-                ListOffsetsTopic(
-                    name=topic,
-                    partitions=[
-                        ListOffsetsPartition(
-                            partition_index=0, current_leader_epoch=epoch, timestamp=ts
-                        )
-                    ],
-                )
-            ]
-        )
-    )
+    resp = await client.call(list_offsets_request(topic, ts, epoch=epoch))
     assert isinstance(resp, ListOffsetsResponse)
     return resp.topics[0].partitions[0]
 
 
 async def offsets_for_epoch(client: TestClient, topic: str, leader_epoch: int, *, epoch: int = -1):
-    resp = await client.call(
-        OffsetForLeaderEpochRequest(
-            topics=[
-                OffsetForLeaderTopic(
-                    topic=topic,
-                    partitions=[
-                        OffsetForLeaderPartition(
-                            partition=0, current_leader_epoch=epoch, leader_epoch=leader_epoch
-                        )
-                    ],
-                )
-            ]
-        )
-    )
+    resp = await client.call(offsets_for_epoch_request(topic, leader_epoch, epoch=epoch))
     assert isinstance(resp, OffsetForLeaderEpochResponse)
     return resp.topics[0].partitions[0]
 

@@ -22,10 +22,6 @@ from protocol.messages import (
     CreatableTopic,
     CreateTopicsRequest,
     CreateTopicsResponse,
-    FetchPartition,
-    FetchRequest,
-    FetchResponse,
-    FetchTopic,
     ListOffsetsPartition,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -42,7 +38,7 @@ from protocol.messages import (
     ProduceResponse,
     ProduceTopic,
 )
-from protocol.record_batch import encode_batch, iter_headers, iter_records
+from protocol.record_batch import encode_batch, iter_headers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -178,29 +174,10 @@ async def fully_replicated(cluster: Cluster, leader: int, *, timeout: float = 30
 
 async def consume_all(cluster: Cluster, leader: int) -> list[bytes]:
     """Every value below the leader's high watermark, from offset 0."""
-    values: list[bytes] = []
-    offset = 0
     hw, _ = await offsets(cluster, leader)
     async with TestClient(*cluster.brokers[leader].address) as client:
-        while offset < hw:
-            resp = await client.call(
-                FetchRequest(
-                    max_wait_ms=0,
-                    topics=[
-                        FetchTopic(
-                            topic=TOPIC,
-                            partitions=[FetchPartition(partition=0, fetch_offset=offset)],
-                        )
-                    ],
-                )
-            )
-            assert isinstance(resp, FetchResponse)
-            p = resp.responses[0].partitions[0]
-            assert p.error_code == 0 and p.records, ErrorCode(p.error_code).name
-            for _, rec in iter_records(p.records, min_offset=offset):
-                assert rec.value is not None
-                values.append(rec.value)
-            offset = max(h.last_offset for _, h in iter_headers(p.records)) + 1
+        values = [value for _, value in await client.read_partition(TOPIC, replica=False)]
+    assert len(values) >= hw, f"read {len(values)} records below a high watermark of {hw}"
     return values
 
 

@@ -17,6 +17,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from client import AsyncConsumer, ConsumerRecord
+from client.errors import MinibrokerError
+from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import (
     CreatableTopic,
@@ -27,27 +30,33 @@ from protocol.messages import (
     FaultControlRequest,
     FaultControlResponse,
     FaultRule,
-    FetchPartition,
-    FetchRequest,
-    FetchResponse,
-    FetchTopic,
-    ListOffsetsPartition,
     ListOffsetsPartitionResponse,
-    ListOffsetsRequest,
     ListOffsetsResponse,
-    ListOffsetsTopic,
     MetadataPartition,
     MetadataRequest,
     MetadataResponse,
-    ProducePartition,
     ProducePartitionResponse,
-    ProduceRequest,
-    ProduceTopic,
 )
-from protocol.record_batch import encode_batch, iter_records
+from protocol.record_batch import encode_batch
 from tests.integration.cluster import Cluster, TestClient
+from tests.one_partition import list_offsets_request, produce_request
 
 __all__ = ["FaultRule", "ScenarioCluster", "scenario_cluster"]
+
+
+async def wait_until(what: str, check, *, timeout: float = 20.0):
+    """Poll the async `check` until it returns a truthy value (bounded)."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = await check()
+            if last:
+                return last
+        except (ConnectionError, OSError, TimeoutError, AssertionError) as exc:
+            last = exc
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 @contextmanager
@@ -165,19 +174,8 @@ class ScenarioCluster(Cluster):
     ) -> ProducePartitionResponse:
         """One batch of `values` to broker `node`; the partition-level answer."""
         batch = encode_batch([(None, v, (), None) for v in values])
-        request = ProduceRequest(
-            acks=acks,
-            timeout_ms=timeout_ms,
-            topics=[
-                ProduceTopic(
-                    name=topic,
-                    partitions=[
-                        ProducePartition(
-                            index=0, current_leader_epoch=current_leader_epoch, records=batch
-                        )
-                    ],
-                )
-            ],
+        request = produce_request(
+            topic, batch, epoch=current_leader_epoch, acks=acks, timeout_ms=timeout_ms
         )
         async with self.client(node) as client:
             resp = await client.call(request, timeout=timeout_ms / 1000 + 10)
@@ -216,44 +214,18 @@ class ScenarioCluster(Cluster):
     async def read_values(self, node: int, topic: str, *, replica: bool = True) -> list[bytes]:
         """Every value in broker `node`'s replica, from its log start (as a debugging
         replica when `replica`, so past the high watermark; else as a consumer)."""
-        values: list[bytes] = []
-        offset = 0
         async with self.client(node) as client:
-            while True:
-                resp = await client.call(
-                    FetchRequest(
-                        replica_id=-2 if replica else -1,
-                        max_wait_ms=0,
-                        topics=[
-                            FetchTopic(
-                                topic=topic,
-                                partitions=[FetchPartition(partition=0, fetch_offset=offset)],
-                            )
-                        ],
-                    )
-                )
-                assert isinstance(resp, FetchResponse)
-                part = resp.responses[0].partitions[0]
-                assert part.error_code == 0, ErrorCode(part.error_code).name
-                records = list(iter_records(part.records, min_offset=offset))
-                if not records:
-                    return values
-                for _, record in records:
-                    assert record.value is not None
-                    values.append(record.value)
-                    offset = record.offset + 1
+            return [value for _, value in await client.read_partition(topic, replica=replica)]
 
     async def list_offsets(
         self, node: int, topic: str, timestamp: int, *, current_leader_epoch: int = -1
     ) -> ListOffsetsPartitionResponse:
         """A consumer's ListOffsets for partition 0 at broker `node` (-1 latest, -2
         earliest, else ms); the partition-level answer."""
-        partition = ListOffsetsPartition(
-            partition_index=0, current_leader_epoch=current_leader_epoch, timestamp=timestamp
-        )
-        request = ListOffsetsRequest(topics=[ListOffsetsTopic(name=topic, partitions=[partition])])
         async with self.client(node) as client:
-            resp = await client.call(request)
+            resp = await client.call(
+                list_offsets_request(topic, timestamp, epoch=current_leader_epoch)
+            )
         assert isinstance(resp, ListOffsetsResponse)
         return resp.topics[0].partitions[0]
 
@@ -283,8 +255,85 @@ class ScenarioCluster(Cluster):
         assert resp.error_code == 0, resp.error_message
         return resp
 
+    async def wait_held(self, what: str = "the request", *, timeout: float = 30.0) -> None:
+        """Until the controller has parked a request (a "hold" fault rule)."""
+        deadline = time.monotonic() + timeout
+        while (await self.faults("controller")).held < 1:
+            assert time.monotonic() < deadline, f"the controller never held {what}"
+            await asyncio.sleep(0.1)
+
+    async def cut_off_metadata(self, node: int) -> None:
+        """The controller holds broker `node`'s metadata fetch: from now on the broker
+        hears of no change and keeps believing what it last heard."""
+        await self.faults(
+            "controller",
+            FaultRule(api_key=int(ApiKey.FETCH_METADATA), action="hold", peer_id=node),
+        )
+        await self.wait_held()
+
+    async def wait_new_leader(
+        self, topic: str, leader: int, above_epoch: int, *, what: str, timeout: float = 30.0
+    ) -> MetadataPartition:
+        """Until `leader` leads `topic` at an epoch above `above_epoch` (asked of it)."""
+        return await self.wait_partition(
+            topic,
+            lambda p: p.leader_id == leader and p.leader_epoch > above_epoch,
+            what=what,
+            via=leader,
+            timeout=timeout,
+        )
+
     def pause(self, node: int) -> None:
         os.kill(self.brokers[node].pid, signal.SIGSTOP)
 
     def resume(self, node: int) -> None:
         os.kill(self.brokers[node].pid, signal.SIGCONT)
+
+
+async def consume_n(consumer: AsyncConsumer, n: int, timeout: float = 60) -> list[ConsumerRecord]:
+    out: list[ConsumerRecord] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        assert time.monotonic() < deadline, f"consumed {len(out)} of {n}: {out}"
+        for records in (await consumer.poll(timeout_ms=500)).values():
+            out.extend(records)
+    return out
+
+
+async def poll_until_error(consumer: AsyncConsumer, timeout: float = 60) -> tuple[Exception, list]:
+    """Poll until poll() raises a non-retriable error (retriable ones, e.g. while a leader
+    or coordinator comes back, are retried); the error and the records returned
+    meanwhile."""
+    returned: list[ConsumerRecord] = []
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            for records in (await consumer.poll(timeout_ms=500)).values():
+                returned.extend(records)
+        except MinibrokerError as exc:
+            if exc.retriable:
+                last = exc
+                continue
+            return exc, returned
+    raise AssertionError(f"no error within {timeout}s; returned {returned}; last {last!r}")
+
+
+def committed_batches(
+    logs: dict[int, DescribeReplicaLogResponse], hw: int
+) -> list[tuple[int, int, int, int]]:
+    """(base offset, last offset, leader epoch, CRC) of the batches below the high
+    watermark `hw`, asserted identical on every replica in `logs` (by node id): the
+    replicas agree on everything committed."""
+    below = {
+        n: [
+            (b.base_offset, b.last_offset, b.leader_epoch, b.crc)
+            for b in lg.batches
+            if b.last_offset < hw
+        ]
+        for n, lg in logs.items()
+    }
+    first = min(below)
+    for n in below:
+        assert below[n] == below[first], f"broker {n}'s batches differ from broker {first}'s"
+    return below[first]

@@ -31,9 +31,7 @@ from pathlib import Path
 import pytest
 
 from protocol.errors import ErrorCode
-from protocol.messages import FetchPartition, FetchRequest, FetchResponse, FetchTopic
-from protocol.record_batch import iter_records
-from tests.scenarios.scenario_cluster import ScenarioCluster, scenario_cluster
+from tests.scenarios.scenario_cluster import ScenarioCluster, committed_batches, scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(150)]
 
@@ -125,32 +123,8 @@ class Producer:
 async def read_log(c: ScenarioCluster, node: int) -> list[tuple[int, bytes]]:
     """(offset, value) of every record of broker `node`'s replica, read as a debugging
     replica (past the HW), offsets as the broker reports them."""
-    out: list[tuple[int, bytes]] = []
-    offset = 0
     async with c.client(node) as client:
-        while True:
-            resp = await client.call(
-                FetchRequest(
-                    replica_id=-2,
-                    max_wait_ms=0,
-                    topics=[
-                        FetchTopic(
-                            topic=TOPIC,
-                            partitions=[FetchPartition(partition=0, fetch_offset=offset)],
-                        )
-                    ],
-                )
-            )
-            assert isinstance(resp, FetchResponse)
-            part = resp.responses[0].partitions[0]
-            assert part.error_code == 0, ErrorCode(part.error_code).name
-            records = list(iter_records(part.records, min_offset=offset))
-            if not records:
-                return out
-            for _, record in records:
-                assert record.value is not None
-                out.append((record.offset, record.value))
-                offset = record.offset + 1
+        return await client.read_partition(TOPIC, replica=True)
 
 
 async def test_acknowledged_writes_survive_five_leader_hard_bounces(tmp_path: Path) -> None:
@@ -215,17 +189,7 @@ async def test_acknowledged_writes_survive_five_leader_hard_bounces(tmp_path: Pa
         hw = logs[NODES[0]].high_watermark
 
         # Identical batches below the HW.
-        batches = {
-            n: [
-                (b.base_offset, b.last_offset, b.leader_epoch, b.crc)
-                for b in lg.batches
-                if b.last_offset < hw
-            ]
-            for n, lg in logs.items()
-        }
-        for n in NODES:
-            assert batches[n] == batches[NODES[0]], f"broker {n}'s batches differ from broker 1's"
-        epochs = [b[2] for b in batches[NODES[0]]]
+        epochs = [b[2] for b in committed_batches(logs, hw)]
         assert epochs == sorted(epochs), "batch epochs go backwards"
 
         for n in NODES:

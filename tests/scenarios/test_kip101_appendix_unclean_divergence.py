@@ -35,16 +35,20 @@ Staging, on real processes (controller + brokers 1, 2, 3; one partition, replica
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from client import AsyncConsumer
-from client.errors import LogTruncationError, MinibrokerError
+from client.errors import LogTruncationError
 from client.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
-from tests.scenarios.scenario_cluster import ScenarioCluster, scenario_cluster
+from tests.scenarios.scenario_cluster import (
+    ScenarioCluster,
+    consume_n,
+    poll_until_error,
+    scenario_cluster,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(180)]
 
@@ -69,16 +73,6 @@ class Staged:
 
 def bootstrap(c: ScenarioCluster) -> list[str]:
     return [f"{h}:{p}" for h, p in (c.brokers[n].address for n in NODES)]
-
-
-async def consume_n(consumer: AsyncConsumer, n: int, timeout: float = 60) -> list[ConsumerRecord]:
-    out: list[ConsumerRecord] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        assert time.monotonic() < deadline, f"consumed {len(out)} of {n}: {out}"
-        for records in (await consumer.poll(timeout_ms=500)).values():
-            out.extend(records)
-    return out
 
 
 async def start_cluster(c: ScenarioCluster, *extra_nodes: int) -> None:
@@ -146,25 +140,6 @@ async def stage_unclean_divergence(
     assert await c.read_values(2, TOPIC, replica=False) == IN_SYNC + NEW
     assert await c.epoch_entries(2, TOPIC) == [(s.e0, 0), (s.e2, DIVERGENCE)]
     return s
-
-
-async def poll_until_error(consumer: AsyncConsumer, timeout: float = 60) -> tuple[Exception, list]:
-    """Poll until poll() raises a non-retriable error (retriable ones, while broker 1 is
-    gone and broker 2 not yet elected, are retried); the records returned meanwhile
-    (must stay empty)."""
-    returned: list[ConsumerRecord] = []
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            for records in (await consumer.poll(timeout_ms=500)).values():
-                returned.extend(records)
-        except MinibrokerError as exc:
-            if exc.retriable:
-                last = exc
-                continue
-            return exc, returned
-    raise AssertionError(f"no error within {timeout}s; returned {returned}; last {last!r}")
 
 
 async def test_consumer_detects_divergence_after_unclean_election(tmp_path: Path) -> None:

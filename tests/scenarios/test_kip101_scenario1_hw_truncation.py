@@ -34,13 +34,17 @@ but the partition is offline). With both off, m2, an acknowledged record, is los
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
 
 from protocol.api import ApiKey
-from tests.scenarios.scenario_cluster import FaultRule, ScenarioCluster, scenario_cluster
+from tests.scenarios.scenario_cluster import (
+    FaultRule,
+    ScenarioCluster,
+    scenario_cluster,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(120)]
 
@@ -53,21 +57,6 @@ BROKER_FLAGS = (
     "--hw-checkpoint-interval-ms",
     "100",
 )
-
-
-async def wait_until(what: str, check, *, timeout: float = 20.0):
-    """Poll the async `check` until it returns a truthy value (bounded)."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = await check()
-            if last:
-                return last
-        except (ConnectionError, OSError, TimeoutError, AssertionError) as exc:
-            last = exc
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def start(c: ScenarioCluster, protection: bool) -> None:

@@ -35,8 +35,12 @@ from client import AsyncConsumer
 from client.types import TopicPartition
 from protocol.api import LATEST_TIMESTAMP, ApiKey
 from protocol.errors import ErrorCode
-from tests.scenarios.scenario_cluster import FaultRule, ScenarioCluster, scenario_cluster
-from tests.scenarios.test_kip101_scenario1_hw_truncation import wait_until
+from tests.scenarios.scenario_cluster import (
+    FaultRule,
+    ScenarioCluster,
+    scenario_cluster,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(180)]
 

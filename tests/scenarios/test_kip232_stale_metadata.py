@@ -36,19 +36,22 @@ list pointed at broker 1 alone and bootstrap() run again).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
 from client import AsyncConsumer
-from client.types import ConsumerRecord, TopicPartition
+from client.types import TopicPartition
 from protocol.api import ApiKey
 from protocol.messages import MetadataRequest, MetadataResponse
-from tests.scenarios.scenario_cluster import FaultRule, ScenarioCluster, scenario_cluster
+from tests.scenarios.scenario_cluster import (
+    FaultRule,
+    ScenarioCluster,
+    consume_n,
+    scenario_cluster,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(180)]
 
@@ -63,23 +66,6 @@ class Staged(NamedTuple):
     epoch: int  # broker 1's (stale) leader epoch
     new_epoch: int  # broker 2's
     values: list[bytes]  # on broker 2, offsets 0..9
-
-
-async def wait_held(c: ScenarioCluster, at_least: int = 1, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (await c.faults("controller")).held < at_least:
-        assert time.monotonic() < deadline, "the controller never held the request"
-        await asyncio.sleep(0.1)
-
-
-async def consume_n(consumer: AsyncConsumer, n: int, timeout: float = 60) -> list[ConsumerRecord]:
-    out: list[ConsumerRecord] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        assert time.monotonic() < deadline, f"consumed {len(out)} of {n}: {out}"
-        for records in (await consumer.poll(timeout_ms=500)).values():
-            out.extend(records)
-    return out
 
 
 async def stale_metadata_response(c: ScenarioCluster) -> MetadataResponse:
@@ -99,22 +85,12 @@ async def stage_lagging_old_leader(c: ScenarioCluster) -> Staged:
     epoch = (await c.wait_leader(TOPIC, STALE)).leader_epoch
     first = [f"a-{i}".encode() for i in range(5)]
     assert await c.produce_ok(STALE, TOPIC, epoch, first) == 0
-    await c.faults(
-        "controller",
-        FaultRule(api_key=int(ApiKey.FETCH_METADATA), action="hold", peer_id=STALE),
-    )
-    await wait_held(c)
+    await c.cut_off_metadata(STALE)
     await c.faults(
         "controller",
         FaultRule(api_key=int(ApiKey.BROKER_HEARTBEAT), action="drop", peer_id=STALE),
     )
-    fresh = await c.wait_partition(
-        TOPIC,
-        lambda p: p.leader_id == NEW_LEADER and p.leader_epoch > epoch,
-        what="broker 2 elected",
-        via=NEW_LEADER,
-        timeout=60,
-    )
+    fresh = await c.wait_new_leader(TOPIC, NEW_LEADER, epoch, what="broker 2 elected", timeout=60)
     second = [f"b-{i}".encode() for i in range(5)]
     assert await c.produce_ok(NEW_LEADER, TOPIC, fresh.leader_epoch, second) == len(first)
     view = await c.replica_log(STALE, TOPIC)

@@ -31,14 +31,13 @@ from pathlib import Path
 import pytest
 
 from client import AsyncConsumer
-from tests.scenarios.scenario_cluster import scenario_cluster
+from tests.scenarios.scenario_cluster import consume_n, scenario_cluster
 from tests.scenarios.test_kip101_appendix_unclean_divergence import (
     BROKER_FLAGS,
     NODES,
     TOPIC,
     TP,
     bootstrap,
-    consume_n,
     start_cluster,
 )
 

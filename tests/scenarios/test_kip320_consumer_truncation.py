@@ -38,8 +38,13 @@ import pytest
 
 from client import AsyncConsumer
 from client.errors import LogTruncationError, MinibrokerError
-from client.types import ConsumerRecord, OffsetAndMetadata
-from tests.scenarios.scenario_cluster import ScenarioCluster, scenario_cluster
+from client.types import OffsetAndMetadata
+from tests.scenarios.scenario_cluster import (
+    ScenarioCluster,
+    consume_n,
+    poll_until_error,
+    scenario_cluster,
+)
 from tests.scenarios.test_kip101_appendix_unclean_divergence import (
     BROKER_FLAGS,
     DIVERGENCE,
@@ -51,7 +56,6 @@ from tests.scenarios.test_kip101_appendix_unclean_divergence import (
     TP,
     Staged,
     bootstrap,
-    consume_n,
     stage_unclean_divergence,
     start_cluster,
 )
@@ -59,24 +63,6 @@ from tests.scenarios.test_kip101_appendix_unclean_divergence import (
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(240)]
 
 OLD_END = len(IN_SYNC + ONLY_ON_1)  # 9: every consumer's position before the election
-
-
-async def poll_until(consumer: AsyncConsumer, timeout: float = 60, **kw) -> tuple:
-    """Poll until poll() raises a non-retriable error (retriable ones, e.g. while a
-    coordinator comes back, are retried). Returns (error, records returned meanwhile)."""
-    returned: list[ConsumerRecord] = []
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            for records in (await consumer.poll(timeout_ms=500)).values():
-                returned.extend(records)
-        except MinibrokerError as exc:
-            if exc.retriable:
-                last = exc
-                continue
-            return exc, returned
-    raise AssertionError(f"no error within {timeout}s; returned {returned}; last {last!r}")
 
 
 async def commit_retrying(consumer: AsyncConsumer, offsets=None, timeout: float = 60) -> None:
@@ -137,7 +123,7 @@ async def test_consumer_truncation_detected_per_reset_policy(tmp_path: Path) -> 
             divergence = OffsetAndMetadata(DIVERGENCE, "", s.e0)
 
             # Policy none: LogTruncationError with the exact divergence offset.
-            error, returned = await poll_until(on_none)
+            error, returned = await poll_until_error(on_none)
             assert isinstance(error, LogTruncationError), repr(error)
             assert returned == []
             assert error.divergent_offsets == {TP: divergence}
@@ -174,7 +160,7 @@ async def test_consumer_truncation_detected_per_reset_policy(tmp_path: Path) -> 
 
         async with AsyncConsumer(addrs, group_id="g", auto_offset_reset="none") as restarted:
             restarted.assign([TP])
-            error, returned = await poll_until(restarted)
+            error, returned = await poll_until_error(restarted)
             assert isinstance(error, LogTruncationError), repr(error)
             assert returned == []
             assert error.divergent_offsets == {TP: divergence}

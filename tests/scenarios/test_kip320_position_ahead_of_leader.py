@@ -40,11 +40,12 @@ import pytest
 from client import AsyncConsumer
 from client.errors import MinibrokerError
 from client.types import OffsetAndMetadata, TopicPartition
-from protocol.api import ApiKey
 from protocol.messages import MetadataRequest, MetadataResponse
-from tests.scenarios.scenario_cluster import FaultRule, ScenarioCluster, scenario_cluster
-from tests.scenarios.test_kip101_appendix_unclean_divergence import consume_n
-from tests.scenarios.test_kip232_stale_metadata import wait_held
+from tests.scenarios.scenario_cluster import (
+    ScenarioCluster,
+    consume_n,
+    scenario_cluster,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(240)]
 
@@ -76,18 +77,10 @@ async def stage_deposed_leader(c: ScenarioCluster) -> Deposed:
     for node in (1, 2, 3):
         await c.wait_replica_end(node, TOPIC, len(OLD))
 
-    await c.faults(
-        "controller",
-        FaultRule(api_key=int(ApiKey.FETCH_METADATA), action="hold", peer_id=DEPOSED),
-    )
-    await wait_held(c)
+    await c.cut_off_metadata(DEPOSED)
     c.pause(DEPOSED)
-    fresh = await c.wait_partition(
-        TOPIC,
-        lambda p: p.leader_id == NEW_LEADER and p.leader_epoch > epoch,
-        what="broker 2 elected while broker 1 is paused",
-        via=NEW_LEADER,
-        timeout=60,
+    fresh = await c.wait_new_leader(
+        TOPIC, NEW_LEADER, epoch, what="broker 2 elected while broker 1 is paused", timeout=60
     )
     assert await c.produce_ok(NEW_LEADER, TOPIC, fresh.leader_epoch, NEWER) == len(OLD)
     c.resume(DEPOSED)

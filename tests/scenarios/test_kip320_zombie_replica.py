@@ -46,7 +46,7 @@ from pathlib import Path
 import pytest
 
 from protocol.api import ApiKey
-from tests.scenarios.scenario_cluster import FaultRule, ScenarioCluster, scenario_cluster
+from tests.scenarios.scenario_cluster import FaultRule, scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(120)]
 
@@ -60,14 +60,6 @@ def heartbeats_dropped(node: int, times: int = -1) -> FaultRule:
     return FaultRule(
         api_key=int(ApiKey.BROKER_HEARTBEAT), action="drop", peer_id=node, remaining=times
     )
-
-
-async def wait_held(c: ScenarioCluster, at_least: int = 1, timeout: float = 15.0) -> None:
-    """Until the controller has parked at least `at_least` requests."""
-    deadline = time.monotonic() + timeout
-    while (await c.faults("controller")).held < at_least:
-        assert time.monotonic() < deadline, "the controller never held the request"
-        await asyncio.sleep(0.1)
 
 
 @pytest.mark.parametrize("protection", ["on", "off"])
@@ -89,11 +81,7 @@ async def test_zombie_replica_with_stale_metadata_is_fenced_and_kept_out_of_isr(
             assert (await c.produce(1, TOPIC, [b"a"], current_leader_epoch=epoch)).error_code == 0
 
             # 1. Broker 3 stops hearing from the controller's metadata log.
-            await c.faults(
-                "controller",
-                FaultRule(api_key=int(ApiKey.FETCH_METADATA), action="hold", peer_id=ZOMBIE),
-            )
-            await wait_held(c)
+            await c.cut_off_metadata(ZOMBIE)
 
             # 2. Broker 1 fenced (a burst of dropped heartbeats, ~4 s against a 1.5 s
             # session) -> broker 2 leads at E+1. The zombie, fetching from broker 1, falls

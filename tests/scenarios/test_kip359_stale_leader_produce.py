@@ -30,15 +30,13 @@ E+1; a second producer with stale metadata sends to broker 2 with epoch E.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import pytest
 
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from tests.scenarios.scenario_cluster import FaultRule, ScenarioCluster, scenario_cluster
+from tests.scenarios.scenario_cluster import FaultRule, scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(120)]
 
@@ -46,13 +44,6 @@ TOPIC = "stale-leader"
 SESSION_MS = 1500
 STALE = 1
 NEW = 2
-
-
-async def wait_held(c: ScenarioCluster, at_least: int = 1, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (await c.faults("controller")).held < at_least:
-        assert time.monotonic() < deadline, "the controller never held the request"
-        await asyncio.sleep(0.1)
 
 
 @pytest.mark.parametrize("protection", ["on", "off"])
@@ -74,21 +65,12 @@ async def test_deposed_leader_refuses_produce_with_new_epoch(
             assert first.error_code == 0 and first.base_offset == 0
 
             # Broker 1 stops hearing from the metadata log, and is fenced.
-            await c.faults(
-                "controller",
-                FaultRule(api_key=int(ApiKey.FETCH_METADATA), action="hold", peer_id=STALE),
-            )
-            await wait_held(c)
+            await c.cut_off_metadata(STALE)
             await c.faults(
                 "controller",
                 FaultRule(api_key=int(ApiKey.BROKER_HEARTBEAT), action="drop", peer_id=STALE),
             )
-            fresh = await c.wait_partition(
-                TOPIC,
-                lambda p: p.leader_id == NEW and p.leader_epoch > epoch,
-                what="broker 2 elected",
-                via=NEW,
-            )
+            fresh = await c.wait_new_leader(TOPIC, NEW, epoch, what="broker 2 elected")
             new_epoch = fresh.leader_epoch
             stale_view = await c.replica_log(STALE, TOPIC)
             assert (stale_view.leader_id, stale_view.leader_epoch) == (STALE, epoch), (

@@ -55,13 +55,6 @@ ACKED = [b"a", b"b", b"c"]
 BROKER_FLAGS = ("--enable-test-faults", "--replica-lag-time-max-ms", "30000")
 
 
-async def wait_held(c: ScenarioCluster, at_least: int = 1, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (await c.faults("controller")).held < at_least:
-        assert time.monotonic() < deadline, "the controller never held an AlterPartition"
-        await asyncio.sleep(0.1)
-
-
 def broker_epoch(c: ScenarioCluster, node: int) -> int:
     match = re.search(r"broker epoch (\d+)", c.brokers[node].log_text())
     assert match, c.brokers[node].tail()
@@ -97,7 +90,7 @@ async def test_alter_partition_with_stale_broker_epoch_after_disk_wipe_is_refuse
             )
             c.start_broker(B, *BROKER_FLAGS)
             old_epoch = broker_epoch(c, B)
-            await wait_held(c)
+            await c.wait_held("an AlterPartition")
             assert (await c.partition(TOPIC, via=A)).isr_nodes == [A]
 
             # 3. B reboots with an empty disk: a new incarnation, epoch e2, holding nothing.

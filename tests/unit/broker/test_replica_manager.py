@@ -6,6 +6,7 @@ import asyncio
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import crc32c
 import pytest
@@ -18,123 +19,47 @@ from protocol.errors import ErrorCode
 from protocol.messages import (
     FetchPartition,
     FetchRequest,
-    FetchTopic,
-    ListOffsetsPartition,
-    ListOffsetsRequest,
-    ListOffsetsTopic,
     MetadataEntry,
-    OffsetForLeaderEpochRequest,
-    OffsetForLeaderPartition,
-    OffsetForLeaderTopic,
-    ProducePartition,
     ProduceRequest,
-    ProduceTopic,
 )
 from protocol.metadata_records import RemoveTopicRecord, TopicRecord
 from protocol.record_batch import iter_headers, iter_records
+from tests.one_partition import (
+    fetch_request,
+    list_offsets_request,
+    offsets_for_epoch_request,
+    produce_request,
+)
 
 
-def produce_req(
-    topic: str,
-    records: bytes,
-    *,
-    index: int = 0,
-    acks: int = 1,
-    epoch: int = -1,
-    timeout_ms: int = 1000,
-) -> ProduceRequest:
-    return ProduceRequest(
-        acks=acks,
-        timeout_ms=timeout_ms,
-        topics=[
-            ProduceTopic(
-                name=topic,
-                partitions=[
-                    ProducePartition(index=index, current_leader_epoch=epoch, records=records)
-                ],
-            )
-        ],
-    )
+def produce_req(topic: str, records: bytes, **kw: Any) -> ProduceRequest:
+    """acks=1 and a 1 s timeout unless the test says otherwise."""
+    return produce_request(topic, records, **{"acks": 1, "timeout_ms": 1000, **kw})
 
 
 async def produce(h: Harness, topic: str, records: bytes, **kw: object):
-    resp = await h.rm.produce(produce_req(topic, records, **kw))  # type: ignore[arg-type]
+    resp = await h.rm.produce(produce_req(topic, records, **kw))
     return resp.topics[0].partitions[0]
 
 
-def fetch_req(
-    topic: str,
-    offset: int,
-    *,
-    index: int = 0,
-    epoch: int = -1,
-    last_epoch: int = -1,
-    replica_id: int = -1,
-    max_wait_ms: int = 0,
-    min_bytes: int = 1,
-    max_bytes: int = 1 << 20,
-    partition_max_bytes: int = 1 << 20,
-) -> FetchRequest:
-    return FetchRequest(
-        replica_id=replica_id,
-        max_wait_ms=max_wait_ms,
-        min_bytes=min_bytes,
-        max_bytes=max_bytes,
-        topics=[
-            FetchTopic(
-                topic=topic,
-                partitions=[
-                    FetchPartition(
-                        partition=index,
-                        current_leader_epoch=epoch,
-                        fetch_offset=offset,
-                        last_fetched_epoch=last_epoch,
-                        partition_max_bytes=partition_max_bytes,
-                    )
-                ],
-            )
-        ],
-    )
+def fetch_req(topic: str, offset: int, **kw: Any) -> FetchRequest:
+    """No long-poll and a 1 MiB cap unless the test says otherwise."""
+    return fetch_request(topic, offset, **{"max_wait_ms": 0, "max_bytes": 1 << 20, **kw})
 
 
 async def fetch(h: Harness, topic: str, offset: int, **kw: object):
-    resp = await h.rm.fetch(fetch_req(topic, offset, **kw))  # type: ignore[arg-type]
+    resp = await h.rm.fetch(fetch_req(topic, offset, **kw))
     return resp.responses[0].partitions[0]
 
 
 def list_offsets(h: Harness, topic: str, ts: int, *, epoch: int = -1, replica_id: int = -1):
-    resp = h.rm.list_offsets(
-        ListOffsetsRequest(
-            replica_id=replica_id,
-            topics=[
-                ListOffsetsTopic(
-                    name=topic,
-                    partitions=[
-                        ListOffsetsPartition(
-                            partition_index=0, current_leader_epoch=epoch, timestamp=ts
-                        )
-                    ],
-                )
-            ],
-        )
-    )
+    resp = h.rm.list_offsets(list_offsets_request(topic, ts, epoch=epoch, replica_id=replica_id))
     return resp.topics[0].partitions[0]
 
 
 def ofle(h: Harness, topic: str, leader_epoch: int, *, epoch: int = -1):
     resp = h.rm.offsets_for_leader_epoch(
-        OffsetForLeaderEpochRequest(
-            topics=[
-                OffsetForLeaderTopic(
-                    topic=topic,
-                    partitions=[
-                        OffsetForLeaderPartition(
-                            partition=0, current_leader_epoch=epoch, leader_epoch=leader_epoch
-                        )
-                    ],
-                )
-            ]
-        )
+        offsets_for_epoch_request(topic, leader_epoch, epoch=epoch)
     )
     return resp.topics[0].partitions[0]
 
