@@ -22,16 +22,14 @@ import statistics
 import time
 from typing import Any
 
-from bench.harness import (
-    BenchCluster,
-    common_args,
-    format_table,
-    int_list,
-    process_cpu_seconds,
-    run,
-    size_label,
-    write_results,
-)
+from bench.harness import BenchCluster
+from bench.harness import common_args
+from bench.harness import format_table
+from bench.harness import int_list
+from bench.harness import process_cpu_seconds
+from bench.harness import run
+from bench.harness import size_label
+from bench.harness import write_results
 from client.admin import AsyncAdmin
 from client.producer import AsyncProducer
 

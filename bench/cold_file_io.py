@@ -34,7 +34,8 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -43,7 +44,10 @@ import aiofiles.os
 import uvloop
 
 from bench.harness import format_table
-from runtime.fileio import TMP_SUFFIX, atomic_write, fsync_directory, write_all
+from runtime.fileio import TMP_SUFFIX
+from runtime.fileio import atomic_write
+from runtime.fileio import fsync_directory
+from runtime.fileio import write_all
 
 TICK_S = 0.001
 # A replication-offset-checkpoint of 1,000 partitions (the largest cold file the

@@ -22,20 +22,18 @@ import sys
 import time
 from typing import Any
 
-from bench.harness import (
-    BenchCluster,
-    KiB,
-    MiB,
-    Progress,
-    RawFetcher,
-    build_batch,
-    common_args,
-    int_list,
-    raw_fill,
-    report,
-    run,
-    size_label,
-)
+from bench.harness import BenchCluster
+from bench.harness import KiB
+from bench.harness import MiB
+from bench.harness import Progress
+from bench.harness import RawFetcher
+from bench.harness import build_batch
+from bench.harness import common_args
+from bench.harness import int_list
+from bench.harness import raw_fill
+from bench.harness import report
+from bench.harness import run
+from bench.harness import size_label
 from client.cluster import ClusterClient
 from client.consumer import AsyncConsumer
 from client.types import TopicPartition

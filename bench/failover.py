@@ -28,14 +28,12 @@ import sys
 import time
 from typing import Any
 
-from bench.harness import (
-    BenchCluster,
-    Progress,
-    common_args,
-    report,
-    run,
-    wait_full_isr,
-)
+from bench.harness import BenchCluster
+from bench.harness import Progress
+from bench.harness import common_args
+from bench.harness import report
+from bench.harness import run
+from bench.harness import wait_full_isr
 from client.admin import AsyncAdmin
 from client.producer import AsyncProducer
 

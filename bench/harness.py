@@ -24,9 +24,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Coroutine
+from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+from typing import TypeVar
 
 import uvloop
 
@@ -34,18 +39,20 @@ from client.admin import AsyncAdmin
 from client.cluster import ClusterClient
 from client.types import TopicPartition
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    FetchPartition,
-    FetchRequest,
-    FetchResponse,
-    FetchTopic,
-    ProducePartition,
-    ProduceRequest,
-    ProduceResponse,
-    ProduceTopic,
-)
-from protocol.record_batch import HEADER_SIZE, BatchBuilder, Compression, iter_headers
-from tests.integration.cluster import _BROKER_READY, Cluster
+from protocol.messages import FetchPartition
+from protocol.messages import FetchRequest
+from protocol.messages import FetchResponse
+from protocol.messages import FetchTopic
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopic
+from protocol.record_batch import HEADER_SIZE
+from protocol.record_batch import BatchBuilder
+from protocol.record_batch import Compression
+from protocol.record_batch import iter_headers
+from tests.integration.cluster import _BROKER_READY
+from tests.integration.cluster import Cluster
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "bench" / "results"

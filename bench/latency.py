@@ -27,15 +27,13 @@ import sys
 import time
 from typing import Any
 
-from bench.harness import (
-    RESULTS_DIR,
-    BenchCluster,
-    Progress,
-    common_args,
-    percentile,
-    report,
-    run,
-)
+from bench.harness import RESULTS_DIR
+from bench.harness import BenchCluster
+from bench.harness import Progress
+from bench.harness import common_args
+from bench.harness import percentile
+from bench.harness import report
+from bench.harness import run
 from client.consumer import AsyncConsumer
 from client.producer import AsyncProducer
 from client.types import TopicPartition

@@ -28,17 +28,21 @@ import random
 import time
 from typing import Any
 
-from bench.harness import BenchCluster, build_batch, common_args, format_table, run, write_results
-from client.consumer import AsyncConsumer, _PartitionState
+from bench.harness import BenchCluster
+from bench.harness import build_batch
+from bench.harness import common_args
+from bench.harness import format_table
+from bench.harness import run
+from bench.harness import write_results
+from client.consumer import AsyncConsumer
+from client.consumer import _PartitionState
 from client.producer import AsyncProducer
 from client.types import TopicPartition
-from protocol.record_batch import (
-    BatchBuilder,
-    Compression,
-    stamp,
-    validate_batches,
-    validate_produce_batches,
-)
+from protocol.record_batch import BatchBuilder
+from protocol.record_batch import Compression
+from protocol.record_batch import stamp
+from protocol.record_batch import validate_batches
+from protocol.record_batch import validate_produce_batches
 
 
 def parser() -> argparse.ArgumentParser:

@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.harness import REPO, RESULTS_DIR, size_label
+from bench.harness import REPO
+from bench.harness import RESULTS_DIR
+from bench.harness import size_label
 
 PLOTS_DIR = REPO / "bench" / "plots"
 

@@ -30,17 +30,15 @@ import sys
 import time
 from typing import Any
 
-from bench.harness import (
-    BenchCluster,
-    KiB,
-    MiB,
-    Progress,
-    common_args,
-    int_list,
-    report,
-    run,
-    size_label,
-)
+from bench.harness import BenchCluster
+from bench.harness import KiB
+from bench.harness import MiB
+from bench.harness import Progress
+from bench.harness import common_args
+from bench.harness import int_list
+from bench.harness import report
+from bench.harness import run
+from bench.harness import size_label
 from client.admin import AsyncAdmin
 from client.producer import AsyncProducer
 from client.types import TopicPartition

@@ -32,18 +32,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.harness import (
-    BenchCluster,
-    KiB,
-    MiB,
-    Progress,
-    build_batch,
-    common_args,
-    raw_fill,
-    report,
-    run,
-    wait_broker_ready,
-)
+from bench.harness import BenchCluster
+from bench.harness import KiB
+from bench.harness import MiB
+from bench.harness import Progress
+from bench.harness import build_batch
+from bench.harness import common_args
+from bench.harness import raw_fill
+from bench.harness import report
+from bench.harness import run
+from bench.harness import wait_broker_ready
 from client.cluster import ClusterClient
 
 NAME = "recovery"

@@ -38,16 +38,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import (
-    BenchCluster,
-    MiB,
-    Progress,
-    build_batch,
-    common_args,
-    raw_fill,
-    report,
-    run,
-)
+from bench.harness import BenchCluster
+from bench.harness import MiB
+from bench.harness import Progress
+from bench.harness import build_batch
+from bench.harness import common_args
+from bench.harness import raw_fill
+from bench.harness import report
+from bench.harness import run
 from client.cluster import ClusterClient
 
 NAME = "spark"

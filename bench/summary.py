@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.harness import RESULTS_DIR, MiB
+from bench.harness import RESULTS_DIR
+from bench.harness import MiB
 
 Rows = list[dict[str, Any]]
 

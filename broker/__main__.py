@@ -39,7 +39,8 @@ def run(config: BrokerConfig) -> int:
         force=True,
     )
     # Imported here so that `--help` and flag errors do not load the whole broker.
-    from broker.server import Broker, StartupError
+    from broker.server import Broker
+    from broker.server import StartupError
 
     async def _main() -> int:
         broker = Broker(config)

@@ -21,19 +21,19 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
 
 from broker.rpc import RpcError
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    AlterPartitionPartition,
-    AlterPartitionPartitionResult,
-    AlterPartitionRequest,
-    AlterPartitionResponse,
-    AlterPartitionTopic,
-    BrokerState,
-)
+from protocol.messages import AlterPartitionPartition
+from protocol.messages import AlterPartitionPartitionResult
+from protocol.messages import AlterPartitionRequest
+from protocol.messages import AlterPartitionResponse
+from protocol.messages import AlterPartitionTopic
+from protocol.messages import BrokerState
 
 log = logging.getLogger(__name__)
 

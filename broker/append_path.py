@@ -7,23 +7,24 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from broker.delayed_requests import DelayedProduce, log
-from broker.partition import Partition, Role
-from broker.storage.errors import (
-    InvalidAppendError,
-    RecordTooLargeError,
-    StorageError,
-)
+from broker.delayed_requests import DelayedProduce
+from broker.delayed_requests import log
+from broker.partition import Partition
+from broker.partition import Role
+from broker.storage.errors import InvalidAppendError
+from broker.storage.errors import RecordTooLargeError
+from broker.storage.errors import StorageError
 from broker.storage.producer_state import ProducerStateError
-from protocol.errors import CorruptRecordError, DecodeError, ErrorCode, InvalidRecordError
+from protocol.errors import CorruptRecordError
+from protocol.errors import DecodeError
+from protocol.errors import ErrorCode
+from protocol.errors import InvalidRecordError
 from protocol.invariants import invariant
-from protocol.messages import (
-    LeaderIdAndEpoch,
-    ProducePartitionResponse,
-    ProduceRequest,
-    ProduceResponse,
-    ProduceTopicResponse,
-)
+from protocol.messages import LeaderIdAndEpoch
+from protocol.messages import ProducePartitionResponse
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopicResponse
 
 # What a refused append answers, by the exception's class (the most specific listed
 # class of the exception wins), and how loudly it is logged (None: not logged).

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from broker.delayed_requests import log, now_ms
-from broker.partition import Partition, Role
-from broker.storage.errors import (
-    LogDirFailureError,
-    StorageError,
-)
+from broker.delayed_requests import log
+from broker.delayed_requests import now_ms
+from broker.partition import Partition
+from broker.partition import Role
+from broker.storage.errors import LogDirFailureError
+from broker.storage.errors import StorageError
 from runtime.fileio import off_loop
 
 

@@ -11,30 +11,28 @@ declaration are internal bounds, not settings. Tests build a BrokerConfig direct
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 from broker.storage.log_config import LogConfig
-from protocol.connection_limits import ConnectionLimits, parse_per_ip_overrides
-from protocol.topic_configs import (
-    FLUSH_MESSAGES,
-    FLUSH_MS,
-    MAX_MESSAGE_BYTES,
-    RETENTION_BYTES,
-    RETENTION_MS,
-    SEGMENT_BYTES,
-    SEGMENT_MS,
-)
-from runtime.settings import (
-    ConfigError,
-    enable_test_faults_switch,
-    parse_host_port,
-    problems,
-    setting,
-    topic_defaults,
-    topic_setting,
-    unsafe_switch,
-)
+from protocol.connection_limits import ConnectionLimits
+from protocol.connection_limits import parse_per_ip_overrides
+from protocol.topic_configs import FLUSH_MESSAGES
+from protocol.topic_configs import FLUSH_MS
+from protocol.topic_configs import MAX_MESSAGE_BYTES
+from protocol.topic_configs import RETENTION_BYTES
+from protocol.topic_configs import RETENTION_MS
+from protocol.topic_configs import SEGMENT_BYTES
+from protocol.topic_configs import SEGMENT_MS
+from runtime.settings import ConfigError
+from runtime.settings import enable_test_faults_switch
+from runtime.settings import parse_host_port
+from runtime.settings import problems
+from runtime.settings import setting
+from runtime.settings import topic_defaults
+from runtime.settings import topic_setting
+from runtime.settings import unsafe_switch
 
 __all__ = [
     "BrokerConfig",

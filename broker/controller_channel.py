@@ -26,29 +26,31 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 
 import msgspec
 
 from broker.config import BrokerConfig
-from broker.faults import NO_FAULTS, Faults
-from broker.rpc import RpcClient, RpcError, RpcErrorResponse
+from broker.faults import NO_FAULTS
+from broker.faults import Faults
+from broker.rpc import RpcClient
+from broker.rpc import RpcError
+from broker.rpc import RpcErrorResponse
 from protocol.errors import ErrorCode
 from protocol.fault_plan import CONTROLLER_PEER_ID
-from protocol.messages import (
-    AllocateProducerIdsRequest,
-    AllocateProducerIdsResponse,
-    AlterPartitionRequest,
-    AlterPartitionResponse,
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
-    FetchMetadataRequest,
-    FetchMetadataResponse,
-    Listener,
-    Message,
-)
+from protocol.messages import AllocateProducerIdsRequest
+from protocol.messages import AllocateProducerIdsResponse
+from protocol.messages import AlterPartitionRequest
+from protocol.messages import AlterPartitionResponse
+from protocol.messages import BrokerHeartbeatRequest
+from protocol.messages import BrokerHeartbeatResponse
+from protocol.messages import BrokerRegistrationRequest
+from protocol.messages import BrokerRegistrationResponse
+from protocol.messages import FetchMetadataRequest
+from protocol.messages import FetchMetadataResponse
+from protocol.messages import Listener
+from protocol.messages import Message
 
 log = logging.getLogger(__name__)
 

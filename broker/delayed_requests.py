@@ -10,11 +10,10 @@ import time
 
 from broker.config import BrokerConfig
 from broker.delayed import DelayedOperation
-from broker.partition import Partition, Role
+from broker.partition import Partition
+from broker.partition import Role
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    FetchRequest,
-)
+from protocol.messages import FetchRequest
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,16 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from broker.storage.log import Log, LogConfig, TopicPartition
+from broker.storage.log import Log
+from broker.storage.log import LogConfig
+from broker.storage.log import TopicPartition
 from broker.storage.log_manager import LogManager
-from runtime.faults import DROP, DROP_RESPONSE, PROCEED, Faults, InjectedDrop, TestFaults
+from runtime.faults import DROP
+from runtime.faults import DROP_RESPONSE
+from runtime.faults import PROCEED
+from runtime.faults import Faults
+from runtime.faults import InjectedDrop
+from runtime.faults import TestFaults
 
 # The broker's modules import the runtime's names from here with NO_FAULTS.
 __all__ = [

@@ -8,18 +8,19 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING
+from typing import NamedTuple
+from typing import Protocol
 
-from broker.partition import Partition, Role
-from broker.storage.epoch_cache import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+from broker.partition import Partition
+from broker.partition import Role
+from broker.storage.epoch_cache import UNDEFINED_EPOCH
+from broker.storage.epoch_cache import UNDEFINED_EPOCH_OFFSET
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    Message,
-)
+from protocol.messages import Message
 
 if TYPE_CHECKING:
     pass
-
 
 
 TopicPartition = tuple[str, int]

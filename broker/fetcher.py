@@ -43,33 +43,34 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from broker.faults import NO_FAULTS, Faults
-from broker.fetch_state import (
-    IDLE_WAKE_S,
-    MAX_BACKOFF_FACTOR,
-    Client,
-    ClientFactory,
-    PartitionFetchState,
-    Phase,
-    TopicPartition,
-    _code,
-    offset_truncation_state,
-)
+from broker.faults import NO_FAULTS
+from broker.faults import Faults
+from broker.fetch_state import IDLE_WAKE_S
+from broker.fetch_state import MAX_BACKOFF_FACTOR
+from broker.fetch_state import Client
+from broker.fetch_state import ClientFactory
+from broker.fetch_state import PartitionFetchState
+from broker.fetch_state import Phase
+from broker.fetch_state import TopicPartition
+from broker.fetch_state import _code
+from broker.fetch_state import offset_truncation_state
 from broker.follower_truncation import FollowerTruncation
-from broker.partition import Partition, Role
-from broker.rpc import RpcClient, RpcError
-from broker.storage.errors import InvalidAppendError, StorageError
+from broker.partition import Partition
+from broker.partition import Role
+from broker.rpc import RpcClient
+from broker.rpc import RpcError
+from broker.storage.errors import InvalidAppendError
+from broker.storage.errors import StorageError
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    FetchPartition,
-    FetchPartitionResponse,
-    FetchRequest,
-    FetchResponse,
-    FetchTopic,
-)
+from protocol.messages import FetchPartition
+from protocol.messages import FetchPartitionResponse
+from protocol.messages import FetchRequest
+from protocol.messages import FetchResponse
+from protocol.messages import FetchTopic
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig

@@ -8,29 +8,25 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from broker.fetch_state import (
-    MAX_TRUNCATION_ROUNDS,
-    PartitionFetchState,
-    Phase,
-    TopicPartition,
-    _code,
-    offset_truncation_state,
-)
+from broker.fetch_state import MAX_TRUNCATION_ROUNDS
+from broker.fetch_state import PartitionFetchState
+from broker.fetch_state import Phase
+from broker.fetch_state import TopicPartition
+from broker.fetch_state import _code
+from broker.fetch_state import offset_truncation_state
 from broker.rpc import RpcError
 from broker.storage.epoch_cache import UNDEFINED_EPOCH
 from protocol.api import LATEST_TIMESTAMP
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    FetchPartitionResponse,
-    ListOffsetsPartition,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
-    ListOffsetsTopic,
-    OffsetForLeaderEpochRequest,
-    OffsetForLeaderEpochResponse,
-    OffsetForLeaderPartition,
-    OffsetForLeaderTopic,
-)
+from protocol.messages import FetchPartitionResponse
+from protocol.messages import ListOffsetsPartition
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import ListOffsetsResponse
+from protocol.messages import ListOffsetsTopic
+from protocol.messages import OffsetForLeaderEpochRequest
+from protocol.messages import OffsetForLeaderEpochResponse
+from protocol.messages import OffsetForLeaderPartition
+from protocol.messages import OffsetForLeaderTopic
 
 # The fetcher's logger: these lines are the fetcher's story.
 log = logging.getLogger("broker.fetcher")

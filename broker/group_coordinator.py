@@ -41,39 +41,45 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 import msgspec
 
 from broker.config import BrokerConfig
 from broker.controller_channel import ControllerChannel
 from broker.metadata_image import MetadataImage
-from broker.partition import MIN_INSYNC_REPLICAS, Partition, Role
+from broker.partition import MIN_INSYNC_REPLICAS
+from broker.partition import Partition
+from broker.partition import Role
 from broker.replica_manager import ReplicaManager
-from broker.rpc import RpcError, RpcErrorResponse
+from broker.rpc import RpcError
+from broker.rpc import RpcErrorResponse
 from broker.storage.errors import StorageError
 from broker.storage.log import Log
-from protocol.errors import CorruptRecordError, DecodeError, ErrorCode
-from protocol.messages import (
-    CreatableTopic,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    FindCoordinatorRequest,
-    FindCoordinatorResponse,
-    OffsetCommitPartitionResponse,
-    OffsetCommitRequest,
-    OffsetCommitResponse,
-    OffsetCommitTopicResponse,
-    OffsetFetchPartitionResponse,
-    OffsetFetchRequest,
-    OffsetFetchResponse,
-    OffsetFetchTopicResponse,
-    ProducePartition,
-    ProduceRequest,
-    ProduceTopic,
-)
+from protocol.errors import CorruptRecordError
+from protocol.errors import DecodeError
+from protocol.errors import ErrorCode
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import FindCoordinatorRequest
+from protocol.messages import FindCoordinatorResponse
+from protocol.messages import OffsetCommitPartitionResponse
+from protocol.messages import OffsetCommitRequest
+from protocol.messages import OffsetCommitResponse
+from protocol.messages import OffsetCommitTopicResponse
+from protocol.messages import OffsetFetchPartitionResponse
+from protocol.messages import OffsetFetchRequest
+from protocol.messages import OffsetFetchResponse
+from protocol.messages import OffsetFetchTopicResponse
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceTopic
 from protocol.metadata_records import NO_LEADER
-from protocol.record_batch import BatchBuilder, decode_batch, iter_headers
+from protocol.record_batch import BatchBuilder
+from protocol.record_batch import decode_batch
+from protocol.record_batch import iter_headers
 from runtime.server import RequestContext
 
 log = logging.getLogger(__name__)

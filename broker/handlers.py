@@ -20,56 +20,60 @@ import shutil
 from collections.abc import Callable
 
 from broker.controller_channel import ControllerChannel
-from broker.faults import NO_FAULTS, Faults
-from broker.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
+from broker.faults import NO_FAULTS
+from broker.faults import Faults
+from broker.group_coordinator import OFFSETS_TOPIC
+from broker.group_coordinator import GroupCoordinator
 from broker.metadata_image import MetadataImage
 from broker.partition import Role
-from broker.producer_ids import ProducerIdManager, ProducerIdUnavailableError
+from broker.producer_ids import ProducerIdManager
+from broker.producer_ids import ProducerIdUnavailableError
 from broker.replica_manager import ReplicaManager
-from broker.rpc import RpcError, RpcErrorResponse
+from broker.rpc import RpcError
+from broker.rpc import RpcErrorResponse
 from broker.storage.errors import StorageError
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    API_SPECS,
-    ApiVersionRange,
-    ApiVersionsRequest,
-    ApiVersionsResponse,
-    CreatableTopicResult,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    DeletableTopicResult,
-    DeleteTopicsRequest,
-    DeleteTopicsResponse,
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    DescribeLogDirsPartition,
-    DescribeLogDirsRequest,
-    DescribeLogDirsResponse,
-    DescribeLogDirsResult,
-    DescribeLogDirsTopicResult,
-    DescribeReplicaLogRequest,
-    DescribeReplicaLogResponse,
-    ElectLeadersRequest,
-    ElectLeadersResponse,
-    ElectLeadersResult,
-    EpochStartOffset,
-    FaultControlRequest,
-    FaultControlResponse,
-    FetchRequest,
-    InitProducerIdRequest,
-    InitProducerIdResponse,
-    ListOffsetsRequest,
-    Message,
-    MetadataRequest,
-    MetadataResponse,
-    OffsetForLeaderEpochRequest,
-    ProduceRequest,
-    ReplicaBatchInfo,
-    StrayReplica,
-)
-from runtime.metadata_answers import describe_cluster_response, metadata_response
-from runtime.server import Handler, RequestContext
+from protocol.messages import API_SPECS
+from protocol.messages import ApiVersionRange
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import ApiVersionsResponse
+from protocol.messages import CreatableTopicResult
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import DeletableTopicResult
+from protocol.messages import DeleteTopicsRequest
+from protocol.messages import DeleteTopicsResponse
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import DescribeClusterResponse
+from protocol.messages import DescribeLogDirsPartition
+from protocol.messages import DescribeLogDirsRequest
+from protocol.messages import DescribeLogDirsResponse
+from protocol.messages import DescribeLogDirsResult
+from protocol.messages import DescribeLogDirsTopicResult
+from protocol.messages import DescribeReplicaLogRequest
+from protocol.messages import DescribeReplicaLogResponse
+from protocol.messages import ElectLeadersRequest
+from protocol.messages import ElectLeadersResponse
+from protocol.messages import ElectLeadersResult
+from protocol.messages import EpochStartOffset
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultControlResponse
+from protocol.messages import FetchRequest
+from protocol.messages import InitProducerIdRequest
+from protocol.messages import InitProducerIdResponse
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import Message
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import OffsetForLeaderEpochRequest
+from protocol.messages import ProduceRequest
+from protocol.messages import ReplicaBatchInfo
+from protocol.messages import StrayReplica
+from runtime.metadata_answers import describe_cluster_response
+from runtime.metadata_answers import metadata_response
+from runtime.server import Handler
+from runtime.server import RequestContext
 
 log = logging.getLogger(__name__)
 

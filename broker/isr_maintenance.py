@@ -6,16 +6,21 @@ from __future__ import annotations
 
 from broker.alter_partition import IsrChange
 from broker.controller_channel import ControllerChannel
-from broker.delayed_requests import _AWAIT_METADATA, log, mono_ms
-from broker.isr import EXPAND, SHRINK, PendingIsr, ineligibility, isr_with_epochs
-from broker.partition import Partition, Role
+from broker.delayed_requests import _AWAIT_METADATA
+from broker.delayed_requests import log
+from broker.delayed_requests import mono_ms
+from broker.isr import EXPAND
+from broker.isr import SHRINK
+from broker.isr import PendingIsr
+from broker.isr import ineligibility
+from broker.isr import isr_with_epochs
+from broker.partition import Partition
+from broker.partition import Role
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    AlterPartitionPartitionResult,
-    AlterPartitionRequest,
-    AlterPartitionResponse,
-    FetchPartition,
-)
+from protocol.messages import AlterPartitionPartitionResult
+from protocol.messages import AlterPartitionRequest
+from protocol.messages import AlterPartitionResponse
+from protocol.messages import FetchPartition
 from protocol.metadata_records import LEADER_RECOVERED
 
 

@@ -22,12 +22,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 from protocol.messages import MetadataEntry
-from protocol.metadata_records import LEADER_RECOVERED, NO_LEADER, PartitionRecord
-from runtime.metadata_image import BrokerInfo, TopicImage
+from protocol.metadata_records import LEADER_RECOVERED
+from protocol.metadata_records import NO_LEADER
+from protocol.metadata_records import PartitionRecord
+from runtime.metadata_image import BrokerInfo
 from runtime.metadata_image import MetadataImage as SharedImage
+from runtime.metadata_image import TopicImage
 
 __all__ = [
     "MAX_REMEMBERED_DELETIONS",

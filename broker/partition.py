@@ -25,22 +25,22 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from broker.isr import (
-    PendingIsr,
-    ReplicaState,
-    high_watermark_candidate,
-)
+from broker.isr import PendingIsr
+from broker.isr import ReplicaState
+from broker.isr import high_watermark_candidate
 from broker.partition_isr import PartitionIsr
 from broker.partition_role import Role
 from protocol.api import NO_EPOCH
 from protocol.errors import ErrorCode
 from protocol.invariants import invariant
 from protocol.messages import LeaderIdAndEpoch
-from protocol.metadata_records import LEADER_RECOVERED, NO_LEADER
+from protocol.metadata_records import LEADER_RECOVERED
+from protocol.metadata_records import NO_LEADER
 
 if TYPE_CHECKING:
     from broker.metadata_image import PartitionState
-    from broker.storage.log import AppendInfo, Log
+    from broker.storage.log import AppendInfo
+    from broker.storage.log import Log
 
 log = logging.getLogger(__name__)
 

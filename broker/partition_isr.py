@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import logging
 
-from broker.isr import (
-    EXPAND,
-    SHRINK,
-    PendingIsr,
-    caught_up_for_expand,
-    out_of_sync_replicas,
-)
+from broker.isr import EXPAND
+from broker.isr import SHRINK
+from broker.isr import PendingIsr
+from broker.isr import caught_up_for_expand
+from broker.isr import out_of_sync_replicas
 from broker.partition_role import Role
 from protocol.invariants import invariant
 

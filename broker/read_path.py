@@ -4,39 +4,36 @@ OffsetsForLeaderEpoch."""
 
 from __future__ import annotations
 
-from broker.delayed_requests import (
-    DelayedFetch,
-    _FetchWatch,
-    fetch_response_max_bytes,
-    log,
-    mono_ms,
-)
+from broker.delayed_requests import DelayedFetch
+from broker.delayed_requests import _FetchWatch
+from broker.delayed_requests import fetch_response_max_bytes
+from broker.delayed_requests import log
+from broker.delayed_requests import mono_ms
 from broker.partition import Partition
-from broker.storage.errors import (
-    OffsetOutOfRangeError,
-    StorageError,
-)
-from protocol.api import DEBUGGING_REPLICA_ID, EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NO_EPOCH
+from broker.storage.errors import OffsetOutOfRangeError
+from broker.storage.errors import StorageError
+from protocol.api import DEBUGGING_REPLICA_ID
+from protocol.api import EARLIEST_TIMESTAMP
+from protocol.api import LATEST_TIMESTAMP
+from protocol.api import NO_EPOCH
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    EpochEndOffset,
-    EpochEndOffsetResult,
-    FetchPartition,
-    FetchPartitionResponse,
-    FetchRequest,
-    FetchResponse,
-    FetchTopicResponse,
-    ListOffsetsPartition,
-    ListOffsetsPartitionResponse,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
-    ListOffsetsTopicResponse,
-    Message,
-    OffsetForLeaderEpochRequest,
-    OffsetForLeaderEpochResponse,
-    OffsetForLeaderPartition,
-    OffsetForLeaderTopicResult,
-)
+from protocol.messages import EpochEndOffset
+from protocol.messages import EpochEndOffsetResult
+from protocol.messages import FetchPartition
+from protocol.messages import FetchPartitionResponse
+from protocol.messages import FetchRequest
+from protocol.messages import FetchResponse
+from protocol.messages import FetchTopicResponse
+from protocol.messages import ListOffsetsPartition
+from protocol.messages import ListOffsetsPartitionResponse
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import ListOffsetsResponse
+from protocol.messages import ListOffsetsTopicResponse
+from protocol.messages import Message
+from protocol.messages import OffsetForLeaderEpochRequest
+from protocol.messages import OffsetForLeaderEpochResponse
+from protocol.messages import OffsetForLeaderPartition
+from protocol.messages import OffsetForLeaderTopicResult
 
 
 class ReadPath:

@@ -33,26 +33,26 @@ import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from broker.alter_partition import AlterPartitionManager, SendAlterPartition
+from broker.alter_partition import AlterPartitionManager
+from broker.alter_partition import SendAlterPartition
 from broker.append_path import AppendPath
 from broker.background_jobs import BackgroundJobs
 from broker.config import BrokerConfig
 from broker.controller_channel import ControllerChannel
 from broker.delayed import Purgatory
-from broker.delayed_requests import (
-    log,
-)
-from broker.faults import NO_FAULTS, Faults
-from broker.fetcher import ClientFactory, FetcherManager
+from broker.delayed_requests import log
+from broker.faults import NO_FAULTS
+from broker.faults import Faults
+from broker.fetcher import ClientFactory
+from broker.fetcher import FetcherManager
 from broker.isr_maintenance import IsrMaintenance
-from broker.metadata_image import MetadataImage, TopicPartition
+from broker.metadata_image import MetadataImage
+from broker.metadata_image import TopicPartition
 from broker.partition import Partition
 from broker.read_path import ReadPath
 from broker.replica_transitions import ReplicaTransitions
-from broker.storage.errors import (
-    LogDirFailureError,
-    StorageError,
-)
+from broker.storage.errors import LogDirFailureError
+from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
 from broker.storage.log_manager import LogManager
 

@@ -4,13 +4,15 @@ set it aside as stray), topic configs, and a log directory's failure."""
 
 from __future__ import annotations
 
-from broker.delayed_requests import log, mono_ms
-from broker.metadata_image import MetadataDelta, PartitionState, TopicPartition
-from broker.partition import MIN_INSYNC_REPLICAS, Partition
-from broker.storage.errors import (
-    LogDirFailureError,
-    StorageError,
-)
+from broker.delayed_requests import log
+from broker.delayed_requests import mono_ms
+from broker.metadata_image import MetadataDelta
+from broker.metadata_image import PartitionState
+from broker.metadata_image import TopicPartition
+from broker.partition import MIN_INSYNC_REPLICAS
+from broker.partition import Partition
+from broker.storage.errors import LogDirFailureError
+from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
 from broker.storage.log_manager import STRAY_ADVICE
 

@@ -23,10 +23,14 @@ import logging
 import random
 import time
 
-from broker.faults import DROP_RESPONSE, NO_FAULTS, Faults, InjectedDrop
+from broker.faults import DROP_RESPONSE
+from broker.faults import NO_FAULTS
+from broker.faults import Faults
+from broker.faults import InjectedDrop
 from protocol.errors import ErrorCode
 from protocol.invariants import invariant
-from protocol.messages import API_BY_REQUEST_TYPE, Message
+from protocol.messages import API_BY_REQUEST_TYPE
+from protocol.messages import Message
 from runtime.rpc import PipelinedConnection
 
 log = logging.getLogger(__name__)

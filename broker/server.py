@@ -35,20 +35,31 @@ from collections.abc import Coroutine
 from typing import Any
 
 from broker.config import BrokerConfig
-from broker.controller_channel import ControllerChannel, ControllerError
-from broker.faults import NO_FAULTS, Faults, NoFsyncLogManager, TestFaults
+from broker.controller_channel import ControllerChannel
+from broker.controller_channel import ControllerError
+from broker.faults import NO_FAULTS
+from broker.faults import Faults
+from broker.faults import NoFsyncLogManager
+from broker.faults import TestFaults
 from broker.group_coordinator import GroupCoordinator
 from broker.handlers import Handlers
-from broker.metadata_image import MetadataDelta, MetadataImage
+from broker.metadata_image import MetadataDelta
+from broker.metadata_image import MetadataImage
 from broker.replica_manager import ReplicaManager
-from broker.storage.errors import StorageError, describe_os_error, os_error_advice
+from broker.storage.errors import StorageError
+from broker.storage.errors import describe_os_error
+from broker.storage.errors import os_error_advice
 from broker.storage.log import LogConfig
 from broker.storage.log_manager import LogManager
 from broker.storage.meta_properties import MetaProperties
 from protocol.connection_limits import ConnectionTable
-from protocol.messages import FetchMetadataResponse, Listener
+from protocol.messages import FetchMetadataResponse
+from protocol.messages import Listener
 from runtime.server import ListenerServer
-from runtime.settings import announce_test_switches, refusal, topic_defaults, unsafe_switches_on
+from runtime.settings import announce_test_switches
+from runtime.settings import refusal
+from runtime.settings import topic_defaults
+from runtime.settings import unsafe_switches_on
 
 log = logging.getLogger(__name__)
 

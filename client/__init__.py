@@ -3,26 +3,25 @@ programs, Producer, Consumer, Admin (client/sync.py, own loop on a background th
 for scripts and Spark executors, the metadata cache (KIP-232) and the `minibroker`
 CLI. Depends on `protocol` only."""
 
-from client.admin import AsyncAdmin, NewTopic
+from client.admin import AsyncAdmin
+from client.admin import NewTopic
 from client.consumer import AsyncConsumer
-from client.errors import (
-    BrokerResponseError,
-    FencedLeaderEpochError,
-    LogTruncationError,
-    MinibrokerError,
-    OffsetOutOfRangeError,
-    PossiblyWrittenError,
-    UnknownLeaderEpochError,
-)
+from client.errors import BrokerResponseError
+from client.errors import FencedLeaderEpochError
+from client.errors import LogTruncationError
+from client.errors import MinibrokerError
+from client.errors import OffsetOutOfRangeError
+from client.errors import PossiblyWrittenError
+from client.errors import UnknownLeaderEpochError
 from client.producer import AsyncProducer
-from client.sync import Admin, Consumer, Producer
-from client.types import (
-    ConsumerRecord,
-    OffsetAndMetadata,
-    OffsetAndTimestamp,
-    RecordMetadata,
-    TopicPartition,
-)
+from client.sync import Admin
+from client.sync import Consumer
+from client.sync import Producer
+from client.types import ConsumerRecord
+from client.types import OffsetAndMetadata
+from client.types import OffsetAndTimestamp
+from client.types import RecordMetadata
+from client.types import TopicPartition
 
 __all__ = [
     "Admin",

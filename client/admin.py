@@ -13,53 +13,49 @@ cache and batch headers, via DescribeReplicaLog, which brokers serve read-only).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from collections.abc import Mapping
 
-from client.admin_diagnostics import (
-    DEFAULT_CONTROLLER_PORT,
-    DEFAULT_MAX_BATCHES,
-    Diagnostics,
-    parse_address,
-)
+from client.admin_diagnostics import DEFAULT_CONTROLLER_PORT
+from client.admin_diagnostics import DEFAULT_MAX_BATCHES
+from client.admin_diagnostics import Diagnostics
+from client.admin_diagnostics import parse_address
 from client.cluster import ClusterClient
-from client.descriptions import (
-    BrokerDescription,
-    ClusterDescription,
-    CreatedTopic,
-    EpochEntry,
-    LeaderElection,
-    NewTopic,
-    PartitionDescription,
-    ReplicaBatch,
-    ReplicaLogDescription,
-    TopicDescription,
-    _cluster_description,
-    topics_from_metadata,
-)
-from client.errors import (
-    BrokerResponseError,
-    IllegalStateError,
-    MinibrokerError,
-    UnknownTopicOrPartitionError,
-    error_for,
-)
+from client.descriptions import BrokerDescription
+from client.descriptions import ClusterDescription
+from client.descriptions import CreatedTopic
+from client.descriptions import EpochEntry
+from client.descriptions import LeaderElection
+from client.descriptions import NewTopic
+from client.descriptions import PartitionDescription
+from client.descriptions import ReplicaBatch
+from client.descriptions import ReplicaLogDescription
+from client.descriptions import TopicDescription
+from client.descriptions import _cluster_description
+from client.descriptions import topics_from_metadata
+from client.errors import BrokerResponseError
+from client.errors import IllegalStateError
+from client.errors import MinibrokerError
+from client.errors import UnknownTopicOrPartitionError
+from client.errors import error_for
 from client.lifecycle import AsyncClient
 from client.offsets import list_offsets
-from client.types import OffsetAndTimestamp, TopicPartition
-from protocol.api import EARLIEST_TIMESTAMP, ELECTION_UNCLEAN, LATEST_TIMESTAMP
+from client.types import OffsetAndTimestamp
+from client.types import TopicPartition
+from protocol.api import EARLIEST_TIMESTAMP
+from protocol.api import ELECTION_UNCLEAN
+from protocol.api import LATEST_TIMESTAMP
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    CreatableTopic,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    DeleteTopicsRequest,
-    DeleteTopicsResponse,
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    ElectLeadersPartition,
-    ElectLeadersRequest,
-    ElectLeadersResponse,
-)
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import DeleteTopicsRequest
+from protocol.messages import DeleteTopicsResponse
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import DescribeClusterResponse
+from protocol.messages import ElectLeadersPartition
+from protocol.messages import ElectLeadersRequest
+from protocol.messages import ElectLeadersResponse
 
 __all__ = [
     "DEFAULT_CONTROLLER_PORT",

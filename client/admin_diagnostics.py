@@ -9,44 +9,36 @@ import asyncio
 
 from client.cluster import parse_bootstrap_servers
 from client.connection import BrokerConnection
-from client.descriptions import (
-    ClusterDescription,
-    EpochEntry,
-    ReplicaBatch,
-    ReplicaLogDescription,
-    TopicDescription,
-    _cluster_description,
-    topics_from_metadata,
-)
-from client.errors import (
-    START_HINT,
-    BrokerResponseError,
-    ConnectionFailedError,
-    InvalidRequestError,
-    MinibrokerError,
-    RequestTimedOutError,
-    error_for,
-)
-from client.health import (
-    SOURCE_BROKER,
-    SOURCE_CONTROLLER,
-    ClusterHealth,
-    OfflineLogDirHealth,
-    StrayReplicaHealth,
-    evaluate_health,
-)
+from client.descriptions import ClusterDescription
+from client.descriptions import EpochEntry
+from client.descriptions import ReplicaBatch
+from client.descriptions import ReplicaLogDescription
+from client.descriptions import TopicDescription
+from client.descriptions import _cluster_description
+from client.descriptions import topics_from_metadata
+from client.errors import START_HINT
+from client.errors import BrokerResponseError
+from client.errors import ConnectionFailedError
+from client.errors import InvalidRequestError
+from client.errors import MinibrokerError
+from client.errors import RequestTimedOutError
+from client.errors import error_for
+from client.health import SOURCE_BROKER
+from client.health import SOURCE_CONTROLLER
+from client.health import ClusterHealth
+from client.health import OfflineLogDirHealth
+from client.health import StrayReplicaHealth
+from client.health import evaluate_health
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    DescribeLogDirsRequest,
-    DescribeLogDirsResponse,
-    DescribeReplicaLogRequest,
-    DescribeReplicaLogResponse,
-    Message,
-    MetadataRequest,
-    MetadataResponse,
-)
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import DescribeClusterResponse
+from protocol.messages import DescribeLogDirsRequest
+from protocol.messages import DescribeLogDirsResponse
+from protocol.messages import DescribeReplicaLogRequest
+from protocol.messages import DescribeReplicaLogResponse
+from protocol.messages import Message
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
 
 DEFAULT_CONTROLLER_PORT = 9093
 

@@ -30,21 +30,21 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from client.connection import BrokerConnection
-from client.errors import (
-    START_HINT,
-    ConnectionFailedError,
-    KafkaTimeoutError,
-    LeaderEpochBehindError,
-    LeaderNotAvailableError,
-    MinibrokerError,
-    NoBrokersAvailableError,
-    RequestTimedOutError,
-    UnknownTopicOrPartitionError,
-)
+from client.errors import START_HINT
+from client.errors import ConnectionFailedError
+from client.errors import KafkaTimeoutError
+from client.errors import LeaderEpochBehindError
+from client.errors import LeaderNotAvailableError
+from client.errors import MinibrokerError
+from client.errors import NoBrokersAvailableError
+from client.errors import RequestTimedOutError
+from client.errors import UnknownTopicOrPartitionError
 from client.types import TopicPartition
 from protocol.api import NO_EPOCH
 from protocol.errors import ErrorCode
-from protocol.messages import Message, MetadataRequest, MetadataResponse
+from protocol.messages import Message
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,10 @@ BrokerResponseError, each naming the broker.
 
 from __future__ import annotations
 
-from client.errors import START_HINT, ConnectionFailedError, RequestTimedOutError, error_for
+from client.errors import START_HINT
+from client.errors import ConnectionFailedError
+from client.errors import RequestTimedOutError
+from client.errors import error_for
 from protocol.errors import ErrorCode
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from protocol.messages import Message

@@ -6,17 +6,14 @@ without importing each other."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
+from typing import NamedTuple
 
-from client.errors import (
-    BrokerResponseError,
-    error_for,
-)
+from client.errors import BrokerResponseError
+from client.errors import error_for
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    DescribeClusterResponse,
-    MetadataResponse,
-)
+from protocol.messages import DescribeClusterResponse
+from protocol.messages import MetadataResponse
 
 
 class NewTopic(NamedTuple):

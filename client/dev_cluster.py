@@ -32,18 +32,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO
+from typing import TextIO
 
 from client.connection import BrokerConnection
 from client.errors import MinibrokerError
-from protocol.messages import (
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    MetadataRequest,
-    MetadataResponse,
-)
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import DescribeClusterResponse
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
 
 CONTROLLER_ID = 0
 POLL_INTERVAL = 0.1

@@ -48,24 +48,21 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from client.cluster import ClusterClient
-from client.errors import (
-    BrokerResponseError,
-    ConnectionFailedError,
-    KafkaTimeoutError,
-    LeaderEpochBehindError,
-    MinibrokerError,
-    RequestTimedOutError,
-    error_for,
-)
+from client.errors import BrokerResponseError
+from client.errors import ConnectionFailedError
+from client.errors import KafkaTimeoutError
+from client.errors import LeaderEpochBehindError
+from client.errors import MinibrokerError
+from client.errors import RequestTimedOutError
+from client.errors import error_for
 from client.types import TopicPartition
-from protocol.api import CONSUMER_REPLICA_ID, NO_EPOCH
+from protocol.api import CONSUMER_REPLICA_ID
+from protocol.api import NO_EPOCH
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    OffsetForLeaderEpochRequest,
-    OffsetForLeaderEpochResponse,
-    OffsetForLeaderPartition,
-    OffsetForLeaderTopic,
-)
+from protocol.messages import OffsetForLeaderEpochRequest
+from protocol.messages import OffsetForLeaderEpochResponse
+from protocol.messages import OffsetForLeaderPartition
+from protocol.messages import OffsetForLeaderTopic
 
 # An epoch walk steps over at most this many epochs (each step is one round trip).
 MAX_EPOCH_STEPS = 64

@@ -15,12 +15,14 @@ that did not come in time) say which address and what to do next.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
+from typing import ClassVar
 
 from protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from client.types import OffsetAndMetadata, TopicPartition
+    from client.types import OffsetAndMetadata
+    from client.types import TopicPartition
 
 START_HINT = "is the cluster running? start one with `minibroker dev`"
 

@@ -34,10 +34,13 @@ Reasons (stable names, scripts match on them):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import Any
+from typing import NamedTuple
 
-from client.descriptions import ClusterDescription, TopicDescription
+from client.descriptions import ClusterDescription
+from client.descriptions import TopicDescription
 
 NO_BROKER_REACHABLE = "no_broker_reachable"
 CONTROLLER_UNREACHABLE = "controller_unreachable"

@@ -19,23 +19,20 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from client.cluster import ClusterClient
-from client.errors import (
-    BrokerResponseError,
-    ConnectionFailedError,
-    MinibrokerError,
-    RequestTimedOutError,
-    UnknownTopicOrPartitionError,
-    error_for,
-)
-from client.types import OffsetAndTimestamp, TopicPartition
+from client.errors import BrokerResponseError
+from client.errors import ConnectionFailedError
+from client.errors import MinibrokerError
+from client.errors import RequestTimedOutError
+from client.errors import UnknownTopicOrPartitionError
+from client.errors import error_for
+from client.types import OffsetAndTimestamp
+from client.types import TopicPartition
 from protocol.api import CONSUMER_REPLICA_ID
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    ListOffsetsPartition,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
-    ListOffsetsTopic,
-)
+from protocol.messages import ListOffsetsPartition
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import ListOffsetsResponse
+from protocol.messages import ListOffsetsTopic
 
 log = logging.getLogger(__name__)
 

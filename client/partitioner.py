@@ -9,7 +9,8 @@ closed, then move to another, so unkeyed records still fill whole batches.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 
 _M = 0x5BD1E995
 _SEED = 0x9747B28C

@@ -15,17 +15,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from protocol.errors import CorruptRecordError
-from protocol.record_batch import (
-    HEADER_SIZE,
-    OFFSET_DELTA_LIMITS,
-    BatchHeader,
-    decode_record_headers,
-    decode_varint,
-    decompress,
-    offset_delta_bytes,
-    parse_header,
-    validate_batch,
-)
+from protocol.record_batch import HEADER_SIZE
+from protocol.record_batch import OFFSET_DELTA_LIMITS
+from protocol.record_batch import BatchHeader
+from protocol.record_batch import decode_record_headers
+from protocol.record_batch import decode_varint
+from protocol.record_batch import decompress
+from protocol.record_batch import offset_delta_bytes
+from protocol.record_batch import parse_header
+from protocol.record_batch import validate_batch
 
 _ATTR_TIMESTAMP_TYPE = 0x08
 # After a record whose successors are not laid out like it, decode this many one by one.

@@ -19,31 +19,35 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
+from typing import TypeVar
 
-from client.admin import (
-    AsyncAdmin,
-    ClusterDescription,
-    CreatedTopic,
-    LeaderElection,
-    NewTopic,
-    ReplicaLogDescription,
-    TopicDescription,
-)
+from client.admin import AsyncAdmin
+from client.admin import ClusterDescription
+from client.admin import CreatedTopic
+from client.admin import LeaderElection
+from client.admin import NewTopic
+from client.admin import ReplicaLogDescription
+from client.admin import TopicDescription
 from client.consumer import AsyncConsumer
-from client.errors import IllegalStateError, KafkaTimeoutError
+from client.errors import IllegalStateError
+from client.errors import KafkaTimeoutError
 from client.health import ClusterHealth
-from client.producer import AsyncProducer, ProducerBatch
-from client.types import (
-    ConsumerRecord,
-    Header,
-    OffsetAndMetadata,
-    OffsetAndTimestamp,
-    RecordMetadata,
-    TopicPartition,
-)
+from client.producer import AsyncProducer
+from client.producer import ProducerBatch
+from client.types import ConsumerRecord
+from client.types import Header
+from client.types import OffsetAndMetadata
+from client.types import OffsetAndTimestamp
+from client.types import RecordMetadata
+from client.types import TopicPartition
 
 T = TypeVar("T")
 

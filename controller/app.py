@@ -17,21 +17,18 @@ import sys
 import uvloop
 
 from controller.config import ControllerConfig
-from controller.errors import (
-    ControllerError,
-    CorruptMetadataError,
-    DataDirError,
-    InvariantViolation,
-)
+from controller.errors import ControllerError
+from controller.errors import CorruptMetadataError
+from controller.errors import DataDirError
+from controller.errors import InvariantViolation
 from controller.handlers import ControllerHandlers
 from controller.liveness import BrokerSessions
-from controller.meta_properties import (
-    META_PROPERTIES,
-    DataDirLock,
-    load_or_create,
-    prepare_data_dir,
-)
-from controller.metadata_log import MetadataLog, Recovered
+from controller.meta_properties import META_PROPERTIES
+from controller.meta_properties import DataDirLock
+from controller.meta_properties import load_or_create
+from controller.meta_properties import prepare_data_dir
+from controller.metadata_log import MetadataLog
+from controller.metadata_log import Recovered
 from controller.metadata_writer import MetadataWriter
 from controller.server import ControllerServer
 from controller.state import MetadataImage

@@ -10,25 +10,24 @@ import logging
 import time
 from typing import Any
 
-from controller.context import ControllerContext, ControllerPart
+from controller.context import ControllerContext
+from controller.context import ControllerPart
 from controller.epochs import broker_epoch_at
-from controller.replication_control import ReplicationControl, partition_name
-from controller.state import BrokerInfo, MetadataImage
+from controller.replication_control import ReplicationControl
+from controller.replication_control import partition_name
+from controller.state import BrokerInfo
+from controller.state import MetadataImage
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
-)
-from protocol.metadata_records import (
-    FenceBrokerRecord,
-    ListenerInfo,
-    MetadataRecord,
-    PartitionRecord,
-    RegisterBrokerRecord,
-    UnfenceBrokerRecord,
-)
+from protocol.messages import BrokerHeartbeatRequest
+from protocol.messages import BrokerHeartbeatResponse
+from protocol.messages import BrokerRegistrationRequest
+from protocol.messages import BrokerRegistrationResponse
+from protocol.metadata_records import FenceBrokerRecord
+from protocol.metadata_records import ListenerInfo
+from protocol.metadata_records import MetadataRecord
+from protocol.metadata_records import PartitionRecord
+from protocol.metadata_records import RegisterBrokerRecord
+from protocol.metadata_records import UnfenceBrokerRecord
 
 log = logging.getLogger(__name__)
 

@@ -13,21 +13,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.api import ApiKey
-from protocol.connection_limits import ConnectionLimits, parse_per_ip_overrides
-from protocol.topic_configs import MIN_INSYNC_REPLICAS, UNCLEAN_LEADER_ELECTION
-from runtime.settings import (
-    TEST_FAULTS_ENV,
-    ConfigError,
-    Setting,
-    enable_test_faults_switch,
-    parse_host_port,
-    problems,
-    refusal,
-    setting,
-    topic_setting,
-    unsafe_switch,
-    unsafe_switches_on,
-)
+from protocol.connection_limits import ConnectionLimits
+from protocol.connection_limits import parse_per_ip_overrides
+from protocol.topic_configs import MIN_INSYNC_REPLICAS
+from protocol.topic_configs import UNCLEAN_LEADER_ELECTION
+from runtime.settings import TEST_FAULTS_ENV
+from runtime.settings import ConfigError
+from runtime.settings import Setting
+from runtime.settings import enable_test_faults_switch
+from runtime.settings import parse_host_port
+from runtime.settings import problems
+from runtime.settings import refusal
+from runtime.settings import setting
+from runtime.settings import topic_setting
+from runtime.settings import unsafe_switch
+from runtime.settings import unsafe_switches_on
 
 __all__ = ["BROKER_API_KEYS", "TEST_FAULTS_ENV", "ControllerConfig", "parse_listen"]
 

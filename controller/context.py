@@ -5,7 +5,8 @@ broker sessions, and the little state that lives outside the metadata log."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 from controller.config import ControllerConfig
 from controller.faults import Faults

@@ -32,15 +32,14 @@ ISR on every unclean restart would leave the partition offline after every SIGKI
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable
+from collections.abc import Container
 from typing import NamedTuple
 
 from controller.epochs import change_partition
-from protocol.metadata_records import (
-    LEADER_RECOVERING,
-    NO_LEADER,
-    PartitionRecord,
-)
+from protocol.metadata_records import LEADER_RECOVERING
+from protocol.metadata_records import NO_LEADER
+from protocol.metadata_records import PartitionRecord
 
 __all__ = [
     "Election",

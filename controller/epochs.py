@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from protocol.metadata_records import LEADER_RECOVERED, PartitionRecord
+from protocol.metadata_records import LEADER_RECOVERED
+from protocol.metadata_records import PartitionRecord
 from runtime.metadata_image import BrokerInfo
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from protocol.invariants import InvariantError, invariant
+from protocol.invariants import InvariantError
+from protocol.invariants import invariant
 
 
 class ControllerError(Exception):

@@ -7,7 +7,9 @@ of the cluster goes on while it waits.
 from __future__ import annotations
 
 from runtime import faults
-from runtime.faults import DROP, DROP_RESPONSE, PROCEED
+from runtime.faults import DROP
+from runtime.faults import DROP_RESPONSE
+from runtime.faults import PROCEED
 
 __all__ = ["DROP", "DROP_RESPONSE", "NO_FAULTS", "PROCEED", "Faults", "TestFaults"]
 

@@ -18,29 +18,33 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from collections.abc import Awaitable
+from collections.abc import Callable
+from typing import Any
+from typing import NamedTuple
 
 from controller.cluster_membership import ClusterMembership
 from controller.config import ControllerConfig
-from controller.context import ControllerContext, ControllerPart
-from controller.faults import NO_FAULTS, Faults, TestFaults
+from controller.context import ControllerContext
+from controller.context import ControllerPart
+from controller.faults import NO_FAULTS
+from controller.faults import Faults
+from controller.faults import TestFaults
 from controller.liveness import BrokerSessions
 from controller.metadata_service import MetadataService
 from controller.metadata_writer import MetadataWriter
-from controller.producer_id_control import PRODUCER_ID_BLOCK_SIZE, ProducerIdControl
+from controller.producer_id_control import PRODUCER_ID_BLOCK_SIZE
+from controller.producer_id_control import ProducerIdControl
 from controller.replication_control import ReplicationControl
 from controller.topic_control import TopicControl
 from protocol.api import ApiKey
-from protocol.messages import (
-    API_SPECS,
-    ApiVersionRange,
-    ApiVersionsRequest,
-    ApiVersionsResponse,
-    FaultControlRequest,
-    FaultControlResponse,
-    Message,
-)
+from protocol.messages import API_SPECS
+from protocol.messages import ApiVersionRange
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import ApiVersionsResponse
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultControlResponse
+from protocol.messages import Message
 
 __all__ = ["PRODUCER_ID_BLOCK_SIZE", "SERVED_APIS", "ControllerHandlers", "ServedApi"]
 

@@ -21,7 +21,8 @@ import uuid
 from pathlib import Path
 
 from controller.errors import DataDirError
-from runtime import fileio, meta_properties
+from runtime import fileio
+from runtime import meta_properties
 from runtime.meta_properties import META_PROPERTIES
 
 __all__ = [

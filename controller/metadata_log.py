@@ -41,16 +41,22 @@ import os
 import re
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 import crc32c
 import msgspec
 
-from controller.errors import CorruptMetadataError, MetadataLogWriteError, invariant
+from controller.errors import CorruptMetadataError
+from controller.errors import MetadataLogWriteError
+from controller.errors import invariant
 from protocol.messages import MetadataEntry
 from protocol.metadata_records import MetadataRecord
-from runtime.fileio import atomic_write, fsync_directory, off_loop, write_all
+from runtime.fileio import atomic_write
+from runtime.fileio import fsync_directory
+from runtime.fileio import off_loop
+from runtime.fileio import write_all
 
 log = logging.getLogger(__name__)
 

@@ -8,16 +8,15 @@ import logging
 
 from controller.context import ControllerPart
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    FetchMetadataRequest,
-    FetchMetadataResponse,
-    MetadataEntry,
-    MetadataRequest,
-    MetadataResponse,
-)
-from runtime.metadata_answers import describe_cluster_response, metadata_response
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import DescribeClusterResponse
+from protocol.messages import FetchMetadataRequest
+from protocol.messages import FetchMetadataResponse
+from protocol.messages import MetadataEntry
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from runtime.metadata_answers import describe_cluster_response
+from runtime.metadata_answers import metadata_response
 
 log = logging.getLogger(__name__)
 

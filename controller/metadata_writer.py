@@ -19,7 +19,8 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from controller.errors import MetadataLogWriteError, invariant
+from controller.errors import MetadataLogWriteError
+from controller.errors import invariant
 from controller.metadata_log import MetadataLog
 from controller.state import MetadataImage
 from protocol.messages import MetadataEntry

@@ -9,8 +9,10 @@ from controller.context import ControllerPart
 from controller.epochs import stale_broker_epoch
 from controller.state import MetadataImage
 from protocol.errors import ErrorCode
-from protocol.messages import AllocateProducerIdsRequest, AllocateProducerIdsResponse
-from protocol.metadata_records import MetadataRecord, ProducerIdsRecord
+from protocol.messages import AllocateProducerIdsRequest
+from protocol.messages import AllocateProducerIdsResponse
+from protocol.metadata_records import MetadataRecord
+from protocol.metadata_records import ProducerIdsRecord
 
 log = logging.getLogger(__name__)
 

@@ -10,29 +10,27 @@ import logging
 from collections.abc import Callable
 
 from controller.context import ControllerPart
-from controller.election import elect_if_leaderless, remove_broker
-from controller.epochs import change_partition, stale_broker_epoch
+from controller.election import elect_if_leaderless
+from controller.election import remove_broker
+from controller.epochs import change_partition
+from controller.epochs import stale_broker_epoch
 from controller.state import MetadataImage
 from controller.topic_validation import unclean_election_enabled
 from protocol.api import ELECTION_UNCLEAN
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    AlterPartitionPartition,
-    AlterPartitionPartitionResult,
-    AlterPartitionRequest,
-    AlterPartitionResponse,
-    AlterPartitionTopicResult,
-    ElectLeadersRequest,
-    ElectLeadersResponse,
-    ElectLeadersResult,
-)
-from protocol.metadata_records import (
-    LEADER_RECOVERED,
-    LEADER_RECOVERING,
-    NO_LEADER,
-    MetadataRecord,
-    PartitionRecord,
-)
+from protocol.messages import AlterPartitionPartition
+from protocol.messages import AlterPartitionPartitionResult
+from protocol.messages import AlterPartitionRequest
+from protocol.messages import AlterPartitionResponse
+from protocol.messages import AlterPartitionTopicResult
+from protocol.messages import ElectLeadersRequest
+from protocol.messages import ElectLeadersResponse
+from protocol.messages import ElectLeadersResult
+from protocol.metadata_records import LEADER_RECOVERED
+from protocol.metadata_records import LEADER_RECOVERING
+from protocol.metadata_records import NO_LEADER
+from protocol.metadata_records import MetadataRecord
+from protocol.metadata_records import PartitionRecord
 
 log = logging.getLogger(__name__)
 

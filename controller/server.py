@@ -16,7 +16,9 @@ from controller.handlers import ControllerHandlers
 from protocol.connection_limits import ConnectionTable
 from protocol.errors import ErrorCode
 from protocol.messages import Message
-from runtime.server import Handler, ListenerServer, RequestContext
+from runtime.server import Handler
+from runtime.server import ListenerServer
+from runtime.server import RequestContext
 
 
 def _storage_error(exc: Exception) -> tuple[ErrorCode, str] | None:

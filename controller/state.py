@@ -13,17 +13,16 @@ from __future__ import annotations
 
 from controller.epochs import broker_epoch_at
 from protocol.invariants import invariant
-from protocol.metadata_records import (
-    FenceBrokerRecord,
-    MetadataRecord,
-    PartitionRecord,
-    RegisterBrokerRecord,
-    RemoveTopicRecord,
-    TopicRecord,
-    UnfenceBrokerRecord,
-)
-from runtime.metadata_image import BrokerInfo, TopicImage
+from protocol.metadata_records import FenceBrokerRecord
+from protocol.metadata_records import MetadataRecord
+from protocol.metadata_records import PartitionRecord
+from protocol.metadata_records import RegisterBrokerRecord
+from protocol.metadata_records import RemoveTopicRecord
+from protocol.metadata_records import TopicRecord
+from protocol.metadata_records import UnfenceBrokerRecord
+from runtime.metadata_image import BrokerInfo
 from runtime.metadata_image import MetadataImage as SharedImage
+from runtime.metadata_image import TopicImage
 
 __all__ = ["BrokerInfo", "MetadataImage", "TopicImage"]
 

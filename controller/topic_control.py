@@ -11,25 +11,24 @@ from collections import Counter
 from controller.context import ControllerPart
 from controller.epochs import new_partition
 from controller.meta_properties import new_uuid_string
-from controller.replica_placement import PlacementError, assign_replicas
+from controller.replica_placement import PlacementError
+from controller.replica_placement import assign_replicas
 from controller.state import MetadataImage
-from controller.topic_validation import (
-    InvalidTopicConfig,
-    InvalidTopicName,
-    validate_topic_configs,
-    validate_topic_name,
-)
+from controller.topic_validation import InvalidTopicConfig
+from controller.topic_validation import InvalidTopicName
+from controller.topic_validation import validate_topic_configs
+from controller.topic_validation import validate_topic_name
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    CreatableTopic,
-    CreatableTopicResult,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    DeletableTopicResult,
-    DeleteTopicsRequest,
-    DeleteTopicsResponse,
-)
-from protocol.metadata_records import MetadataRecord, RemoveTopicRecord, TopicRecord
+from protocol.messages import CreatableTopic
+from protocol.messages import CreatableTopicResult
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import DeletableTopicResult
+from protocol.messages import DeleteTopicsRequest
+from protocol.messages import DeleteTopicsResponse
+from protocol.metadata_records import MetadataRecord
+from protocol.metadata_records import RemoveTopicRecord
+from protocol.metadata_records import TopicRecord
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,10 @@ from typing import NamedTuple
 
 from protocol.api import ApiKey
 from protocol.connection import ClientConnection
-from protocol.errors import DecodeError, ErrorCode
-from protocol.messages import ApiVersionsRequest, ApiVersionsResponse
+from protocol.errors import DecodeError
+from protocol.errors import ErrorCode
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import ApiVersionsResponse
 
 # The servers' own defaults (CONTRACT.md, "Process configuration").
 _DEFAULTS = {"controller": "127.0.0.1:9093", "broker": "PLAINTEXT://127.0.0.1:9092"}

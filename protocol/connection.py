@@ -18,25 +18,22 @@ from typing import NamedTuple
 
 import msgspec
 
-from protocol.errors import DecodeError, ErrorCode
-from protocol.framing import (
-    DEFAULT_MAX_FRAME_SIZE,
-    FrameDecoder,
-    RequestHeader,
-    ResponseHeader,
-    decode_request_header,
-    decode_response_header,
-    encode_request_header,
-    encode_response_header,
-)
-from protocol.messages import (
-    API_BY_REQUEST_TYPE,
-    API_SPECS,
-    ErrorBody,
-    FetchResponse,
-    Message,
-    ProduceRequest,
-)
+from protocol.errors import DecodeError
+from protocol.errors import ErrorCode
+from protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from protocol.framing import FrameDecoder
+from protocol.framing import RequestHeader
+from protocol.framing import ResponseHeader
+from protocol.framing import decode_request_header
+from protocol.framing import decode_response_header
+from protocol.framing import encode_request_header
+from protocol.framing import encode_response_header
+from protocol.messages import API_BY_REQUEST_TYPE
+from protocol.messages import API_SPECS
+from protocol.messages import ErrorBody
+from protocol.messages import FetchResponse
+from protocol.messages import Message
+from protocol.messages import ProduceRequest
 
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type, msgspec.msgpack.Decoder] = {}

@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
 from typing import NamedTuple
 
-from protocol.connection import IDLE, CloseReason, ServerConnection
+from protocol.connection import IDLE
+from protocol.connection import CloseReason
+from protocol.connection import ServerConnection
 from protocol.messages import Message
 
 

@@ -30,8 +30,11 @@ from typing import NamedTuple
 
 import msgspec
 
-from protocol.api import ApiKey, api_name
-from protocol.messages import FaultControlRequest, FaultRule, Message
+from protocol.api import ApiKey
+from protocol.api import api_name
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultRule
+from protocol.messages import Message
 
 ACTIONS = ("delay", "drop", "drop_response", "hold")
 DIRECTIONS = ("in", "out")

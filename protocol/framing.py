@@ -28,7 +28,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from protocol.errors import DecodeError, FrameTooLargeError
+from protocol.errors import DecodeError
+from protocol.errors import FrameTooLargeError
 
 DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
 

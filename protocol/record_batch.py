@@ -35,59 +35,45 @@ public face: every caller imports from here.
 
 from __future__ import annotations
 
-from protocol.records.batch_builder import (
-    BatchBuilder,
-    encode_batch,
-)
-from protocol.records.batch_decoder import (
-    decode_batch,
-    decode_batch_into,
-    decode_record_headers,
-    iter_batches,
-    iter_records,
-)
-from protocol.records.batch_format import (
-    HEADER_SIZE,
-    LENGTH_PREFIX,
-    MAGIC,
-    MAX_BATCH_SIZE,
-    NO_PARTITION_LEADER_EPOCH,
-    NO_PRODUCER_EPOCH,
-    NO_PRODUCER_ID,
-    NO_SEQUENCE,
-    BatchHeader,
-    Compression,
-    Header,
-    Record,
-    TimestampType,
-)
-from protocol.records.batch_headers import (
-    check_batch,
-    iter_headers,
-    parse_header,
-    scan_valid_prefix,
-    stamp,
-    validate_batch,
-    validate_batches,
-)
-from protocol.records.compression import (
-    MAX_DECOMPRESSED_SIZE,
-    compress,
-    decompress,
-)
-from protocol.records.produce_validation import (
-    check_client_batch,
-    check_produce_batches,
-    check_records,
-    validate_produce_batches,
-)
-from protocol.records.varints import (
-    OFFSET_DELTA_LIMITS,
-    VARINT_CACHE_SIZE,
-    decode_varint,
-    encode_varint,
-    offset_delta_bytes,
-)
+from protocol.records.batch_builder import BatchBuilder
+from protocol.records.batch_builder import encode_batch
+from protocol.records.batch_decoder import decode_batch
+from protocol.records.batch_decoder import decode_batch_into
+from protocol.records.batch_decoder import decode_record_headers
+from protocol.records.batch_decoder import iter_batches
+from protocol.records.batch_decoder import iter_records
+from protocol.records.batch_format import HEADER_SIZE
+from protocol.records.batch_format import LENGTH_PREFIX
+from protocol.records.batch_format import MAGIC
+from protocol.records.batch_format import MAX_BATCH_SIZE
+from protocol.records.batch_format import NO_PARTITION_LEADER_EPOCH
+from protocol.records.batch_format import NO_PRODUCER_EPOCH
+from protocol.records.batch_format import NO_PRODUCER_ID
+from protocol.records.batch_format import NO_SEQUENCE
+from protocol.records.batch_format import BatchHeader
+from protocol.records.batch_format import Compression
+from protocol.records.batch_format import Header
+from protocol.records.batch_format import Record
+from protocol.records.batch_format import TimestampType
+from protocol.records.batch_headers import check_batch
+from protocol.records.batch_headers import iter_headers
+from protocol.records.batch_headers import parse_header
+from protocol.records.batch_headers import scan_valid_prefix
+from protocol.records.batch_headers import stamp
+from protocol.records.batch_headers import validate_batch
+from protocol.records.batch_headers import validate_batches
+from protocol.records.compression import MAX_DECOMPRESSED_SIZE
+from protocol.records.compression import compress
+from protocol.records.compression import decompress
+from protocol.records.produce_validation import check_client_batch
+from protocol.records.produce_validation import check_produce_batches
+from protocol.records.produce_validation import check_records
+from protocol.records.produce_validation import validate_produce_batches
+from protocol.records.varints import OFFSET_DELTA_LIMITS
+from protocol.records.varints import VARINT_CACHE_SIZE
+from protocol.records.varints import decode_varint
+from protocol.records.varints import encode_varint
+from protocol.records.varints import offset_delta_bytes
 
 __all__ = [
     "HEADER_SIZE",

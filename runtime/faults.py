@@ -34,8 +34,12 @@ import logging
 
 from protocol.api import api_name
 from protocol.errors import ErrorCode
-from protocol.fault_plan import FaultPlan, describe_rule, peer_id_of
-from protocol.messages import FaultControlRequest, FaultControlResponse, Message
+from protocol.fault_plan import FaultPlan
+from protocol.fault_plan import describe_rule
+from protocol.fault_plan import peer_id_of
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultControlResponse
+from protocol.messages import Message
 
 log = logging.getLogger(__name__)
 

@@ -41,9 +41,11 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+from typing import TypeVar
 
 from protocol.invariants import invariant
 

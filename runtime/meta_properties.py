@@ -24,7 +24,8 @@ from typing import Self
 
 import msgspec
 
-from runtime.fileio import atomic_write, text_lines
+from runtime.fileio import atomic_write
+from runtime.fileio import text_lines
 
 META_PROPERTIES = "meta.properties"
 META_VERSION = 1

@@ -7,22 +7,23 @@ rather than unknown, and which topics are internal."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable
+from collections.abc import Container
 from typing import Any
 
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    DescribeClusterBroker,
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    MetadataBroker,
-    MetadataPartition,
-    MetadataRequest,
-    MetadataResponse,
-    MetadataTopic,
-)
-from protocol.metadata_records import NO_LEADER, ListenerInfo
-from runtime.metadata_image import BrokerInfo, MetadataImage
+from protocol.messages import DescribeClusterBroker
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import DescribeClusterResponse
+from protocol.messages import MetadataBroker
+from protocol.messages import MetadataPartition
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import MetadataTopic
+from protocol.metadata_records import NO_LEADER
+from protocol.metadata_records import ListenerInfo
+from runtime.metadata_image import BrokerInfo
+from runtime.metadata_image import MetadataImage
 
 
 def _address(broker: BrokerInfo, listener: str | None) -> ListenerInfo | None:

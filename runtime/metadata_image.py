@@ -33,25 +33,29 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Iterator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
+from typing import Any
+from typing import Generic
+from typing import Protocol
+from typing import TypeVar
 
 import msgspec
 
 from protocol.invariants import invariant
-from protocol.metadata_records import (
-    NO_LEADER,
-    FenceBrokerRecord,
-    ListenerInfo,
-    MetadataRecord,
-    PartitionRecord,
-    ProducerIdsRecord,
-    RegisterBrokerRecord,
-    RemoveTopicRecord,
-    TopicRecord,
-    UnfenceBrokerRecord,
-)
+from protocol.metadata_records import NO_LEADER
+from protocol.metadata_records import FenceBrokerRecord
+from protocol.metadata_records import ListenerInfo
+from protocol.metadata_records import MetadataRecord
+from protocol.metadata_records import PartitionRecord
+from protocol.metadata_records import ProducerIdsRecord
+from protocol.metadata_records import RegisterBrokerRecord
+from protocol.metadata_records import RemoveTopicRecord
+from protocol.metadata_records import TopicRecord
+from protocol.metadata_records import UnfenceBrokerRecord
 
 log = logging.getLogger(__name__)
 

@@ -29,14 +29,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
+from typing import Protocol
 
 from protocol.api import api_name
 from protocol.connection import ClientConnection
-from protocol.errors import DecodeError, ErrorCode
+from protocol.errors import DecodeError
+from protocol.errors import ErrorCode
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from protocol.invariants import invariant
-from protocol.messages import API_BY_REQUEST_TYPE, Message
+from protocol.messages import API_BY_REQUEST_TYPE
+from protocol.messages import Message
 
 log = logging.getLogger(__name__)
 

@@ -39,15 +39,24 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.api import api_name as _api_name
-from protocol.connection import Buffer, CloseReason, RejectedRequest, Request
-from protocol.connection_limits import ConnectionLimits, ConnectionSlot, ConnectionTable
-from protocol.errors import DecodeError, ErrorCode
+from protocol.connection import Buffer
+from protocol.connection import CloseReason
+from protocol.connection import RejectedRequest
+from protocol.connection import Request
+from protocol.connection_limits import ConnectionLimits
+from protocol.connection_limits import ConnectionSlot
+from protocol.connection_limits import ConnectionTable
+from protocol.errors import DecodeError
+from protocol.errors import ErrorCode
 from protocol.messages import Message
-from runtime.faults import DROP, DROP_RESPONSE, Faults
+from runtime.faults import DROP
+from runtime.faults import DROP_RESPONSE
+from runtime.faults import Faults
 
 log = logging.getLogger(__name__)
 

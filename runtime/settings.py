@@ -30,10 +30,14 @@ import functools
 import logging
 import os
 import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass
+from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import MISSING
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any
+from typing import Literal
+from typing import TypeVar
 
 import click
 

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 from broker.config import BrokerConfig
 from controller.config import ControllerConfig
-from protocol.topic_configs import TOPIC_CONFIGS, TopicConfigDef
-from runtime.settings import markdown_table, settings_of, switch_rows
+from protocol.topic_configs import TOPIC_CONFIGS
+from protocol.topic_configs import TopicConfigDef
+from runtime.settings import markdown_table
+from runtime.settings import settings_of
+from runtime.settings import switch_rows
 
 # Each table, keyed by the start of the README paragraph it follows.
 CONTROLLER_TITLE = "Controller (`python -m controller`):"

@@ -8,20 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.messages import (
-    FetchPartition,
-    FetchRequest,
-    FetchTopic,
-    ListOffsetsPartition,
-    ListOffsetsRequest,
-    ListOffsetsTopic,
-    OffsetForLeaderEpochRequest,
-    OffsetForLeaderPartition,
-    OffsetForLeaderTopic,
-    ProducePartition,
-    ProduceRequest,
-    ProduceTopic,
-)
+from protocol.messages import FetchPartition
+from protocol.messages import FetchRequest
+from protocol.messages import FetchTopic
+from protocol.messages import ListOffsetsPartition
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import ListOffsetsTopic
+from protocol.messages import OffsetForLeaderEpochRequest
+from protocol.messages import OffsetForLeaderPartition
+from protocol.messages import OffsetForLeaderTopic
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceTopic
 
 
 def produce_request(

@@ -21,15 +21,16 @@ The broker never decodes a record: storage reads and writes whole batches and lo
 only at their headers.
 """
 
-from broker.storage.epoch_cache import EpochEntry, LeaderEpochFileCache
-from broker.storage.errors import (
-    CorruptCheckpointError,
-    InvalidAppendError,
-    OffsetOutOfRangeError,
-    RecordTooLargeError,
-    StorageError,
-)
-from broker.storage.log import AppendInfo, Log, LogConfig
+from broker.storage.epoch_cache import EpochEntry
+from broker.storage.epoch_cache import LeaderEpochFileCache
+from broker.storage.errors import CorruptCheckpointError
+from broker.storage.errors import InvalidAppendError
+from broker.storage.errors import OffsetOutOfRangeError
+from broker.storage.errors import RecordTooLargeError
+from broker.storage.errors import StorageError
+from broker.storage.log import AppendInfo
+from broker.storage.log import Log
+from broker.storage.log import LogConfig
 from broker.storage.log_manager import LogManager
 from broker.storage.segment import LogSegment
 

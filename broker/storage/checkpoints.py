@@ -32,11 +32,14 @@ line, and is never used.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 
 from broker.storage.errors import CorruptCheckpointError
-from runtime.fileio import atomic_write, text_lines
+from runtime.fileio import atomic_write
+from runtime.fileio import text_lines
 
 __all__ = [
     "LOG_START_OFFSET_CHECKPOINT",

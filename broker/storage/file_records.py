@@ -15,16 +15,15 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from broker.storage.errors import CorruptIndexError, CorruptSegmentError
+from broker.storage.errors import CorruptIndexError
+from broker.storage.errors import CorruptSegmentError
 from protocol.errors import CorruptRecordError
-from protocol.record_batch import (
-    HEADER_SIZE,
-    BatchHeader,
-    iter_headers,
-    parse_header,
-    scan_valid_prefix,
-    validate_batch,
-)
+from protocol.record_batch import HEADER_SIZE
+from protocol.record_batch import BatchHeader
+from protocol.record_batch import iter_headers
+from protocol.record_batch import parse_header
+from protocol.record_batch import scan_valid_prefix
+from protocol.record_batch import validate_batch
 from runtime.fileio import write_all
 
 # Header scans read this much at a time: a few index intervals of small batches.

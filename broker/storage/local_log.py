@@ -27,14 +27,16 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 from broker.storage.errors import OffsetOutOfRangeError
 from broker.storage.log_config import LogConfig
 from broker.storage.offset_index import INT32_MAX
 from broker.storage.segment import LogSegment
-from protocol.invariants import InvariantError, invariant
+from protocol.invariants import InvariantError
+from protocol.invariants import invariant
 from protocol.record_batch import BatchHeader
 from runtime.fileio import fsync_directory
 

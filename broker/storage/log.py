@@ -36,29 +36,30 @@ import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Concatenate
+from typing import ParamSpec
+from typing import TypeVar
 
 from broker.storage.epoch_cache import LeaderEpochFileCache
-from broker.storage.errors import (
-    StorageError,
-)
-from broker.storage.local_log import LocalLog, current_ms
-from broker.storage.log_append import (
-    EMPTY_APPEND,
-    AppendInfo,
-    appended,
-    duplicate_append,
-    stamp_batches,
-    validate_client_batches,
-    validate_leader_batches,
-)
+from broker.storage.errors import StorageError
+from broker.storage.local_log import LocalLog
+from broker.storage.local_log import current_ms
+from broker.storage.log_append import EMPTY_APPEND
+from broker.storage.log_append import AppendInfo
+from broker.storage.log_append import appended
+from broker.storage.log_append import duplicate_append
+from broker.storage.log_append import stamp_batches
+from broker.storage.log_append import validate_client_batches
+from broker.storage.log_append import validate_leader_batches
 from broker.storage.log_config import LogConfig
 from broker.storage.log_dir_failure import LogDirFailureChannel
 from broker.storage.log_loader import LogLoader
 from broker.storage.log_truncation import LogTruncation
-from broker.storage.partition_metadata import read_topic_id, write_topic_id
+from broker.storage.partition_metadata import read_topic_id
+from broker.storage.partition_metadata import write_topic_id
 from broker.storage.producer_snapshots import ProducerSnapshots
-from broker.storage.producer_state import LeaderAppendCheck, ProducerStateManager
+from broker.storage.producer_state import LeaderAppendCheck
+from broker.storage.producer_state import ProducerStateManager
 from broker.storage.segment import LogSegment
 from runtime.fileio import SerialWriter
 

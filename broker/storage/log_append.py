@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from broker.storage.errors import InvalidAppendError, RecordTooLargeError
+from broker.storage.errors import InvalidAppendError
+from broker.storage.errors import RecordTooLargeError
 from broker.storage.producer_state import BatchMetadata
 from protocol.errors import CorruptRecordError
-from protocol.record_batch import BatchHeader, check_produce_batches, stamp, validate_batches
+from protocol.record_batch import BatchHeader
+from protocol.record_batch import check_produce_batches
+from protocol.record_batch import stamp
+from protocol.record_batch import validate_batches
 
 
 class AppendInfo(NamedTuple):

@@ -14,17 +14,15 @@ from collections.abc import Mapping
 import msgspec
 
 from protocol.invariants import InvariantError
-from protocol.topic_configs import (
-    FLUSH_MESSAGES,
-    FLUSH_MS,
-    INDEX_INTERVAL_BYTES,
-    LOG_CONFIGS,
-    MAX_MESSAGE_BYTES,
-    RETENTION_BYTES,
-    RETENTION_MS,
-    SEGMENT_BYTES,
-    SEGMENT_MS,
-)
+from protocol.topic_configs import FLUSH_MESSAGES
+from protocol.topic_configs import FLUSH_MS
+from protocol.topic_configs import INDEX_INTERVAL_BYTES
+from protocol.topic_configs import LOG_CONFIGS
+from protocol.topic_configs import MAX_MESSAGE_BYTES
+from protocol.topic_configs import RETENTION_BYTES
+from protocol.topic_configs import RETENTION_MS
+from protocol.topic_configs import SEGMENT_BYTES
+from protocol.topic_configs import SEGMENT_MS
 
 
 class LogConfig(msgspec.Struct, frozen=True, kw_only=True):

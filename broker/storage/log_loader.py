@@ -37,26 +37,28 @@ import bisect
 import logging
 import os
 import re
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import NamedTuple
 
-from broker.storage.epoch_cache import (
-    LEADER_EPOCH_CHECKPOINT,
-    EpochEntry,
-    LeaderEpochCheckpointFile,
-    LeaderEpochFileCache,
-)
-from broker.storage.errors import (
-    CorruptCheckpointError,
-    CorruptIndexError,
-    CorruptSegmentError,
-    StorageError,
-)
+from broker.storage.epoch_cache import LEADER_EPOCH_CHECKPOINT
+from broker.storage.epoch_cache import EpochEntry
+from broker.storage.epoch_cache import LeaderEpochCheckpointFile
+from broker.storage.epoch_cache import LeaderEpochFileCache
+from broker.storage.errors import CorruptCheckpointError
+from broker.storage.errors import CorruptIndexError
+from broker.storage.errors import CorruptSegmentError
+from broker.storage.errors import StorageError
 from broker.storage.partition_metadata import PARTITION_METADATA
 from broker.storage.producer_state import is_snapshot_file
-from broker.storage.segment import DELETED_SUFFIX, LOG_SUFFIX, SEGMENT_SUFFIXES, LogSegment
-from runtime.fileio import TMP_SUFFIX, fsync_directory
+from broker.storage.segment import DELETED_SUFFIX
+from broker.storage.segment import LOG_SUFFIX
+from broker.storage.segment import SEGMENT_SUFFIXES
+from broker.storage.segment import LogSegment
+from runtime.fileio import TMP_SUFFIX
+from runtime.fileio import fsync_directory
 
 logger = logging.getLogger(__name__)
 

@@ -41,23 +41,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from broker.storage.checkpoints import (
-    LOG_START_OFFSET_CHECKPOINT,
-    RECOVERY_POINT_CHECKPOINT,
-    REPLICATION_OFFSET_CHECKPOINT,
-    OffsetCheckpointFile,
-)
+from broker.storage.checkpoints import LOG_START_OFFSET_CHECKPOINT
+from broker.storage.checkpoints import RECOVERY_POINT_CHECKPOINT
+from broker.storage.checkpoints import REPLICATION_OFFSET_CHECKPOINT
+from broker.storage.checkpoints import OffsetCheckpointFile
 from broker.storage.errors import StorageError
-from broker.storage.log import Log, LogConfig, TopicPartition
+from broker.storage.log import Log
+from broker.storage.log import LogConfig
+from broker.storage.log import TopicPartition
 from broker.storage.log_dir_failure import LogDirFailureChannel
 from broker.storage.partition_metadata import read_topic_id
-from runtime.fileio import (
-    TMP_SUFFIX,
-    DataDirLock,
-    SerialWriter,
-    atomic_write,
-    fsync_directory,
-)
+from runtime.fileio import TMP_SUFFIX
+from runtime.fileio import DataDirLock
+from runtime.fileio import SerialWriter
+from runtime.fileio import atomic_write
+from runtime.fileio import fsync_directory
 
 logger = logging.getLogger(__name__)
 

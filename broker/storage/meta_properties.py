@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.storage.errors import CorruptCheckpointError, StorageError
+from broker.storage.errors import CorruptCheckpointError
+from broker.storage.errors import StorageError
 from runtime import meta_properties
-from runtime.meta_properties import META_PROPERTIES, META_VERSION
+from runtime.meta_properties import META_PROPERTIES
+from runtime.meta_properties import META_VERSION
 
 __all__ = ["META_PROPERTIES", "META_VERSION", "MetaProperties"]
 

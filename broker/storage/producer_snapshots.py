@@ -14,7 +14,8 @@ import logging
 from concurrent.futures import Future
 
 from broker.storage.producer_state import ProducerStateManager
-from runtime.fileio import SerialWriter, atomic_write
+from runtime.fileio import SerialWriter
+from runtime.fileio import atomic_write
 
 logger = logging.getLogger(__name__)
 

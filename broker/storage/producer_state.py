@@ -48,8 +48,10 @@ import os
 import re
 import struct
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Iterable
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -57,7 +59,9 @@ import crc32c
 import msgspec
 
 from protocol.errors import ErrorCode
-from protocol.record_batch import NO_PRODUCER_EPOCH, NO_SEQUENCE, BatchHeader
+from protocol.record_batch import NO_PRODUCER_EPOCH
+from protocol.record_batch import NO_SEQUENCE
+from protocol.record_batch import BatchHeader
 from runtime.fileio import atomic_write
 
 logger = logging.getLogger(__name__)

@@ -32,19 +32,21 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from broker.storage.errors import CorruptIndexError
 from broker.storage.file_records import FileRecords
-from broker.storage.offset_index import INT32_MAX, OffsetIndex
+from broker.storage.offset_index import INT32_MAX
+from broker.storage.offset_index import OffsetIndex
 from broker.storage.time_index import TimeIndex
-from protocol.invariants import InvariantError, invariant
-from protocol.record_batch import (
-    HEADER_SIZE,
-    BatchHeader,
-)
+from protocol.invariants import InvariantError
+from protocol.invariants import invariant
+from protocol.record_batch import HEADER_SIZE
+from protocol.record_batch import BatchHeader
 
 if TYPE_CHECKING:
     from broker.storage.epoch_cache import LeaderEpochFileCache

@@ -22,9 +22,11 @@ package registers every command.
 
 from __future__ import annotations
 
-from client.cli import operations, records  # noqa: F401 (registers the commands)
+from client.cli import operations  # noqa: F401 (registers the commands)
+from client.cli import records  # noqa: F401 (registers the commands)
 from client.cli.plumbing import _parse_configs
 from client.cli.records import _formatter
-from client.cli.root import cli, main
+from client.cli.root import cli
+from client.cli.root import main
 
 __all__ = ["_formatter", "_parse_configs", "cli", "main"]

@@ -13,31 +13,30 @@ from typing import Any
 import click
 
 # ------------------------------------------------------------------ cluster and topics
-from client.admin import (
-    DEFAULT_CONTROLLER_PORT,
-    DEFAULT_MAX_BATCHES,
-    AsyncAdmin,
-    LeaderElection,
-    PartitionDescription,
-    ReplicaLogDescription,
-    TopicDescription,
-    parse_address,
-)
-from client.cli.plumbing import (
-    BOOTSTRAP_ENV,
-    DEFAULT_BOOTSTRAP,
-    _debug_option,
-    _fail,
-    _nodes,
-    _parse_configs,
-    _plural,
-    _resolve_bootstrap,
-    _table,
-    client_command,
-    run,
-)
+from client.admin import DEFAULT_CONTROLLER_PORT
+from client.admin import DEFAULT_MAX_BATCHES
+from client.admin import AsyncAdmin
+from client.admin import LeaderElection
+from client.admin import PartitionDescription
+from client.admin import ReplicaLogDescription
+from client.admin import TopicDescription
+from client.admin import parse_address
+from client.cli.plumbing import BOOTSTRAP_ENV
+from client.cli.plumbing import DEFAULT_BOOTSTRAP
+from client.cli.plumbing import _debug_option
+from client.cli.plumbing import _fail
+from client.cli.plumbing import _nodes
+from client.cli.plumbing import _parse_configs
+from client.cli.plumbing import _plural
+from client.cli.plumbing import _resolve_bootstrap
+from client.cli.plumbing import _table
+from client.cli.plumbing import client_command
+from client.cli.plumbing import run
 from client.cli.root import cli
-from client.health import ClusterHealth, is_leaderless, is_under_replicated, render_text
+from client.health import ClusterHealth
+from client.health import is_leaderless
+from client.health import is_under_replicated
+from client.health import render_text
 from client.types import TopicPartition
 from protocol.errors import ErrorCode
 

@@ -8,8 +8,11 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Awaitable
+from collections.abc import Callable
+from typing import Any
+from typing import NoReturn
+from typing import TypeVar
 
 import click
 import uvloop

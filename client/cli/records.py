@@ -16,12 +16,19 @@ from collections.abc import Callable
 
 import click
 
-from client.cli.plumbing import TOPIC_WAIT_MS, _fail, client_command, run
+from client.cli.plumbing import TOPIC_WAIT_MS
+from client.cli.plumbing import _fail
+from client.cli.plumbing import client_command
+from client.cli.plumbing import run
 from client.cli.root import cli
 from client.consumer import AsyncConsumer
 from client.errors import LogTruncationError
-from client.producer import AsyncProducer, parse_acks
-from client.types import ConsumerRecord, OffsetAndMetadata, RecordMetadata, TopicPartition
+from client.producer import AsyncProducer
+from client.producer import parse_acks
+from client.types import ConsumerRecord
+from client.types import OffsetAndMetadata
+from client.types import RecordMetadata
+from client.types import TopicPartition
 
 # ------------------------------------------------------------------ produce
 

@@ -13,8 +13,12 @@ from typing import NoReturn
 import click
 import uvloop
 
-from client.cli.plumbing import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, LOG_FORMAT, _fail
-from client.dev_cluster import DevCluster, DevClusterError
+from client.cli.plumbing import BOOTSTRAP_ENV
+from client.cli.plumbing import DEFAULT_BOOTSTRAP
+from client.cli.plumbing import LOG_FORMAT
+from client.cli.plumbing import _fail
+from client.dev_cluster import DevCluster
+from client.dev_cluster import DevClusterError
 
 # ------------------------------------------------------------------ the group
 

@@ -31,25 +31,24 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any
 
 from client.cluster import ClusterClient
 from client.consumer.committed_offsets import CommittedOffsets
 from client.consumer.fetcher import Fetcher
 from client.consumer.offset_lookup import OffsetLookup
-from client.consumer.partition_state import (
-    _ISOLATION,
-    _Fetched,
-    _PartitionState,
-)
+from client.consumer.partition_state import _ISOLATION
+from client.consumer.partition_state import _Fetched
+from client.consumer.partition_state import _PartitionState
 from client.consumer.subscription_state import SubscriptionState
 from client.consumer.truncation import TruncationValidation
-from client.errors import (
-    IllegalStateError,
-)
+from client.errors import IllegalStateError
 from client.lifecycle import AsyncClient
-from client.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
+from client.types import ConsumerRecord
+from client.types import OffsetAndMetadata
+from client.types import TopicPartition
 
 
 class AsyncConsumer(

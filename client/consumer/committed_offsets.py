@@ -9,32 +9,27 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 
-from client.consumer.partition_state import (
-    _COORDINATOR_MAX_BACKOFF_S,
-    _COORDINATOR_MOVED,
-    _answer_errors,
-    log,
-)
-from client.errors import (
-    IllegalStateError,
-    KafkaTimeoutError,
-    MinibrokerError,
-    error_for,
-)
-from client.types import OffsetAndMetadata, TopicPartition
+from client.consumer.partition_state import _COORDINATOR_MAX_BACKOFF_S
+from client.consumer.partition_state import _COORDINATOR_MOVED
+from client.consumer.partition_state import _answer_errors
+from client.consumer.partition_state import log
+from client.errors import IllegalStateError
+from client.errors import KafkaTimeoutError
+from client.errors import MinibrokerError
+from client.errors import error_for
+from client.types import OffsetAndMetadata
+from client.types import TopicPartition
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    FindCoordinatorRequest,
-    FindCoordinatorResponse,
-    Message,
-    OffsetCommitPartition,
-    OffsetCommitRequest,
-    OffsetCommitResponse,
-    OffsetCommitTopic,
-    OffsetFetchRequest,
-    OffsetFetchResponse,
-    OffsetFetchTopic,
-)
+from protocol.messages import FindCoordinatorRequest
+from protocol.messages import FindCoordinatorResponse
+from protocol.messages import Message
+from protocol.messages import OffsetCommitPartition
+from protocol.messages import OffsetCommitRequest
+from protocol.messages import OffsetCommitResponse
+from protocol.messages import OffsetCommitTopic
+from protocol.messages import OffsetFetchRequest
+from protocol.messages import OffsetFetchResponse
+from protocol.messages import OffsetFetchTopic
 
 
 class CommittedOffsets:

@@ -8,26 +8,28 @@ import asyncio
 import time
 from collections import defaultdict
 
-from client.consumer.partition_state import _Fetched, _PartitionState, log
+from client.consumer.partition_state import _Fetched
+from client.consumer.partition_state import _PartitionState
+from client.consumer.partition_state import log
 from client.epochs import leader_for_epoch
-from client.errors import (
-    BrokerResponseError,
-    LeaderEpochBehindError,
-    MinibrokerError,
-    error_for,
-)
-from client.types import ConsumerRecord, TopicPartition
-from protocol.api import CONSUMER_REPLICA_ID, NO_EPOCH
+from client.errors import BrokerResponseError
+from client.errors import LeaderEpochBehindError
+from client.errors import MinibrokerError
+from client.errors import error_for
+from client.types import ConsumerRecord
+from client.types import TopicPartition
+from protocol.api import CONSUMER_REPLICA_ID
+from protocol.api import NO_EPOCH
 from protocol.errors import CorruptRecordError as ProtocolCorruptRecordError
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    FetchPartition,
-    FetchPartitionResponse,
-    FetchRequest,
-    FetchResponse,
-    FetchTopic,
-)
-from protocol.record_batch import check_batch, decode_batch_into, iter_headers
+from protocol.messages import FetchPartition
+from protocol.messages import FetchPartitionResponse
+from protocol.messages import FetchRequest
+from protocol.messages import FetchResponse
+from protocol.messages import FetchTopic
+from protocol.record_batch import check_batch
+from protocol.record_batch import decode_batch_into
+from protocol.record_batch import iter_headers
 
 
 class Fetcher:

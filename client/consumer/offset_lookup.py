@@ -6,15 +6,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from client.consumer.partition_state import _RESET_TIMESTAMPS, log
-from client.errors import (
-    KafkaTimeoutError,
-    MinibrokerError,
-    NoOffsetForPartitionError,
-)
+from client.consumer.partition_state import _RESET_TIMESTAMPS
+from client.consumer.partition_state import log
+from client.errors import KafkaTimeoutError
+from client.errors import MinibrokerError
+from client.errors import NoOffsetForPartitionError
 from client.offsets import list_offsets
-from client.types import OffsetAndTimestamp, TopicPartition
-from protocol.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from client.types import OffsetAndTimestamp
+from client.types import TopicPartition
+from protocol.api import EARLIEST_TIMESTAMP
+from protocol.api import LATEST_TIMESTAMP
 from protocol.errors import ErrorCode
 
 

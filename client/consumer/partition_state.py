@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import logging
 
-from client.errors import (
-    BrokerResponseError,
-    error_for,
-)
+from client.errors import BrokerResponseError
+from client.errors import error_for
 from client.types import ConsumerRecord
-from protocol.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, NO_EPOCH
+from protocol.api import EARLIEST_TIMESTAMP
+from protocol.api import LATEST_TIMESTAMP
+from protocol.api import NO_EPOCH
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    Message,
-)
+from protocol.messages import Message
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from client.consumer.partition_state import _PartitionState
-from client.errors import (
-    IllegalStateError,
-    KafkaTimeoutError,
-)
-from client.types import OffsetAndMetadata, TopicPartition
+from client.errors import IllegalStateError
+from client.errors import KafkaTimeoutError
+from client.types import OffsetAndMetadata
+from client.types import TopicPartition
 from protocol.api import NO_EPOCH
 
 

@@ -7,16 +7,18 @@ from __future__ import annotations
 import asyncio
 import time
 
-from client.consumer.partition_state import _EPOCH_WAIT_MAX_BACKOFF_S, _PartitionState, log
-from client.epochs import EpochEndOffset, ask_leader
-from client.errors import (
-    KafkaTimeoutError,
-    LeaderEpochBehindError,
-    LogTruncationError,
-    MinibrokerError,
-    OffsetOutOfRangeError,
-)
-from client.types import OffsetAndMetadata, TopicPartition
+from client.consumer.partition_state import _EPOCH_WAIT_MAX_BACKOFF_S
+from client.consumer.partition_state import _PartitionState
+from client.consumer.partition_state import log
+from client.epochs import EpochEndOffset
+from client.epochs import ask_leader
+from client.errors import KafkaTimeoutError
+from client.errors import LeaderEpochBehindError
+from client.errors import LogTruncationError
+from client.errors import MinibrokerError
+from client.errors import OffsetOutOfRangeError
+from client.types import OffsetAndMetadata
+from client.types import TopicPartition
 from protocol.api import NO_EPOCH
 
 

@@ -7,6 +7,7 @@ The protocol it follows is described in async_producer.py."""
 from __future__ import annotations
 
 from client.producer.async_producer import AsyncProducer
-from client.producer.batches import ProducerBatch, parse_acks
+from client.producer.batches import ProducerBatch
+from client.producer.batches import parse_acks
 
 __all__ = ["AsyncProducer", "ProducerBatch", "parse_acks"]

@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
-from client.errors import (
-    IllegalStateError,
-    KafkaTimeoutError,
-    MessageSizeTooLargeError,
-    UnknownTopicOrPartitionError,
-)
-from client.producer.batches import _RECORD_OVERHEAD, ProducerBatch, _Batch
-from client.types import Header, RecordMetadata, TopicPartition
-from protocol.record_batch import (
-    HEADER_SIZE,
-    BatchBuilder,
-)
+from client.errors import IllegalStateError
+from client.errors import KafkaTimeoutError
+from client.errors import MessageSizeTooLargeError
+from client.errors import UnknownTopicOrPartitionError
+from client.producer.batches import _RECORD_OVERHEAD
+from client.producer.batches import ProducerBatch
+from client.producer.batches import _Batch
+from client.types import Header
+from client.types import RecordMetadata
+from client.types import TopicPartition
+from protocol.record_batch import HEADER_SIZE
+from protocol.record_batch import BatchBuilder
 
 
 class RecordAccumulator:

@@ -59,34 +59,30 @@ with Kafka's producer when enable.idempotence=false.
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict, deque
-from collections.abc import Callable, Iterable
+from collections import defaultdict
+from collections import deque
+from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any
 
 from client.cluster import ClusterClient
-from client.errors import (
-    IllegalStateError,
-    KafkaTimeoutError,
-    MinibrokerError,
-)
+from client.errors import IllegalStateError
+from client.errors import KafkaTimeoutError
+from client.errors import MinibrokerError
 from client.lifecycle import AsyncClient
 from client.partitioner import DefaultPartitioner
 from client.producer.accumulator import RecordAccumulator
-from client.producer.batches import (
-    _MAX_IN_FLIGHT_IDEMPOTENT,
-    _Batch,
-    log,
-    parse_acks,
-)
+from client.producer.batches import _MAX_IN_FLIGHT_IDEMPOTENT
+from client.producer.batches import _Batch
+from client.producer.batches import log
+from client.producer.batches import parse_acks
 from client.producer.idempotence import IdempotenceState
 from client.producer.sender import Sender
 from client.types import TopicPartition
-from protocol.record_batch import (
-    HEADER_SIZE,
-    NO_PRODUCER_EPOCH,
-    NO_PRODUCER_ID,
-    Compression,
-)
+from protocol.record_batch import HEADER_SIZE
+from protocol.record_batch import NO_PRODUCER_EPOCH
+from protocol.record_batch import NO_PRODUCER_ID
+from protocol.record_batch import Compression
 
 
 class AsyncProducer(RecordAccumulator, Sender, IdempotenceState, AsyncClient):

@@ -8,14 +8,12 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from client.errors import (
-    IllegalStateError,
-)
-from client.types import Header, RecordMetadata, TopicPartition
+from client.errors import IllegalStateError
+from client.types import Header
+from client.types import RecordMetadata
+from client.types import TopicPartition
 from protocol.errors import ErrorCode
-from protocol.record_batch import (
-    BatchBuilder,
-)
+from protocol.record_batch import BatchBuilder
 
 log = logging.getLogger(__name__)
 

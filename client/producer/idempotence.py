@@ -8,19 +8,17 @@ import asyncio
 import time
 from collections import deque
 
-from client.errors import (
-    BrokerResponseError,
-    IllegalStateError,
-    MinibrokerError,
-    error_for,
-)
-from client.producer.batches import _MAX_PRODUCER_EPOCH, _Batch, log
+from client.errors import BrokerResponseError
+from client.errors import IllegalStateError
+from client.errors import MinibrokerError
+from client.errors import error_for
+from client.producer.batches import _MAX_PRODUCER_EPOCH
+from client.producer.batches import _Batch
+from client.producer.batches import log
 from client.types import TopicPartition
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    InitProducerIdRequest,
-    InitProducerIdResponse,
-)
+from protocol.messages import InitProducerIdRequest
+from protocol.messages import InitProducerIdResponse
 
 
 class IdempotenceState:

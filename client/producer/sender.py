@@ -9,29 +9,28 @@ import random
 import time
 from collections import defaultdict
 
-from client.errors import (
-    BrokerResponseError,
-    IllegalStateError,
-    KafkaTimeoutError,
-    MinibrokerError,
-    PossiblyWrittenError,
-    UnknownTopicOrPartitionError,
-    error_for,
-)
-from client.producer.batches import _SEQUENCE_ERRORS, _SEQUENCE_WRAP, _Batch, _earliest, log
+from client.errors import BrokerResponseError
+from client.errors import IllegalStateError
+from client.errors import KafkaTimeoutError
+from client.errors import MinibrokerError
+from client.errors import PossiblyWrittenError
+from client.errors import UnknownTopicOrPartitionError
+from client.errors import error_for
+from client.producer.batches import _SEQUENCE_ERRORS
+from client.producer.batches import _SEQUENCE_WRAP
+from client.producer.batches import _Batch
+from client.producer.batches import _earliest
+from client.producer.batches import log
 from client.types import RecordMetadata
-from protocol.errors import PRODUCE_REFUSED_BEFORE_APPEND, ErrorCode
-from protocol.messages import (
-    ProducePartition,
-    ProduceRequest,
-    ProduceResponse,
-    ProduceTopic,
-)
-from protocol.record_batch import (
-    NO_PRODUCER_EPOCH,
-    NO_PRODUCER_ID,
-    NO_SEQUENCE,
-)
+from protocol.errors import PRODUCE_REFUSED_BEFORE_APPEND
+from protocol.errors import ErrorCode
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopic
+from protocol.record_batch import NO_PRODUCER_EPOCH
+from protocol.record_batch import NO_PRODUCER_ID
+from protocol.record_batch import NO_SEQUENCE
 
 
 class Sender:

@@ -19,8 +19,11 @@ plain Python); `MinibrokerDataSource` does, on first access.
 
 from typing import Any
 
-from client.spark.offsets import Position, SourceOffset
-from client.spark.options import OptionError, SinkOptions, SourceOptions
+from client.spark.offsets import Position
+from client.spark.offsets import SourceOffset
+from client.spark.options import OptionError
+from client.spark.options import SinkOptions
+from client.spark.options import SourceOptions
 from client.spark.planning import DataLossError
 
 __all__ = [

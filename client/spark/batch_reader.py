@@ -10,15 +10,19 @@ them, so the executors check they read the lineage the plan saw.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader
+from pyspark.sql.datasource import InputPartition
 
 from client.spark.offsets import Position
-from client.spark.options import OptionError, SourceOptions
+from client.spark.options import OptionError
+from client.spark.options import SourceOptions
 from client.spark.partition_reader import read_range
-from client.spark.planner import Planner, RangePartition
+from client.spark.planner import Planner
+from client.spark.planner import RangePartition
 from client.types import TopicPartition
 
 if TYPE_CHECKING:

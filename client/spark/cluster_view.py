@@ -15,11 +15,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import TypeVar
 
 from client.consumer import AsyncConsumer
-from client.epochs import EpochEndOffset, end_offsets_for_epochs, epochs_before_offsets
+from client.epochs import EpochEndOffset
+from client.epochs import end_offsets_for_epochs
+from client.epochs import epochs_before_offsets
 from client.errors import MinibrokerError
 from client.sync import _SyncClient
 from client.types import TopicPartition

@@ -11,20 +11,22 @@ so a bad option fails at once with a message naming it.
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    DataSourceStreamReader,
-    DataSourceStreamWriter,
-    DataSourceWriter,
-)
+from pyspark.sql.datasource import DataSource
+from pyspark.sql.datasource import DataSourceReader
+from pyspark.sql.datasource import DataSourceStreamReader
+from pyspark.sql.datasource import DataSourceStreamWriter
+from pyspark.sql.datasource import DataSourceWriter
 from pyspark.sql.types import StructType
 
 from client.spark.batch_reader import MinibrokerBatchReader
-from client.spark.options import OptionError, SinkOptions, SourceOptions
+from client.spark.options import OptionError
+from client.spark.options import SinkOptions
+from client.spark.options import SourceOptions
 from client.spark.schema import spark_schema
 from client.spark.stream_reader import MinibrokerStreamReader
-from client.spark.writer import MinibrokerBatchWriter, MinibrokerStreamWriter, check_sink_schema
+from client.spark.writer import MinibrokerBatchWriter
+from client.spark.writer import MinibrokerStreamWriter
+from client.spark.writer import check_sink_schema
 
 
 def _include_headers(options: dict[str, str]) -> bool:

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+from typing import NamedTuple
 
 from client.types import TopicPartition
 

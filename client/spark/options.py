@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from client.cluster import parse_bootstrap_servers
-from client.spark.offsets import EARLIEST, LATEST, Position, parse_partition_positions
+from client.spark.offsets import EARLIEST
+from client.spark.offsets import LATEST
+from client.spark.offsets import Position
+from client.spark.offsets import parse_partition_positions
 from client.types import TopicPartition
 
 DEFAULT_POLL_TIMEOUT_MS = 120_000

@@ -34,25 +34,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from client.cluster import ClusterClient
 from client.epochs import end_offsets_for_epochs
-from client.errors import BrokerResponseError, MinibrokerError, error_for
-from client.record_columns import ColumnBuffer, ValuePiece, decode_columns
+from client.errors import BrokerResponseError
+from client.errors import MinibrokerError
+from client.errors import error_for
+from client.record_columns import ColumnBuffer
+from client.record_columns import ValuePiece
+from client.record_columns import decode_columns
 from client.spark.options import SourceOptions
-from client.spark.planning import DATA_LOSS_HINT, DataLossError, OffsetRange
+from client.spark.planning import DATA_LOSS_HINT
+from client.spark.planning import DataLossError
+from client.spark.planning import OffsetRange
 from client.spark.schema import arrow_schema
-from protocol.api import CONSUMER_REPLICA_ID, NO_EPOCH
-from protocol.errors import CorruptRecordError, ErrorCode
-from protocol.messages import (
-    FetchPartition,
-    FetchPartitionResponse,
-    FetchRequest,
-    FetchResponse,
-    FetchTopic,
-)
+from protocol.api import CONSUMER_REPLICA_ID
+from protocol.api import NO_EPOCH
+from protocol.errors import CorruptRecordError
+from protocol.errors import ErrorCode
+from protocol.messages import FetchPartition
+from protocol.messages import FetchPartitionResponse
+from protocol.messages import FetchRequest
+from protocol.messages import FetchResponse
+from protocol.messages import FetchTopic
 from protocol.record_batch import iter_headers
 
 if TYPE_CHECKING:

@@ -10,19 +10,21 @@ import logging
 from pyspark.sql.datasource import InputPartition
 
 from client.spark.cluster_view import ClusterView
-from client.spark.offsets import EARLIEST, LATEST, NO_EPOCH, Position
-from client.spark.options import OptionError, SourceOptions
-from client.spark.planning import (
-    DATA_LOSS_HINT,
-    DataLoss,
-    DataLossError,
-    OffsetRange,
-    StartDecision,
-    new_partition_start,
-    split_ranges,
-    validate_stored_position,
-    vanished_partition,
-)
+from client.spark.offsets import EARLIEST
+from client.spark.offsets import LATEST
+from client.spark.offsets import NO_EPOCH
+from client.spark.offsets import Position
+from client.spark.options import OptionError
+from client.spark.options import SourceOptions
+from client.spark.planning import DATA_LOSS_HINT
+from client.spark.planning import DataLoss
+from client.spark.planning import DataLossError
+from client.spark.planning import OffsetRange
+from client.spark.planning import StartDecision
+from client.spark.planning import new_partition_start
+from client.spark.planning import split_ranges
+from client.spark.planning import validate_stored_position
+from client.spark.planning import vanished_partition
 from client.types import TopicPartition
 
 log = logging.getLogger(__name__)

@@ -9,10 +9,12 @@ The executors then check what they read against each OffsetRange's epoch bounds.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from dataclasses import replace
 
 from client.epochs import EpochEndOffset
-from client.spark.offsets import NO_EPOCH, Position
+from client.spark.offsets import NO_EPOCH
+from client.spark.offsets import Position
 from client.types import TopicPartition
 
 DATA_LOSS_HINT = (

@@ -17,16 +17,14 @@ if TYPE_CHECKING:
 
 @cache
 def spark_schema(include_headers: bool) -> StructType:
-    from pyspark.sql.types import (
-        ArrayType,
-        BinaryType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampType,
-    )
+    from pyspark.sql.types import ArrayType
+    from pyspark.sql.types import BinaryType
+    from pyspark.sql.types import IntegerType
+    from pyspark.sql.types import LongType
+    from pyspark.sql.types import StringType
+    from pyspark.sql.types import StructField
+    from pyspark.sql.types import StructType
+    from pyspark.sql.types import TimestampType
 
     fields = [
         StructField("key", BinaryType()),

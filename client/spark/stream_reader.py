@@ -19,23 +19,27 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from typing import Any
 
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
+from pyspark.sql.datasource import DataSourceStreamReader
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+from pyspark.sql.streaming.datasource import ReadLimit
+from pyspark.sql.streaming.datasource import ReadMaxRows
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from client.epochs import OffsetBeyondLogEndError
-from client.spark.offsets import Position, SourceOffset
+from client.spark.offsets import Position
+from client.spark.offsets import SourceOffset
 from client.spark.options import SourceOptions
 from client.spark.partition_reader import read_range
-from client.spark.planner import Planner, RangePartition
-from client.spark.planning import StartDecision, cap_ends
+from client.spark.planner import Planner
+from client.spark.planner import RangePartition
+from client.spark.planning import StartDecision
+from client.spark.planning import cap_ends
 from client.types import TopicPartition
 
 if TYPE_CHECKING:

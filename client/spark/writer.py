@@ -20,16 +20,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
-from pyspark.sql.datasource import (
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSourceArrowWriter
+from pyspark.sql.datasource import DataSourceStreamArrowWriter
+from pyspark.sql.datasource import WriterCommitMessage
 
 from client.producer import AsyncProducer
-from client.spark.options import OptionError, SinkOptions
+from client.spark.options import OptionError
+from client.spark.options import SinkOptions
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -49,15 +49,13 @@ class WrittenRecords(WriterCommitMessage):
 
 def check_sink_schema(schema: StructType, options: SinkOptions) -> None:
     """Raise OptionError unless the DataFrame can be written."""
-    from pyspark.sql.types import (
-        ArrayType,
-        BinaryType,
-        IntegerType,
-        LongType,
-        ShortType,
-        StringType,
-        StructType,
-    )
+    from pyspark.sql.types import ArrayType
+    from pyspark.sql.types import BinaryType
+    from pyspark.sql.types import IntegerType
+    from pyspark.sql.types import LongType
+    from pyspark.sql.types import ShortType
+    from pyspark.sql.types import StringType
+    from pyspark.sql.types import StructType
 
     types = {f.name: f.dataType for f in schema.fields}
     text_or_bytes = (StringType, BinaryType)

@@ -15,7 +15,8 @@ name is importable from `protocol.messages` as before.
 
 from __future__ import annotations
 
-from protocol.messages import client_apis, cluster_apis
+from protocol.messages import client_apis
+from protocol.messages import cluster_apis
 from protocol.messages.client_apis import *  # noqa: F403
 from protocol.messages.cluster_apis import *  # noqa: F403
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
-from protocol.api import ELECTION_UNCLEAN, ApiKey
+from protocol.api import ELECTION_UNCLEAN
+from protocol.api import ApiKey
 from protocol.messages import client_apis as c
 from protocol.messages.client_apis import Message
 from protocol.metadata_records import MetadataRecord

@@ -8,20 +8,21 @@ from collections.abc import Sequence
 
 import crc32c
 
-from protocol.records.batch_format import (
-    _ATTR_COMPRESSION_MASK,
-    HEADER_SIZE,
-    LENGTH_PREFIX,
-    MAGIC,
-    NO_PARTITION_LEADER_EPOCH,
-    NO_PRODUCER_EPOCH,
-    NO_PRODUCER_ID,
-    NO_SEQUENCE,
-    Compression,
-    Header,
-)
+from protocol.records.batch_format import _ATTR_COMPRESSION_MASK
+from protocol.records.batch_format import HEADER_SIZE
+from protocol.records.batch_format import LENGTH_PREFIX
+from protocol.records.batch_format import MAGIC
+from protocol.records.batch_format import NO_PARTITION_LEADER_EPOCH
+from protocol.records.batch_format import NO_PRODUCER_EPOCH
+from protocol.records.batch_format import NO_PRODUCER_ID
+from protocol.records.batch_format import NO_SEQUENCE
+from protocol.records.batch_format import Compression
+from protocol.records.batch_format import Header
 from protocol.records.compression import compress
-from protocol.records.varints import _NULL_VARINT, _VARINTS, VARINT_CACHE_SIZE, encode_varint
+from protocol.records.varints import _NULL_VARINT
+from protocol.records.varints import _VARINTS
+from protocol.records.varints import VARINT_CACHE_SIZE
+from protocol.records.varints import encode_varint
 
 # ---------------------------------------------------------------- encoding
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from protocol.errors import CorruptRecordError
-from protocol.records.batch_format import (
-    _ATTR_TIMESTAMP_TYPE,
-    _T,
-    HEADER_SIZE,
-    BatchHeader,
-    Header,
-    Record,
-)
-from protocol.records.batch_headers import iter_headers, parse_header, validate_batch
+from protocol.records.batch_format import _ATTR_TIMESTAMP_TYPE
+from protocol.records.batch_format import _T
+from protocol.records.batch_format import HEADER_SIZE
+from protocol.records.batch_format import BatchHeader
+from protocol.records.batch_format import Header
+from protocol.records.batch_format import Record
+from protocol.records.batch_headers import iter_headers
+from protocol.records.batch_headers import parse_header
+from protocol.records.batch_headers import validate_batch
 from protocol.records.compression import decompress
 from protocol.records.varints import decode_varint
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import struct
 from enum import IntEnum
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
+from typing import TypeVar
 
 HEADER_SIZE = 61
 MAGIC = 2

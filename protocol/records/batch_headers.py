@@ -9,19 +9,17 @@ from collections.abc import Iterator
 import crc32c
 
 from protocol.errors import CorruptRecordError
-from protocol.records.batch_format import (
-    _ATTR_COMPRESSION_MASK,
-    _CRC_START,
-    _EPOCH,
-    _HEADER,
-    _MAX_CODEC,
-    _STAMP,
-    HEADER_SIZE,
-    LENGTH_PREFIX,
-    MAGIC,
-    MAX_BATCH_SIZE,
-    BatchHeader,
-)
+from protocol.records.batch_format import _ATTR_COMPRESSION_MASK
+from protocol.records.batch_format import _CRC_START
+from protocol.records.batch_format import _EPOCH
+from protocol.records.batch_format import _HEADER
+from protocol.records.batch_format import _MAX_CODEC
+from protocol.records.batch_format import _STAMP
+from protocol.records.batch_format import HEADER_SIZE
+from protocol.records.batch_format import LENGTH_PREFIX
+from protocol.records.batch_format import MAGIC
+from protocol.records.batch_format import MAX_BATCH_SIZE
+from protocol.records.batch_format import BatchHeader
 
 # ---------------------------------------------------------------- header access
 

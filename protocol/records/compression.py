@@ -11,7 +11,9 @@ from collections.abc import Callable
 import cramjam
 
 from protocol.errors import CorruptRecordError
-from protocol.records.batch_format import _MAX_CODEC, MAX_BATCH_SIZE, Compression
+from protocol.records.batch_format import _MAX_CODEC
+from protocol.records.batch_format import MAX_BATCH_SIZE
+from protocol.records.batch_format import Compression
 
 # ---------------------------------------------------------------- compression
 

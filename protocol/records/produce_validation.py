@@ -4,18 +4,21 @@ out alike are checked in bulk: a deliberate, measured hot-path specialisation)."
 
 from __future__ import annotations
 
-from protocol.errors import CorruptRecordError, InvalidRecordError
-from protocol.records.batch_format import (
-    _ATTR_COMPRESSION_MASK,
-    _ATTR_CONTROL,
-    _ATTR_TRANSACTIONAL,
-    HEADER_SIZE,
-    NO_PRODUCER_ID,
-    BatchHeader,
-)
+from protocol.errors import CorruptRecordError
+from protocol.errors import InvalidRecordError
+from protocol.records.batch_format import _ATTR_COMPRESSION_MASK
+from protocol.records.batch_format import _ATTR_CONTROL
+from protocol.records.batch_format import _ATTR_TRANSACTIONAL
+from protocol.records.batch_format import HEADER_SIZE
+from protocol.records.batch_format import NO_PRODUCER_ID
+from protocol.records.batch_format import BatchHeader
 from protocol.records.batch_headers import validate_batches
-from protocol.records.compression import MAX_DECOMPRESSED_SIZE, _codec_name, decompress
-from protocol.records.varints import OFFSET_DELTA_LIMITS, decode_varint, offset_delta_bytes
+from protocol.records.compression import MAX_DECOMPRESSED_SIZE
+from protocol.records.compression import _codec_name
+from protocol.records.compression import decompress
+from protocol.records.varints import OFFSET_DELTA_LIMITS
+from protocol.records.varints import decode_varint
+from protocol.records.varints import offset_delta_bytes
 
 # ---------------------------------------------------------------- produce validation
 

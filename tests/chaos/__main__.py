@@ -25,10 +25,14 @@ import signal
 import sys
 from pathlib import Path
 
-from .backends import ClusterSettings, docker_unavailable
+from .backends import ClusterSettings
+from .backends import docker_unavailable
 from .checker import summary
-from .nemesis import FAULTS, parse_faults
-from .runner import RunConfig, campaign, recheck
+from .nemesis import FAULTS
+from .nemesis import parse_faults
+from .runner import RunConfig
+from .runner import campaign
+from .runner import recheck
 from .workload import WorkloadConfig
 
 

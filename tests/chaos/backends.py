@@ -35,8 +35,10 @@ import socket
 import subprocess
 import sys
 import time
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from abc import ABC
+from abc import abstractmethod
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 log = logging.getLogger(__name__)

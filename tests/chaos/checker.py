@@ -68,11 +68,21 @@ from __future__ import annotations
 import itertools
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
-from .history import FAIL, FINAL, INFO, INVOKE, NEMESIS, OK, PRODUCER_START, SEEK_BEGINNING, Op
+from .history import FAIL
+from .history import FINAL
+from .history import INFO
+from .history import INVOKE
+from .history import NEMESIS
+from .history import OK
+from .history import PRODUCER_START
+from .history import SEEK_BEGINNING
+from .history import Op
 
 ANOMALIES = (
     "lost-write",

@@ -50,7 +50,8 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any
 
 from client import AsyncAdmin
@@ -58,8 +59,16 @@ from client.admin import PartitionDescription
 from client.errors import MinibrokerError
 from client.types import TopicPartition
 
-from .backends import CONTROLLER, Backend, BackendError, Unsupported, broker_id, broker_name
-from .history import INFO, INVOKE, NEMESIS, History
+from .backends import CONTROLLER
+from .backends import Backend
+from .backends import BackendError
+from .backends import Unsupported
+from .backends import broker_id
+from .backends import broker_name
+from .history import INFO
+from .history import INVOKE
+from .history import NEMESIS
+from .history import History
 
 log = logging.getLogger(__name__)
 

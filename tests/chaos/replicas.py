@@ -25,9 +25,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from protocol.connection import ClientConnection, Response
-from protocol.errors import DecodeError, ErrorCode
-from protocol.messages import DescribeReplicaLogRequest, DescribeReplicaLogResponse, Message
+from protocol.connection import ClientConnection
+from protocol.connection import Response
+from protocol.errors import DecodeError
+from protocol.errors import ErrorCode
+from protocol.messages import DescribeReplicaLogRequest
+from protocol.messages import DescribeReplicaLogResponse
+from protocol.messages import Message
 
 log = logging.getLogger(__name__)
 

@@ -25,25 +25,28 @@ import logging
 import shutil
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from client import AsyncAdmin
 from client.errors import MinibrokerError
 
-from . import checker, replicas
-from .backends import (
-    REPO,
-    Backend,
-    ClusterSettings,
-    DockerBackend,
-    ProcessBackend,
-    unsupported_faults,
-)
+from . import checker
+from . import replicas
+from .backends import REPO
+from .backends import Backend
+from .backends import ClusterSettings
+from .backends import DockerBackend
+from .backends import ProcessBackend
+from .backends import unsupported_faults
 from .history import History
-from .nemesis import Nemesis, NemesisConfig
-from .workload import Workload, WorkloadConfig
+from .nemesis import Nemesis
+from .nemesis import NemesisConfig
+from .workload import Workload
+from .workload import WorkloadConfig
 
 log = logging.getLogger(__name__)
 

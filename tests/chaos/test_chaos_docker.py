@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from . import presets
-from .backends import DEFAULT_IMAGE, docker_unavailable
+from .backends import DEFAULT_IMAGE
+from .backends import docker_unavailable
 from .checker import summary
 from .conftest import ChaosOptions
 from .runner import run_once

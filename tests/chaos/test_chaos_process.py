@@ -29,7 +29,9 @@ import pytest
 from . import presets
 from .checker import summary
 from .conftest import ChaosOptions
-from .history import NEMESIS, PRODUCER_START, load
+from .history import NEMESIS
+from .history import PRODUCER_START
+from .history import load
 from .runner import run_once
 
 pytestmark = [pytest.mark.chaos_process, pytest.mark.timeout(900)]

@@ -12,21 +12,21 @@ from typing import Any
 
 import pytest
 
-from .checker import ANOMALIES, check, summary
-from .history import (
-    FAIL,
-    FINAL,
-    INFO,
-    INVOKE,
-    NEMESIS,
-    OK,
-    PRODUCER_START,
-    SEEK_BEGINNING,
-    History,
-    Op,
-    dump,
-    load,
-)
+from .checker import ANOMALIES
+from .checker import check
+from .checker import summary
+from .history import FAIL
+from .history import FINAL
+from .history import INFO
+from .history import INVOKE
+from .history import NEMESIS
+from .history import OK
+from .history import PRODUCER_START
+from .history import SEEK_BEGINNING
+from .history import History
+from .history import Op
+from .history import dump
+from .history import load
 
 P0, P1 = 0, 1
 

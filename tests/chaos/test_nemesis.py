@@ -13,18 +13,25 @@ import pytest
 
 from client.admin import PartitionDescription
 
-from .backends import (
-    CONTROLLER,
-    Backend,
-    BackendError,
-    ClusterSettings,
-    ProcessBackend,
-    Unsupported,
-    broker_id,
-    broker_name,
-)
-from .history import INFO, INVOKE, NEMESIS, History
-from .nemesis import EXCLUSIVE, FAULTS, Nemesis, NemesisConfig, PlannedFault, parse_faults, plan
+from .backends import CONTROLLER
+from .backends import Backend
+from .backends import BackendError
+from .backends import ClusterSettings
+from .backends import ProcessBackend
+from .backends import Unsupported
+from .backends import broker_id
+from .backends import broker_name
+from .history import INFO
+from .history import INVOKE
+from .history import NEMESIS
+from .history import History
+from .nemesis import EXCLUSIVE
+from .nemesis import FAULTS
+from .nemesis import Nemesis
+from .nemesis import NemesisConfig
+from .nemesis import PlannedFault
+from .nemesis import parse_faults
+from .nemesis import plan
 
 
 class FakeBackend(Backend):

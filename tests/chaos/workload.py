@@ -37,26 +37,25 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from client import AsyncAdmin, AsyncConsumer, AsyncProducer, TopicPartition
-from client.errors import (
-    IllegalStateError,
-    LogTruncationError,
-    MinibrokerError,
-    OffsetOutOfRangeError,
-    TopicAlreadyExistsError,
-)
+from client import AsyncAdmin
+from client import AsyncConsumer
+from client import AsyncProducer
+from client import TopicPartition
+from client.errors import IllegalStateError
+from client.errors import LogTruncationError
+from client.errors import MinibrokerError
+from client.errors import OffsetOutOfRangeError
+from client.errors import TopicAlreadyExistsError
 
-from .history import (
-    FAIL,
-    FINAL,
-    INFO,
-    INVOKE,
-    OK,
-    PRODUCER_START,
-    SEEK_BEGINNING,
-    History,
-    Record,
-)
+from .history import FAIL
+from .history import FINAL
+from .history import INFO
+from .history import INVOKE
+from .history import OK
+from .history import PRODUCER_START
+from .history import SEEK_BEGINNING
+from .history import History
+from .history import Record
 
 log = logging.getLogger(__name__)
 

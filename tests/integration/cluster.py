@@ -22,13 +22,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
-from protocol.api import CONSUMER_REPLICA_ID, DEBUGGING_REPLICA_ID
-from protocol.connection import ClientConnection, Response
+from protocol.api import CONSUMER_REPLICA_ID
+from protocol.api import DEBUGGING_REPLICA_ID
+from protocol.connection import ClientConnection
+from protocol.connection import Response
 from protocol.errors import ErrorCode
-from protocol.messages import FetchPartition, FetchRequest, FetchResponse, FetchTopic, Message
+from protocol.messages import FetchPartition
+from protocol.messages import FetchRequest
+from protocol.messages import FetchResponse
+from protocol.messages import FetchTopic
+from protocol.messages import Message
 from protocol.record_batch import iter_records
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster import Cluster, running_cluster
+from cluster import Cluster
+from cluster import running_cluster
 
 
 @pytest.fixture

@@ -11,37 +11,41 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster import BrokerProcess, Cluster, TestClient
+from cluster import BrokerProcess
+from cluster import Cluster
+from cluster import TestClient
 
-from protocol.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, ApiKey
+from protocol.api import EARLIEST_TIMESTAMP
+from protocol.api import LATEST_TIMESTAMP
+from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from protocol.framing import RequestHeader, encode_request_header, frame
-from protocol.messages import (
-    ApiVersionsRequest,
-    ApiVersionsResponse,
-    CreatableTopic,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    DeleteTopicsRequest,
-    DeleteTopicsResponse,
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    FetchResponse,
-    InitProducerIdRequest,
-    InitProducerIdResponse,
-    ListOffsetsResponse,
-    MetadataRequest,
-    MetadataResponse,
-    OffsetForLeaderEpochResponse,
-    ProduceResponse,
-)
-from protocol.record_batch import encode_batch, iter_headers, iter_records
-from tests.one_partition import (
-    fetch_request,
-    list_offsets_request,
-    offsets_for_epoch_request,
-    produce_request,
-)
+from protocol.framing import RequestHeader
+from protocol.framing import encode_request_header
+from protocol.framing import frame
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import ApiVersionsResponse
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import DeleteTopicsRequest
+from protocol.messages import DeleteTopicsResponse
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import DescribeClusterResponse
+from protocol.messages import FetchResponse
+from protocol.messages import InitProducerIdRequest
+from protocol.messages import InitProducerIdResponse
+from protocol.messages import ListOffsetsResponse
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import OffsetForLeaderEpochResponse
+from protocol.messages import ProduceResponse
+from protocol.record_batch import encode_batch
+from protocol.record_batch import iter_headers
+from protocol.record_batch import iter_records
+from tests.one_partition import fetch_request
+from tests.one_partition import list_offsets_request
+from tests.one_partition import offsets_for_epoch_request
+from tests.one_partition import produce_request
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -18,7 +18,8 @@ from cluster import Cluster
 from client.admin import AsyncAdmin
 from client.consumer import AsyncConsumer
 from client.producer import AsyncProducer
-from client.sync import Consumer, Producer
+from client.sync import Consumer
+from client.sync import Producer
 from client.types import TopicPartition
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

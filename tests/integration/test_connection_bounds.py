@@ -24,26 +24,28 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import Cluster, TestClient
+from cluster import Cluster
+from cluster import TestClient
 
 from client.admin import AsyncAdmin
 from client.producer import AsyncProducer
 from protocol.connection import ClientConnection
-from protocol.framing import RequestHeader, encode_request_header, frame
-from protocol.messages import (
-    ApiVersionsRequest,
-    ApiVersionsResponse,
-    FetchPartition,
-    FetchRequest,
-    FetchResponse,
-    FetchTopic,
-    MetadataRequest,
-    ProducePartition,
-    ProduceRequest,
-    ProduceResponse,
-    ProduceTopic,
-)
-from protocol.record_batch import encode_batch, iter_headers
+from protocol.framing import RequestHeader
+from protocol.framing import encode_request_header
+from protocol.framing import frame
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import ApiVersionsResponse
+from protocol.messages import FetchPartition
+from protocol.messages import FetchRequest
+from protocol.messages import FetchResponse
+from protocol.messages import FetchTopic
+from protocol.messages import MetadataRequest
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopic
+from protocol.record_batch import encode_batch
+from protocol.record_batch import iter_headers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -18,28 +18,29 @@ from pathlib import Path
 
 import pytest
 
-from protocol.connection import ClientConnection, Response
+from protocol.connection import ClientConnection
+from protocol.connection import Response
 from protocol.errors import ErrorCode
-from protocol.framing import RequestHeader, encode_request_header, frame
-from protocol.messages import (
-    ApiVersionsRequest,
-    ApiVersionsResponse,
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
-    CreatableTopic,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    FetchMetadataRequest,
-    FetchMetadataResponse,
-    Listener,
-    Message,
-    MetadataRequest,
-    MetadataResponse,
-)
+from protocol.framing import RequestHeader
+from protocol.framing import encode_request_header
+from protocol.framing import frame
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import ApiVersionsResponse
+from protocol.messages import BrokerHeartbeatRequest
+from protocol.messages import BrokerHeartbeatResponse
+from protocol.messages import BrokerRegistrationRequest
+from protocol.messages import BrokerRegistrationResponse
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import DescribeClusterResponse
+from protocol.messages import FetchMetadataRequest
+from protocol.messages import FetchMetadataResponse
+from protocol.messages import Listener
+from protocol.messages import Message
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
 
 pytestmark = pytest.mark.integration
 

@@ -26,12 +26,15 @@ from pathlib import Path
 import pytest
 from cluster import Cluster
 
-from client.admin import AsyncAdmin, NewTopic
+from client.admin import AsyncAdmin
+from client.admin import NewTopic
 from client.consumer import AsyncConsumer
 from client.health import ClusterHealth
 from client.producer import AsyncProducer
 from client.types import TopicPartition
-from tests.small_filesystem import SmallFilesystem, failing_filesystem, small_filesystem
+from tests.small_filesystem import SmallFilesystem
+from tests.small_filesystem import failing_filesystem
+from tests.small_filesystem import small_filesystem
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

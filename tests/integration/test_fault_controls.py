@@ -13,29 +13,29 @@ import sys
 import time
 
 import pytest
-from cluster import REPO, Cluster, TestClient
+from cluster import REPO
+from cluster import Cluster
+from cluster import TestClient
 
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from protocol.fault_plan import CONTROLLER_PEER_ID
-from protocol.messages import (
-    ApiVersionsRequest,
-    ApiVersionsResponse,
-    CreatableTopic,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    DescribeReplicaLogRequest,
-    DescribeReplicaLogResponse,
-    FaultControlRequest,
-    FaultControlResponse,
-    FaultRule,
-    MetadataRequest,
-    MetadataResponse,
-    ProducePartition,
-    ProduceRequest,
-    ProduceResponse,
-    ProduceTopic,
-)
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import ApiVersionsResponse
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import DescribeReplicaLogRequest
+from protocol.messages import DescribeReplicaLogResponse
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultControlResponse
+from protocol.messages import FaultRule
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopic
 from protocol.record_batch import encode_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -20,32 +20,34 @@ import time
 from collections.abc import Callable
 
 import pytest
-from cluster import Cluster, TestClient
+from cluster import Cluster
+from cluster import TestClient
 
-from client import AsyncConsumer, AsyncProducer, RecordMetadata, TopicPartition
+from client import AsyncConsumer
+from client import AsyncProducer
+from client import RecordMetadata
+from client import TopicPartition
 from client.errors import PossiblyWrittenError
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    CreatableTopic,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    DescribeReplicaLogRequest,
-    DescribeReplicaLogResponse,
-    FaultControlRequest,
-    FaultControlResponse,
-    FaultRule,
-    InitProducerIdRequest,
-    InitProducerIdResponse,
-    MetadataPartition,
-    MetadataRequest,
-    MetadataResponse,
-    ProducePartition,
-    ProducePartitionResponse,
-    ProduceRequest,
-    ProduceResponse,
-    ProduceTopic,
-)
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import DescribeReplicaLogRequest
+from protocol.messages import DescribeReplicaLogResponse
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultControlResponse
+from protocol.messages import FaultRule
+from protocol.messages import InitProducerIdRequest
+from protocol.messages import InitProducerIdResponse
+from protocol.messages import MetadataPartition
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import ProducePartition
+from protocol.messages import ProducePartitionResponse
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopic
 from protocol.record_batch import BatchBuilder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

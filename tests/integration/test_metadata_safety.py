@@ -23,9 +23,13 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import REPO, Cluster
+from cluster import REPO
+from cluster import Cluster
 
-from client import Admin, Consumer, Producer, TopicPartition
+from client import Admin
+from client import Consumer
+from client import Producer
+from client import TopicPartition
 from client.errors import InvalidReplicationFactorError
 from protocol.record_batch import iter_records
 

@@ -9,36 +9,40 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
-from cluster import Cluster, TestClient
+from cluster import Cluster
+from cluster import TestClient
 
-from broker.group_coordinator import OFFSETS_TOPIC, partition_for
-from client import AsyncConsumer, OffsetAndMetadata, TopicPartition
-from client.errors import KafkaTimeoutError, OffsetMetadataTooLargeError
+from broker.group_coordinator import OFFSETS_TOPIC
+from broker.group_coordinator import partition_for
+from client import AsyncConsumer
+from client import OffsetAndMetadata
+from client import TopicPartition
+from client.errors import KafkaTimeoutError
+from client.errors import OffsetMetadataTooLargeError
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    CreatableTopic,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    FaultControlRequest,
-    FaultControlResponse,
-    FaultRule,
-    FindCoordinatorRequest,
-    FindCoordinatorResponse,
-    MetadataRequest,
-    MetadataResponse,
-    OffsetCommitPartition,
-    OffsetCommitRequest,
-    OffsetCommitResponse,
-    OffsetCommitTopic,
-    OffsetFetchRequest,
-    OffsetFetchResponse,
-    OffsetFetchTopic,
-)
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultControlResponse
+from protocol.messages import FaultRule
+from protocol.messages import FindCoordinatorRequest
+from protocol.messages import FindCoordinatorResponse
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import OffsetCommitPartition
+from protocol.messages import OffsetCommitRequest
+from protocol.messages import OffsetCommitResponse
+from protocol.messages import OffsetCommitTopic
+from protocol.messages import OffsetFetchRequest
+from protocol.messages import OffsetFetchResponse
+from protocol.messages import OffsetFetchTopic
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from cluster import REPO, Cluster
+from cluster import REPO
+from cluster import Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

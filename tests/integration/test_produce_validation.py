@@ -12,16 +12,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster import Cluster, TestClient
+from cluster import Cluster
+from cluster import TestClient
 
 from client.admin import AsyncAdmin
 from client.consumer import AsyncConsumer
 from client.producer import AsyncProducer
 from client.types import TopicPartition
 from protocol.errors import ErrorCode
-from protocol.messages import ProducePartition, ProduceRequest, ProduceResponse, ProduceTopic
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopic
 from protocol.record_batch import Compression
-from tests.unit.protocol.record_faults import raw_batch, record, three_records, zeros_compressed
+from tests.unit.protocol.record_faults import raw_batch
+from tests.unit.protocol.record_faults import record
+from tests.unit.protocol.record_faults import three_records
+from tests.unit.protocol.record_faults import zeros_compressed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cluster import REPO, Cluster
+from tests.integration.cluster import REPO
+from tests.integration.cluster import Cluster
 
 README_ADDRESS = "127.0.0.1:9092"
 

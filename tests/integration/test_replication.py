@@ -14,31 +14,32 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster import Cluster, TestClient
+from cluster import Cluster
+from cluster import TestClient
 
-from broker.storage.log import Log, LogConfig
+from broker.storage.log import Log
+from broker.storage.log import LogConfig
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    CreatableTopic,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    ListOffsetsPartition,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
-    ListOffsetsTopic,
-    MetadataPartition,
-    MetadataRequest,
-    MetadataResponse,
-    OffsetForLeaderEpochRequest,
-    OffsetForLeaderEpochResponse,
-    OffsetForLeaderPartition,
-    OffsetForLeaderTopic,
-    ProducePartition,
-    ProduceRequest,
-    ProduceResponse,
-    ProduceTopic,
-)
-from protocol.record_batch import encode_batch, iter_headers
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import ListOffsetsPartition
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import ListOffsetsResponse
+from protocol.messages import ListOffsetsTopic
+from protocol.messages import MetadataPartition
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import OffsetForLeaderEpochRequest
+from protocol.messages import OffsetForLeaderEpochResponse
+from protocol.messages import OffsetForLeaderPartition
+from protocol.messages import OffsetForLeaderTopic
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopic
+from protocol.record_batch import encode_batch
+from protocol.record_batch import iter_headers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

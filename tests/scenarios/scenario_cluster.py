@@ -13,33 +13,35 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from client import AsyncConsumer, ConsumerRecord
+from client import AsyncConsumer
+from client import ConsumerRecord
 from client.errors import MinibrokerError
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    CreatableTopic,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    DescribeReplicaLogRequest,
-    DescribeReplicaLogResponse,
-    FaultControlRequest,
-    FaultControlResponse,
-    FaultRule,
-    ListOffsetsPartitionResponse,
-    ListOffsetsResponse,
-    MetadataPartition,
-    MetadataRequest,
-    MetadataResponse,
-    ProducePartitionResponse,
-)
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import DescribeReplicaLogRequest
+from protocol.messages import DescribeReplicaLogResponse
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultControlResponse
+from protocol.messages import FaultRule
+from protocol.messages import ListOffsetsPartitionResponse
+from protocol.messages import ListOffsetsResponse
+from protocol.messages import MetadataPartition
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import ProducePartitionResponse
 from protocol.record_batch import encode_batch
-from tests.integration.cluster import Cluster, TestClient
-from tests.one_partition import list_offsets_request, produce_request
+from tests.integration.cluster import Cluster
+from tests.integration.cluster import TestClient
+from tests.one_partition import list_offsets_request
+from tests.one_partition import produce_request
 
 __all__ = ["FaultRule", "ScenarioCluster", "scenario_cluster"]
 

@@ -31,7 +31,9 @@ from pathlib import Path
 import pytest
 
 from protocol.errors import ErrorCode
-from tests.scenarios.scenario_cluster import ScenarioCluster, committed_batches, scenario_cluster
+from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import committed_batches
+from tests.scenarios.scenario_cluster import scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(150)]
 

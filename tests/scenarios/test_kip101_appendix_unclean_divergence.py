@@ -35,20 +35,21 @@ Staging, on real processes (controller + brokers 1, 2, 3; one partition, replica
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 import pytest
 
 from client import AsyncConsumer
 from client.errors import LogTruncationError
-from client.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
-from tests.scenarios.scenario_cluster import (
-    ScenarioCluster,
-    consume_n,
-    poll_until_error,
-    scenario_cluster,
-)
+from client.types import ConsumerRecord
+from client.types import OffsetAndMetadata
+from client.types import TopicPartition
+from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import consume_n
+from tests.scenarios.scenario_cluster import poll_until_error
+from tests.scenarios.scenario_cluster import scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(180)]
 

@@ -39,12 +39,10 @@ from pathlib import Path
 import pytest
 
 from protocol.api import ApiKey
-from tests.scenarios.scenario_cluster import (
-    FaultRule,
-    ScenarioCluster,
-    scenario_cluster,
-    wait_until,
-)
+from tests.scenarios.scenario_cluster import FaultRule
+from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import scenario_cluster
+from tests.scenarios.scenario_cluster import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(120)]
 

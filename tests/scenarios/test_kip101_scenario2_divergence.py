@@ -35,8 +35,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage.checkpoints import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpointFile
-from tests.scenarios.scenario_cluster import ScenarioCluster, scenario_cluster, wait_until
+from broker.storage.checkpoints import REPLICATION_OFFSET_CHECKPOINT
+from broker.storage.checkpoints import OffsetCheckpointFile
+from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import scenario_cluster
+from tests.scenarios.scenario_cluster import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(120)]
 

@@ -33,14 +33,13 @@ import pytest
 
 from client import AsyncConsumer
 from client.types import TopicPartition
-from protocol.api import LATEST_TIMESTAMP, ApiKey
+from protocol.api import LATEST_TIMESTAMP
+from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from tests.scenarios.scenario_cluster import (
-    FaultRule,
-    ScenarioCluster,
-    scenario_cluster,
-    wait_until,
-)
+from tests.scenarios.scenario_cluster import FaultRule
+from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import scenario_cluster
+from tests.scenarios.scenario_cluster import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(180)]
 

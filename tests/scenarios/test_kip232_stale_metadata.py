@@ -45,13 +45,12 @@ import pytest
 from client import AsyncConsumer
 from client.types import TopicPartition
 from protocol.api import ApiKey
-from protocol.messages import MetadataRequest, MetadataResponse
-from tests.scenarios.scenario_cluster import (
-    FaultRule,
-    ScenarioCluster,
-    consume_n,
-    scenario_cluster,
-)
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from tests.scenarios.scenario_cluster import FaultRule
+from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import consume_n
+from tests.scenarios.scenario_cluster import scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(180)]
 

@@ -31,15 +31,14 @@ from pathlib import Path
 import pytest
 
 from client import AsyncConsumer
-from tests.scenarios.scenario_cluster import consume_n, scenario_cluster
-from tests.scenarios.test_kip101_appendix_unclean_divergence import (
-    BROKER_FLAGS,
-    NODES,
-    TOPIC,
-    TP,
-    bootstrap,
-    start_cluster,
-)
+from tests.scenarios.scenario_cluster import consume_n
+from tests.scenarios.scenario_cluster import scenario_cluster
+from tests.scenarios.test_kip101_appendix_unclean_divergence import BROKER_FLAGS
+from tests.scenarios.test_kip101_appendix_unclean_divergence import NODES
+from tests.scenarios.test_kip101_appendix_unclean_divergence import TOPIC
+from tests.scenarios.test_kip101_appendix_unclean_divergence import TP
+from tests.scenarios.test_kip101_appendix_unclean_divergence import bootstrap
+from tests.scenarios.test_kip101_appendix_unclean_divergence import start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(180)]
 

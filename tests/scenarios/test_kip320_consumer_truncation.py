@@ -37,28 +37,25 @@ from pathlib import Path
 import pytest
 
 from client import AsyncConsumer
-from client.errors import LogTruncationError, MinibrokerError
+from client.errors import LogTruncationError
+from client.errors import MinibrokerError
 from client.types import OffsetAndMetadata
-from tests.scenarios.scenario_cluster import (
-    ScenarioCluster,
-    consume_n,
-    poll_until_error,
-    scenario_cluster,
-)
-from tests.scenarios.test_kip101_appendix_unclean_divergence import (
-    BROKER_FLAGS,
-    DIVERGENCE,
-    IN_SYNC,
-    NEW,
-    NODES,
-    ONLY_ON_1,
-    TOPIC,
-    TP,
-    Staged,
-    bootstrap,
-    stage_unclean_divergence,
-    start_cluster,
-)
+from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import consume_n
+from tests.scenarios.scenario_cluster import poll_until_error
+from tests.scenarios.scenario_cluster import scenario_cluster
+from tests.scenarios.test_kip101_appendix_unclean_divergence import BROKER_FLAGS
+from tests.scenarios.test_kip101_appendix_unclean_divergence import DIVERGENCE
+from tests.scenarios.test_kip101_appendix_unclean_divergence import IN_SYNC
+from tests.scenarios.test_kip101_appendix_unclean_divergence import NEW
+from tests.scenarios.test_kip101_appendix_unclean_divergence import NODES
+from tests.scenarios.test_kip101_appendix_unclean_divergence import ONLY_ON_1
+from tests.scenarios.test_kip101_appendix_unclean_divergence import TOPIC
+from tests.scenarios.test_kip101_appendix_unclean_divergence import TP
+from tests.scenarios.test_kip101_appendix_unclean_divergence import Staged
+from tests.scenarios.test_kip101_appendix_unclean_divergence import bootstrap
+from tests.scenarios.test_kip101_appendix_unclean_divergence import stage_unclean_divergence
+from tests.scenarios.test_kip101_appendix_unclean_divergence import start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(240)]
 

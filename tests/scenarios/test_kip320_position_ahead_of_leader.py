@@ -39,13 +39,13 @@ import pytest
 
 from client import AsyncConsumer
 from client.errors import MinibrokerError
-from client.types import OffsetAndMetadata, TopicPartition
-from protocol.messages import MetadataRequest, MetadataResponse
-from tests.scenarios.scenario_cluster import (
-    ScenarioCluster,
-    consume_n,
-    scenario_cluster,
-)
+from client.types import OffsetAndMetadata
+from client.types import TopicPartition
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import consume_n
+from tests.scenarios.scenario_cluster import scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(240)]
 

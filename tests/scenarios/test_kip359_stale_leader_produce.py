@@ -36,7 +36,8 @@ import pytest
 
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from tests.scenarios.scenario_cluster import FaultRule, scenario_cluster
+from tests.scenarios.scenario_cluster import FaultRule
+from tests.scenarios.scenario_cluster import scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(120)]
 

@@ -44,7 +44,9 @@ import pytest
 
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from tests.scenarios.scenario_cluster import FaultRule, ScenarioCluster, scenario_cluster
+from tests.scenarios.scenario_cluster import FaultRule
+from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(120)]
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from tests.scenarios.scenario_cluster import ScenarioCluster, scenario_cluster
+from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import scenario_cluster
 
 _SKIPPED: list[str] = []
 

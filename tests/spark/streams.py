@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from client import Admin, Producer
+from client import Admin
+from client import Producer
 
 QUERY_TIMEOUT_S = 120
 

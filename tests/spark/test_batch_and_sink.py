@@ -9,7 +9,10 @@ import pytest
 
 from tests.scenarios.scenario_cluster import ScenarioCluster
 from tests.spark.conftest import bootstrap
-from tests.spark.streams import create_topic, produce, run_available_now, stream_options
+from tests.spark.streams import create_topic
+from tests.spark.streams import produce
+from tests.spark.streams import run_available_now
+from tests.spark.streams import stream_options
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 

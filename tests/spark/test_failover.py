@@ -21,7 +21,9 @@ from client.spark.cluster_view import ClusterView
 from client.types import TopicPartition
 from tests.scenarios.scenario_cluster import scenario_cluster
 from tests.spark.conftest import bootstrap
-from tests.spark.streams import QueryRun, produce, stream_options
+from tests.spark.streams import QueryRun
+from tests.spark.streams import produce
+from tests.spark.streams import stream_options
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 

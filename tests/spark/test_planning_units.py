@@ -8,16 +8,17 @@ import json
 import pytest
 
 from client.epochs import EpochEndOffset
-from client.spark.offsets import Position, SourceOffset
-from client.spark.options import OptionError, SinkOptions, SourceOptions
+from client.spark.offsets import Position
+from client.spark.offsets import SourceOffset
+from client.spark.options import OptionError
+from client.spark.options import SinkOptions
+from client.spark.options import SourceOptions
 from client.spark.partition_reader import _EpochChecker
-from client.spark.planning import (
-    OffsetRange,
-    cap_ends,
-    new_partition_start,
-    split_ranges,
-    validate_stored_position,
-)
+from client.spark.planning import OffsetRange
+from client.spark.planning import cap_ends
+from client.spark.planning import new_partition_start
+from client.spark.planning import split_ranges
+from client.spark.planning import validate_stored_position
 from client.types import TopicPartition
 
 T0, T1, U0 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
@@ -274,9 +275,12 @@ def test_the_arrow_value_column_is_the_records_values(size: int) -> None:
     records among them, and after truncate(), the column is still every value."""
     import pyarrow as pa
 
-    from client.record_columns import ColumnBuffer, ValueRun, decode_columns
+    from client.record_columns import ColumnBuffer
+    from client.record_columns import ValueRun
+    from client.record_columns import decode_columns
     from client.spark.partition_reader import _value_array
-    from protocol.record_batch import BatchBuilder, decode_batch
+    from protocol.record_batch import BatchBuilder
+    from protocol.record_batch import decode_batch
 
     builder = BatchBuilder()
     for i in range(300):

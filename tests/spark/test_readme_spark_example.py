@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.integration.test_readme_examples import (
-    is_spark_example,
-    readme_python_blocks,
-    run_readme_block,
-)
+from tests.integration.test_readme_examples import is_spark_example
+from tests.integration.test_readme_examples import readme_python_blocks
+from tests.integration.test_readme_examples import run_readme_block
 from tests.scenarios.scenario_cluster import ScenarioCluster
 
 

@@ -20,7 +20,10 @@ from client import Admin
 from client.types import TopicPartition
 from tests.scenarios.scenario_cluster import scenario_cluster
 from tests.spark.conftest import bootstrap
-from tests.spark.streams import QueryRun, produce, run_available_now, stream_options
+from tests.spark.streams import QueryRun
+from tests.spark.streams import produce
+from tests.spark.streams import run_available_now
+from tests.spark.streams import stream_options
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -26,17 +26,17 @@ from typing import Any
 import pytest
 
 from tests.scenarios.scenario_cluster import scenario_cluster
-from tests.scenarios.test_kip320_position_ahead_of_leader import (
-    DEPOSED,
-    NEW_LEADER,
-    NEWER,
-    OLD,
-    POSITION,
-    TOPIC,
-    address,
-    stage_deposed_leader,
-)
-from tests.spark.streams import QueryRun, run_available_now, stream_options
+from tests.scenarios.test_kip320_position_ahead_of_leader import DEPOSED
+from tests.scenarios.test_kip320_position_ahead_of_leader import NEW_LEADER
+from tests.scenarios.test_kip320_position_ahead_of_leader import NEWER
+from tests.scenarios.test_kip320_position_ahead_of_leader import OLD
+from tests.scenarios.test_kip320_position_ahead_of_leader import POSITION
+from tests.scenarios.test_kip320_position_ahead_of_leader import TOPIC
+from tests.scenarios.test_kip320_position_ahead_of_leader import address
+from tests.scenarios.test_kip320_position_ahead_of_leader import stage_deposed_leader
+from tests.spark.streams import QueryRun
+from tests.spark.streams import run_available_now
+from tests.spark.streams import stream_options
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 

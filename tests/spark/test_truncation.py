@@ -35,21 +35,23 @@ import pytest
 from client.spark.offsets import Position
 from client.spark.options import SourceOptions
 from client.spark.partition_reader import read_range
-from client.spark.planning import DataLossError, OffsetRange
+from client.spark.planning import DataLossError
+from client.spark.planning import OffsetRange
 from client.types import TopicPartition
-from tests.scenarios.scenario_cluster import ScenarioCluster, scenario_cluster
-from tests.scenarios.test_kip101_appendix_unclean_divergence import (
-    DIVERGENCE,
-    IN_SYNC,
-    NEW,
-    ONLY_ON_1,
-    TOPIC,
-    Staged,
-    stage_unclean_divergence,
-    start_cluster,
-)
+from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import scenario_cluster
+from tests.scenarios.test_kip101_appendix_unclean_divergence import DIVERGENCE
+from tests.scenarios.test_kip101_appendix_unclean_divergence import IN_SYNC
+from tests.scenarios.test_kip101_appendix_unclean_divergence import NEW
+from tests.scenarios.test_kip101_appendix_unclean_divergence import ONLY_ON_1
+from tests.scenarios.test_kip101_appendix_unclean_divergence import TOPIC
+from tests.scenarios.test_kip101_appendix_unclean_divergence import Staged
+from tests.scenarios.test_kip101_appendix_unclean_divergence import stage_unclean_divergence
+from tests.scenarios.test_kip101_appendix_unclean_divergence import start_cluster
 from tests.spark.conftest import bootstrap
-from tests.spark.streams import QueryRun, run_available_now, stream_options
+from tests.spark.streams import QueryRun
+from tests.spark.streams import run_available_now
+from tests.spark.streams import stream_options
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -12,7 +12,9 @@ from broker.replica_manager import ReplicaManager
 from broker.server import base_log_config
 from broker.storage.log_manager import LogManager
 from protocol.messages import MetadataEntry
-from protocol.metadata_records import PartitionRecord, RemoveTopicRecord, TopicRecord
+from protocol.metadata_records import PartitionRecord
+from protocol.metadata_records import RemoveTopicRecord
+from protocol.metadata_records import TopicRecord
 from protocol.record_batch import encode_batch
 
 

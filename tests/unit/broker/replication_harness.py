@@ -16,26 +16,23 @@ from broker_harness import Harness
 
 from broker.rpc import RpcConnectionError
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    AlterPartitionPartitionResult,
-    AlterPartitionRequest,
-    AlterPartitionResponse,
-    AlterPartitionTopicResult,
-    FetchRequest,
-    ListOffsetsRequest,
-    Message,
-    OffsetForLeaderEpochRequest,
-    ProducePartition,
-    ProduceRequest,
-    ProduceTopic,
-)
-from protocol.metadata_records import (
-    ListenerInfo,
-    PartitionRecord,
-    RegisterBrokerRecord,
-    TopicRecord,
-)
-from protocol.record_batch import encode_batch, iter_headers
+from protocol.messages import AlterPartitionPartitionResult
+from protocol.messages import AlterPartitionRequest
+from protocol.messages import AlterPartitionResponse
+from protocol.messages import AlterPartitionTopicResult
+from protocol.messages import FetchRequest
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import Message
+from protocol.messages import OffsetForLeaderEpochRequest
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceTopic
+from protocol.metadata_records import ListenerInfo
+from protocol.metadata_records import PartitionRecord
+from protocol.metadata_records import RegisterBrokerRecord
+from protocol.metadata_records import TopicRecord
+from protocol.record_batch import encode_batch
+from protocol.record_batch import iter_headers
 
 FAST = {
     "replica_fetch_wait_max_ms": 50,

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from broker.config import BrokerConfig, ConfigError, ListenerSpec, parse_host_port, parse_listeners
+from broker.config import BrokerConfig
+from broker.config import ConfigError
+from broker.config import ListenerSpec
+from broker.config import parse_host_port
+from broker.config import parse_listeners
 
 
 def test_parse_listeners() -> None:

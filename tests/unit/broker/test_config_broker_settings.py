@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import broker.__main__ as cli
-from broker.config import BrokerConfig, ConfigError
+from broker.config import BrokerConfig
+from broker.config import ConfigError
 from broker.server import base_log_config
 from protocol.topic_configs import LOG_CONFIGS
 from runtime.settings import settings_of

@@ -5,32 +5,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from broker.config import BrokerConfig
-from broker.controller_channel import (
-    ClusterIdMismatchError,
-    ControllerChannel,
-    ControllerUnreachableError,
-)
+from broker.controller_channel import ClusterIdMismatchError
+from broker.controller_channel import ControllerChannel
+from broker.controller_channel import ControllerUnreachableError
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
-    FetchMetadataRequest,
-    FetchMetadataResponse,
-    Listener,
-    Message,
-    MetadataEntry,
-)
-from protocol.metadata_records import RegisterBrokerRecord, UnfenceBrokerRecord
-from runtime.server import ListenerServer, RequestContext
+from protocol.messages import BrokerHeartbeatRequest
+from protocol.messages import BrokerHeartbeatResponse
+from protocol.messages import BrokerRegistrationRequest
+from protocol.messages import BrokerRegistrationResponse
+from protocol.messages import FetchMetadataRequest
+from protocol.messages import FetchMetadataResponse
+from protocol.messages import Listener
+from protocol.messages import Message
+from protocol.messages import MetadataEntry
+from protocol.metadata_records import RegisterBrokerRecord
+from protocol.metadata_records import UnfenceBrokerRecord
+from runtime.server import ListenerServer
+from runtime.server import RequestContext
 
 
 class FakeController:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from broker.delayed import DelayedOperation, Purgatory
+from broker.delayed import DelayedOperation
+from broker.delayed import Purgatory
 
 
 class Flag(DelayedOperation):

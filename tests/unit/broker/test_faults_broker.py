@@ -13,27 +13,29 @@ from click.testing import CliRunner
 
 import broker.__main__ as cli
 from broker.config import BrokerConfig
-from broker.faults import (
-    DROP,
-    DROP_RESPONSE,
-    NO_FAULTS,
-    PROCEED,
-    TestFaults,
-)
-from broker.rpc import RpcClient, RpcConnectionError, RpcTimeoutError
-from broker.server import Broker, StartupError, check_test_switches, protections_off
+from broker.faults import DROP
+from broker.faults import DROP_RESPONSE
+from broker.faults import NO_FAULTS
+from broker.faults import PROCEED
+from broker.faults import TestFaults
+from broker.rpc import RpcClient
+from broker.rpc import RpcConnectionError
+from broker.rpc import RpcTimeoutError
+from broker.server import Broker
+from broker.server import StartupError
+from broker.server import check_test_switches
+from broker.server import protections_off
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from protocol.fault_plan import CONTROLLER_PEER_ID
-from protocol.messages import (
-    FaultControlRequest,
-    FaultRule,
-    FetchRequest,
-    Message,
-    MetadataRequest,
-    MetadataResponse,
-)
-from runtime.server import ListenerServer, RequestContext
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultRule
+from protocol.messages import FetchRequest
+from protocol.messages import Message
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from runtime.server import ListenerServer
+from runtime.server import RequestContext
 
 METADATA = int(ApiKey.METADATA)
 FETCH = int(ApiKey.FETCH)

@@ -8,25 +8,26 @@ import os
 from pathlib import Path
 
 import pytest
-from broker_harness import Harness, batch
+from broker_harness import Harness
+from broker_harness import batch
 
 from broker.config import BrokerConfig
-from broker.faults import NO_FAULTS, NoFsyncLogManager, TestFaults
+from broker.faults import NO_FAULTS
+from broker.faults import NoFsyncLogManager
+from broker.faults import TestFaults
 from broker.handlers import Handlers
 from broker.server import base_log_config
 from broker.storage.log_manager import LogManager
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    DescribeReplicaLogRequest,
-    DescribeReplicaLogResponse,
-    FaultControlRequest,
-    FaultControlResponse,
-    FaultRule,
-    ProducePartition,
-    ProduceRequest,
-    ProduceTopic,
-)
+from protocol.messages import DescribeReplicaLogRequest
+from protocol.messages import DescribeReplicaLogResponse
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultControlResponse
+from protocol.messages import FaultRule
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceTopic
 from protocol.record_batch import iter_headers
 from runtime.server import RequestContext
 

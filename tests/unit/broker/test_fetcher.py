@@ -11,7 +11,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from replication_harness import LocalCluster, batch
+from replication_harness import LocalCluster
+from replication_harness import batch
 
 from broker.fetcher import Phase
 from broker.partition import Role

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.fetch_state import TruncationState, offset_truncation_state
-from broker.storage.epoch_cache import EpochEntry, LeaderEpochFileCache
+from broker.fetch_state import TruncationState
+from broker.fetch_state import offset_truncation_state
+from broker.storage.epoch_cache import EpochEntry
+from broker.storage.epoch_cache import LeaderEpochFileCache
 
 
 def cache(tmp_path: Path, name: str, *entries: tuple[int, int]) -> LeaderEpochFileCache:

@@ -12,36 +12,36 @@ import msgspec
 import pytest
 from broker_harness import Harness
 
-from broker.group_coordinator import (
-    OFFSETS_TOPIC,
-    GroupCoordinator,
-    OffsetCache,
-    OffsetKey,
-    OffsetValue,
-    decode_commit,
-    encode_commit,
-    java_string_hash,
-    load_cache,
-    partition_for,
-)
-from broker.storage.log import Log, LogConfig
+from broker.group_coordinator import OFFSETS_TOPIC
+from broker.group_coordinator import GroupCoordinator
+from broker.group_coordinator import OffsetCache
+from broker.group_coordinator import OffsetKey
+from broker.group_coordinator import OffsetValue
+from broker.group_coordinator import decode_commit
+from broker.group_coordinator import encode_commit
+from broker.group_coordinator import java_string_hash
+from broker.group_coordinator import load_cache
+from broker.group_coordinator import partition_for
+from broker.storage.log import Log
+from broker.storage.log import LogConfig
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    CreatableTopicResult,
-    CreateTopicsRequest,
-    CreateTopicsResponse,
-    FindCoordinatorRequest,
-    FindCoordinatorResponse,
-    OffsetCommitPartition,
-    OffsetCommitRequest,
-    OffsetCommitResponse,
-    OffsetCommitTopic,
-    OffsetFetchRequest,
-    OffsetFetchResponse,
-    OffsetFetchTopic,
-)
-from protocol.metadata_records import ListenerInfo, RegisterBrokerRecord, UnfenceBrokerRecord
-from protocol.record_batch import BatchBuilder, encode_batch
+from protocol.messages import CreatableTopicResult
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import FindCoordinatorRequest
+from protocol.messages import FindCoordinatorResponse
+from protocol.messages import OffsetCommitPartition
+from protocol.messages import OffsetCommitRequest
+from protocol.messages import OffsetCommitResponse
+from protocol.messages import OffsetCommitTopic
+from protocol.messages import OffsetFetchRequest
+from protocol.messages import OffsetFetchResponse
+from protocol.messages import OffsetFetchTopic
+from protocol.metadata_records import ListenerInfo
+from protocol.metadata_records import RegisterBrokerRecord
+from protocol.metadata_records import UnfenceBrokerRecord
+from protocol.record_batch import BatchBuilder
+from protocol.record_batch import encode_batch
 from runtime.server import RequestContext
 
 CTX = RequestContext(listener="PLAINTEXT", peer="test", client_id=None, api_version=0)

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.isr import EXPAND, SHRINK
+from broker.isr import EXPAND
+from broker.isr import SHRINK
 from broker.metadata_image import PartitionState
-from broker.partition import Partition, Role
-from broker.storage.log import Log, LogConfig
+from broker.partition import Partition
+from broker.partition import Role
+from broker.storage.log import Log
+from broker.storage.log import LogConfig
 from protocol.record_batch import encode_batch
 
 

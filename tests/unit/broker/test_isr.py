@@ -11,23 +11,20 @@ from pathlib import Path
 import pytest
 from replication_harness import LocalCluster
 
-from broker.alter_partition import AlterPartitionManager, IsrChange
-from broker.isr import (
-    ReplicaState,
-    caught_up_for_expand,
-    ineligibility,
-    isr_with_epochs,
-    out_of_sync_replicas,
-)
+from broker.alter_partition import AlterPartitionManager
+from broker.alter_partition import IsrChange
+from broker.isr import ReplicaState
+from broker.isr import caught_up_for_expand
+from broker.isr import ineligibility
+from broker.isr import isr_with_epochs
+from broker.isr import out_of_sync_replicas
 from broker.metadata_image import BrokerInfo
 from broker.rpc import RpcConnectionError
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    AlterPartitionPartitionResult,
-    AlterPartitionResponse,
-    AlterPartitionTopicResult,
-    BrokerState,
-)
+from protocol.messages import AlterPartitionPartitionResult
+from protocol.messages import AlterPartitionResponse
+from protocol.messages import AlterPartitionTopicResult
+from protocol.messages import BrokerState
 
 # ---------------------------------------------------------------------- pure rules
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from broker_harness import partition_record
 
-from broker.metadata_image import MAX_REMEMBERED_DELETIONS, MetadataImage
+from broker.metadata_image import MAX_REMEMBERED_DELETIONS
+from broker.metadata_image import MetadataImage
 from protocol.messages import MetadataEntry
-from protocol.metadata_records import (
-    FenceBrokerRecord,
-    ListenerInfo,
-    RegisterBrokerRecord,
-    RemoveTopicRecord,
-    TopicRecord,
-    UnfenceBrokerRecord,
-)
+from protocol.metadata_records import FenceBrokerRecord
+from protocol.metadata_records import ListenerInfo
+from protocol.metadata_records import RegisterBrokerRecord
+from protocol.metadata_records import RemoveTopicRecord
+from protocol.metadata_records import TopicRecord
+from protocol.metadata_records import UnfenceBrokerRecord
 
 
 def entries(*records: object, start: int = 0) -> list[MetadataEntry]:

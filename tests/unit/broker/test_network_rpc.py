@@ -7,21 +7,26 @@ import struct
 
 import pytest
 
-from broker.rpc import RpcClient, RpcConnectionError, RpcErrorResponse, RpcTimeoutError
+from broker.rpc import RpcClient
+from broker.rpc import RpcConnectionError
+from broker.rpc import RpcErrorResponse
+from broker.rpc import RpcTimeoutError
 from protocol.api import ApiKey
 from protocol.connection import ClientConnection
-from protocol.connection_limits import ConnectionLimits, ConnectionTable
+from protocol.connection_limits import ConnectionLimits
+from protocol.connection_limits import ConnectionTable
 from protocol.errors import ErrorCode
-from protocol.framing import RequestHeader, encode_request_header, frame
-from protocol.messages import (
-    ApiVersionsRequest,
-    ApiVersionsResponse,
-    DescribeClusterRequest,
-    Message,
-    MetadataRequest,
-    MetadataResponse,
-)
-from runtime.server import ListenerServer, RequestContext
+from protocol.framing import RequestHeader
+from protocol.framing import encode_request_header
+from protocol.framing import frame
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import ApiVersionsResponse
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import Message
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from runtime.server import ListenerServer
+from runtime.server import RequestContext
 
 
 class App:

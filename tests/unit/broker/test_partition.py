@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from broker.metadata_image import PartitionState
-from broker.partition import Partition, Role
-from broker.storage.log import Log, LogConfig
+from broker.partition import Partition
+from broker.partition import Role
+from broker.storage.log import Log
+from broker.storage.log import LogConfig
 from protocol.errors import ErrorCode
 from protocol.record_batch import encode_batch
 

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from broker.producer_ids import ProducerIdManager, ProducerIdUnavailableError
+from broker.producer_ids import ProducerIdManager
+from broker.producer_ids import ProducerIdUnavailableError
 from broker.rpc import RpcConnectionError
 from protocol.errors import ErrorCode
 from protocol.messages import AllocateProducerIdsResponse

@@ -10,26 +10,27 @@ from typing import Any
 
 import crc32c
 import pytest
-from broker_harness import Harness, batch, partition_record
+from broker_harness import Harness
+from broker_harness import batch
+from broker_harness import partition_record
 
 from broker.partition import Role
 from broker.server import full_delta
-from protocol.api import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from protocol.api import EARLIEST_TIMESTAMP
+from protocol.api import LATEST_TIMESTAMP
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    FetchPartition,
-    FetchRequest,
-    MetadataEntry,
-    ProduceRequest,
-)
-from protocol.metadata_records import RemoveTopicRecord, TopicRecord
-from protocol.record_batch import iter_headers, iter_records
-from tests.one_partition import (
-    fetch_request,
-    list_offsets_request,
-    offsets_for_epoch_request,
-    produce_request,
-)
+from protocol.messages import FetchPartition
+from protocol.messages import FetchRequest
+from protocol.messages import MetadataEntry
+from protocol.messages import ProduceRequest
+from protocol.metadata_records import RemoveTopicRecord
+from protocol.metadata_records import TopicRecord
+from protocol.record_batch import iter_headers
+from protocol.record_batch import iter_records
+from tests.one_partition import fetch_request
+from tests.one_partition import list_offsets_request
+from tests.one_partition import offsets_for_epoch_request
+from tests.one_partition import produce_request
 
 
 def produce_req(topic: str, records: bytes, **kw: Any) -> ProduceRequest:

@@ -6,57 +6,60 @@ script answers (stale metadata, fenced epochs, silence)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
 from typing import TYPE_CHECKING
 
-from protocol.connection import RejectedRequest, Request, ServerConnection
+from protocol.connection import RejectedRequest
+from protocol.connection import Request
+from protocol.connection import ServerConnection
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    DescribeClusterBroker,
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    DescribeLogDirsRequest,
-    DescribeLogDirsResponse,
-    DescribeLogDirsResult,
-    EpochEndOffsetResult,
-    FetchPartitionResponse,
-    FetchRequest,
-    FetchResponse,
-    FetchTopicResponse,
-    FindCoordinatorRequest,
-    FindCoordinatorResponse,
-    InitProducerIdRequest,
-    InitProducerIdResponse,
-    LeaderIdAndEpoch,
-    ListOffsetsPartitionResponse,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
-    ListOffsetsTopicResponse,
-    Message,
-    MetadataBroker,
-    MetadataPartition,
-    MetadataRequest,
-    MetadataResponse,
-    MetadataTopic,
-    OffsetCommitPartitionResponse,
-    OffsetCommitRequest,
-    OffsetCommitResponse,
-    OffsetCommitTopicResponse,
-    OffsetFetchPartitionResponse,
-    OffsetFetchRequest,
-    OffsetFetchResponse,
-    OffsetFetchTopicResponse,
-    OffsetForLeaderEpochRequest,
-    OffsetForLeaderEpochResponse,
-    OffsetForLeaderTopicResult,
-    ProducePartitionResponse,
-    ProduceRequest,
-    ProduceResponse,
-    ProduceTopicResponse,
-    StrayReplica,
-)
-from protocol.record_batch import stamp, validate_batches
+from protocol.messages import DescribeClusterBroker
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import DescribeClusterResponse
+from protocol.messages import DescribeLogDirsRequest
+from protocol.messages import DescribeLogDirsResponse
+from protocol.messages import DescribeLogDirsResult
+from protocol.messages import EpochEndOffsetResult
+from protocol.messages import FetchPartitionResponse
+from protocol.messages import FetchRequest
+from protocol.messages import FetchResponse
+from protocol.messages import FetchTopicResponse
+from protocol.messages import FindCoordinatorRequest
+from protocol.messages import FindCoordinatorResponse
+from protocol.messages import InitProducerIdRequest
+from protocol.messages import InitProducerIdResponse
+from protocol.messages import LeaderIdAndEpoch
+from protocol.messages import ListOffsetsPartitionResponse
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import ListOffsetsResponse
+from protocol.messages import ListOffsetsTopicResponse
+from protocol.messages import Message
+from protocol.messages import MetadataBroker
+from protocol.messages import MetadataPartition
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import MetadataTopic
+from protocol.messages import OffsetCommitPartitionResponse
+from protocol.messages import OffsetCommitRequest
+from protocol.messages import OffsetCommitResponse
+from protocol.messages import OffsetCommitTopicResponse
+from protocol.messages import OffsetFetchPartitionResponse
+from protocol.messages import OffsetFetchRequest
+from protocol.messages import OffsetFetchResponse
+from protocol.messages import OffsetFetchTopicResponse
+from protocol.messages import OffsetForLeaderEpochRequest
+from protocol.messages import OffsetForLeaderEpochResponse
+from protocol.messages import OffsetForLeaderTopicResult
+from protocol.messages import ProducePartitionResponse
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopicResponse
+from protocol.messages import StrayReplica
+from protocol.record_batch import stamp
+from protocol.record_batch import validate_batches
 
 if TYPE_CHECKING:
     from client.consumer import AsyncConsumer

@@ -9,8 +9,12 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from client.cli import _formatter, _parse_configs, cli
-from client.dev_cluster import DevCluster, DevClusterError, broker_ports
+from client.cli import _formatter
+from client.cli import _parse_configs
+from client.cli import cli
+from client.dev_cluster import DevCluster
+from client.dev_cluster import DevClusterError
+from client.dev_cluster import broker_ports
 from client.types import ConsumerRecord
 
 RECORD = ConsumerRecord("t", 2, 41, 3, 1700000000000, b"k", b"v\xff", (("h", b"1"),))

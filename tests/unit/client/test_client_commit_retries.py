@@ -10,19 +10,19 @@ import pytest
 from client_fakes import FakeBroker
 
 from client.consumer import AsyncConsumer
-from client.errors import InvalidCommitOffsetSizeError, KafkaTimeoutError
-from client.types import OffsetAndMetadata, TopicPartition
+from client.errors import InvalidCommitOffsetSizeError
+from client.errors import KafkaTimeoutError
+from client.types import OffsetAndMetadata
+from client.types import TopicPartition
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    FindCoordinatorRequest,
-    Message,
-    OffsetCommitPartitionResponse,
-    OffsetCommitRequest,
-    OffsetCommitResponse,
-    OffsetCommitTopicResponse,
-    OffsetFetchRequest,
-    OffsetFetchResponse,
-)
+from protocol.messages import FindCoordinatorRequest
+from protocol.messages import Message
+from protocol.messages import OffsetCommitPartitionResponse
+from protocol.messages import OffsetCommitRequest
+from protocol.messages import OffsetCommitResponse
+from protocol.messages import OffsetCommitTopicResponse
+from protocol.messages import OffsetFetchRequest
+from protocol.messages import OffsetFetchResponse
 
 TP = TopicPartition("t", 0)
 

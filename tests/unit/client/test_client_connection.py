@@ -9,13 +9,13 @@ import uvloop
 from client_fakes import FakeBroker
 
 from client.connection import BrokerConnection
-from client.errors import ConnectionFailedError, RequestTimedOutError, UnknownServerError
-from protocol.messages import (
-    AllocateProducerIdsRequest,
-    MetadataRequest,
-    MetadataResponse,
-    MetadataTopic,
-)
+from client.errors import ConnectionFailedError
+from client.errors import RequestTimedOutError
+from client.errors import UnknownServerError
+from protocol.messages import AllocateProducerIdsRequest
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import MetadataTopic
 
 
 def echo_topics(delays: dict[str, float]):

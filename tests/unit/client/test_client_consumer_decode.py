@@ -13,7 +13,8 @@ from client_fakes import FakeBroker
 from client.consumer import AsyncConsumer
 from client.errors import CorruptRecordError
 from client.types import TopicPartition
-from protocol.record_batch import encode_batch, stamp
+from protocol.record_batch import encode_batch
+from protocol.record_batch import stamp
 
 T0 = TopicPartition("t", 0)
 EPOCH = 4

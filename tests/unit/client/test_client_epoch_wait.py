@@ -17,27 +17,31 @@ from __future__ import annotations
 import time
 
 import pytest
-from client_fakes import FakeBroker, poll_records, produce_values
+from client_fakes import FakeBroker
+from client_fakes import poll_records
+from client_fakes import produce_values
 
 from client.cluster import ClusterClient
 from client.consumer import AsyncConsumer
-from client.epochs import EpochEndOffset, ask_leader, end_offsets_for_epochs
-from client.errors import KafkaTimeoutError, LeaderEpochBehindError
-from client.types import OffsetAndMetadata, TopicPartition
+from client.epochs import EpochEndOffset
+from client.epochs import ask_leader
+from client.epochs import end_offsets_for_epochs
+from client.errors import KafkaTimeoutError
+from client.errors import LeaderEpochBehindError
+from client.types import OffsetAndMetadata
+from client.types import TopicPartition
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    EpochEndOffsetResult,
-    FetchRequest,
-    ListOffsetsPartitionResponse,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
-    ListOffsetsTopicResponse,
-    Message,
-    MetadataRequest,
-    OffsetForLeaderEpochRequest,
-    OffsetForLeaderEpochResponse,
-    OffsetForLeaderTopicResult,
-)
+from protocol.messages import EpochEndOffsetResult
+from protocol.messages import FetchRequest
+from protocol.messages import ListOffsetsPartitionResponse
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import ListOffsetsResponse
+from protocol.messages import ListOffsetsTopicResponse
+from protocol.messages import Message
+from protocol.messages import MetadataRequest
+from protocol.messages import OffsetForLeaderEpochRequest
+from protocol.messages import OffsetForLeaderEpochResponse
+from protocol.messages import OffsetForLeaderTopicResult
 
 T0 = TopicPartition("t", 0)
 T1 = TopicPartition("t", 1)

@@ -6,19 +6,17 @@ from __future__ import annotations
 import pytest
 
 from client import errors
-from client.errors import (
-    BrokerResponseError,
-    ConnectionFailedError,
-    FencedLeaderEpochError,
-    MinibrokerError,
-    NoBrokersAvailableError,
-    NotLeaderOrFollowerError,
-    OffsetOutOfRangeError,
-    UnknownLeaderEpochError,
-    UnknownTopicOrPartitionError,
-    error_class_for,
-    error_for,
-)
+from client.errors import BrokerResponseError
+from client.errors import ConnectionFailedError
+from client.errors import FencedLeaderEpochError
+from client.errors import MinibrokerError
+from client.errors import NoBrokersAvailableError
+from client.errors import NotLeaderOrFollowerError
+from client.errors import OffsetOutOfRangeError
+from client.errors import UnknownLeaderEpochError
+from client.errors import UnknownTopicOrPartitionError
+from client.errors import error_class_for
+from client.errors import error_for
 from client.types import TopicPartition
 from protocol.errors import ErrorCode
 

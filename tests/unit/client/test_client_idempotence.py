@@ -9,22 +9,24 @@ import logging
 from collections.abc import Callable
 
 import pytest
-from client_fakes import DROP_CONNECTION, FakeBroker
+from client_fakes import DROP_CONNECTION
+from client_fakes import FakeBroker
 
-from client.errors import KafkaTimeoutError, PossiblyWrittenError
+from client.errors import KafkaTimeoutError
+from client.errors import PossiblyWrittenError
 from client.producer import AsyncProducer
-from client.types import RecordMetadata, TopicPartition
+from client.types import RecordMetadata
+from client.types import TopicPartition
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    InitProducerIdRequest,
-    Message,
-    ProducePartitionResponse,
-    ProduceRequest,
-    ProduceResponse,
-    ProduceTopic,
-    ProduceTopicResponse,
-)
-from protocol.record_batch import iter_records, validate_batches
+from protocol.messages import InitProducerIdRequest
+from protocol.messages import Message
+from protocol.messages import ProducePartitionResponse
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopic
+from protocol.messages import ProduceTopicResponse
+from protocol.record_batch import iter_records
+from protocol.record_batch import validate_batches
 
 T0 = TopicPartition("t", 0)
 

@@ -8,16 +8,17 @@ import asyncio
 import pytest
 from client_fakes import FakeBroker
 
-from client.cluster import ClusterClient, ClusterMetadata, parse_bootstrap_servers
-from client.errors import LeaderNotAvailableError, NoBrokersAvailableError
+from client.cluster import ClusterClient
+from client.cluster import ClusterMetadata
+from client.cluster import parse_bootstrap_servers
+from client.errors import LeaderNotAvailableError
+from client.errors import NoBrokersAvailableError
 from client.types import TopicPartition
-from protocol.messages import (
-    MetadataBroker,
-    MetadataPartition,
-    MetadataRequest,
-    MetadataResponse,
-    MetadataTopic,
-)
+from protocol.messages import MetadataBroker
+from protocol.messages import MetadataPartition
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import MetadataTopic
 
 TP0 = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)

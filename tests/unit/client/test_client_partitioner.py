@@ -6,7 +6,10 @@ import random
 
 import pytest
 
-from client.partitioner import DefaultPartitioner, murmur2, partition_for_key, to_positive
+from client.partitioner import DefaultPartitioner
+from client.partitioner import murmur2
+from client.partitioner import partition_for_key
+from client.partitioner import to_positive
 
 # org.apache.kafka.common.utils.UtilsTest.testMurmur2 (signed int32, as in Java).
 KAFKA_MURMUR2 = {

@@ -11,26 +11,23 @@ from client_fakes import FakeBroker
 
 from client.admin import AsyncAdmin
 from client.consumer import AsyncConsumer
-from client.errors import (
-    IllegalStateError,
-    KafkaTimeoutError,
-    LogTruncationError,
-    NoOffsetForPartitionError,
-    OffsetOutOfRangeError,
-    UnknownTopicOrPartitionError,
-)
+from client.errors import IllegalStateError
+from client.errors import KafkaTimeoutError
+from client.errors import LogTruncationError
+from client.errors import NoOffsetForPartitionError
+from client.errors import OffsetOutOfRangeError
+from client.errors import UnknownTopicOrPartitionError
 from client.partitioner import partition_for_key
 from client.producer import AsyncProducer
-from client.types import OffsetAndMetadata, TopicPartition
-from protocol.messages import (
-    EpochEndOffset,
-    FetchPartitionResponse,
-    FetchRequest,
-    FetchResponse,
-    FetchTopicResponse,
-    ListOffsetsRequest,
-    ProduceRequest,
-)
+from client.types import OffsetAndMetadata
+from client.types import TopicPartition
+from protocol.messages import EpochEndOffset
+from protocol.messages import FetchPartitionResponse
+from protocol.messages import FetchRequest
+from protocol.messages import FetchResponse
+from protocol.messages import FetchTopicResponse
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import ProduceRequest
 from protocol.record_batch import iter_headers
 
 T0 = TopicPartition("t", 0)

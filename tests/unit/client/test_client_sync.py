@@ -10,9 +10,13 @@ from collections.abc import Iterator
 import pytest
 from client_fakes import FakeBroker
 
-from client.errors import IllegalStateError, LogTruncationError
-from client.sync import Admin, Consumer, Producer
-from client.types import OffsetAndMetadata, TopicPartition
+from client.errors import IllegalStateError
+from client.errors import LogTruncationError
+from client.sync import Admin
+from client.sync import Consumer
+from client.sync import Producer
+from client.types import OffsetAndMetadata
+from client.types import TopicPartition
 
 T0 = TopicPartition("t", 0)
 

@@ -8,12 +8,18 @@ import asyncio
 import logging
 
 import pytest
-from client_fakes import FakeBroker, poll_records, produce_values
+from client_fakes import FakeBroker
+from client_fakes import poll_records
+from client_fakes import produce_values
 
 from client.consumer import AsyncConsumer
-from client.errors import LogTruncationError, OffsetOutOfRangeError
-from client.types import OffsetAndMetadata, TopicPartition
-from protocol.messages import FetchRequest, ListOffsetsRequest, OffsetForLeaderEpochRequest
+from client.errors import LogTruncationError
+from client.errors import OffsetOutOfRangeError
+from client.types import OffsetAndMetadata
+from client.types import TopicPartition
+from protocol.messages import FetchRequest
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import OffsetForLeaderEpochRequest
 
 T0 = TopicPartition("t", 0)
 

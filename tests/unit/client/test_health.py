@@ -7,32 +7,30 @@ import json
 
 import pytest
 
-from client.admin import (
-    BrokerDescription,
-    ClusterDescription,
-    PartitionDescription,
-    TopicDescription,
-    parse_address,
-    topics_from_metadata,
-)
-from client.health import (
-    BROKERS_DOWN,
-    CONTROLLER_UNREACHABLE,
-    LEADERLESS_PARTITIONS,
-    NO_BROKER_REACHABLE,
-    NO_CONTROLLER,
-    NO_LIVE_BROKERS,
-    OFFLINE_LOG_DIRS,
-    SOURCE_CONTROLLER,
-    SOURCE_NONE,
-    UNDER_REPLICATED_PARTITIONS,
-    OfflineLogDirHealth,
-    evaluate_health,
-    is_under_replicated,
-    render_text,
-)
+from client.admin import BrokerDescription
+from client.admin import ClusterDescription
+from client.admin import PartitionDescription
+from client.admin import TopicDescription
+from client.admin import parse_address
+from client.admin import topics_from_metadata
+from client.health import BROKERS_DOWN
+from client.health import CONTROLLER_UNREACHABLE
+from client.health import LEADERLESS_PARTITIONS
+from client.health import NO_BROKER_REACHABLE
+from client.health import NO_CONTROLLER
+from client.health import NO_LIVE_BROKERS
+from client.health import OFFLINE_LOG_DIRS
+from client.health import SOURCE_CONTROLLER
+from client.health import SOURCE_NONE
+from client.health import UNDER_REPLICATED_PARTITIONS
+from client.health import OfflineLogDirHealth
+from client.health import evaluate_health
+from client.health import is_under_replicated
+from client.health import render_text
 from protocol.errors import ErrorCode
-from protocol.messages import MetadataPartition, MetadataResponse, MetadataTopic
+from protocol.messages import MetadataPartition
+from protocol.messages import MetadataResponse
+from protocol.messages import MetadataTopic
 
 
 def cluster(*fenced: int, ids: tuple[int, ...] = (1, 2, 3), controller: int = 0):

@@ -11,36 +11,36 @@ from collections.abc import AsyncIterator
 import pytest
 from client_fakes import FakeBroker
 
-from client.admin import AsyncAdmin, EpochEntry, ReplicaBatch
-from client.errors import MinibrokerError, UnknownTopicOrPartitionError
-from client.health import (
-    BROKERS_DOWN,
-    CONTROLLER_UNREACHABLE,
-    LEADERLESS_PARTITIONS,
-    NO_BROKER_REACHABLE,
-    SOURCE_BROKER,
-    SOURCE_CONTROLLER,
-    render_text,
-)
-from protocol.connection import RejectedRequest, ServerConnection
+from client.admin import AsyncAdmin
+from client.admin import EpochEntry
+from client.admin import ReplicaBatch
+from client.errors import MinibrokerError
+from client.errors import UnknownTopicOrPartitionError
+from client.health import BROKERS_DOWN
+from client.health import CONTROLLER_UNREACHABLE
+from client.health import LEADERLESS_PARTITIONS
+from client.health import NO_BROKER_REACHABLE
+from client.health import SOURCE_BROKER
+from client.health import SOURCE_CONTROLLER
+from client.health import render_text
+from protocol.connection import RejectedRequest
+from protocol.connection import ServerConnection
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    ApiVersionsRequest,
-    ApiVersionsResponse,
-    DescribeClusterBroker,
-    DescribeClusterRequest,
-    DescribeClusterResponse,
-    DescribeLogDirsRequest,
-    DescribeReplicaLogRequest,
-    DescribeReplicaLogResponse,
-    EpochStartOffset,
-    MetadataPartition,
-    MetadataRequest,
-    MetadataResponse,
-    MetadataTopic,
-    ReplicaBatchInfo,
-    StrayReplica,
-)
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import ApiVersionsResponse
+from protocol.messages import DescribeClusterBroker
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import DescribeClusterResponse
+from protocol.messages import DescribeLogDirsRequest
+from protocol.messages import DescribeReplicaLogRequest
+from protocol.messages import DescribeReplicaLogResponse
+from protocol.messages import EpochStartOffset
+from protocol.messages import MetadataPartition
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import MetadataTopic
+from protocol.messages import ReplicaBatchInfo
+from protocol.messages import StrayReplica
 
 
 def dead_address() -> tuple[str, int]:

@@ -10,18 +10,17 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 
-from client.admin import (
-    AsyncAdmin,
-    BrokerDescription,
-    ClusterDescription,
-    EpochEntry,
-    PartitionDescription,
-    ReplicaBatch,
-    ReplicaLogDescription,
-    TopicDescription,
-)
+from client.admin import AsyncAdmin
+from client.admin import BrokerDescription
+from client.admin import ClusterDescription
+from client.admin import EpochEntry
+from client.admin import PartitionDescription
+from client.admin import ReplicaBatch
+from client.admin import ReplicaLogDescription
+from client.admin import TopicDescription
 from client.cli import cli
-from client.health import ClusterHealth, evaluate_health
+from client.health import ClusterHealth
+from client.health import evaluate_health
 
 CLUSTER = ClusterDescription("cid", 0, [BrokerDescription(i, "h", i) for i in (1, 2, 3)], 5)
 FENCED = CLUSTER._replace(brokers=[b._replace(is_fenced=b.node_id == 3) for b in CLUSTER.brokers])

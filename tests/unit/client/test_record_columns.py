@@ -11,17 +11,18 @@ import struct
 
 import crc32c
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import example
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from client.record_columns import ColumnBuffer, decode_columns
+from client.record_columns import ColumnBuffer
+from client.record_columns import decode_columns
 from protocol.errors import CorruptRecordError
-from protocol.record_batch import (
-    MAX_DECOMPRESSED_SIZE,
-    BatchBuilder,
-    Compression,
-    decode_batch,
-)
+from protocol.record_batch import MAX_DECOMPRESSED_SIZE
+from protocol.record_batch import BatchBuilder
+from protocol.record_batch import Compression
+from protocol.record_batch import decode_batch
 
 headers_strategy = st.lists(
     st.tuples(st.text(max_size=5), st.none() | st.binary(max_size=8)), max_size=2

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +19,15 @@ from controller.handlers import ControllerHandlers
 from controller.liveness import BrokerSessions
 from controller.metadata_writer import MetadataWriter
 from controller.state import MetadataImage
-from protocol.messages import (
-    BrokerHeartbeatRequest,
-    BrokerHeartbeatResponse,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
-    CreatableReplicaAssignment,
-    CreatableTopic,
-    CreatableTopicResult,
-    CreateTopicsRequest,
-    Listener,
-)
+from protocol.messages import BrokerHeartbeatRequest
+from protocol.messages import BrokerHeartbeatResponse
+from protocol.messages import BrokerRegistrationRequest
+from protocol.messages import BrokerRegistrationResponse
+from protocol.messages import CreatableReplicaAssignment
+from protocol.messages import CreatableTopic
+from protocol.messages import CreatableTopicResult
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import Listener
 from protocol.metadata_records import PartitionRecord
 
 CLUSTER_ID = "test-cluster-id"

@@ -6,10 +6,14 @@ from __future__ import annotations
 import pytest
 
 from broker.storage.log_config import LogConfig
-from controller.topic_validation import InvalidTopicConfig, validate_topic_configs
+from controller.topic_validation import InvalidTopicConfig
+from controller.topic_validation import validate_topic_configs
 from protocol.errors import ErrorCode
-from protocol.messages import CreatableTopic, CreateTopicsRequest
-from protocol.topic_configs import INT64_MAX, LOG_CONFIGS, TOPIC_CONFIGS
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
+from protocol.topic_configs import INT64_MAX
+from protocol.topic_configs import LOG_CONFIGS
+from protocol.topic_configs import TOPIC_CONFIGS
 
 
 async def test_a_topic_config_the_broker_applies_is_accepted_by_the_controller(harness) -> None:

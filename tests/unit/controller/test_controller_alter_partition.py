@@ -6,18 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import TEST_FAULTS_ENV, ControllerConfig
+from controller.config import TEST_FAULTS_ENV
+from controller.config import ControllerConfig
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    AlterPartitionPartition,
-    AlterPartitionRequest,
-    AlterPartitionResponse,
-    AlterPartitionTopic,
-    BrokerState,
-    CreatableReplicaAssignment,
-    CreatableTopic,
-    CreateTopicsRequest,
-)
+from protocol.messages import AlterPartitionPartition
+from protocol.messages import AlterPartitionRequest
+from protocol.messages import AlterPartitionResponse
+from protocol.messages import AlterPartitionTopic
+from protocol.messages import BrokerState
+from protocol.messages import CreatableReplicaAssignment
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
 
 
 async def setup(h) -> dict[int, int]:

@@ -17,15 +17,13 @@ from controller.app import ControllerProcess
 from controller.config import ControllerConfig
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    ApiVersionsRequest,
-    ApiVersionsResponse,
-    BrokerRegistrationRequest,
-    BrokerRegistrationResponse,
-    FetchMetadataRequest,
-    Listener,
-    Message,
-)
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import ApiVersionsResponse
+from protocol.messages import BrokerRegistrationRequest
+from protocol.messages import BrokerRegistrationResponse
+from protocol.messages import FetchMetadataRequest
+from protocol.messages import Listener
+from protocol.messages import Message
 
 # ------------------------------------------------------------------ CLI
 

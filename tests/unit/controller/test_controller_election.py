@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from controller.election import (
-    Election,
-    change_partition,
-    elect_if_leaderless,
-    elect_leader,
-    remove_broker,
-)
-from protocol.metadata_records import (
-    LEADER_RECOVERED,
-    LEADER_RECOVERING,
-    NO_LEADER,
-    PartitionRecord,
-)
+from controller.election import Election
+from controller.election import change_partition
+from controller.election import elect_if_leaderless
+from controller.election import elect_leader
+from controller.election import remove_broker
+from protocol.metadata_records import LEADER_RECOVERED
+from protocol.metadata_records import LEADER_RECOVERING
+from protocol.metadata_records import NO_LEADER
+from protocol.metadata_records import PartitionRecord
 
 
 def part(replicas: list[int], isr: list[int], leader: int, le: int = 5, pe: int = 9):

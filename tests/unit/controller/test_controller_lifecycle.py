@@ -5,13 +5,12 @@ clock)."""
 from __future__ import annotations
 
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    BrokerRegistrationRequest,
-    DescribeClusterRequest,
-    Listener,
-    MetadataRequest,
-)
-from protocol.metadata_records import NO_LEADER, RegisterBrokerRecord
+from protocol.messages import BrokerRegistrationRequest
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import Listener
+from protocol.messages import MetadataRequest
+from protocol.metadata_records import NO_LEADER
+from protocol.metadata_records import RegisterBrokerRecord
 
 
 async def test_registration_epoch_is_the_record_offset(harness) -> None:
@@ -180,12 +179,10 @@ async def test_unclean_election_only_when_topic_allows(harness) -> None:
     await h.create_assigned("clean", [[1, 2]])
     await h.create_assigned("dirty", [[1, 2]], configs={"unclean.leader.election.enable": "true"})
     # Shrink both ISRs to [1] (leader 1), then broker 1 dies.
-    from protocol.messages import (
-        AlterPartitionPartition,
-        AlterPartitionRequest,
-        AlterPartitionTopic,
-        BrokerState,
-    )
+    from protocol.messages import AlterPartitionPartition
+    from protocol.messages import AlterPartitionRequest
+    from protocol.messages import AlterPartitionTopic
+    from protocol.messages import BrokerState
 
     for name in ("clean", "dirty"):
         p = h.partition(name)

@@ -8,20 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import CorruptMetadataError, InvariantViolation
-from controller.metadata_log import (
-    MetadataLog,
-    encode_entry,
-    log_file_name,
-    snapshot_file_name,
-)
+from controller.errors import CorruptMetadataError
+from controller.errors import InvariantViolation
+from controller.metadata_log import MetadataLog
+from controller.metadata_log import encode_entry
+from controller.metadata_log import log_file_name
+from controller.metadata_log import snapshot_file_name
 from protocol.messages import MetadataEntry
-from protocol.metadata_records import (
-    ListenerInfo,
-    PartitionRecord,
-    RegisterBrokerRecord,
-    TopicRecord,
-)
+from protocol.metadata_records import ListenerInfo
+from protocol.metadata_records import PartitionRecord
+from protocol.metadata_records import RegisterBrokerRecord
+from protocol.metadata_records import TopicRecord
 
 
 def register(offset: int, broker_id: int = 1) -> MetadataEntry:

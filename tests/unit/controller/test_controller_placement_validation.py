@@ -7,13 +7,12 @@ from collections import Counter
 
 import pytest
 
-from controller.replica_placement import PlacementError, assign_replicas
-from controller.topic_validation import (
-    InvalidTopicConfig,
-    InvalidTopicName,
-    validate_topic_configs,
-    validate_topic_name,
-)
+from controller.replica_placement import PlacementError
+from controller.replica_placement import assign_replicas
+from controller.topic_validation import InvalidTopicConfig
+from controller.topic_validation import InvalidTopicName
+from controller.topic_validation import validate_topic_configs
+from controller.topic_validation import validate_topic_name
 
 
 def test_kafka_round_robin_layout() -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from controller.handlers import PRODUCER_ID_BLOCK_SIZE
 from controller.state import MetadataImage
 from protocol.errors import ErrorCode
-from protocol.messages import AllocateProducerIdsRequest, AllocateProducerIdsResponse
+from protocol.messages import AllocateProducerIdsRequest
+from protocol.messages import AllocateProducerIdsResponse
 from protocol.metadata_records import ProducerIdsRecord
 
 

@@ -12,8 +12,10 @@ import logging
 
 from controller.liveness import BrokerSessions
 from protocol.errors import ErrorCode
-from protocol.messages import ElectLeadersPartition, ElectLeadersRequest
-from protocol.metadata_records import LEADER_RECOVERING, NO_LEADER
+from protocol.messages import ElectLeadersPartition
+from protocol.messages import ElectLeadersRequest
+from protocol.metadata_records import LEADER_RECOVERING
+from protocol.metadata_records import NO_LEADER
 
 
 class Clock:

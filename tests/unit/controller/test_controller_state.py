@@ -9,16 +9,14 @@ import pytest
 from controller.errors import InvariantViolation
 from controller.state import MetadataImage
 from protocol.messages import DeleteTopicsRequest
-from protocol.metadata_records import (
-    NO_LEADER,
-    FenceBrokerRecord,
-    ListenerInfo,
-    PartitionRecord,
-    RegisterBrokerRecord,
-    RemoveTopicRecord,
-    TopicRecord,
-    UnfenceBrokerRecord,
-)
+from protocol.metadata_records import NO_LEADER
+from protocol.metadata_records import FenceBrokerRecord
+from protocol.metadata_records import ListenerInfo
+from protocol.metadata_records import PartitionRecord
+from protocol.metadata_records import RegisterBrokerRecord
+from protocol.metadata_records import RemoveTopicRecord
+from protocol.metadata_records import TopicRecord
+from protocol.metadata_records import UnfenceBrokerRecord
 
 
 def reg(broker_id: int, epoch: int, fenced: bool = True) -> RegisterBrokerRecord:

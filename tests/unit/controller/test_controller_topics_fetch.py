@@ -7,14 +7,14 @@ from pathlib import Path
 
 from controller.state import MetadataImage
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    CreatableReplicaAssignment,
-    CreatableTopic,
-    CreateTopicsRequest,
-    DeleteTopicsRequest,
-    FetchMetadataRequest,
-)
-from protocol.metadata_records import PartitionRecord, RemoveTopicRecord, TopicRecord
+from protocol.messages import CreatableReplicaAssignment
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import DeleteTopicsRequest
+from protocol.messages import FetchMetadataRequest
+from protocol.metadata_records import PartitionRecord
+from protocol.metadata_records import RemoveTopicRecord
+from protocol.metadata_records import TopicRecord
 
 
 async def create(h, *topics: CreatableTopic, validate_only: bool = False):

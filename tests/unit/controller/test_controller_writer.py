@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import InvariantViolation, MetadataLogWriteError
+from controller.errors import InvariantViolation
+from controller.errors import MetadataLogWriteError
 from controller.metadata_log import MetadataLog
 from controller.metadata_writer import MetadataWriter
 from controller.state import MetadataImage
-from protocol.metadata_records import ListenerInfo, RegisterBrokerRecord, TopicRecord
+from protocol.metadata_records import ListenerInfo
+from protocol.metadata_records import RegisterBrokerRecord
+from protocol.metadata_records import TopicRecord
 
 
 def reg(broker_id: int, epoch: int) -> RegisterBrokerRecord:

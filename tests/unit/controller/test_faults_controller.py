@@ -16,29 +16,29 @@ from wire_client import Client
 import controller.app
 from controller.__main__ import main
 from controller.app import ControllerProcess
-from controller.config import TEST_FAULTS_ENV, ControllerConfig
-from controller.faults import NO_FAULTS, TestFaults
+from controller.config import TEST_FAULTS_ENV
+from controller.config import ControllerConfig
+from controller.faults import NO_FAULTS
+from controller.faults import TestFaults
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
-from protocol.messages import (
-    AlterPartitionPartition,
-    AlterPartitionRequest,
-    AlterPartitionResponse,
-    AlterPartitionTopic,
-    ApiVersionsRequest,
-    ApiVersionsResponse,
-    BrokerHeartbeatRequest,
-    BrokerRegistrationRequest,
-    BrokerState,
-    CreatableReplicaAssignment,
-    CreatableTopic,
-    CreateTopicsRequest,
-    FaultControlRequest,
-    FaultControlResponse,
-    FaultRule,
-    Listener,
-    Message,
-)
+from protocol.messages import AlterPartitionPartition
+from protocol.messages import AlterPartitionRequest
+from protocol.messages import AlterPartitionResponse
+from protocol.messages import AlterPartitionTopic
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import ApiVersionsResponse
+from protocol.messages import BrokerHeartbeatRequest
+from protocol.messages import BrokerRegistrationRequest
+from protocol.messages import BrokerState
+from protocol.messages import CreatableReplicaAssignment
+from protocol.messages import CreatableTopic
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultControlResponse
+from protocol.messages import FaultRule
+from protocol.messages import Listener
+from protocol.messages import Message
 
 ALTER = int(ApiKey.ALTER_PARTITION)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from controller.handlers import SERVED_APIS
 from protocol.api import ApiKey
-from protocol.messages import API_SPECS, ApiVersionsRequest
+from protocol.messages import API_SPECS
+from protocol.messages import ApiVersionsRequest
 
 
 async def test_every_served_api_has_a_handler_and_api_versions_lists_the_table(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from protocol.connection import ClientConnection, Response
+from protocol.connection import ClientConnection
+from protocol.connection import Response
 from protocol.messages import Message
 
 

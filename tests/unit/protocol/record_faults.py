@@ -10,7 +10,8 @@ import zlib
 import cramjam
 import crc32c
 
-from protocol.record_batch import Compression, encode_varint
+from protocol.record_batch import Compression
+from protocol.record_batch import encode_varint
 
 
 def record(

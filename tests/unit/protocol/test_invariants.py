@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from protocol.invariants import InvariantError, invariant
+from protocol.invariants import InvariantError
+from protocol.invariants import invariant
 
 
 def test_a_broken_invariant_raises_with_its_message() -> None:

@@ -9,31 +9,25 @@ from __future__ import annotations
 import pytest
 
 from protocol.api import ApiKey
-from protocol.connection import (
-    FIRST_REQUEST_TIMEOUT,
-    FRAME_TIMEOUT,
-    IDLE,
-    ClientConnection,
-    CloseReason,
-    RejectedRequest,
-    Request,
-    ServerConnection,
-)
-from protocol.connection_limits import (
-    ConnectionLimits,
-    ConnectionTable,
-    LogThrottle,
-    normalize_host,
-    parse_per_ip_overrides,
-)
-from protocol.messages import (
-    ApiVersionsRequest,
-    FetchPartition,
-    FetchRequest,
-    FetchTopic,
-    Message,
-    MetadataResponse,
-)
+from protocol.connection import FIRST_REQUEST_TIMEOUT
+from protocol.connection import FRAME_TIMEOUT
+from protocol.connection import IDLE
+from protocol.connection import ClientConnection
+from protocol.connection import CloseReason
+from protocol.connection import RejectedRequest
+from protocol.connection import Request
+from protocol.connection import ServerConnection
+from protocol.connection_limits import ConnectionLimits
+from protocol.connection_limits import ConnectionTable
+from protocol.connection_limits import LogThrottle
+from protocol.connection_limits import normalize_host
+from protocol.connection_limits import parse_per_ip_overrides
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import FetchPartition
+from protocol.messages import FetchRequest
+from protocol.messages import FetchTopic
+from protocol.messages import Message
+from protocol.messages import MetadataResponse
 
 RESERVED_PER_FETCH = 1000
 

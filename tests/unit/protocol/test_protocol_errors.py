@@ -7,13 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from protocol.errors import (
-    CorruptRecordError,
-    DecodeError,
-    ErrorCode,
-    FrameTooLargeError,
-    ProtocolError,
-)
+from protocol.errors import CorruptRecordError
+from protocol.errors import DecodeError
+from protocol.errors import ErrorCode
+from protocol.errors import FrameTooLargeError
+from protocol.errors import ProtocolError
 
 # Kafka's org.apache.kafka.common.protocol.Errors, for every code minibroker defines.
 KAFKA_CODES = {

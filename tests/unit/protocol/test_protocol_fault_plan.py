@@ -5,27 +5,23 @@ from __future__ import annotations
 import pytest
 
 from protocol.api import ApiKey
-from protocol.fault_plan import (
-    ANY_API,
-    CONTROLLER_PEER_ID,
-    MAX_DELAY_MS,
-    MAX_RULES,
-    FaultPlan,
-    describe_rule,
-    peer_id_of,
-)
-from protocol.messages import (
-    AlterPartitionRequest,
-    ApiVersionsRequest,
-    BrokerHeartbeatRequest,
-    FaultControlRequest,
-    FaultRule,
-    FetchMetadataRequest,
-    FetchRequest,
-    ListOffsetsRequest,
-    MetadataRequest,
-    OffsetForLeaderEpochRequest,
-)
+from protocol.fault_plan import ANY_API
+from protocol.fault_plan import CONTROLLER_PEER_ID
+from protocol.fault_plan import MAX_DELAY_MS
+from protocol.fault_plan import MAX_RULES
+from protocol.fault_plan import FaultPlan
+from protocol.fault_plan import describe_rule
+from protocol.fault_plan import peer_id_of
+from protocol.messages import AlterPartitionRequest
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import BrokerHeartbeatRequest
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultRule
+from protocol.messages import FetchMetadataRequest
+from protocol.messages import FetchRequest
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import MetadataRequest
+from protocol.messages import OffsetForLeaderEpochRequest
 
 FETCH = int(ApiKey.FETCH)
 ALTER = int(ApiKey.ALTER_PARTITION)

@@ -7,44 +7,41 @@ import itertools
 import struct
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from protocol.api import ApiKey
-from protocol.connection import (
-    ClientConnection,
-    RejectedRequest,
-    Request,
-    Response,
-    ServerConnection,
-    decode_body,
-    encode_body,
-)
-from protocol.errors import DecodeError, ErrorCode, FrameTooLargeError
-from protocol.framing import (
-    DEFAULT_MAX_FRAME_SIZE,
-    LARGE_FRAME_BYTES,
-    FrameDecoder,
-    RequestHeader,
-    ResponseHeader,
-    decode_request_header,
-    decode_response_header,
-    encode_request_header,
-    encode_response_header,
-    frame,
-)
-from protocol.messages import (
-    API_SPECS,
-    ApiVersionsRequest,
-    ApiVersionsResponse,
-    ErrorBody,
-    MetadataRequest,
-    MetadataResponse,
-    ProducePartition,
-    ProduceRequest,
-    ProduceResponse,
-    ProduceTopic,
-)
+from protocol.connection import ClientConnection
+from protocol.connection import RejectedRequest
+from protocol.connection import Request
+from protocol.connection import Response
+from protocol.connection import ServerConnection
+from protocol.connection import decode_body
+from protocol.connection import encode_body
+from protocol.errors import DecodeError
+from protocol.errors import ErrorCode
+from protocol.errors import FrameTooLargeError
+from protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from protocol.framing import LARGE_FRAME_BYTES
+from protocol.framing import FrameDecoder
+from protocol.framing import RequestHeader
+from protocol.framing import ResponseHeader
+from protocol.framing import decode_request_header
+from protocol.framing import decode_response_header
+from protocol.framing import encode_request_header
+from protocol.framing import encode_response_header
+from protocol.framing import frame
+from protocol.messages import API_SPECS
+from protocol.messages import ApiVersionsRequest
+from protocol.messages import ApiVersionsResponse
+from protocol.messages import ErrorBody
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopic
 
 PINGS = [MetadataRequest(topics=[f"t{i}"]) for i in range(5)]
 

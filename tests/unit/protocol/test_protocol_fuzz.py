@@ -15,40 +15,41 @@ import struct
 import crc32c
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
-from protocol_strategies import (
-    batches,
-    msgpack_values,
-    mutated,
-    reframe,
-    struct_strategy,
-    struct_types_reachable,
-)
+from protocol_strategies import batches
+from protocol_strategies import msgpack_values
+from protocol_strategies import mutated
+from protocol_strategies import reframe
+from protocol_strategies import struct_strategy
+from protocol_strategies import struct_types_reachable
 
 from protocol import record_batch as rb
 from protocol.api import ApiKey
-from protocol.connection import (
-    ClientConnection,
-    RejectedRequest,
-    Request,
-    Response,
-    ServerConnection,
-    decode_body,
-    encode_body,
-)
-from protocol.errors import DecodeError, ErrorCode
-from protocol.framing import (
-    FrameDecoder,
-    RequestHeader,
-    ResponseHeader,
-    decode_request_header,
-    decode_response_header,
-    encode_request_header,
-    encode_response_header,
-    frame,
-)
-from protocol.messages import API_SPECS, ErrorBody, MetadataEntry, MetadataRequest, ProduceRequest
+from protocol.connection import ClientConnection
+from protocol.connection import RejectedRequest
+from protocol.connection import Request
+from protocol.connection import Response
+from protocol.connection import ServerConnection
+from protocol.connection import decode_body
+from protocol.connection import encode_body
+from protocol.errors import DecodeError
+from protocol.errors import ErrorCode
+from protocol.framing import FrameDecoder
+from protocol.framing import RequestHeader
+from protocol.framing import ResponseHeader
+from protocol.framing import decode_request_header
+from protocol.framing import decode_response_header
+from protocol.framing import encode_request_header
+from protocol.framing import encode_response_header
+from protocol.framing import frame
+from protocol.messages import API_SPECS
+from protocol.messages import ErrorBody
+from protocol.messages import MetadataEntry
+from protocol.messages import MetadataRequest
+from protocol.messages import ProduceRequest
 from protocol.metadata_records import TopicRecord
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))

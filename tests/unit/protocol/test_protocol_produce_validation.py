@@ -8,15 +8,25 @@ batches was acknowledged and left its partition's consumers stuck."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
-from protocol_strategies import batches, mutated, records
-from record_faults import raw_batch, record, three_records, zeros_compressed
+from protocol_strategies import batches
+from protocol_strategies import mutated
+from protocol_strategies import records
+from record_faults import raw_batch
+from record_faults import record
+from record_faults import three_records
+from record_faults import zeros_compressed
 
-from client.record_columns import ColumnBuffer, decode_columns
+from client.record_columns import ColumnBuffer
+from client.record_columns import decode_columns
 from protocol import record_batch as rb
-from protocol.errors import CorruptRecordError, InvalidRecordError
-from protocol.record_batch import Compression, encode_varint
+from protocol.errors import CorruptRecordError
+from protocol.errors import InvalidRecordError
+from protocol.record_batch import Compression
+from protocol.record_batch import encode_varint
 
 
 def refused(buf: bytes, error: type[CorruptRecordError], match: str) -> str:

@@ -8,13 +8,18 @@ import time
 
 import crc32c
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
-from protocol_strategies import batches, records
+from protocol_strategies import batches
+from protocol_strategies import records
 
 from protocol import record_batch as rb
-from protocol.errors import CorruptRecordError, DecodeError
-from protocol.record_batch import Compression, Record, TimestampType
+from protocol.errors import CorruptRecordError
+from protocol.errors import DecodeError
+from protocol.record_batch import Compression
+from protocol.record_batch import Record
+from protocol.record_batch import TimestampType
 
 ROUND_TRIP = settings(max_examples=40, deadline=None)
 

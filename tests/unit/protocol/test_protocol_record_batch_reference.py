@@ -9,9 +9,12 @@ import struct
 from collections.abc import Sequence
 
 import crc32c
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
-from protocol_strategies import mutated, records, wire_ints
+from protocol_strategies import mutated
+from protocol_strategies import records
+from protocol_strategies import wire_ints
 
 from protocol import record_batch as rb
 from protocol.errors import CorruptRecordError

@@ -7,30 +7,29 @@ from __future__ import annotations
 import msgspec
 import msgspec.inspect as mi
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
-from protocol_strategies import struct_strategy, struct_types_reachable
+from protocol_strategies import struct_strategy
+from protocol_strategies import struct_types_reachable
 
 from protocol import metadata_records as mr
 from protocol.api import ApiKey
-from protocol.connection import (
-    ClientConnection,
-    Request,
-    Response,
-    ServerConnection,
-    decode_body,
-    encode_body,
-)
+from protocol.connection import ClientConnection
+from protocol.connection import Request
+from protocol.connection import Response
+from protocol.connection import ServerConnection
+from protocol.connection import decode_body
+from protocol.connection import encode_body
 from protocol.errors import ErrorCode
 from protocol.framing import RequestHeader
-from protocol.messages import (
-    API_BY_REQUEST_TYPE,
-    API_SPECS,
-    ApiSpec,
-    FetchMetadataResponse,
-    MetadataEntry,
-    ProduceRequest,
-)
+from protocol.messages import API_BY_REQUEST_TYPE
+from protocol.messages import API_SPECS
+from protocol.messages import ApiSpec
+from protocol.messages import FetchMetadataResponse
+from protocol.messages import MetadataEntry
+from protocol.messages import ProduceRequest
 
 SPECS = sorted(API_SPECS.values(), key=lambda s: int(s.key))
 METADATA_RECORD_TYPES = [

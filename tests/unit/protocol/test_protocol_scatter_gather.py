@@ -5,31 +5,28 @@ are byte for byte the frame the plain encoder makes."""
 from __future__ import annotations
 
 import msgspec
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 from protocol_strategies import struct_strategy
 
-from protocol.connection import (
-    SCATTER_MIN_BYTES,
-    ClientConnection,
-    Request,
-    ServerConnection,
-    encode_body,
-    encode_frame_parts,
-)
+from protocol.connection import SCATTER_MIN_BYTES
+from protocol.connection import ClientConnection
+from protocol.connection import Request
+from protocol.connection import ServerConnection
+from protocol.connection import encode_body
+from protocol.connection import encode_frame_parts
 from protocol.framing import frame
-from protocol.messages import (
-    FetchPartitionResponse,
-    FetchRequest,
-    FetchResponse,
-    FetchTopic,
-    FetchTopicResponse,
-    MetadataRequest,
-    MetadataResponse,
-    ProducePartition,
-    ProduceRequest,
-    ProduceTopic,
-)
+from protocol.messages import FetchPartitionResponse
+from protocol.messages import FetchRequest
+from protocol.messages import FetchResponse
+from protocol.messages import FetchTopic
+from protocol.messages import FetchTopicResponse
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceTopic
 
 # Record set sizes around the threshold and around MessagePack's bin8/16/32 edges.
 _sizes = st.sampled_from(

@@ -8,10 +8,14 @@ import pytest
 
 import broker.faults
 import controller.faults
-from protocol.api import ApiKey, api_name
+from protocol.api import ApiKey
+from protocol.api import api_name
 from protocol.errors import ErrorCode
-from protocol.messages import AlterPartitionRequest, FaultControlRequest, FaultRule
-from runtime.faults import DROP, PROCEED
+from protocol.messages import AlterPartitionRequest
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultRule
+from runtime.faults import DROP
+from runtime.faults import PROCEED
 
 
 def drop_rule() -> FaultRule:

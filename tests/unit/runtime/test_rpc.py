@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from broker.rpc import RPC_FAILURES, RpcConnectionError, RpcTimeoutError
+from broker.rpc import RPC_FAILURES
+from broker.rpc import RpcConnectionError
+from broker.rpc import RpcTimeoutError
 from protocol.messages import MetadataRequest
 from runtime.rpc import PipelinedConnection
 

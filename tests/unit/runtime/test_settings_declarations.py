@@ -10,10 +10,13 @@ from typing import Any
 
 import click
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
+from click.testing import Result
 
 from runtime import settings
-from runtime.settings import ConfigError, markdown_table, setting
+from runtime.settings import ConfigError
+from runtime.settings import markdown_table
+from runtime.settings import setting
 
 
 @dataclass(frozen=True, kw_only=True)

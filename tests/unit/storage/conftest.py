@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage.log import Log, LogConfig
+from broker.storage.log import Log
+from broker.storage.log import LogConfig
 from protocol.record_batch import BatchBuilder
 
 

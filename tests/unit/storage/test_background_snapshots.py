@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage.log import Log, LogConfig
+from broker.storage.log import Log
+from broker.storage.log import LogConfig
 from broker.storage.producer_state import snapshot_file_name
 from protocol.record_batch import BatchBuilder
 from runtime.fileio import SerialWriter

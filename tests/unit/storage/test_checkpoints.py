@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage.checkpoints import (
-    RECOVERY_POINT_CHECKPOINT,
-    OffsetCheckpointFile,
-    atomic_write,
-)
-from broker.storage.errors import CorruptCheckpointError, StorageError
-from broker.storage.meta_properties import META_PROPERTIES, MetaProperties
+from broker.storage.checkpoints import RECOVERY_POINT_CHECKPOINT
+from broker.storage.checkpoints import OffsetCheckpointFile
+from broker.storage.checkpoints import atomic_write
+from broker.storage.errors import CorruptCheckpointError
+from broker.storage.errors import StorageError
+from broker.storage.meta_properties import META_PROPERTIES
+from broker.storage.meta_properties import MetaProperties
 
 
 def test_atomic_write_replaces_content_and_leaves_no_temp_file(tmp_path: Path):

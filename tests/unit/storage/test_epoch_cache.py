@@ -7,15 +7,14 @@ import logging
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from broker.storage.epoch_cache import (
-    LEADER_EPOCH_CHECKPOINT,
-    EpochEntry,
-    LeaderEpochCheckpointFile,
-    LeaderEpochFileCache,
-)
+from broker.storage.epoch_cache import LEADER_EPOCH_CHECKPOINT
+from broker.storage.epoch_cache import EpochEntry
+from broker.storage.epoch_cache import LeaderEpochCheckpointFile
+from broker.storage.epoch_cache import LeaderEpochFileCache
 from broker.storage.errors import CorruptCheckpointError
 
 UNDEFINED = (-1, -1)

@@ -11,15 +11,17 @@ from pathlib import Path
 import pytest
 
 from broker.storage.epoch_cache import EpochEntry
-from broker.storage.errors import (
-    InvalidAppendError,
-    OffsetOutOfRangeError,
-    RecordTooLargeError,
-    StorageError,
-)
-from broker.storage.log import Log, LogConfig, parse_topic_partition
+from broker.storage.errors import InvalidAppendError
+from broker.storage.errors import OffsetOutOfRangeError
+from broker.storage.errors import RecordTooLargeError
+from broker.storage.errors import StorageError
+from broker.storage.log import Log
+from broker.storage.log import LogConfig
+from broker.storage.log import parse_topic_partition
 from protocol.errors import CorruptRecordError
-from protocol.record_batch import BatchHeader, iter_headers, validate_batch
+from protocol.record_batch import BatchHeader
+from protocol.record_batch import iter_headers
+from protocol.record_batch import validate_batch
 
 MakeBatch = Callable[..., bytes]
 OpenLog = Callable[..., Log]

@@ -7,7 +7,8 @@ a shutdown leaves no clean-shutdown marker (the next start recovers every log)."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,10 @@ import pytest
 from broker.storage.errors import LogDirFailureError
 from broker.storage.log import LogConfig
 from broker.storage.log_dir_failure import LogDirFailureChannel
-from broker.storage.log_manager import CLEAN_SHUTDOWN_FILE, LogManager
-from tests.small_filesystem import SmallFilesystem, small_filesystem
+from broker.storage.log_manager import CLEAN_SHUTDOWN_FILE
+from broker.storage.log_manager import LogManager
+from tests.small_filesystem import SmallFilesystem
+from tests.small_filesystem import small_filesystem
 
 MakeBatch = Callable[..., bytes]
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage.checkpoints import (
-    LOG_START_OFFSET_CHECKPOINT,
-    RECOVERY_POINT_CHECKPOINT,
-    OffsetCheckpointFile,
-)
-from broker.storage.errors import CorruptCheckpointError, StorageError
+from broker.storage.checkpoints import LOG_START_OFFSET_CHECKPOINT
+from broker.storage.checkpoints import RECOVERY_POINT_CHECKPOINT
+from broker.storage.checkpoints import OffsetCheckpointFile
+from broker.storage.errors import CorruptCheckpointError
+from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
-from broker.storage.log_manager import CLEAN_SHUTDOWN_FILE, LogManager
+from broker.storage.log_manager import CLEAN_SHUTDOWN_FILE
+from broker.storage.log_manager import LogManager
 
 MakeBatch = Callable[..., bytes]
 CONFIG = LogConfig(segment_bytes=700, index_interval_bytes=0)

@@ -13,12 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from broker.storage.epoch_cache import LEADER_EPOCH_CHECKPOINT, EpochEntry
-from broker.storage.log import Log, LogConfig
-from protocol.record_batch import BatchBuilder, BatchHeader, iter_headers, stamp
+from broker.storage.epoch_cache import LEADER_EPOCH_CHECKPOINT
+from broker.storage.epoch_cache import EpochEntry
+from broker.storage.log import Log
+from broker.storage.log import LogConfig
+from protocol.record_batch import BatchBuilder
+from protocol.record_batch import BatchHeader
+from protocol.record_batch import iter_headers
+from protocol.record_batch import stamp
 
 BIG = 10**9
 CONFIG = LogConfig(segment_bytes=800, index_interval_bytes=100, retention_ms=-1)

@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage.log import Log, LogConfig
-from broker.storage.producer_state import (
-    INT32_MAX,
-    ProducerStateError,
-    ProducerStateManager,
-    snapshot_file_name,
-)
+from broker.storage.log import Log
+from broker.storage.log import LogConfig
+from broker.storage.producer_state import INT32_MAX
+from broker.storage.producer_state import ProducerStateError
+from broker.storage.producer_state import ProducerStateManager
+from broker.storage.producer_state import snapshot_file_name
 from protocol.errors import ErrorCode
-from protocol.record_batch import BatchBuilder, BatchHeader, parse_header
+from protocol.record_batch import BatchBuilder
+from protocol.record_batch import BatchHeader
+from protocol.record_batch import parse_header
 
 PID = 1000
 

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage.errors import CorruptIndexError, CorruptSegmentError
+from broker.storage.errors import CorruptIndexError
+from broker.storage.errors import CorruptSegmentError
 from broker.storage.segment import LogSegment
-from protocol.record_batch import BatchHeader, iter_headers, validate_batch
+from protocol.record_batch import BatchHeader
+from protocol.record_batch import iter_headers
+from protocol.record_batch import validate_batch
 
 BASE = 100
 MakeBatch = Callable[..., bytes]
