@@ -168,7 +168,6 @@ def main(argv: list[str] | None = None) -> int:
         args.seconds = 1.5 if args.quick else 4.0
     if args.data_mib is None:
         args.data_mib = 32 if args.quick else 256
-    started = time.monotonic()
     datasets = [(p, b) for p in args.partitions for b in args.batch_size]
     progress = Progress(len(datasets) * (1 + len(args.reader)), NAME)
     rows: list[dict[str, Any]] = []
@@ -218,9 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 progress.step(f"{reader}: {label}")
     table = [table_row(r) for r in rows]
-    return report(
-        NAME, args=args, progress=progress, columns=COLUMNS, table=table, rows=rows, started=started
-    )
+    return report(NAME, args, progress, COLUMNS, table, rows)
 
 
 if __name__ == "__main__":

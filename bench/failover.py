@@ -185,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.trials is None:
         args.trials = 1 if args.quick else 3
-    started = time.monotonic()
     progress = Progress(2 * args.trials, NAME)
     with BenchCluster(
         3, session_timeout_ms=args.session_timeout_ms, keep_data=args.keep_data
@@ -217,13 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     columns = ["signal", "unavailable s", "elected s", "last ack s", "first ack s", "failed"]
     return report(
         NAME,
-        args=args,
-        progress=progress,
-        columns=columns,
-        table=table,
-        rows=rows,
-        started=started,
-        extra={"summary": summary, "heartbeat_interval_ms": 200},
+        args,
+        progress,
+        columns,
+        table,
+        rows,
+        **{"summary": summary, "heartbeat_interval_ms": 200},
     )
 
 

@@ -489,19 +489,21 @@ def write_results(
 
 def report(
     name: str,
-    *,
     args: argparse.Namespace,
     progress: Progress,
     columns: Sequence[str],
     table: Sequence[Sequence[Any]],
     rows: list[dict[str, Any]],
-    started: float,
-    extra: dict[str, Any] | None = None,
+    **extra: Any,
 ) -> int:
-    """End the progress bar, print the table, write the JSON; the exit code (0)."""
+    """End the progress bar, print the table, write the JSON (`extra` goes into it as
+    it is, beside the rows; the wall time counts from the progress bar's start); the
+    exit code (0)."""
     progress.finish()
     print(format_table(columns, table))
-    write_results(name, args=args, rows=rows, started=started, extra=extra, out=args.out)
+    write_results(
+        name, args=args, rows=rows, started=progress.started, extra=extra or None, out=args.out
+    )
     return 0
 
 

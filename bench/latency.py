@@ -168,7 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     rate_source = "--rate"
     if args.rate is None:
         args.rate, rate_source = default_rate()
-    started = time.monotonic()
     total = args.warmup + args.seconds
     progress = Progress(int(total) + 1, NAME)
     ctx = multiprocessing.get_context("spawn")
@@ -221,19 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     return report(
         NAME,
-        args=args,
-        progress=progress,
-        columns=columns,
-        table=table,
-        rows=rows,
-        started=started,
-        extra={
-            "rate_source": rate_source,
-            "consumer": "separate process (spawned), CLOCK_MONOTONIC stamps",
-            "replication_factor": args.rf,
-            "acks": args.acks,
-            "record_size": RECORD_SIZE,
-        },
+        args,
+        progress,
+        columns,
+        table,
+        rows,
+        rate_source=rate_source,
+        consumer="separate process (spawned), CLOCK_MONOTONIC stamps",
+        replication_factor=args.rf,
+        acks=args.acks,
+        record_size=RECORD_SIZE,
     )
 
 

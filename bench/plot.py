@@ -45,6 +45,17 @@ def _subtitle(doc: dict[str, Any]) -> str:
     )
 
 
+def _save(fig: Any, title: str, doc: dict[str, Any], path: Path) -> Path:
+    """Title the figure (with the run's machine line), write it as a PNG, free it."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(f"{title}\n{_subtitle(doc)}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_produce(doc: dict[str, Any], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
@@ -69,12 +80,7 @@ def plot_produce(doc: dict[str, Any], out: Path) -> Path:
         ax.set_title(f"{size_label(size)} records")
         ax.set_xlabel("MB/s (value bytes); label: records/s")
         ax.invert_yaxis()
-    fig.suptitle(f"Produce throughput by record size\n{_subtitle(doc)}", fontsize=10)
-    fig.tight_layout()
-    path = out / "produce_throughput.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, "Produce throughput by record size", doc, out / "produce_throughput.png")
 
 
 def plot_consume(doc: dict[str, Any], out: Path) -> Path:
@@ -91,12 +97,7 @@ def plot_consume(doc: dict[str, Any], out: Path) -> Path:
     ax.legend(loc="lower right")
     ax.set_xlabel("records/s (100 B records)")
     ax.invert_yaxis()
-    fig.suptitle(f"Consume throughput\n{_subtitle(doc)}", fontsize=10)
-    fig.tight_layout()
-    path = out / "consume_throughput.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, "Consume throughput", doc, out / "consume_throughput.png")
 
 
 def plot_latency(doc: dict[str, Any], out: Path) -> Path:
@@ -116,16 +117,11 @@ def plot_latency(doc: dict[str, Any], out: Path) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right")
     rate = doc["settings"].get("rate")
-    fig.suptitle(
+    title = (
         f"End-to-end latency, acks={doc.get('acks', 'all')} RF{doc.get('replication_factor', 3)}, "
-        f"{rate:,} records/s\n{_subtitle(doc)}",
-        fontsize=10,
+        f"{rate:,} records/s"
     )
-    fig.tight_layout()
-    path = out / "latency_cdf.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, title, doc, out / "latency_cdf.png")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -312,7 +312,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.seconds is None:
         args.seconds = 1.5 if args.quick else 4.0
-    started = time.monotonic()
     matrix = cells(args)
     rows: list[dict[str, Any]] = []
     progress = Progress(len(matrix), NAME)
@@ -333,15 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_cell(cluster, spec, i))
             progress.step(label)
     table = [table_row(r) for r in rows]
-    return report(
-        NAME if args.api == "send" else f"{NAME}-batch",
-        args=args,
-        progress=progress,
-        columns=COLUMNS,
-        table=table,
-        rows=rows,
-        started=started,
-    )
+    name = NAME if args.api == "send" else f"{NAME}-batch"
+    return report(name, args, progress, COLUMNS, table, rows)
 
 
 if __name__ == "__main__":

@@ -126,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.gib is None:
         args.gib = 0.125 if args.quick else 1.0
-    started = time.monotonic()
     progress = Progress(3, NAME)
     rows = []
     with BenchCluster(1, keep_data=args.keep_data) as cluster:
@@ -161,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for r in rows
     ]
-    return report(
-        NAME, args=args, progress=progress, columns=columns, table=table, rows=rows, started=started
-    )
+    return report(NAME, args, progress, columns, table, rows)
 
 
 if __name__ == "__main__":

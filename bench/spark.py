@@ -206,7 +206,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.records is None:
         args.records = 300_000 if args.quick else 1_000_000
-    started = time.monotonic()
     progress = Progress(3, NAME)
     with BenchCluster(1, keep_data=args.keep_data) as cluster:
         progress.update(f"writing {args.records:,} records")
@@ -263,13 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     return report(
         NAME,
-        args=args,
-        progress=progress,
-        columns=columns,
-        table=table,
-        rows=rows,
-        started=started,
-        extra={"spark": "local[2], noop sink, trigger availableNow"},
+        args,
+        progress,
+        columns,
+        table,
+        rows,
+        **{"spark": "local[2], noop sink, trigger availableNow"},
     )
 
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
+from typing import ClassVar
 from typing import TypeVar
 
 from client.admin import AsyncAdmin
@@ -124,14 +125,22 @@ class _SyncClient:
     """What the three blocking clients share: the loop thread, timeouts, closing."""
 
     _thread_name = "minibroker-client"
+    _async_client: ClassVar[Callable[..., Any]]  # the asyncio client this one wraps
 
-    def __init__(self, factory: Callable[[], Any], api_timeout_ms: int) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str | Iterable[str] = "127.0.0.1:9092",
+        *,
+        api_timeout_ms: int = _DEFAULT_API_TIMEOUT_MS,
+        **options: Any,
+    ) -> None:
         self.api_timeout_ms = api_timeout_ms
         self._runner = _LoopThread(self._thread_name)
         self._closed = False
+        async_client = type(self)._async_client
 
         async def build_and_start() -> Any:
-            client = factory()  # built on the loop it will run on
+            client = async_client(bootstrap_servers, **options)  # on the loop it runs on
             await client.start()
             return client
 
@@ -195,15 +204,7 @@ class Producer(_SyncClient):
     `concurrent.futures.Future` of RecordMetadata; `send_and_wait()` its result."""
 
     _thread_name = "minibroker-producer-loop"
-
-    def __init__(
-        self,
-        bootstrap_servers: str | Iterable[str] = "127.0.0.1:9092",
-        *,
-        api_timeout_ms: int = _DEFAULT_API_TIMEOUT_MS,
-        **options: Any,
-    ) -> None:
-        super().__init__(lambda: AsyncProducer(bootstrap_servers, **options), api_timeout_ms)
+    _async_client = AsyncProducer
 
     @property
     def async_producer(self) -> AsyncProducer:
@@ -301,15 +302,7 @@ class Consumer(_SyncClient):
     (`for record in consumer`, until close())."""
 
     _thread_name = "minibroker-consumer-loop"
-
-    def __init__(
-        self,
-        bootstrap_servers: str | Iterable[str] = "127.0.0.1:9092",
-        *,
-        api_timeout_ms: int = _DEFAULT_API_TIMEOUT_MS,
-        **options: Any,
-    ) -> None:
-        super().__init__(lambda: AsyncConsumer(bootstrap_servers, **options), api_timeout_ms)
+    _async_client = AsyncConsumer
 
     @property
     def async_consumer(self) -> AsyncConsumer:
@@ -433,15 +426,7 @@ class Admin(_SyncClient):
     """Blocking admin: `AsyncAdmin`'s options and methods."""
 
     _thread_name = "minibroker-admin-loop"
-
-    def __init__(
-        self,
-        bootstrap_servers: str | Iterable[str] = "127.0.0.1:9092",
-        *,
-        api_timeout_ms: int = _DEFAULT_API_TIMEOUT_MS,
-        **options: Any,
-    ) -> None:
-        super().__init__(lambda: AsyncAdmin(bootstrap_servers, **options), api_timeout_ms)
+    _async_client = AsyncAdmin
 
     @property
     def async_admin(self) -> AsyncAdmin:
