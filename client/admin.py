@@ -105,16 +105,6 @@ class AsyncAdmin(Diagnostics, AsyncClient):
         self._request_timeout_ms = request_timeout_ms
         self._started = False
 
-    @property
-    def cluster(self) -> ClusterClient:
-        """The metadata cache and connection pool."""
-        return self._cluster
-
-    async def start(self) -> None:
-        """Connect to a bootstrap broker."""
-        await self._cluster.bootstrap()
-        self._started = True
-
     async def close(self) -> None:
         """Close every connection."""
         await self._cluster.close()

@@ -118,17 +118,7 @@ class AsyncConsumer(
         self._closed = False
         self._iter_buffer: deque[ConsumerRecord] = deque()
 
-    @property
-    def cluster(self) -> ClusterClient:
-        """The metadata cache and connection pool."""
-        return self._cluster
-
     # ------------------------------------------------------------ lifecycle
-
-    async def start(self) -> None:
-        """Connect to a bootstrap broker and load metadata."""
-        await self._cluster.bootstrap()
-        self._started = True
 
     async def close(self) -> None:
         """Stop fetching and close every connection."""

@@ -179,11 +179,6 @@ class AsyncProducer(RecordAccumulator, Sender, IdempotenceState, AsyncClient):
         self._sender_error: BaseException | None = None
         self._request_tasks: set[asyncio.Task[None]] = set()
 
-    @property
-    def cluster(self) -> ClusterClient:
-        """The metadata cache and connection pool."""
-        return self._cluster
-
     # ------------------------------------------------------------ lifecycle
 
     @property
