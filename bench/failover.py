@@ -214,15 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows
     ]
     columns = ["signal", "unavailable s", "elected s", "last ack s", "first ack s", "failed"]
-    return report(
-        NAME,
-        args,
-        progress,
-        columns,
-        table,
-        rows,
-        **{"summary": summary, "heartbeat_interval_ms": 200},
-    )
+    extra = {"summary": summary, "heartbeat_interval_ms": 200}
+    return report(NAME, args, progress, columns, table, rows, **extra)
 
 
 if __name__ == "__main__":

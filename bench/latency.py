@@ -218,19 +218,14 @@ def main(argv: list[str] | None = None) -> int:
         f"RF {args.rf}, acks={args.acks}, rate {args.rate:,} records/s ({rate_source}); "
         "consumer in another process"
     )
-    return report(
-        NAME,
-        args,
-        progress,
-        columns,
-        table,
-        rows,
-        rate_source=rate_source,
-        consumer="separate process (spawned), CLOCK_MONOTONIC stamps",
-        replication_factor=args.rf,
-        acks=args.acks,
-        record_size=RECORD_SIZE,
-    )
+    extra = {
+        "rate_source": rate_source,
+        "consumer": "separate process (spawned), CLOCK_MONOTONIC stamps",
+        "replication_factor": args.rf,
+        "acks": args.acks,
+        "record_size": RECORD_SIZE,
+    }
+    return report(NAME, args, progress, columns, table, rows, **extra)
 
 
 if __name__ == "__main__":

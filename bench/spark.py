@@ -260,15 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for row in rows
     ]
-    return report(
-        NAME,
-        args,
-        progress,
-        columns,
-        table,
-        rows,
-        **{"spark": "local[2], noop sink, trigger availableNow"},
-    )
+    extra = {"spark": "local[2], noop sink, trigger availableNow"}
+    return report(NAME, args, progress, columns, table, rows, **extra)
 
 
 if __name__ == "__main__":
