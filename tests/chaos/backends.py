@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 
+from tests.integration.cluster import spawn_logged
+
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -262,18 +264,9 @@ class ProcessBackend(Backend):
         proc.log_start = proc.log_path.stat().st_size if proc.log_path.exists() else 0
         env = {k: v for k, v in os.environ.items() if not k.startswith("MINIBROKER_")}
         env.update(PYTHONUNBUFFERED="1", **self._env[proc.node])
-        with open(proc.log_path, "ab") as out:
-            # Spawned from the event loop's (main) thread: PDEATHSIG fires when the
-            # spawning thread exits.
-            proc.popen = subprocess.Popen(
-                proc.args,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=REPO,
-                env=env,
-                preexec_fn=_die_with_parent,
-            )
+        # Spawned from the event loop's (main) thread: PDEATHSIG fires when the
+        # spawning thread exits.
+        proc.popen = spawn_logged(proc.args, proc.log_path, env, preexec_fn=_die_with_parent)
         proc.paused = False
 
     async def _wait_ready(self, proc: _Proc, timeout: float | None = None) -> None:

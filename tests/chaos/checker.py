@@ -768,6 +768,11 @@ def _check_replicas(
 # ------------------------------------------------------------------ presentation
 
 
+def _counts(template: str, stats: dict[str, int], *keys: str) -> str:
+    """`template` filled with the named counters (0 where absent)."""
+    return template.format(*(stats.get(key, 0) for key in keys))
+
+
 def summary(result: Mapping[str, Any]) -> str:
     """A few lines for humans; an "unknown" verdict says why on its first line."""
     stats = result.get("stats", {})
@@ -779,23 +784,27 @@ def summary(result: Mapping[str, Any]) -> str:
         verdict += f" because {why}{more}"
     lines = [
         verdict,
-        "sends: {} invoked, {} ok, {} fail, {} info (indeterminate; {} of them read), "
-        "{} pending".format(
-            stats.get("send-invoke", 0),
-            stats.get("send-ok", 0),
-            stats.get("send-fail", 0),
-            stats.get("send-info", 0),
-            stats.get("indeterminate-sends-read", 0),
-            stats.get("send-pending", 0),
+        _counts(
+            "sends: {} invoked, {} ok, {} fail, {} info (indeterminate; {} of them read), "
+            "{} pending",
+            stats,
+            "send-invoke",
+            "send-ok",
+            "send-fail",
+            "send-info",
+            "indeterminate-sends-read",
+            "send-pending",
         ),
-        "polls: {} ok, {} fail, {} info; {} records polled; final read: {} records; "
-        "truncations reported: {}".format(
-            stats.get("poll-ok", 0),
-            stats.get("poll-fail", 0),
-            stats.get("poll-info", 0),
-            stats.get("records-polled", 0),
-            stats.get("records-final", 0),
-            stats.get("truncations-reported", 0),
+        _counts(
+            "polls: {} ok, {} fail, {} info; {} records polled; final read: {} records; "
+            "truncations reported: {}",
+            stats,
+            "poll-ok",
+            "poll-fail",
+            "poll-info",
+            "records-polled",
+            "records-final",
+            "truncations-reported",
         ),
     ]
     if stats.get("producer-sessions"):

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from typing import Any
 
 from protocol.api import CONSUMER_REPLICA_ID
 from protocol.api import DEBUGGING_REPLICA_ID
@@ -52,6 +53,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def spawn_logged(
+    args: list[str], log_path: Path, env: dict[str, str], **popen: Any
+) -> subprocess.Popen[bytes]:
+    """A server process started from the repository, its output appended to `log_path`."""
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            env=env,
+            **popen,
+        )
+
+
 @dataclass
 class Process:
     name: str
@@ -64,15 +81,9 @@ class Process:
     def start(self) -> None:
         assert self.popen is None or self.popen.poll() is not None, f"{self.name} is running"
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with open(self.log_path, "ab") as out:
-            self.popen = subprocess.Popen(
-                self.args,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=REPO,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
-            )
+        self.popen = spawn_logged(
+            self.args, self.log_path, {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        )
 
     @property
     def alive(self) -> bool:
