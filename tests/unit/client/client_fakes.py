@@ -20,7 +20,6 @@ from protocol.messages import (
     DescribeLogDirsResponse,
     DescribeLogDirsResult,
     EpochEndOffsetResult,
-    FetchPartition,
     FetchPartitionResponse,
     FetchRequest,
     FetchResponse,
@@ -30,7 +29,6 @@ from protocol.messages import (
     InitProducerIdRequest,
     InitProducerIdResponse,
     LeaderIdAndEpoch,
-    ListOffsetsPartition,
     ListOffsetsPartitionResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -51,9 +49,7 @@ from protocol.messages import (
     OffsetFetchTopicResponse,
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
-    OffsetForLeaderPartition,
     OffsetForLeaderTopicResult,
-    ProducePartition,
     ProducePartitionResponse,
     ProduceRequest,
     ProduceResponse,
@@ -65,6 +61,12 @@ from protocol.record_batch import stamp, validate_batches
 if TYPE_CHECKING:
     from client.consumer import AsyncConsumer
     from client.types import ConsumerRecord
+    from protocol.messages import (
+        FetchPartition,
+        ListOffsetsPartition,
+        OffsetForLeaderPartition,
+        ProducePartition,
+    )
 
 # Returned by an override: close the connection without answering (a lost response).
 DROP_CONNECTION = object()
