@@ -64,9 +64,24 @@ from protocol.record_batch import validate_batches
 if TYPE_CHECKING:
     from client.consumer import AsyncConsumer
     from client.types import ConsumerRecord
+    from protocol.messages import FetchPartition
+    from protocol.messages import ListOffsetsPartition
+    from protocol.messages import OffsetForLeaderPartition
+    from protocol.messages import ProducePartition
 
 # Returned by an override: close the connection without answering (a lost response).
 DROP_CONNECTION = object()
+
+# One replica's log positions and leadership, as the DescribeReplicaLog answer of the
+# admin tests and the ReplicaLogDescription of the CLI tests both give them.
+REPLICA_LOG_NUMBERS: dict[str, int] = {
+    "log_start_offset": 0,
+    "log_end_offset": 6,
+    "high_watermark": 5,
+    "leader_id": 1,
+    "leader_epoch": 2,
+    "partition_epoch": 4,
+}
 
 
 async def produce_values(
@@ -92,6 +107,9 @@ async def poll_records(consumer: AsyncConsumer, n: int, tries: int = 100) -> lis
 
 
 Handler = Callable[[Message], Awaitable[Message | None] | Message | None]
+
+# The `start_broker` fixture (conftest.py): start_broker(partitions, leader_epoch=...).
+StartBroker = Callable[..., Awaitable["FakeBroker"]]
 
 
 @dataclass
@@ -291,121 +309,108 @@ class FakeBroker:
             return None
         return parts[index]
 
+    def _leader_of(
+        self, topic: str, index: int, current_leader_epoch: int
+    ) -> tuple[FakePartition | None, ErrorCode]:
+        """The partition and the error a leader answers for it before serving it:
+        UNKNOWN_TOPIC_OR_PARTITION when it has none, else the fencing of the
+        request's current_leader_epoch (the one rule Produce, Fetch, ListOffsets
+        and OffsetsForLeaderEpoch share)."""
+        part = self._partition(topic, index)
+        if part is None:
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return part, part.check_epoch(current_leader_epoch)
+
     def produce(self, req: ProduceRequest) -> ProduceResponse:
-        out = []
-        for t in req.topics:
-            results = []
-            for p in t.partitions:
-                part = self._partition(t.name, p.index)
-                if part is None:
-                    results.append(
-                        ProducePartitionResponse(
-                            index=p.index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                        )
-                    )
-                    continue
-                code = part.check_epoch(p.current_leader_epoch)
-                if code != ErrorCode.NONE:
-                    results.append(
-                        ProducePartitionResponse(
-                            index=p.index,
-                            error_code=code,
-                            current_leader=LeaderIdAndEpoch(
-                                leader_id=self.node_id, leader_epoch=part.leader_epoch
-                            ),
-                        )
-                    )
-                    continue
-                data = bytearray(p.records)
-                base = part.log_end
-                batches = list(validate_batches(data))
-                pid = batches[0][1].producer_id if batches else -1
-                if pid >= 0:
-                    header = batches[0][1]
-                    code, dup = _check_sequence(part, header)
-                    if code != ErrorCode.NONE or dup is not None:
-                        results.append(
-                            ProducePartitionResponse(
-                                index=p.index,
-                                error_code=code,
-                                base_offset=-1 if dup is None else dup,
-                            )
-                        )
-                        continue
-                    last = header.base_sequence + header.last_offset_delta
-                    old_epoch, _, recent = part.producers.get(pid, (0, -1, {}))
-                    if old_epoch != header.producer_epoch:
-                        recent = {}
-                    recent = dict(list(recent.items())[-4:])
-                    recent[header.base_sequence] = base
-                    part.producers[pid] = (header.producer_epoch, last, recent)
-                for pos, header in batches:
-                    stamp(data, pos, part.log_end, part.leader_epoch)
-                    part.batches.append((part.log_end, bytes(data[pos : pos + header.size])))
-                    part.log_end += header.last_offset_delta + 1
-                results.append(
-                    ProducePartitionResponse(index=p.index, base_offset=base, log_start_offset=0)
+        return ProduceResponse(
+            topics=[
+                ProduceTopicResponse(
+                    name=t.name, partitions=[self._produce_one(t.name, p) for p in t.partitions]
                 )
-            out.append(ProduceTopicResponse(name=t.name, partitions=results))
-        return ProduceResponse(topics=out)
+                for t in req.topics
+            ]
+        )
+
+    def _produce_one(self, topic: str, p: ProducePartition) -> ProducePartitionResponse:
+        part, code = self._leader_of(topic, p.index, p.current_leader_epoch)
+        if part is None:
+            return ProducePartitionResponse(index=p.index, error_code=code)
+        if code != ErrorCode.NONE:
+            return ProducePartitionResponse(
+                index=p.index,
+                error_code=code,
+                current_leader=LeaderIdAndEpoch(
+                    leader_id=self.node_id, leader_epoch=part.leader_epoch
+                ),
+            )
+        data = bytearray(p.records)
+        base = part.log_end
+        batches = list(validate_batches(data))
+        pid = batches[0][1].producer_id if batches else -1
+        if pid >= 0:
+            header = batches[0][1]
+            code, dup = _check_sequence(part, header)
+            if code != ErrorCode.NONE or dup is not None:
+                return ProducePartitionResponse(
+                    index=p.index, error_code=code, base_offset=-1 if dup is None else dup
+                )
+            last = header.base_sequence + header.last_offset_delta
+            old_epoch, _, recent = part.producers.get(pid, (0, -1, {}))
+            if old_epoch != header.producer_epoch:
+                recent = {}
+            recent = dict(list(recent.items())[-4:])
+            recent[header.base_sequence] = base
+            part.producers[pid] = (header.producer_epoch, last, recent)
+        for pos, header in batches:
+            stamp(data, pos, part.log_end, part.leader_epoch)
+            part.batches.append((part.log_end, bytes(data[pos : pos + header.size])))
+            part.log_end += header.last_offset_delta + 1
+        return ProducePartitionResponse(index=p.index, base_offset=base, log_start_offset=0)
 
     def fetch(self, req: FetchRequest) -> FetchResponse:
-        out = []
-        for t in req.topics:
-            results = []
-            for p in t.partitions:
-                part = self._partition(t.topic, p.partition)
-                if part is None:
-                    results.append(
-                        FetchPartitionResponse(
-                            partition_index=p.partition,
-                            error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                        )
-                    )
-                    continue
-                code = part.check_epoch(p.current_leader_epoch)
-                if code == ErrorCode.NONE and not part.log_start <= p.fetch_offset <= part.log_end:
-                    code = ErrorCode.OFFSET_OUT_OF_RANGE
-                if code != ErrorCode.NONE:
-                    results.append(
-                        FetchPartitionResponse(partition_index=p.partition, error_code=code)
-                    )
-                    continue
-                data = b"".join(
-                    b for base, b in part.batches if base + _last_delta(b) >= p.fetch_offset
-                )[: max(p.partition_max_bytes, 1)]
-                results.append(
-                    FetchPartitionResponse(
-                        partition_index=p.partition,
-                        high_watermark=part.log_end,
-                        log_start_offset=part.log_start,
-                        records=data,
-                    )
+        return FetchResponse(
+            responses=[
+                FetchTopicResponse(
+                    topic=t.topic, partitions=[self._fetch_one(t.topic, p) for p in t.partitions]
                 )
-            out.append(FetchTopicResponse(topic=t.topic, partitions=results))
-        return FetchResponse(responses=out)
+                for t in req.topics
+            ]
+        )
+
+    def _fetch_one(self, topic: str, p: FetchPartition) -> FetchPartitionResponse:
+        part, code = self._leader_of(topic, p.partition, p.current_leader_epoch)
+        out_of_range = part is not None and not part.log_start <= p.fetch_offset <= part.log_end
+        if code == ErrorCode.NONE and out_of_range:
+            code = ErrorCode.OFFSET_OUT_OF_RANGE
+        if part is None or code != ErrorCode.NONE:
+            return FetchPartitionResponse(partition_index=p.partition, error_code=code)
+        data = b"".join(b for base, b in part.batches if base + _last_delta(b) >= p.fetch_offset)
+        return FetchPartitionResponse(
+            partition_index=p.partition,
+            high_watermark=part.log_end,
+            log_start_offset=part.log_start,
+            records=data[: max(p.partition_max_bytes, 1)],
+        )
 
     def offsets_for_leader_epoch(
         self, req: OffsetForLeaderEpochRequest
     ) -> OffsetForLeaderEpochResponse:
-        out = []
-        for t in req.topics:
-            results = []
-            for p in t.partitions:
-                part = self._partition(t.topic, p.partition)
-                if part is None:
-                    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                else:
-                    code = part.check_epoch(p.current_leader_epoch)
-                if code != ErrorCode.NONE or part is None:
-                    results.append(EpochEndOffsetResult(partition=p.partition, error_code=code))
-                    continue
-                epoch, end = part.end_offset_for(p.leader_epoch)
-                results.append(
-                    EpochEndOffsetResult(partition=p.partition, leader_epoch=epoch, end_offset=end)
+        return OffsetForLeaderEpochResponse(
+            topics=[
+                OffsetForLeaderTopicResult(
+                    topic=t.topic,
+                    partitions=[self._epoch_end_one(t.topic, p) for p in t.partitions],
                 )
-            out.append(OffsetForLeaderTopicResult(topic=t.topic, partitions=results))
-        return OffsetForLeaderEpochResponse(topics=out)
+                for t in req.topics
+            ]
+        )
+
+    def _epoch_end_one(self, topic: str, p: OffsetForLeaderPartition) -> EpochEndOffsetResult:
+        part, code = self._leader_of(topic, p.partition, p.current_leader_epoch)
+        if part is None or code != ErrorCode.NONE:
+            return EpochEndOffsetResult(partition=p.partition, error_code=code)
+        epoch, end = part.end_offset_for(p.leader_epoch)
+        return EpochEndOffsetResult(partition=p.partition, leader_epoch=epoch, end_offset=end)
 
     def offset_fetch(self, req: OffsetFetchRequest) -> OffsetFetchResponse:
         topics = []
@@ -425,37 +430,24 @@ class FakeBroker:
         return OffsetFetchResponse(topics=topics)
 
     def list_offsets(self, req: ListOffsetsRequest) -> ListOffsetsResponse:
-        out = []
-        for t in req.topics:
-            results = []
-            for p in t.partitions:
-                part = self._partition(t.name, p.partition_index)
-                if part is None:
-                    results.append(
-                        ListOffsetsPartitionResponse(
-                            partition_index=p.partition_index,
-                            error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                        )
-                    )
-                    continue
-                code = part.check_epoch(p.current_leader_epoch)
-                if code != ErrorCode.NONE:
-                    results.append(
-                        ListOffsetsPartitionResponse(
-                            partition_index=p.partition_index, error_code=code
-                        )
-                    )
-                    continue
-                offset = part.log_start if p.timestamp == -2 else part.log_end
-                results.append(
-                    ListOffsetsPartitionResponse(
-                        partition_index=p.partition_index,
-                        offset=offset,
-                        leader_epoch=part.leader_epoch,
-                    )
+        return ListOffsetsResponse(
+            topics=[
+                ListOffsetsTopicResponse(
+                    name=t.name, partitions=[self._list_offset_one(t.name, p) for p in t.partitions]
                 )
-            out.append(ListOffsetsTopicResponse(name=t.name, partitions=results))
-        return ListOffsetsResponse(topics=out)
+                for t in req.topics
+            ]
+        )
+
+    def _list_offset_one(self, topic: str, p: ListOffsetsPartition) -> ListOffsetsPartitionResponse:
+        part, code = self._leader_of(topic, p.partition_index, p.current_leader_epoch)
+        if part is None or code != ErrorCode.NONE:
+            return ListOffsetsPartitionResponse(partition_index=p.partition_index, error_code=code)
+        return ListOffsetsPartitionResponse(
+            partition_index=p.partition_index,
+            offset=part.log_start if p.timestamp == -2 else part.log_end,
+            leader_epoch=part.leader_epoch,
+        )
 
 
 def _check_sequence(part: FakePartition, header: object) -> tuple[ErrorCode, int | None]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 from client_fakes import DROP_CONNECTION
 from client_fakes import FakeBroker
+from client_fakes import StartBroker
 
 from client.errors import KafkaTimeoutError
 from client.errors import PossiblyWrittenError
@@ -32,12 +33,8 @@ T0 = TopicPartition("t", 0)
 
 
 @pytest.fixture
-async def broker():
-    b = FakeBroker()
-    b.create_topic("t", 2, leader_epoch=1)
-    await b.start()
-    yield b
-    await b.stop()
+async def broker(start_broker: StartBroker) -> FakeBroker:
+    return await start_broker(2, leader_epoch=1)
 
 
 def sent_headers(broker: FakeBroker, partition: int = 0) -> list:

@@ -1,4 +1,5 @@
-"""Offset checkpoint files, atomic_write and meta.properties."""
+"""Checkpoint files (offsets and leader epochs: their shared parser), atomic_write and
+meta.properties."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 from broker.storage.checkpoints import RECOVERY_POINT_CHECKPOINT
 from broker.storage.checkpoints import OffsetCheckpointFile
 from broker.storage.checkpoints import atomic_write
+from broker.storage.epoch_cache import LEADER_EPOCH_CHECKPOINT
+from broker.storage.epoch_cache import LeaderEpochFileCache
 from broker.storage.errors import CorruptCheckpointError
 from broker.storage.errors import StorageError
 from broker.storage.meta_properties import META_PROPERTIES
@@ -43,34 +46,62 @@ def test_offset_checkpoint_refuses_unwritable_topic(tmp_path: Path):
         OffsetCheckpointFile(tmp_path / "x").write({("two words", 0): 1})
 
 
+def _read_offsets(path: Path) -> object:
+    return OffsetCheckpointFile(path).read()
+
+
+# Both kinds of CheckpointFile: (file name, how the broker reads it, what the message
+# tells the operator to do).
+_CHECKPOINT_KINDS = {
+    "offsets": (RECOVERY_POINT_CHECKPOINT, _read_offsets, "move the file away"),
+    "epochs": (LEADER_EPOCH_CHECKPOINT, LeaderEpochFileCache.load, "rebuilds it"),
+}
+
+
 @pytest.mark.parametrize(
-    ("content", "line", "problem"),
+    ("kind", "content", "line", "problem"),
     [
-        (b"garbage", None, "newline"),
-        (b"\x00\x01\x02\n0\n", 1, "version '\\x00\\x01\\x02' is not an integer"),
-        (b"0\n1\norders 0 15", None, "newline"),
-        (b"0\n2\norders 0 15\n", 2, "announces 2 entries but 1"),
-        (b"0\n1\norders 0\n", 3, "expected 3 space-separated fields"),
-        (b"0\n1\norders x 15\n", 3, "partition 'x' is not an integer"),
-        (b"0\n1\norders 0 -15\n", 3, "offset -15 is below 0"),
-        (b"0\n1\norders 0 1e3\n", 3, "offset '1e3' is not an integer"),
-        (b"0\n2\norders 0 15\norders 0 16\n", 4, "appears twice"),
-        (b"7\n0\n", 1, "unsupported version 7"),
+        ("offsets", b"garbage", None, "newline"),
+        ("offsets", b"\x00\x01\x02\n0\n", 1, "version '\\x00\\x01\\x02' is not an integer"),
+        ("offsets", b"0\n1\norders 0 15", None, "newline"),
+        ("offsets", b"0\n2\norders 0 15\n", 2, "announces 2 entries but 1"),
+        ("offsets", b"0\n1\norders 0\n", 3, "expected 3 space-separated fields"),
+        ("offsets", b"0\n1\norders x 15\n", 3, "partition 'x' is not an integer"),
+        ("offsets", b"0\n1\norders 0 -15\n", 3, "offset -15 is below 0"),
+        ("offsets", b"0\n1\norders 0 1e3\n", 3, "offset '1e3' is not an integer"),
+        ("offsets", b"0\n2\norders 0 15\norders 0 16\n", 4, "appears twice"),
+        ("offsets", b"7\n0\n", 1, "unsupported version 7"),
+        ("epochs", b"0\n2\n0 0\n3 15", None, "newline"),  # cut mid-line
+        ("epochs", b"0\n2\n0 0\n", 2, "announces 2 entries but 1"),
+        ("epochs", b"1\n0\n", 1, "unsupported version 1"),
+        ("epochs", b"0\nx\n", 2, "is not an integer"),
+        ("epochs", b"0\n1\n0 0 0\n", 3, "expected 2 space-separated fields"),
+        ("epochs", b"0\n1\n0  0\n", 3, "expected 2 space-separated fields"),
+        ("epochs", b"0\n1\n0 zero\n", 3, "start offset 'zero' is not an integer"),
+        ("epochs", b"0\n1\n-1 0\n", 3, "epoch -1 is below 0"),
+        ("epochs", b"0\n2\n3 0\n3 5\n", 4, "epoch 3 does not increase"),
+        ("epochs", b"0\n2\n2 9\n3 5\n", 4, "start offset 5 goes backwards"),
+        ("epochs", b"\xff\xfe\n", None, "not UTF-8"),
+        ("epochs", b"", None, "newline"),
+        ("epochs", b"0\n", 2, "missing the version or the count line"),
     ],
 )
-def test_garbage_offset_checkpoint_raises_a_clear_error(
-    tmp_path: Path, content: bytes, line: int | None, problem: str
+def test_corrupt_checkpoint_file_is_refused_naming_file_line_and_remedy(
+    tmp_path: Path, kind: str, content: bytes, line: int | None, problem: str
 ):
-    path = tmp_path / RECOVERY_POINT_CHECKPOINT
+    """Every CheckpointFile (the offset checkpoints and the leader-epoch checkpoint
+    share the parser) refuses a corrupt file, saying where and what happens next."""
+    name, read, remedy = _CHECKPOINT_KINDS[kind]
+    path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(CorruptCheckpointError) as info:
-        OffsetCheckpointFile(path).read()
+        read(path)
     message = str(info.value)
     assert message.startswith(f"corrupt checkpoint file {path}")
     assert problem in message
     if line is not None:
         assert f"line {line}:" in message
-    assert "move the file away" in message
+    assert remedy in message
 
 
 def test_meta_properties_round_trip_and_format(tmp_path: Path):

@@ -15,7 +15,6 @@ from broker.storage.epoch_cache import LEADER_EPOCH_CHECKPOINT
 from broker.storage.epoch_cache import EpochEntry
 from broker.storage.epoch_cache import LeaderEpochCheckpointFile
 from broker.storage.epoch_cache import LeaderEpochFileCache
-from broker.storage.errors import CorruptCheckpointError
 
 UNDEFINED = (-1, -1)
 
@@ -258,37 +257,7 @@ def test_missing_file_is_an_empty_cache(tmp_path: Path):
     assert LeaderEpochFileCache.load(path).entries == []
 
 
-@pytest.mark.parametrize(
-    ("content", "line", "problem"),
-    [
-        (b"0\n2\n0 0\n3 15", None, "newline"),  # cut mid-line
-        (b"0\n2\n0 0\n", 2, "announces 2 entries but 1"),
-        (b"1\n0\n", 1, "unsupported version 1"),
-        (b"0\nx\n", 2, "is not an integer"),
-        (b"0\n1\n0 0 0\n", 3, "expected 2 space-separated fields"),
-        (b"0\n1\n0  0\n", 3, "expected 2 space-separated fields"),
-        (b"0\n1\n0 zero\n", 3, "start offset 'zero' is not an integer"),
-        (b"0\n1\n-1 0\n", 3, "epoch -1 is below 0"),
-        (b"0\n2\n3 0\n3 5\n", 4, "epoch 3 does not increase"),
-        (b"0\n2\n2 9\n3 5\n", 4, "start offset 5 goes backwards"),
-        (b"\xff\xfe\n", None, "not UTF-8"),
-        (b"", None, "newline"),
-        (b"0\n", 2, "missing the version or the count line"),
-    ],
-)
-def test_corrupt_file_is_refused_naming_file_and_line(
-    tmp_path: Path, content: bytes, line: int | None, problem: str
-):
-    path = tmp_path / LEADER_EPOCH_CHECKPOINT
-    path.write_bytes(content)
-    with pytest.raises(CorruptCheckpointError) as info:
-        LeaderEpochFileCache.load(path)
-    message = str(info.value)
-    assert str(path) in message
-    assert problem in message
-    if line is not None:
-        assert f"line {line}" in message
-    assert "rebuilds it" in message  # and says what happens / what to do
+# A corrupt file is refused: see test_checkpoints.py (the parser all checkpoint files share).
 
 
 # ---------------------------------------------------------------- properties
