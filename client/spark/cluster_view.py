@@ -40,14 +40,15 @@ class ClusterView(_SyncClient):
     """Blocking planning queries against the current leaders."""
 
     _thread_name = "minibroker-spark-planner"
+    _async_client = AsyncConsumer
 
     def __init__(self, bootstrap_servers: str, *, timeout_ms: int) -> None:
         self.timeout_ms = timeout_ms
         super().__init__(
-            lambda: AsyncConsumer(
-                bootstrap_servers, client_id="minibroker-spark-planner", auto_offset_reset="none"
-            ),
-            timeout_ms,
+            bootstrap_servers,
+            api_timeout_ms=timeout_ms,
+            client_id="minibroker-spark-planner",
+            auto_offset_reset="none",
         )
 
     @property
