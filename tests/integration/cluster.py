@@ -47,6 +47,36 @@ _CONTROLLER_READY = re.compile(r"controller (\d+) listening on ([\w.:-]+):(\d+)"
 _BROKER_READY = re.compile(r"broker (\d+) started: listeners \w+://([\w.-]+):(\d+)")
 
 
+# The CLI as a user runs it (`minibroker` is `python -m client.cli`), without the
+# caller's MINIBROKER_* defaults for where the cluster is.
+CLI = [sys.executable, "-m", "client.cli"]
+CLI_ENV = {
+    **{
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MINIBROKER_BOOTSTRAP_SERVERS", "MINIBROKER_CONTROLLER")
+    },
+    "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+    "PYTHONUNBUFFERED": "1",
+}
+CLI_TIMEOUT_S = 60.0
+
+
+def mb(
+    *args: str, stdin: str | None = None, timeout: float = CLI_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    """One CLI command to its end: its exit code, stdout and stderr."""
+    return subprocess.run(
+        [*CLI, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=CLI_ENV,
+        cwd=REPO,
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

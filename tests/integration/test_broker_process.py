@@ -14,6 +14,7 @@ import pytest
 from cluster import BrokerProcess
 from cluster import Cluster
 from cluster import TestClient
+from cluster import running_cluster
 
 from protocol.api import EARLIEST_TIMESTAMP
 from protocol.api import LATEST_TIMESTAMP
@@ -52,12 +53,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
+    with running_cluster(tmp_path) as c:
         c.start_controller()
         yield c
-    finally:
-        c.stop_all()
 
 
 def batch(*values: bytes, timestamp: int | None = None) -> bytes:

@@ -22,17 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster import CLI
+from cluster import CLI_ENV as ENV
+from cluster import mb
 
 REPO = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "client.cli"]
-ENV = {
-    **os.environ,
-    "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-    "PYTHONUNBUFFERED": "1",
-}
-ENV.pop("MINIBROKER_BOOTSTRAP_SERVERS", None)
 STARTUP_TIMEOUT_S = 90
-COMMAND_TIMEOUT_S = 60
 
 pytestmark = pytest.mark.integration
 
@@ -54,18 +49,6 @@ def free_base_port(brokers: int) -> int:
         if all(_port_free(base + i) for i in range(2 * brokers)):
             return base
     raise RuntimeError("no free port range found")
-
-
-def mb(*args: str, stdin: str | None = None, timeout: float = COMMAND_TIMEOUT_S):
-    return subprocess.run(
-        [*CLI, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=ENV,
-        cwd=REPO,
-    )
 
 
 def pids_mentioning(text: str) -> set[int]:

@@ -5,8 +5,6 @@ alarm, auto_offset_reset='none') and loses nothing; the sync API from a plain th
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from cluster import Cluster
+from cluster import running_cluster
 
 from client.admin import AsyncAdmin
 from client.consumer import AsyncConsumer
@@ -30,17 +29,11 @@ TP = TopicPartition(TOPIC, 0)
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
+    with running_cluster(tmp_path) as c:
         c.start_controller(session_timeout_ms=3000)
         for node in (1, 2, 3):
             c.start_broker(node)
         yield c
-    finally:
-        for proc in c.brokers.values():
-            if proc.alive:
-                os.kill(proc.pid, signal.SIGCONT)
-        c.stop_all()
 
 
 def bootstrap(cluster: Cluster) -> str:

@@ -8,40 +8,18 @@ with the controller down; `topic describe --under-replicated / --unavailable`;
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from cluster import REPO
 from cluster import Cluster
+from cluster import mb
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-CLI = [sys.executable, "-m", "client.cli"]
-ENV = {
-    **os.environ,
-    "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-}
-for _name in ("MINIBROKER_BOOTSTRAP_SERVERS", "MINIBROKER_CONTROLLER"):
-    ENV.pop(_name, None)
 SESSION_TIMEOUT_MS = 1500
 WAIT_S = 30.0
-
-
-def mb(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*CLI, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=ENV,
-        cwd=REPO,
-    )
 
 
 def ok(*args: str, stdin: str | None = None) -> str:

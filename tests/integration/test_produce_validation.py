@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from cluster import Cluster
 from cluster import TestClient
+from cluster import running_cluster
 
 from client.admin import AsyncAdmin
 from client.consumer import AsyncConsumer
@@ -38,13 +39,10 @@ TP = TopicPartition(TOPIC, 0)
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
+    with running_cluster(tmp_path) as c:
         c.start_controller()
         c.start_broker(1)
         yield c
-    finally:
-        c.stop_all()
 
 
 def the_issues_batches() -> list[tuple[str, bytes, ErrorCode, str]]:

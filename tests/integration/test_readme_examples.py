@@ -16,6 +16,7 @@ import pytest
 
 from tests.integration.cluster import REPO
 from tests.integration.cluster import Cluster
+from tests.integration.cluster import running_cluster
 
 README_ADDRESS = "127.0.0.1:9092"
 
@@ -48,14 +49,11 @@ def run_readme_block(block: str, bootstrap: str, timeout_s: float) -> str:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
+    with running_cluster(tmp_path) as c:
         c.start_controller()
         for node in (1, 2, 3):
             c.start_broker(node)
         yield c
-    finally:
-        c.stop_all()
 
 
 def test_readme_has_examples() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from broker.config import BrokerConfig
 from broker.metadata_image import MetadataImage
+from broker.metadata_image import PartitionState
 from broker.replica_manager import ReplicaManager
 from broker.server import base_log_config
 from broker.storage.log_manager import LogManager
@@ -132,3 +133,26 @@ def partition_record(
 
 def batch(*values: bytes, timestamp: int | None = None) -> bytes:
     return encode_batch([(None, v, (), timestamp) for v in values])
+
+
+def partition_state(
+    leader: int,
+    epoch: int,
+    *,
+    replicas: tuple[int, ...] = (1, 2, 3),
+    isr: tuple[int, ...] | None = None,
+    pe: int | None = None,
+) -> PartitionState:
+    """Partition t-0 (topic id "T") as the metadata has it: `leader` at leader epoch
+    `epoch`; the partition epoch is `epoch` unless `pe` says, the ISR all replicas
+    unless `isr` says."""
+    return PartitionState(
+        topic="t",
+        topic_id="T",
+        partition=0,
+        replicas=tuple(replicas),
+        isr=tuple(replicas if isr is None else isr),
+        leader=leader,
+        leader_epoch=epoch,
+        partition_epoch=epoch if pe is None else pe,
+    )

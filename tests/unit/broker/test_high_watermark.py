@@ -9,30 +9,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from broker_harness import partition_state
 
 from broker.isr import EXPAND
 from broker.isr import SHRINK
-from broker.metadata_image import PartitionState
 from broker.partition import Partition
 from broker.partition import Role
 from broker.storage.log import Log
 from broker.storage.log import LogConfig
 from protocol.record_batch import encode_batch
 
-
-def state(
-    leader: int, epoch: int, *, replicas=(1, 2, 3), isr=(1, 2, 3), pe: int | None = None
-) -> PartitionState:
-    return PartitionState(
-        topic="t",
-        topic_id="T",
-        partition=0,
-        replicas=tuple(replicas),
-        isr=tuple(isr),
-        leader=leader,
-        leader_epoch=epoch,
-        partition_epoch=epoch if pe is None else pe,
-    )
+state = partition_state
 
 
 def one() -> bytes:

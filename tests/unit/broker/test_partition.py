@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
+from broker_harness import partition_state
 
-from broker.metadata_image import PartitionState
 from broker.partition import Partition
 from broker.partition import Role
 from broker.storage.log import Log
@@ -14,18 +15,8 @@ from broker.storage.log import LogConfig
 from protocol.errors import ErrorCode
 from protocol.record_batch import encode_batch
 
-
-def state(leader: int, epoch: int, *, replicas=(1, 2), isr=(1, 2), pe: int | None = None):
-    return PartitionState(
-        topic="t",
-        topic_id="T",
-        partition=0,
-        replicas=tuple(replicas),
-        isr=tuple(isr),
-        leader=leader,
-        leader_epoch=epoch,
-        partition_epoch=epoch if pe is None else pe,
-    )
+# Two replicas unless a test says otherwise.
+state = functools.partial(partition_state, replicas=(1, 2))
 
 
 @pytest.fixture

@@ -72,14 +72,21 @@ async def test_in_flight_requests_are_bounded(broker: FakeBroker) -> None:
         await conn.close()
 
 
-async def test_timeout_fails_the_request_and_closes_the_connection(broker: FakeBroker) -> None:
+async def connect_to_silent(broker: FakeBroker, **options: int) -> BrokerConnection:
+    """A connection to `broker`, which from now on never answers a Metadata request."""
+
     async def hang(req: MetadataRequest) -> MetadataResponse:
         await asyncio.Event().wait()
         raise AssertionError
 
     broker.overrides[MetadataRequest] = hang
-    conn = BrokerConnection(broker.host, broker.port, request_timeout_ms=100)
+    conn = BrokerConnection(broker.host, broker.port, **options)
     await conn.connect()
+    return conn
+
+
+async def test_timeout_fails_the_request_and_closes_the_connection(broker: FakeBroker) -> None:
+    conn = await connect_to_silent(broker, request_timeout_ms=100)
     first = asyncio.ensure_future(conn.send(MetadataRequest(topics=["a"])))
     await asyncio.sleep(0.05)
     second = asyncio.ensure_future(conn.send(MetadataRequest(topics=["b"]), timeout_ms=5_000))
@@ -95,13 +102,7 @@ async def test_timeout_fails_the_request_and_closes_the_connection(broker: FakeB
 
 
 async def test_disconnect_fails_every_pending_request(broker: FakeBroker) -> None:
-    async def hang(req: MetadataRequest) -> MetadataResponse:
-        await asyncio.Event().wait()
-        raise AssertionError
-
-    broker.overrides[MetadataRequest] = hang
-    conn = BrokerConnection(broker.host, broker.port)
-    await conn.connect()
+    conn = await connect_to_silent(broker)
     pending = [asyncio.ensure_future(conn.send(MetadataRequest(topics=[]))) for _ in range(3)]
     await asyncio.sleep(0.05)
     for transport in list(broker._writers):
@@ -115,13 +116,7 @@ async def test_disconnect_fails_every_pending_request(broker: FakeBroker) -> Non
 
 
 async def test_close_fails_pending_and_is_idempotent(broker: FakeBroker) -> None:
-    async def hang(req: MetadataRequest) -> MetadataResponse:
-        await asyncio.Event().wait()
-        raise AssertionError
-
-    broker.overrides[MetadataRequest] = hang
-    conn = BrokerConnection(broker.host, broker.port)
-    await conn.connect()
+    conn = await connect_to_silent(broker)
     pending = asyncio.ensure_future(conn.send(MetadataRequest(topics=[])))
     await asyncio.sleep(0.02)
     await conn.close()
