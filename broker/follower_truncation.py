@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from collections.abc import Iterable
+from typing import TypeVar
 
 from broker.fetch_state import MAX_TRUNCATION_ROUNDS
 from broker.fetch_state import PartitionFetchState
@@ -30,6 +33,19 @@ from protocol.messages import OffsetForLeaderTopic
 
 # The fetcher's logger: these lines are the fetcher's story.
 log = logging.getLogger("broker.fetcher")
+
+
+Entry = TypeVar("Entry")
+
+
+def _by_topic(
+    states: Iterable[PartitionFetchState], entry: Callable[[PartitionFetchState], Entry]
+) -> dict[str, list[Entry]]:
+    """One request entry per partition, grouped by topic as the requests list them."""
+    topics: dict[str, list[Entry]] = {}
+    for s in states:
+        topics.setdefault(s.partition.topic, []).append(entry(s))
+    return topics
 
 
 class FollowerTruncation:
@@ -63,15 +79,14 @@ class FollowerTruncation:
                 ask.append(s)
         if not ask:
             return
-        topics: dict[str, list[OffsetForLeaderPartition]] = {}
-        for s in ask:
-            topics.setdefault(s.partition.topic, []).append(
-                OffsetForLeaderPartition(
-                    partition=s.partition.index,
-                    current_leader_epoch=s.leader_epoch,
-                    leader_epoch=s.partition.log.latest_epoch,
-                )
-            )
+        topics = _by_topic(
+            ask,
+            lambda s: OffsetForLeaderPartition(
+                partition=s.partition.index,
+                current_leader_epoch=s.leader_epoch,
+                leader_epoch=s.partition.log.latest_epoch,
+            ),
+        )
         request = OffsetForLeaderEpochRequest(
             replica_id=self.manager.node_id,
             topics=[OffsetForLeaderTopic(topic=t, partitions=ps) for t, ps in topics.items()],
@@ -199,15 +214,14 @@ class FollowerTruncation:
     async def _reset_to_leader_end(self, states: list[PartitionFetchState]) -> None:
         """Kafka's fetchOffsetAndTruncate: ask the leader for its LEO (ListOffsets as a
         replica) and truncate to it when we are past it."""
-        topics: dict[str, list[ListOffsetsPartition]] = {}
-        for s in states:
-            topics.setdefault(s.partition.topic, []).append(
-                ListOffsetsPartition(
-                    partition_index=s.partition.index,
-                    current_leader_epoch=s.leader_epoch,
-                    timestamp=LATEST_TIMESTAMP,
-                )
-            )
+        topics = _by_topic(
+            states,
+            lambda s: ListOffsetsPartition(
+                partition_index=s.partition.index,
+                current_leader_epoch=s.leader_epoch,
+                timestamp=LATEST_TIMESTAMP,
+            ),
+        )
         request = ListOffsetsRequest(
             replica_id=self.manager.node_id,
             topics=[ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()],

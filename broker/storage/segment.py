@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+from typing import Any
 from typing import NamedTuple
 
 from broker.storage.errors import CorruptIndexError
@@ -271,23 +272,9 @@ class LogSegment:
 
     # ------------------------------------------------------------------ reads
 
-    def read(
-        self,
-        start_offset: int,
-        max_bytes: int,
-        max_position: int | None = None,
-        *,
-        max_offset: int | None = None,
-        min_one_batch: bool = True,
-    ) -> bytes:
-        """Whole batches from the one containing `start_offset`, as bytes; see `read_slice`."""
-        data = self.read_slice(
-            start_offset,
-            max_bytes,
-            max_position,
-            max_offset=max_offset,
-            min_one_batch=min_one_batch,
-        ).data
+    def read(self, start_offset: int, max_bytes: int, *more: Any, **options: Any) -> bytes:
+        """`read_slice` (the same arguments), as bytes."""
+        data = self.read_slice(start_offset, max_bytes, *more, **options).data
         return data if isinstance(data, bytes) else bytes(data)
 
     def read_slice(
