@@ -71,6 +71,17 @@ if TYPE_CHECKING:
 # Returned by an override: close the connection without answering (a lost response).
 DROP_CONNECTION = object()
 
+# One replica's log positions and leadership, as the DescribeReplicaLog answer of the
+# admin tests and the ReplicaLogDescription of the CLI tests both give them.
+REPLICA_LOG_NUMBERS: dict[str, int] = {
+    "log_start_offset": 0,
+    "log_end_offset": 6,
+    "high_watermark": 5,
+    "leader_id": 1,
+    "leader_epoch": 2,
+    "partition_epoch": 4,
+}
+
 
 async def produce_values(
     broker: FakeBroker, values: list[bytes], *, topic: str = "t", partition: int = 0
@@ -95,6 +106,9 @@ async def poll_records(consumer: AsyncConsumer, n: int, tries: int = 100) -> lis
 
 
 Handler = Callable[[Message], Awaitable[Message | None] | Message | None]
+
+# The `start_broker` fixture (conftest.py): start_broker(partitions, leader_epoch=...).
+StartBroker = Callable[..., Awaitable["FakeBroker"]]
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from client_fakes import FakeBroker
+from client_fakes import FakeBroker, StartBroker
 
 from client.consumer import AsyncConsumer
 from client.errors import InvalidCommitOffsetSizeError, KafkaTimeoutError
@@ -28,12 +28,8 @@ TP = TopicPartition("t", 0)
 
 
 @pytest.fixture
-async def broker():
-    b = FakeBroker()
-    b.create_topic("t", 1)
-    await b.start()
-    yield b
-    await b.stop()
+async def broker(start_broker: StartBroker) -> FakeBroker:
+    return await start_broker(1)
 
 
 def commit_error(code: ErrorCode) -> OffsetCommitResponse:

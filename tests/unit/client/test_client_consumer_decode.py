@@ -8,7 +8,7 @@ import struct
 
 import crc32c
 import pytest
-from client_fakes import FakeBroker
+from client_fakes import FakeBroker, StartBroker
 
 from client.consumer import AsyncConsumer
 from client.errors import CorruptRecordError
@@ -20,12 +20,8 @@ EPOCH = 4
 
 
 @pytest.fixture
-async def broker():
-    b = FakeBroker()
-    b.create_topic("t", 1, leader_epoch=EPOCH)
-    await b.start()
-    yield b
-    await b.stop()
+async def broker(start_broker: StartBroker) -> FakeBroker:
+    return await start_broker(1, leader_epoch=EPOCH)
 
 
 def put(broker: FakeBroker, batch: bytes | bytearray, count: int) -> None:

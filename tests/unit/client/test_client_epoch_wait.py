@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from client_fakes import FakeBroker, poll_records, produce_values
+from client_fakes import FakeBroker, StartBroker, poll_records, produce_values
 
 from client.cluster import ClusterClient
 from client.consumer import AsyncConsumer
@@ -44,12 +44,8 @@ T1 = TopicPartition("t", 1)
 
 
 @pytest.fixture
-async def broker():
-    b = FakeBroker()
-    b.create_topic("t", 2, leader_epoch=0)
-    await b.start()
-    yield b
-    await b.stop()
+async def broker(start_broker: StartBroker) -> FakeBroker:
+    return await start_broker(2, leader_epoch=0)
 
 
 def asked_epochs(broker: FakeBroker) -> list[tuple[int, int]]:
@@ -147,43 +143,38 @@ async def test_the_wait_is_bounded_backs_off_and_keeps_the_position(broker: Fake
 # ------------------------------------------------------------ "unknown" is retried
 
 
-async def test_an_unknown_epoch_answer_is_retried_not_read_as_truncation() -> None:
-    broker = FakeBroker()
-    broker.create_topic("t", 1, leader_epoch=1)
-    await broker.start()
-    try:
-        await produce_values(broker, [b"v-%d" % i for i in range(10)])
-        unknown_answers = 3
+async def test_an_unknown_epoch_answer_is_retried_not_read_as_truncation(
+    start_broker: StartBroker,
+) -> None:
+    broker = await start_broker(1, leader_epoch=1)
+    await produce_values(broker, [b"v-%d" % i for i in range(10)])
+    unknown_answers = 3
 
-        def not_yet(req: Message) -> Message | None:
-            nonlocal unknown_answers
-            if unknown_answers == 0:
-                return None  # the leader's real answer
-            unknown_answers -= 1
-            assert isinstance(req, OffsetForLeaderEpochRequest)
-            return OffsetForLeaderEpochResponse(
-                topics=[
-                    OffsetForLeaderTopicResult(
-                        topic="t",
-                        partitions=[
-                            EpochEndOffsetResult(partition=0, leader_epoch=-1, end_offset=-1)
-                        ],
-                    )
-                ]
-            )
+    def not_yet(req: Message) -> Message | None:
+        nonlocal unknown_answers
+        if unknown_answers == 0:
+            return None  # the leader's real answer
+        unknown_answers -= 1
+        assert isinstance(req, OffsetForLeaderEpochRequest)
+        return OffsetForLeaderEpochResponse(
+            topics=[
+                OffsetForLeaderTopicResult(
+                    topic="t",
+                    partitions=[EpochEndOffsetResult(partition=0, leader_epoch=-1, end_offset=-1)],
+                )
+            ]
+        )
 
-        broker.overrides[OffsetForLeaderEpochRequest] = not_yet
-        async with AsyncConsumer(
-            broker.address, auto_offset_reset="earliest", retry_backoff_ms=5
-        ) as consumer:
-            consumer.assign([T0])
-            consumer.seek(T0, OffsetAndMetadata(5, "", 1))
-            records = await poll_records(consumer, 5)
-        assert [r.offset for r in records] == [5, 6, 7, 8, 9], "reset instead of retrying"
-        assert unknown_answers == 0 and len(asked_epochs(broker)) == 4
-        assert not broker.requests_of(ListOffsetsRequest)
-    finally:
-        await broker.stop()
+    broker.overrides[OffsetForLeaderEpochRequest] = not_yet
+    async with AsyncConsumer(
+        broker.address, auto_offset_reset="earliest", retry_backoff_ms=5
+    ) as consumer:
+        consumer.assign([T0])
+        consumer.seek(T0, OffsetAndMetadata(5, "", 1))
+        records = await poll_records(consumer, 5)
+    assert [r.offset for r in records] == [5, 6, 7, 8, 9], "reset instead of retrying"
+    assert unknown_answers == 0 and len(asked_epochs(broker)) == 4
+    assert not broker.requests_of(ListOffsetsRequest)
 
 
 async def test_the_shared_rule_for_the_spark_source(broker: FakeBroker) -> None:

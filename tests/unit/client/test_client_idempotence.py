@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 
 import pytest
-from client_fakes import DROP_CONNECTION, FakeBroker
+from client_fakes import DROP_CONNECTION, FakeBroker, StartBroker
 
 from client.errors import KafkaTimeoutError, PossiblyWrittenError
 from client.producer import AsyncProducer
@@ -30,12 +30,8 @@ T0 = TopicPartition("t", 0)
 
 
 @pytest.fixture
-async def broker():
-    b = FakeBroker()
-    b.create_topic("t", 2, leader_epoch=1)
-    await b.start()
-    yield b
-    await b.stop()
+async def broker(start_broker: StartBroker) -> FakeBroker:
+    return await start_broker(2, leader_epoch=1)
 
 
 def sent_headers(broker: FakeBroker, partition: int = 0) -> list:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from client_fakes import FakeBroker
+from client_fakes import FakeBroker, StartBroker
 
 from client.cluster import ClusterClient, ClusterMetadata, parse_bootstrap_servers
 from client.errors import LeaderNotAvailableError, NoBrokersAvailableError
@@ -138,10 +138,8 @@ def test_parse_bootstrap_servers() -> None:
             parse_bootstrap_servers(bad)
 
 
-async def test_stale_response_keeps_cache_and_refreshes_again() -> None:
-    broker = FakeBroker()
-    broker.create_topic("t", 2, leader_epoch=5)
-    await broker.start()
+async def test_stale_response_keeps_cache_and_refreshes_again(start_broker: StartBroker) -> None:
+    broker = await start_broker(2, leader_epoch=5)
     client = ClusterClient(broker.address, retry_backoff_ms=10)
     try:
         await client.bootstrap()
@@ -165,13 +163,10 @@ async def test_stale_response_keeps_cache_and_refreshes_again() -> None:
         assert client.leader_for(TP0) == (1, 6)
     finally:
         await client.close()
-        await broker.stop()
 
 
-async def test_stale_refreshes_are_bounded() -> None:
-    broker = FakeBroker()
-    broker.create_topic("t", 1, leader_epoch=5)
-    await broker.start()
+async def test_stale_refreshes_are_bounded(start_broker: StartBroker) -> None:
+    broker = await start_broker(1, leader_epoch=5)
     client = ClusterClient(broker.address, retry_backoff_ms=1, max_stale_refreshes=3)
     try:
         await client.bootstrap()
@@ -185,7 +180,6 @@ async def test_stale_refreshes_are_bounded() -> None:
         assert client.leader_for(TP0) == (1, 5)
     finally:
         await client.close()
-        await broker.stop()
 
 
 async def test_bootstrap_tries_every_address_then_says_what_to_do() -> None:

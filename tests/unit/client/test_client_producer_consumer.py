@@ -5,9 +5,11 @@ batch API (create_batch / send_batch)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
-from client_fakes import FakeBroker
+from client_fakes import FakeBroker, StartBroker
 
 from client.admin import AsyncAdmin
 from client.consumer import AsyncConsumer
@@ -37,12 +39,8 @@ T0 = TopicPartition("t", 0)
 
 
 @pytest.fixture
-async def broker():
-    b = FakeBroker()
-    b.create_topic("t", 3, leader_epoch=2)
-    await b.start()
-    yield b
-    await b.stop()
+async def broker(start_broker: StartBroker) -> FakeBroker:
+    return await start_broker(3, leader_epoch=2)
 
 
 async def test_produce_batches_and_reports_offsets(broker: FakeBroker) -> None:
@@ -279,12 +277,22 @@ def diverging_fetch(broker: FakeBroker, epoch: int, end_offset: int):
     return handler
 
 
-async def test_diverging_epoch_raises_log_truncation_with_reset_none(broker: FakeBroker) -> None:
+@asynccontextmanager
+async def consumer_told_of_divergence(
+    broker: FakeBroker, auto_offset_reset: str
+) -> AsyncIterator[AsyncConsumer]:
+    """A consumer at offset 8 (epoch 2) of 10 records, whose fetches the leader answers
+    with a diverging epoch: epoch 2 ended at offset 5."""
     await produce(broker, 10)
-    async with AsyncConsumer(broker.address, auto_offset_reset="none") as consumer:
+    async with AsyncConsumer(broker.address, auto_offset_reset=auto_offset_reset) as consumer:
         consumer.assign([T0])
         consumer.seek(T0, OffsetAndMetadata(8, leader_epoch=2))
         broker.overrides[FetchRequest] = diverging_fetch(broker, 2, 5)
+        yield consumer
+
+
+async def test_diverging_epoch_raises_log_truncation_with_reset_none(broker: FakeBroker) -> None:
+    async with consumer_told_of_divergence(broker, "none") as consumer:
         with pytest.raises(LogTruncationError) as info:
             for _ in range(20):
                 await consumer.poll(timeout_ms=50)
@@ -293,11 +301,7 @@ async def test_diverging_epoch_raises_log_truncation_with_reset_none(broker: Fak
 
 
 async def test_diverging_epoch_resumes_at_the_divergence_point(broker: FakeBroker) -> None:
-    await produce(broker, 10)
-    async with AsyncConsumer(broker.address, auto_offset_reset="earliest") as consumer:
-        consumer.assign([T0])
-        consumer.seek(T0, OffsetAndMetadata(8, leader_epoch=2))
-        broker.overrides[FetchRequest] = diverging_fetch(broker, 2, 5)
+    async with consumer_told_of_divergence(broker, "earliest") as consumer:
         await consumer.poll(timeout_ms=100)
         del broker.overrides[FetchRequest]
         assert await consumer.position(T0) == 5

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
-from client_fakes import FakeBroker, poll_records, produce_values
+from client_fakes import FakeBroker, StartBroker, poll_records, produce_values
 
 from client.consumer import AsyncConsumer
 from client.errors import LogTruncationError, OffsetOutOfRangeError
@@ -19,12 +22,8 @@ T0 = TopicPartition("t", 0)
 
 
 @pytest.fixture
-async def broker():
-    b = FakeBroker()
-    b.create_topic("t", 1, leader_epoch=2)
-    await b.start()
-    yield b
-    await b.stop()
+async def broker(start_broker: StartBroker) -> FakeBroker:
+    return await start_broker(1, leader_epoch=2)
 
 
 async def unclean_election(broker: FakeBroker, keep: int, new_values: list[bytes]) -> None:
@@ -33,6 +32,20 @@ async def unclean_election(broker: FakeBroker, keep: int, new_values: list[bytes
     part.truncate_to(keep)
     part.become_leader(3)
     await produce_values(broker, new_values)
+
+
+@asynccontextmanager
+async def consumer_that_read(
+    broker: FakeBroker, n: int, **config: Any
+) -> AsyncIterator[AsyncConsumer]:
+    """A consumer of T0 (retry_backoff_ms=5, `config`) that has read, from offset 0, the
+    `n` records first produced at the old epoch."""
+    await produce_values(broker, old(n))
+    async with AsyncConsumer(broker.address, retry_backoff_ms=5, **config) as consumer:
+        consumer.assign([T0])
+        consumer.seek(T0, 0)
+        assert len(await poll_records(consumer, n)) == n
+        yield consumer
 
 
 def old(n: int) -> list[bytes]:
@@ -44,13 +57,7 @@ def new(n: int) -> list[bytes]:
 
 
 async def test_truncation_raises_with_the_exact_divergence_offset(broker: FakeBroker) -> None:
-    await produce_values(broker, old(10))
-    async with AsyncConsumer(
-        broker.address, auto_offset_reset="none", retry_backoff_ms=5
-    ) as consumer:
-        consumer.assign([T0])
-        consumer.seek(T0, 0)
-        assert len(await poll_records(consumer, 10)) == 10
+    async with consumer_that_read(broker, 10, auto_offset_reset="none") as consumer:
         # Offsets 6..9 are lost; the log grows back past the position (to 14).
         await unclean_election(broker, 6, new(8))
         with pytest.raises(LogTruncationError) as info:
@@ -73,13 +80,7 @@ async def test_truncation_raises_with_the_exact_divergence_offset(broker: FakeBr
 async def test_truncation_resumes_at_the_divergence_offset(
     broker: FakeBroker, policy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await produce_values(broker, old(10))
-    async with AsyncConsumer(
-        broker.address, auto_offset_reset=policy, retry_backoff_ms=5
-    ) as consumer:
-        consumer.assign([T0])
-        consumer.seek(T0, 0)
-        assert len(await poll_records(consumer, 10)) == 10
+    async with consumer_that_read(broker, 10, auto_offset_reset=policy) as consumer:
         await unclean_election(broker, 6, new(8))
         with caplog.at_level(logging.WARNING, logger="client.consumer"):
             records = await poll_records(consumer, 8)
@@ -92,13 +93,7 @@ async def test_truncation_resumes_at_the_divergence_offset(
 
 
 async def test_no_false_alarm_on_a_normal_failover(broker: FakeBroker) -> None:
-    await produce_values(broker, old(10))
-    async with AsyncConsumer(
-        broker.address, auto_offset_reset="none", retry_backoff_ms=5
-    ) as consumer:
-        consumer.assign([T0])
-        consumer.seek(T0, 0)
-        assert len(await poll_records(consumer, 10)) == 10
+    async with consumer_that_read(broker, 10, auto_offset_reset="none") as consumer:
         # A clean failover: the new leader has every record; new writes follow.
         broker.topics["t"][0].become_leader(3)
         await produce_values(broker, new(5))
@@ -165,13 +160,7 @@ async def test_out_of_range_only_below_log_start(broker: FakeBroker) -> None:
 
 
 async def test_committed_offset_with_epoch_is_validated_on_start(broker: FakeBroker) -> None:
-    await produce_values(broker, old(10))
-    async with AsyncConsumer(
-        broker.address, group_id="g", auto_offset_reset="none", retry_backoff_ms=5
-    ) as consumer:
-        consumer.assign([T0])
-        consumer.seek(T0, 0)
-        assert len(await poll_records(consumer, 10)) == 10
+    async with consumer_that_read(broker, 10, group_id="g", auto_offset_reset="none") as consumer:
         await consumer.commit()
         assert await consumer.committed(T0) == OffsetAndMetadata(10, "", 2)
     await unclean_election(broker, 6, new(8))
@@ -207,13 +196,7 @@ async def test_offsets_for_times_carries_epochs(broker: FakeBroker) -> None:
 async def test_stale_metadata_is_ignored_without_reset_or_validation(broker: FakeBroker) -> None:
     """KIP-232 (scenario 6): a broker with a lagging image answers Metadata with an
     older leader epoch; the consumer keeps its view, no reset, no validation."""
-    await produce_values(broker, old(5))
-    async with AsyncConsumer(
-        broker.address, auto_offset_reset="none", retry_backoff_ms=5
-    ) as consumer:
-        consumer.assign([T0])
-        consumer.seek(T0, 0)
-        assert len(await poll_records(consumer, 5)) == 5
+    async with consumer_that_read(broker, 5, auto_offset_reset="none") as consumer:
         broker.topics["t"][0].metadata_epoch = 1  # lagging image
         update = await consumer.cluster.refresh_metadata()
         assert update.stale == [T0]

@@ -9,7 +9,7 @@ import socket
 from collections.abc import AsyncIterator
 
 import pytest
-from client_fakes import FakeBroker
+from client_fakes import REPLICA_LOG_NUMBERS, FakeBroker
 
 from client.admin import AsyncAdmin, EpochEntry, ReplicaBatch
 from client.errors import MinibrokerError, UnknownTopicOrPartitionError
@@ -193,12 +193,7 @@ async def test_no_broker_reachable_is_a_verdict() -> None:
 
 
 REPLICA = DescribeReplicaLogResponse(
-    log_start_offset=0,
-    log_end_offset=6,
-    high_watermark=5,
-    leader_id=1,
-    leader_epoch=2,
-    partition_epoch=4,
+    **REPLICA_LOG_NUMBERS,
     isr=[1, 2],
     epoch_entries=[
         EpochStartOffset(epoch=0, start_offset=0),

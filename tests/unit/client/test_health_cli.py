@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
+from client_fakes import REPLICA_LOG_NUMBERS
 
 from client.admin import (
     AsyncAdmin,
@@ -184,12 +185,7 @@ REPLICA = ReplicaLogDescription(
     port=9094,
     topic="t",
     partition=0,
-    log_start_offset=0,
-    log_end_offset=6,
-    high_watermark=5,
-    leader_id=1,
-    leader_epoch=2,
-    partition_epoch=4,
+    **REPLICA_LOG_NUMBERS,
     isr=(1, 2),
     epoch_entries=(EpochEntry(0, 0), EpochEntry(2, 3)),
     batches=(ReplicaBatch(0, 2, 0, 0xDEADBEEF, 90), ReplicaBatch(3, 5, 2, 7, 91)),
