@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+from collections.abc import Callable
 
 import crc32c
 import msgspec
@@ -26,28 +27,10 @@ from protocol_strategies import (
     struct_types_reachable,
 )
 
+from protocol import connection, framing
 from protocol import record_batch as rb
 from protocol.api import ApiKey
-from protocol.connection import (
-    ClientConnection,
-    RejectedRequest,
-    Request,
-    Response,
-    ServerConnection,
-    decode_body,
-    encode_body,
-)
 from protocol.errors import DecodeError, ErrorCode
-from protocol.framing import (
-    FrameDecoder,
-    RequestHeader,
-    ResponseHeader,
-    decode_request_header,
-    decode_response_header,
-    encode_request_header,
-    encode_response_header,
-    frame,
-)
 from protocol.messages import API_SPECS, ErrorBody, MetadataEntry, MetadataRequest, ProduceRequest
 from protocol.metadata_records import TopicRecord
 
@@ -89,7 +72,7 @@ def fix_batch_length(buf: bytearray) -> None:
 @FUZZ
 @given(data=st.binary(max_size=300), max_frame_size=st.sampled_from([0, 1, 16, 2**20]))
 def test_frame_decoder_arbitrary_bytes(data: bytes, max_frame_size: int) -> None:
-    decoder = FrameDecoder(max_frame_size)
+    decoder = framing.FrameDecoder(max_frame_size)
     decoder.feed(data)
     total = 0
     try:
@@ -101,23 +84,25 @@ def test_frame_decoder_arbitrary_bytes(data: bytes, max_frame_size: int) -> None
     assert total + decoder.buffered == len(data)
 
 
+@pytest.mark.parametrize(
+    ("decode", "encode", "max_size"),
+    [
+        (framing.decode_request_header, framing.encode_request_header, 64),
+        (framing.decode_response_header, framing.encode_response_header, 32),
+    ],
+    ids=["request", "response"],
+)
 @FUZZ
-@given(data=st.binary(max_size=64))
-def test_decode_request_header_arbitrary_bytes(data: bytes) -> None:
-    result = decodes_or_decode_error(decode_request_header, data)
+@given(data=st.data())
+def test_decode_header_arbitrary_bytes(
+    decode: Callable, encode: Callable, max_size: int, data: st.DataObject
+) -> None:
+    raw = data.draw(st.binary(max_size=max_size))
+    result = decodes_or_decode_error(decode, raw)
     if result is not None:
         header, body = result
         # What decodes re-encodes to the same prefix.
-        assert encode_request_header(header) + bytes(body) == data
-
-
-@FUZZ
-@given(data=st.binary(max_size=32))
-def test_decode_response_header_arbitrary_bytes(data: bytes) -> None:
-    result = decodes_or_decode_error(decode_response_header, data)
-    if result is not None:
-        header, body = result
-        assert encode_response_header(header) + bytes(body) == data
+        assert encode(header) + bytes(body) == raw
 
 
 # ---------------------------------------------------------------- message bodies
@@ -131,13 +116,15 @@ def test_decode_body_arbitrary_input(kind: type, data: st.DataObject) -> None:
         st.one_of(
             st.binary(max_size=100),
             msgpack_values.map(msgspec.msgpack.encode),
-            struct_strategy(kind).map(encode_body).flatmap(mutated),
+            struct_strategy(kind).map(connection.encode_body).flatmap(mutated),
         )
     )
-    result = decodes_or_decode_error(decode_body, kind, raw)
+    result = decodes_or_decode_error(connection.decode_body, kind, raw)
     assert result is None or type(result) is kind
     # memoryview input (what the connections pass) behaves the same
-    assert type(decodes_or_decode_error(decode_body, kind, memoryview(raw))) is type(result)
+    assert type(decodes_or_decode_error(connection.decode_body, kind, memoryview(raw))) is type(
+        result
+    )
 
 
 @pytest.mark.parametrize(
@@ -165,7 +152,7 @@ def test_decode_body_arbitrary_input(kind: type, data: st.DataObject) -> None:
 )
 def test_decode_body_known_nasties(kind: type, raw: bytes) -> None:
     with pytest.raises(DecodeError):
-        decode_body(kind, raw)
+        connection.decode_body(kind, raw)
 
 
 # ---------------------------------------------------------------- server connection
@@ -175,7 +162,7 @@ def test_decode_body_known_nasties(kind: type, raw: bytes) -> None:
 def request_payloads(draw) -> bytes:
     """A request payload: a sound header in front of a body of any quality."""
     spec = draw(st.sampled_from(SPECS))
-    header = RequestHeader(
+    header = framing.RequestHeader(
         draw(st.one_of(st.just(int(spec.key)), api_keys)),
         draw(st.one_of(st.just(spec.max_version), st.integers(-(2**15), 2**15 - 1))),
         draw(st.integers(-(2**31), 2**31 - 1)),
@@ -183,13 +170,13 @@ def request_payloads(draw) -> bytes:
     )
     body = draw(
         st.one_of(
-            struct_strategy(spec.request).map(encode_body),
-            struct_strategy(spec.request).map(encode_body).flatmap(mutated),
+            struct_strategy(spec.request).map(connection.encode_body),
+            struct_strategy(spec.request).map(connection.encode_body).flatmap(mutated),
             msgpack_values.map(msgspec.msgpack.encode),
             st.binary(max_size=40),
         )
     )
-    return encode_request_header(header) + body
+    return framing.encode_request_header(header) + body
 
 
 @st.composite
@@ -197,10 +184,10 @@ def server_streams(draw) -> bytes:
     parts = draw(
         st.lists(
             st.one_of(
-                request_payloads().map(frame),
+                request_payloads().map(framing.frame),
                 request_payloads().flatmap(mutated).map(reframe),
-                request_payloads().map(frame).flatmap(mutated),
-                st.binary(max_size=40).map(frame),
+                request_payloads().map(framing.frame).flatmap(mutated),
+                st.binary(max_size=40).map(framing.frame),
                 st.binary(max_size=40),
             ),
             min_size=1,
@@ -210,7 +197,7 @@ def server_streams(draw) -> bytes:
     return b"".join(parts)
 
 
-def drain_server(server: ServerConnection) -> bool:
+def drain_server(server: connection.ServerConnection) -> bool:
     """Take every event, answering each; return False once the stream is malformed."""
     while True:
         try:
@@ -219,11 +206,11 @@ def drain_server(server: ServerConnection) -> bool:
             return False
         if event is None:
             return True
-        if isinstance(event, RejectedRequest):
+        if isinstance(event, connection.RejectedRequest):
             assert event.error in (ErrorCode.INVALID_REQUEST, ErrorCode.UNSUPPORTED_VERSION)
             out = server.send_rejection(event)
         else:
-            assert isinstance(event, Request)
+            assert isinstance(event, connection.Request)
             assert type(event.body) is API_SPECS[event.header.api_key].request
             out = server.send_error(event, ErrorCode.UNKNOWN_SERVER_ERROR, "fuzz")
         assert out  # answered in order, so every answer is released at once
@@ -232,7 +219,7 @@ def drain_server(server: ServerConnection) -> bool:
 @FUZZ
 @given(stream=server_streams(), cuts=st.lists(st.integers(0, 2000), max_size=4))
 def test_server_connection_survives_anything(stream: bytes, cuts: list[int]) -> None:
-    server = ServerConnection(max_frame_size=1 << 16, max_in_flight=3)
+    server = connection.ServerConnection(max_frame_size=1 << 16, max_in_flight=3)
     points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
     for start, end in itertools.pairwise(points):
         server.receive_data(stream[start:end])
@@ -244,7 +231,7 @@ def test_server_connection_survives_anything(stream: bytes, cuts: list[int]) -> 
 @FUZZ_SMALL
 @given(raw=st.binary(max_size=300))
 def test_server_connection_arbitrary_bytes(raw: bytes) -> None:
-    server = ServerConnection(max_frame_size=1 << 16)
+    server = connection.ServerConnection(max_frame_size=1 << 16)
     server.receive_data(raw)
     drain_server(server)
 
@@ -264,29 +251,29 @@ def response_payloads(draw, spec) -> bytes:
     )
     body = draw(
         st.one_of(
-            struct_strategy(spec.response).map(encode_body),
-            struct_strategy(spec.response).map(encode_body).flatmap(mutated),
-            st.text(max_size=10).map(lambda m: encode_body(ErrorBody(error_message=m))),
+            struct_strategy(spec.response).map(connection.encode_body),
+            struct_strategy(spec.response).map(connection.encode_body).flatmap(mutated),
+            st.text(max_size=10).map(lambda m: connection.encode_body(ErrorBody(error_message=m))),
             msgpack_values.map(msgspec.msgpack.encode),
             st.binary(max_size=40),
         )
     )
-    return encode_response_header(ResponseHeader(correlation_id, error_code)) + body
+    return framing.encode_response_header(framing.ResponseHeader(correlation_id, error_code)) + body
 
 
 @FUZZ
 @given(data=st.data())
 def test_client_connection_survives_anything(data: st.DataObject) -> None:
     spec = data.draw(st.sampled_from(SPECS))
-    client = ClientConnection("fuzz")
+    client = connection.ClientConnection("fuzz")
     for _ in range(4):
         client.send_request(data.draw(struct_strategy(spec.request)))
     parts = data.draw(
         st.lists(
             st.one_of(
-                response_payloads(spec).map(frame),
+                response_payloads(spec).map(framing.frame),
                 response_payloads(spec).flatmap(mutated).map(reframe),
-                response_payloads(spec).map(frame).flatmap(mutated),
+                response_payloads(spec).map(framing.frame).flatmap(mutated),
                 st.binary(max_size=40),
             ),
             min_size=1,
@@ -298,7 +285,7 @@ def test_client_connection_survives_anything(data: st.DataObject) -> None:
     except DecodeError:
         return
     for response in responses:
-        assert isinstance(response, Response)
+        assert isinstance(response, connection.Response)
         assert isinstance(response.error_code, ErrorCode)
         if response.error_code == ErrorCode.NONE:
             assert type(response.body) is spec.response
