@@ -7,7 +7,7 @@ import itertools
 from pathlib import Path
 
 from broker.config import BrokerConfig
-from broker.metadata_image import MetadataImage
+from broker.metadata_image import MetadataImage, PartitionState
 from broker.replica_manager import ReplicaManager
 from broker.server import base_log_config
 from broker.storage.log_manager import LogManager
@@ -125,6 +125,28 @@ def partition_record(
         leader=leader,
         leader_epoch=epoch,
         partition_epoch=epoch if partition_epoch is None else partition_epoch,
+    )
+
+
+def partition_state(
+    leader: int,
+    epoch: int,
+    *,
+    replicas: tuple[int, ...] = (1, 2, 3),
+    isr: tuple[int, ...] = (1, 2, 3),
+    pe: int | None = None,
+) -> PartitionState:
+    """The image's state of partition t-0 (topic id "T"); its partition epoch is the
+    leader epoch unless `pe` says otherwise."""
+    return PartitionState(
+        topic="t",
+        topic_id="T",
+        partition=0,
+        replicas=tuple(replicas),
+        isr=tuple(isr),
+        leader=leader,
+        leader_epoch=epoch,
+        partition_epoch=epoch if pe is None else pe,
     )
 
 

@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
+from broker_harness import partition_state
 
-from broker.metadata_image import PartitionState
 from broker.partition import Partition, Role
 from broker.storage.log import Log, LogConfig
 from protocol.errors import ErrorCode
 from protocol.record_batch import encode_batch
 
-
-def state(leader: int, epoch: int, *, replicas=(1, 2), isr=(1, 2), pe: int | None = None):
-    return PartitionState(
-        topic="t",
-        topic_id="T",
-        partition=0,
-        replicas=tuple(replicas),
-        isr=tuple(isr),
-        leader=leader,
-        leader_epoch=epoch,
-        partition_epoch=epoch if pe is None else pe,
-    )
+# Partition t-0 on brokers 1 and 2.
+state = partial(partition_state, replicas=(1, 2), isr=(1, 2))
 
 
 @pytest.fixture
