@@ -283,16 +283,6 @@ def test_unsafe_switches_need_test_faults(tmp_path: Path) -> None:
     assert Broker(BrokerConfig(node_id=1, data_dir=tmp_path)).faults is NO_FAULTS
 
 
-@pytest.fixture
-def captured(monkeypatch: pytest.MonkeyPatch) -> list[BrokerConfig]:
-    seen: list[BrokerConfig] = []
-    monkeypatch.setattr(cli, "run", lambda config: seen.append(config) or 0)
-    for key in list(__import__("os").environ):
-        if key.startswith("MINIBROKER_"):
-            monkeypatch.delenv(key)
-    return seen
-
-
 @pytest.mark.parametrize(
     "flag",
     ["--unsafe-truncate-to-high-watermark", "--unsafe-ignore-leader-epoch", "--unsafe-skip-fsync"],

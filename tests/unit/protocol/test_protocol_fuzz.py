@@ -345,12 +345,6 @@ def damaged_batches(draw) -> bytes:
     return bytes(buf)
 
 
-@FUZZ
-@given(buf=damaged_batches())
-def test_batch_decoders_damaged_batches(buf: bytes) -> None:
-    exercise_batch_decoders(buf)
-
-
 @st.composite
 def damaged_record_sections(draw) -> bytes:
     """A sound header (valid length and CRC) over damaged uncompressed records, with
@@ -367,10 +361,17 @@ def damaged_record_sections(draw) -> bytes:
     return bytes(buf)
 
 
+@pytest.mark.parametrize(
+    "damaged",
+    [damaged_batches, damaged_record_sections],
+    ids=["damaged_batches", "damaged_records_with_valid_crc"],
+)
 @FUZZ
-@given(buf=damaged_record_sections())
-def test_batch_decoders_damaged_records_with_valid_crc(buf: bytes) -> None:
-    exercise_batch_decoders(buf)
+@given(data=st.data())
+def test_batch_decoders_survive_damage(
+    damaged: Callable[[], st.SearchStrategy[bytes]], data: st.DataObject
+) -> None:
+    exercise_batch_decoders(data.draw(damaged()))
 
 
 @FUZZ
