@@ -131,28 +131,27 @@ def partition_record(
     )
 
 
-def batch(*values: bytes, timestamp: int | None = None) -> bytes:
-    return encode_batch([(None, v, (), timestamp) for v in values])
-
-
 def partition_state(
     leader: int,
     epoch: int,
     *,
     replicas: tuple[int, ...] = (1, 2, 3),
-    isr: tuple[int, ...] | None = None,
+    isr: tuple[int, ...] = (1, 2, 3),
     pe: int | None = None,
 ) -> PartitionState:
-    """Partition t-0 (topic id "T") as the metadata has it: `leader` at leader epoch
-    `epoch`; the partition epoch is `epoch` unless `pe` says, the ISR all replicas
-    unless `isr` says."""
+    """The image's state of partition t-0 (topic id "T"); its partition epoch is the
+    leader epoch unless `pe` says otherwise."""
     return PartitionState(
         topic="t",
         topic_id="T",
         partition=0,
         replicas=tuple(replicas),
-        isr=tuple(replicas if isr is None else isr),
+        isr=tuple(isr),
         leader=leader,
         leader_epoch=epoch,
         partition_epoch=epoch if pe is None else pe,
     )
+
+
+def batch(*values: bytes, timestamp: int | None = None) -> bytes:
+    return encode_batch([(None, v, (), timestamp) for v in values])

@@ -11,21 +11,6 @@ import broker.__main__ as cli
 from broker.config import BrokerConfig
 
 
-@pytest.fixture
-def captured(monkeypatch: pytest.MonkeyPatch) -> list[BrokerConfig]:
-    seen: list[BrokerConfig] = []
-
-    def fake_run(config: BrokerConfig) -> int:
-        seen.append(config)
-        return 0
-
-    monkeypatch.setattr(cli, "run", fake_run)
-    for key in list(__import__("os").environ):
-        if key.startswith("MINIBROKER_"):
-            monkeypatch.delenv(key)
-    return seen
-
-
 def test_defaults(captured: list[BrokerConfig]) -> None:
     result = CliRunner().invoke(cli.main, ["--node-id", "3"])
     assert result.exit_code == 0, result.output

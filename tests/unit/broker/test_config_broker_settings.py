@@ -4,7 +4,6 @@ the file and the key."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,6 @@ from broker.config import ConfigError
 from broker.server import base_log_config
 from protocol.topic_configs import LOG_CONFIGS
 from runtime.settings import settings_of
-
-
-@pytest.fixture
-def captured(monkeypatch: pytest.MonkeyPatch) -> list[BrokerConfig]:
-    seen: list[BrokerConfig] = []
-    monkeypatch.setattr(cli, "run", lambda config: seen.append(config) or 0)
-    for key in list(os.environ):
-        if key.startswith("MINIBROKER_"):
-            monkeypatch.delenv(key)
-    return seen
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator
 from collections.abc import Awaitable
@@ -248,13 +249,15 @@ async def test_cluster_id_mismatch() -> None:
     await fake.server.close()
 
 
-async def test_unreachable_controller_gives_up_after_the_bound() -> None:
-    import socket
-
+def closed_port() -> int:
+    """A port nobody listens on (bound once, then released)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    channel = make_channel(port, [-1])
+        return s.getsockname()[1]
+
+
+async def test_unreachable_controller_gives_up_after_the_bound() -> None:
+    channel = make_channel(closed_port(), [-1])
     start = time.monotonic()
     with pytest.raises(ControllerUnreachableError, match=r"unreachable for 0\.5s"):
         await channel.register(
@@ -265,12 +268,7 @@ async def test_unreachable_controller_gives_up_after_the_bound() -> None:
 
 
 async def test_controlled_shutdown_is_bounded_without_a_controller() -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    channel = make_channel(port, [-1])
+    channel = make_channel(closed_port(), [-1])
     start = time.monotonic()
     assert await channel.controlled_shutdown(0.3) is False
     assert time.monotonic() - start < 3

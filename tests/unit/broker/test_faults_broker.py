@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -165,81 +168,79 @@ async def served():
     await srv.close()
 
 
-def client_for(srv: ListenerServer, **kwargs: object) -> RpcClient:
-    return RpcClient("127.0.0.1", srv.port, name="test", client_id="t", **kwargs)  # type: ignore[arg-type]
+@pytest.fixture
+async def connect(served) -> AsyncIterator[Callable[..., RpcClient]]:
+    """connect(**kwargs): an RpcClient to the served listener; all closed at the end."""
+    srv = served[0]
+    async with AsyncExitStack() as opened:
+
+        def connect_(**kwargs: object) -> RpcClient:
+            client = RpcClient("127.0.0.1", srv.port, name="test", client_id="t", **kwargs)  # type: ignore[arg-type]
+            opened.push_async_callback(client.close)
+            return client
+
+        yield connect_
 
 
-async def test_incoming_drop_loses_the_request_and_the_connection(served) -> None:
-    srv, app, faults = served
-    control(faults, FaultRule(api_key=METADATA, action="drop", remaining=1))
-    client = client_for(srv)
+@pytest.mark.parametrize(("action", "ran"), [("drop", 0), ("drop_response", 1)])
+async def test_incoming_drop_loses_the_answer_once(served, connect, action: str, ran: int) -> None:
+    """drop loses the request (never served), drop_response the answer (it ran); either
+    way the connection is lost."""
+    _, app, faults = served
+    control(faults, FaultRule(api_key=METADATA, action=action, remaining=1))
+    client = connect()
     with pytest.raises(RpcConnectionError):
         await client.request(MetadataRequest(), timeout_s=5)
-    assert app.calls == 0
+    assert app.calls == ran
     # The rule is used up: the next request (on a new connection) is served.
     resp = await client.request(MetadataRequest(), timeout_s=5)
-    assert isinstance(resp, MetadataResponse) and app.calls == 1
-    await client.close()
+    assert isinstance(resp, MetadataResponse) and app.calls == ran + 1
 
 
-async def test_incoming_drop_response_serves_but_loses_the_answer(served) -> None:
-    srv, app, faults = served
-    control(faults, FaultRule(api_key=METADATA, action="drop_response", remaining=1))
-    client = client_for(srv)
-    with pytest.raises(RpcConnectionError):
-        await client.request(MetadataRequest(), timeout_s=5)
-    assert app.calls == 1  # it ran
-    await client.close()
-
-
-async def test_incoming_hold_then_release(served) -> None:
-    srv, app, faults = served
+async def test_incoming_hold_then_release(served, connect) -> None:
+    _, app, faults = served
     control(faults, FaultRule(api_key=METADATA, action="hold"))
-    client = client_for(srv)
+    client = connect()
     task = asyncio.create_task(client.request(MetadataRequest(), timeout_s=5))
     await asyncio.sleep(0.1)
     assert not task.done() and app.calls == 0
     faults.control(FaultControlRequest(clear=True))
     resp = await task
     assert isinstance(resp, MetadataResponse) and app.calls == 1
-    await client.close()
 
 
-async def test_incoming_delay(served) -> None:
-    srv, _app, faults = served
+async def test_incoming_delay(served, connect) -> None:
+    _, _, faults = served
     control(faults, FaultRule(api_key=METADATA, action="delay", delay_ms=150))
-    client = client_for(srv)
+    client = connect()
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     await client.request(MetadataRequest(), timeout_s=5)
     assert loop.time() - t0 >= 0.14
-    await client.close()
 
 
-async def test_outgoing_drop_is_a_connection_error_and_sends_nothing(served) -> None:
-    srv, app, _ = served
+async def test_outgoing_drop_is_a_connection_error_and_sends_nothing(served, connect) -> None:
+    _, app, _ = served
     mine = TestFaults(node_id=1)
     control(mine, FaultRule(api_key=METADATA, action="drop", direction="out", peer_id=7))
-    to_7 = client_for(srv, faults=mine, peer_id=7)
+    to_7 = connect(faults=mine, peer_id=7)
     with pytest.raises(RpcConnectionError, match="test fault"):
         await to_7.request(MetadataRequest(), timeout_s=5)
     assert app.calls == 0
     # Another peer is not affected.
-    to_8 = client_for(srv, faults=mine, peer_id=8)
+    to_8 = connect(faults=mine, peer_id=8)
     assert isinstance(await to_8.request(MetadataRequest(), timeout_s=5), MetadataResponse)
-    await to_7.close()
-    await to_8.close()
 
 
-async def test_outgoing_delay_and_hold_count_against_the_timeout(served) -> None:
-    srv, app, _ = served
+async def test_outgoing_delay_and_hold_count_against_the_timeout(served, connect) -> None:
+    _, app, _ = served
     mine = TestFaults(node_id=1)
     control(
         mine,
         FaultRule(api_key=METADATA, action="delay", direction="out", delay_ms=500, remaining=1),
         FaultRule(api_key=METADATA, action="hold", direction="out", remaining=1),
     )
-    client = client_for(srv, faults=mine, peer_id=CONTROLLER_PEER_ID)
+    client = connect(faults=mine, peer_id=CONTROLLER_PEER_ID)
     with pytest.raises(RpcTimeoutError, match="test fault"):
         await client.request(MetadataRequest(), timeout_s=0.1)
     task = asyncio.create_task(client.request(MetadataRequest(), timeout_s=5))
@@ -248,18 +249,16 @@ async def test_outgoing_delay_and_hold_count_against_the_timeout(served) -> None
     control(mine, release_held=True)
     assert isinstance(await task, MetadataResponse)
     assert app.calls == 1
-    await client.close()
 
 
-async def test_outgoing_drop_response_sends_but_loses_the_answer(served) -> None:
-    srv, app, _ = served
+async def test_outgoing_drop_response_sends_but_loses_the_answer(served, connect) -> None:
+    _, app, _ = served
     mine = TestFaults(node_id=1)
     control(mine, FaultRule(api_key=METADATA, action="drop_response", direction="out"))
-    client = client_for(srv, faults=mine)
+    client = connect(faults=mine)
     with pytest.raises(RpcConnectionError, match="dropped"):
         await client.request(MetadataRequest(), timeout_s=5)
     assert app.calls == 1
-    await client.close()
 
 
 # ---------------------------------------------------------------------- switches
@@ -285,16 +284,6 @@ def test_unsafe_switches_need_test_faults(tmp_path: Path) -> None:
         "unsafe-ignore-leader-epoch",
     )
     assert Broker(BrokerConfig(node_id=1, data_dir=tmp_path)).faults is NO_FAULTS
-
-
-@pytest.fixture
-def captured(monkeypatch: pytest.MonkeyPatch) -> list[BrokerConfig]:
-    seen: list[BrokerConfig] = []
-    monkeypatch.setattr(cli, "run", lambda config: seen.append(config) or 0)
-    for key in list(__import__("os").environ):
-        if key.startswith("MINIBROKER_"):
-            monkeypatch.delenv(key)
-    return seen
 
 
 @pytest.mark.parametrize(

@@ -136,22 +136,22 @@ def test_skip_fsync_keeps_the_recovery_point(tmp_path: Path, monkeypatch) -> Non
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
 
+    def append_and_flush(manager: LogManager) -> int:
+        """Start `manager`, append two records to t-0 and flush it: its recovery point
+        (the fsyncs of the flush are in `synced`)."""
+        manager.startup()
+        log_ = manager.get_or_create_log(("t", 0))
+        log_.append_as_leader(batch(b"x", b"y"), 0)
+        synced.clear()
+        log_.flush()
+        return log_.recovery_point
+
     plain = LogManager(tmp_path / "plain", config)
-    plain.startup()
-    log_ = plain.get_or_create_log(("t", 0))
-    log_.append_as_leader(batch(b"x", b"y"), 0)
-    synced.clear()
-    log_.flush()
-    assert log_.recovery_point == 2 and synced
+    assert append_and_flush(plain) == 2 and synced
     plain.shutdown()
 
     unsafe = NoFsyncLogManager(tmp_path / "unsafe", config)
-    unsafe.startup()
-    log_ = unsafe.get_or_create_log(("t", 0))
-    log_.append_as_leader(batch(b"x", b"y"), 0)
-    synced.clear()
-    log_.flush()
-    assert log_.recovery_point == 0 and synced == []
+    assert append_and_flush(unsafe) == 0 and synced == []
     unsafe.shutdown()
     # Logs found at start-up are disarmed as well.
     again = NoFsyncLogManager(tmp_path / "unsafe", config)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,8 +15,8 @@ from broker.storage.log import LogConfig
 from protocol.errors import ErrorCode
 from protocol.record_batch import encode_batch
 
-# Two replicas unless a test says otherwise.
-state = functools.partial(partition_state, replicas=(1, 2))
+# Partition t-0 on brokers 1 and 2.
+state = partial(partition_state, replicas=(1, 2), isr=(1, 2))
 
 
 @pytest.fixture

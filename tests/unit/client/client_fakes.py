@@ -95,6 +95,14 @@ async def produce_values(
             await producer.send_and_wait(topic, v, partition=partition)
 
 
+async def dead_port() -> int:
+    """A port on 127.0.0.1 where a FakeBroker listened and nobody listens now."""
+    broker = FakeBroker()
+    await broker.start()
+    await broker.stop()
+    return broker.port
+
+
 async def poll_records(consumer: AsyncConsumer, n: int, tries: int = 100) -> list[ConsumerRecord]:
     """Poll (50 ms each, at most `tries` times) until `n` records came back."""
     out: list[ConsumerRecord] = []
@@ -108,7 +116,7 @@ async def poll_records(consumer: AsyncConsumer, n: int, tries: int = 100) -> lis
 
 Handler = Callable[[Message], Awaitable[Message | None] | Message | None]
 
-# The `start_broker` fixture (conftest.py): start_broker(partitions, leader_epoch=...).
+# The `start_broker` fixture (conftest.py): start_broker(partitions=0, leader_epoch=...).
 StartBroker = Callable[..., Awaitable["FakeBroker"]]
 
 

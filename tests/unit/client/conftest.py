@@ -13,12 +13,14 @@ from client_fakes import StartBroker
 @pytest.fixture
 async def start_broker() -> AsyncIterator[StartBroker]:
     """start_broker(partitions, leader_epoch=...): a started FakeBroker that leads
-    `partitions` partitions of topic "t" at that epoch; every one is stopped at the end."""
+    `partitions` partitions of topic "t" at that epoch (no topic when 0); every one is
+    stopped at the end."""
     async with AsyncExitStack() as started:
 
-        async def start(partitions: int, *, leader_epoch: int = 0) -> FakeBroker:
+        async def start(partitions: int = 0, *, leader_epoch: int = 0) -> FakeBroker:
             broker = FakeBroker()
-            broker.create_topic("t", partitions, leader_epoch=leader_epoch)
+            if partitions:
+                broker.create_topic("t", partitions, leader_epoch=leader_epoch)
             await broker.start()
             started.push_async_callback(broker.stop)
             return broker

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from client_fakes import FakeBroker
 from client_fakes import StartBroker
+from client_fakes import dead_port
 
 from client.cluster import ClusterClient
 from client.cluster import ClusterMetadata
@@ -185,10 +185,7 @@ async def test_stale_refreshes_are_bounded(start_broker: StartBroker) -> None:
 
 
 async def test_bootstrap_tries_every_address_then_says_what_to_do() -> None:
-    broker = FakeBroker()
-    await broker.start()
-    port = broker.port
-    await broker.stop()  # a port nobody listens on now
+    port = await dead_port()
     client = ClusterClient(f"127.0.0.1:{port}", bootstrap_retries=2, retry_backoff_ms=1)
     with pytest.raises(NoBrokersAvailableError) as info:
         await client.bootstrap()
@@ -197,17 +194,11 @@ async def test_bootstrap_tries_every_address_then_says_what_to_do() -> None:
     await client.close()
 
 
-async def test_bootstrap_skips_a_dead_address() -> None:
-    dead = FakeBroker()
-    await dead.start()
-    dead_address = dead.address
-    await dead.stop()
-    broker = FakeBroker()
-    await broker.start()
-    client = ClusterClient(f"{dead_address},{broker.address}")
+async def test_bootstrap_skips_a_dead_address(start_broker: StartBroker) -> None:
+    broker = await start_broker()
+    client = ClusterClient(f"127.0.0.1:{await dead_port()},{broker.address}")
     try:
         await client.bootstrap()
         assert set(client.metadata.brokers) == {1}
     finally:
         await client.close()
-        await broker.stop()

@@ -9,10 +9,12 @@ from collections.abc import AsyncIterator
 from collections.abc import Awaitable
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
+import controller.app
 from controller.app import recover
 from controller.config import ControllerConfig
 from controller.handlers import ControllerHandlers
@@ -208,3 +210,9 @@ async def make_harness() -> AsyncIterator[Callable[..., Awaitable[Harness]]]:
 @pytest.fixture
 async def harness(make_harness: Callable[..., Awaitable[Harness]], tmp_path: Path) -> Harness:
     return await make_harness(tmp_path / "controller")
+
+
+@pytest.fixture
+def captured(capture_run: Callable[[ModuleType], list[Any]]) -> list[ControllerConfig]:
+    """The ControllerConfig each controller CLI invocation would have run with."""
+    return capture_run(controller.app)

@@ -4,26 +4,14 @@ fields (`--listen`), and TOML errors name the file and the key."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-import controller.app
 from controller.__main__ import main
 from controller.config import ControllerConfig
 from runtime.settings import ConfigError
-
-
-@pytest.fixture
-def captured(monkeypatch: pytest.MonkeyPatch) -> list[ControllerConfig]:
-    configs: list[ControllerConfig] = []
-    monkeypatch.setattr(controller.app, "run", lambda config: configs.append(config) or 0)
-    for key in list(os.environ):
-        if key.startswith("MINIBROKER_"):
-            monkeypatch.delenv(key)
-    return configs
 
 
 def test_a_default_for_new_topics_is_refused_where_the_topic_config_would_be(

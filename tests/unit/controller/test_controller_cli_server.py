@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner
 from wire_client import Client
 
-import controller.app
 from controller.__main__ import main
 from controller.app import ControllerProcess
 from controller.config import ControllerConfig
@@ -26,20 +25,6 @@ from protocol.messages import Listener
 from protocol.messages import Message
 
 # ------------------------------------------------------------------ CLI
-
-
-@pytest.fixture
-def captured(monkeypatch: pytest.MonkeyPatch) -> list[ControllerConfig]:
-    configs: list[ControllerConfig] = []
-
-    def fake_run(config: ControllerConfig) -> int:
-        configs.append(config)
-        return 0
-
-    monkeypatch.setattr(controller.app, "run", fake_run)
-    for name in ("NODE_ID", "SESSION_TIMEOUT_MS", "SNAPSHOT_EVERY", "CONFIG", "LISTEN"):
-        monkeypatch.delenv(f"MINIBROKER_{name}", raising=False)
-    return configs
 
 
 def test_cli_defaults(captured: list[ControllerConfig]) -> None:

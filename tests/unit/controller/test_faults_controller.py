@@ -13,7 +13,6 @@ import pytest
 from click.testing import CliRunner
 from wire_client import Client
 
-import controller.app
 from controller.__main__ import main
 from controller.app import ControllerProcess
 from controller.config import TEST_FAULTS_ENV
@@ -68,13 +67,6 @@ def test_config_switches(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     )
     monkeypatch.setenv(TEST_FAULTS_ENV, "1")
     assert ControllerConfig().enable_test_faults is True
-
-
-@pytest.fixture
-def captured(monkeypatch: pytest.MonkeyPatch) -> list[ControllerConfig]:
-    configs: list[ControllerConfig] = []
-    monkeypatch.setattr(controller.app, "run", lambda c: configs.append(c) or 0)
-    return configs
 
 
 def test_cli_switches(captured: list[ControllerConfig]) -> None:

@@ -240,15 +240,22 @@ def test_a_full_table_displaces_the_oldest_silent_connection_else_refuses() -> N
     assert table.open_count == 3
 
 
+def table_with_broker_slots(broker_api: ApiKey, *, total: int, per_ip: int) -> ConnectionTable:
+    """A table of `total` connections (`per_ip` an address) that keeps 10 of them for
+    connections speaking `broker_api` (privileged: a broker's)."""
+    return ConnectionTable(
+        ConnectionLimits(
+            max_connections=total,
+            max_connections_per_ip=per_ip,
+            reserved_connections=10,
+            privileged_api_keys=frozenset({int(broker_api)}),
+        )
+    )
+
+
 def test_slots_kept_for_brokers_survive_a_flood_of_anonymous_connections() -> None:
     """994 anonymous connections locked a restarting broker out of the controller."""
-    limits = ConnectionLimits(
-        max_connections=100,
-        max_connections_per_ip=1000,
-        reserved_connections=10,
-        privileged_api_keys=frozenset({int(ApiKey.BROKER_REGISTRATION)}),
-    )
-    table = ConnectionTable(limits)
+    table = table_with_broker_slots(ApiKey.BROKER_REGISTRATION, total=100, per_ip=1000)
     flood = [Peer(table, "127.0.0.1") for _ in range(100)]
     spoke = 0
     for peer in flood:  # every one asks ApiVersions: only 90 may stay
@@ -267,13 +274,7 @@ def test_slots_kept_for_brokers_survive_a_flood_of_anonymous_connections() -> No
 
 
 def test_over_its_address_limit_a_connection_is_let_in_for_a_broker_only() -> None:
-    limits = ConnectionLimits(
-        max_connections=50,
-        max_connections_per_ip=2,
-        reserved_connections=10,
-        privileged_api_keys=frozenset({int(ApiKey.BROKER_HEARTBEAT)}),
-    )
-    table = ConnectionTable(limits)
+    table = table_with_broker_slots(ApiKey.BROKER_HEARTBEAT, total=50, per_ip=2)
     for _ in range(2):
         peer = Peer(table, "127.0.0.1")
         assert peer.slot is not None and table.on_request(peer.slot, ApiKey.API_VERSIONS) is None

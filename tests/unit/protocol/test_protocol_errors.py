@@ -118,44 +118,34 @@ def test_codes_are_unique_int16() -> None:
 
 
 @pytest.mark.parametrize(
-    "code",
+    ("code", "retriable"),
     [
-        ErrorCode.FENCED_LEADER_EPOCH,
-        ErrorCode.UNKNOWN_LEADER_EPOCH,
-        ErrorCode.NOT_LEADER_OR_FOLLOWER,
-        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-        ErrorCode.LEADER_NOT_AVAILABLE,
-        ErrorCode.NOT_ENOUGH_REPLICAS,
-        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-        ErrorCode.REQUEST_TIMED_OUT,
-        ErrorCode.NOT_CONTROLLER,
-        ErrorCode.CORRUPT_MESSAGE,
+        (ErrorCode.FENCED_LEADER_EPOCH, True),
+        (ErrorCode.UNKNOWN_LEADER_EPOCH, True),
+        (ErrorCode.NOT_LEADER_OR_FOLLOWER, True),
+        (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, True),
+        (ErrorCode.LEADER_NOT_AVAILABLE, True),
+        (ErrorCode.NOT_ENOUGH_REPLICAS, True),
+        (ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND, True),
+        (ErrorCode.REQUEST_TIMED_OUT, True),
+        (ErrorCode.NOT_CONTROLLER, True),
+        (ErrorCode.CORRUPT_MESSAGE, True),
+        (ErrorCode.NONE, False),
+        (ErrorCode.OFFSET_OUT_OF_RANGE, False),
+        (ErrorCode.STALE_BROKER_EPOCH, False),
+        (ErrorCode.INVALID_REQUEST, False),
+        (ErrorCode.UNSUPPORTED_VERSION, False),
+        (ErrorCode.UNKNOWN_SERVER_ERROR, False),
+        (ErrorCode.MESSAGE_TOO_LARGE, False),
+        (ErrorCode.TOPIC_ALREADY_EXISTS, False),
+        (ErrorCode.INVALID_CONFIG, False),
+        (ErrorCode.INCONSISTENT_CLUSTER_ID, False),
+        (ErrorCode.INVALID_UPDATE_VERSION, False),
     ],
-    ids=lambda c: c.name,
+    ids=lambda v: v.name if isinstance(v, ErrorCode) else ("retriable" if v else "final"),
 )
-def test_retriable(code: ErrorCode) -> None:
-    assert code.retriable
-
-
-@pytest.mark.parametrize(
-    "code",
-    [
-        ErrorCode.NONE,
-        ErrorCode.OFFSET_OUT_OF_RANGE,
-        ErrorCode.STALE_BROKER_EPOCH,
-        ErrorCode.INVALID_REQUEST,
-        ErrorCode.UNSUPPORTED_VERSION,
-        ErrorCode.UNKNOWN_SERVER_ERROR,
-        ErrorCode.MESSAGE_TOO_LARGE,
-        ErrorCode.TOPIC_ALREADY_EXISTS,
-        ErrorCode.INVALID_CONFIG,
-        ErrorCode.INCONSISTENT_CLUSTER_ID,
-        ErrorCode.INVALID_UPDATE_VERSION,
-    ],
-    ids=lambda c: c.name,
-)
-def test_not_retriable(code: ErrorCode) -> None:
-    assert not code.retriable
+def test_retriable(code: ErrorCode, retriable: bool) -> None:
+    assert code.retriable is retriable
 
 
 def test_exception_hierarchy() -> None:

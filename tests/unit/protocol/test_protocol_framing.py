@@ -160,12 +160,20 @@ def test_many_frames_in_one_chunk() -> None:
     cuts=st.lists(st.integers(0, 400), max_size=10),
 )
 def test_frames_survive_any_chunking(payloads: list[bytes], cuts: list[int]) -> None:
+    assert_decoded_whatever_the_chunking(payloads, cuts)
+
+
+def assert_decoded_whatever_the_chunking(payloads: list[bytes], cuts: list[int]) -> None:
+    """Frame `payloads` and feed the wire to one FrameDecoder in chunks cut at `cuts`
+    (modulo its length): it gives back the same payloads, never buffers more than the
+    wire, and ends with nothing buffered."""
     wire = b"".join(frame(p) for p in payloads)
     points = sorted({c % (len(wire) + 1) for c in cuts} | {0, len(wire)})
     decoder = FrameDecoder()
     got = []
     for start, end in itertools.pairwise(points):
         decoder.feed(wire[start:end])
+        assert decoder.buffered <= len(wire)
         while (p := decoder.next_frame()) is not None:
             got.append(p)
     assert got == payloads
@@ -532,17 +540,7 @@ _big_or_small = st.one_of(
 def test_large_frames_survive_any_chunking(payloads: list[bytes], cuts: list[int]) -> None:
     """A large frame is gathered in a buffer of its own: same payloads, whatever the
     chunking, and a chunk may end one large frame and start the next."""
-    wire = b"".join(frame(p) for p in payloads)
-    points = sorted({c % (len(wire) + 1) for c in cuts} | {0, len(wire)})
-    decoder = FrameDecoder()
-    got = []
-    for start, end in itertools.pairwise(points):
-        decoder.feed(wire[start:end])
-        assert decoder.buffered <= len(wire)
-        while (p := decoder.next_frame()) is not None:
-            got.append(p)
-    assert got == payloads
-    assert decoder.buffered == 0
+    assert_decoded_whatever_the_chunking(payloads, cuts)
 
 
 def test_a_chunk_ending_a_large_frame_may_start_the_next() -> None:

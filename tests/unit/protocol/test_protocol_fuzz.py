@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+from collections.abc import Callable
 
 import crc32c
 import msgspec
@@ -26,25 +27,12 @@ from protocol_strategies import reframe
 from protocol_strategies import struct_strategy
 from protocol_strategies import struct_types_reachable
 
+from protocol import connection
+from protocol import framing
 from protocol import record_batch as rb
 from protocol.api import ApiKey
-from protocol.connection import ClientConnection
-from protocol.connection import RejectedRequest
-from protocol.connection import Request
-from protocol.connection import Response
-from protocol.connection import ServerConnection
-from protocol.connection import decode_body
-from protocol.connection import encode_body
 from protocol.errors import DecodeError
 from protocol.errors import ErrorCode
-from protocol.framing import FrameDecoder
-from protocol.framing import RequestHeader
-from protocol.framing import ResponseHeader
-from protocol.framing import decode_request_header
-from protocol.framing import decode_response_header
-from protocol.framing import encode_request_header
-from protocol.framing import encode_response_header
-from protocol.framing import frame
 from protocol.messages import API_SPECS
 from protocol.messages import ErrorBody
 from protocol.messages import MetadataEntry
@@ -90,7 +78,7 @@ def fix_batch_length(buf: bytearray) -> None:
 @FUZZ
 @given(data=st.binary(max_size=300), max_frame_size=st.sampled_from([0, 1, 16, 2**20]))
 def test_frame_decoder_arbitrary_bytes(data: bytes, max_frame_size: int) -> None:
-    decoder = FrameDecoder(max_frame_size)
+    decoder = framing.FrameDecoder(max_frame_size)
     decoder.feed(data)
     total = 0
     try:
@@ -102,23 +90,25 @@ def test_frame_decoder_arbitrary_bytes(data: bytes, max_frame_size: int) -> None
     assert total + decoder.buffered == len(data)
 
 
+@pytest.mark.parametrize(
+    ("decode", "encode", "max_size"),
+    [
+        (framing.decode_request_header, framing.encode_request_header, 64),
+        (framing.decode_response_header, framing.encode_response_header, 32),
+    ],
+    ids=["request", "response"],
+)
 @FUZZ
-@given(data=st.binary(max_size=64))
-def test_decode_request_header_arbitrary_bytes(data: bytes) -> None:
-    result = decodes_or_decode_error(decode_request_header, data)
+@given(data=st.data())
+def test_decode_header_arbitrary_bytes(
+    decode: Callable, encode: Callable, max_size: int, data: st.DataObject
+) -> None:
+    raw = data.draw(st.binary(max_size=max_size))
+    result = decodes_or_decode_error(decode, raw)
     if result is not None:
         header, body = result
         # What decodes re-encodes to the same prefix.
-        assert encode_request_header(header) + bytes(body) == data
-
-
-@FUZZ
-@given(data=st.binary(max_size=32))
-def test_decode_response_header_arbitrary_bytes(data: bytes) -> None:
-    result = decodes_or_decode_error(decode_response_header, data)
-    if result is not None:
-        header, body = result
-        assert encode_response_header(header) + bytes(body) == data
+        assert encode(header) + bytes(body) == raw
 
 
 # ---------------------------------------------------------------- message bodies
@@ -132,13 +122,15 @@ def test_decode_body_arbitrary_input(kind: type, data: st.DataObject) -> None:
         st.one_of(
             st.binary(max_size=100),
             msgpack_values.map(msgspec.msgpack.encode),
-            struct_strategy(kind).map(encode_body).flatmap(mutated),
+            struct_strategy(kind).map(connection.encode_body).flatmap(mutated),
         )
     )
-    result = decodes_or_decode_error(decode_body, kind, raw)
+    result = decodes_or_decode_error(connection.decode_body, kind, raw)
     assert result is None or type(result) is kind
     # memoryview input (what the connections pass) behaves the same
-    assert type(decodes_or_decode_error(decode_body, kind, memoryview(raw))) is type(result)
+    assert type(decodes_or_decode_error(connection.decode_body, kind, memoryview(raw))) is type(
+        result
+    )
 
 
 @pytest.mark.parametrize(
@@ -166,7 +158,7 @@ def test_decode_body_arbitrary_input(kind: type, data: st.DataObject) -> None:
 )
 def test_decode_body_known_nasties(kind: type, raw: bytes) -> None:
     with pytest.raises(DecodeError):
-        decode_body(kind, raw)
+        connection.decode_body(kind, raw)
 
 
 # ---------------------------------------------------------------- server connection
@@ -176,7 +168,7 @@ def test_decode_body_known_nasties(kind: type, raw: bytes) -> None:
 def request_payloads(draw) -> bytes:
     """A request payload: a sound header in front of a body of any quality."""
     spec = draw(st.sampled_from(SPECS))
-    header = RequestHeader(
+    header = framing.RequestHeader(
         draw(st.one_of(st.just(int(spec.key)), api_keys)),
         draw(st.one_of(st.just(spec.max_version), st.integers(-(2**15), 2**15 - 1))),
         draw(st.integers(-(2**31), 2**31 - 1)),
@@ -184,13 +176,13 @@ def request_payloads(draw) -> bytes:
     )
     body = draw(
         st.one_of(
-            struct_strategy(spec.request).map(encode_body),
-            struct_strategy(spec.request).map(encode_body).flatmap(mutated),
+            struct_strategy(spec.request).map(connection.encode_body),
+            struct_strategy(spec.request).map(connection.encode_body).flatmap(mutated),
             msgpack_values.map(msgspec.msgpack.encode),
             st.binary(max_size=40),
         )
     )
-    return encode_request_header(header) + body
+    return framing.encode_request_header(header) + body
 
 
 @st.composite
@@ -198,10 +190,10 @@ def server_streams(draw) -> bytes:
     parts = draw(
         st.lists(
             st.one_of(
-                request_payloads().map(frame),
+                request_payloads().map(framing.frame),
                 request_payloads().flatmap(mutated).map(reframe),
-                request_payloads().map(frame).flatmap(mutated),
-                st.binary(max_size=40).map(frame),
+                request_payloads().map(framing.frame).flatmap(mutated),
+                st.binary(max_size=40).map(framing.frame),
                 st.binary(max_size=40),
             ),
             min_size=1,
@@ -211,7 +203,7 @@ def server_streams(draw) -> bytes:
     return b"".join(parts)
 
 
-def drain_server(server: ServerConnection) -> bool:
+def drain_server(server: connection.ServerConnection) -> bool:
     """Take every event, answering each; return False once the stream is malformed."""
     while True:
         try:
@@ -220,11 +212,11 @@ def drain_server(server: ServerConnection) -> bool:
             return False
         if event is None:
             return True
-        if isinstance(event, RejectedRequest):
+        if isinstance(event, connection.RejectedRequest):
             assert event.error in (ErrorCode.INVALID_REQUEST, ErrorCode.UNSUPPORTED_VERSION)
             out = server.send_rejection(event)
         else:
-            assert isinstance(event, Request)
+            assert isinstance(event, connection.Request)
             assert type(event.body) is API_SPECS[event.header.api_key].request
             out = server.send_error(event, ErrorCode.UNKNOWN_SERVER_ERROR, "fuzz")
         assert out  # answered in order, so every answer is released at once
@@ -233,7 +225,7 @@ def drain_server(server: ServerConnection) -> bool:
 @FUZZ
 @given(stream=server_streams(), cuts=st.lists(st.integers(0, 2000), max_size=4))
 def test_server_connection_survives_anything(stream: bytes, cuts: list[int]) -> None:
-    server = ServerConnection(max_frame_size=1 << 16, max_in_flight=3)
+    server = connection.ServerConnection(max_frame_size=1 << 16, max_in_flight=3)
     points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
     for start, end in itertools.pairwise(points):
         server.receive_data(stream[start:end])
@@ -245,7 +237,7 @@ def test_server_connection_survives_anything(stream: bytes, cuts: list[int]) -> 
 @FUZZ_SMALL
 @given(raw=st.binary(max_size=300))
 def test_server_connection_arbitrary_bytes(raw: bytes) -> None:
-    server = ServerConnection(max_frame_size=1 << 16)
+    server = connection.ServerConnection(max_frame_size=1 << 16)
     server.receive_data(raw)
     drain_server(server)
 
@@ -265,29 +257,29 @@ def response_payloads(draw, spec) -> bytes:
     )
     body = draw(
         st.one_of(
-            struct_strategy(spec.response).map(encode_body),
-            struct_strategy(spec.response).map(encode_body).flatmap(mutated),
-            st.text(max_size=10).map(lambda m: encode_body(ErrorBody(error_message=m))),
+            struct_strategy(spec.response).map(connection.encode_body),
+            struct_strategy(spec.response).map(connection.encode_body).flatmap(mutated),
+            st.text(max_size=10).map(lambda m: connection.encode_body(ErrorBody(error_message=m))),
             msgpack_values.map(msgspec.msgpack.encode),
             st.binary(max_size=40),
         )
     )
-    return encode_response_header(ResponseHeader(correlation_id, error_code)) + body
+    return framing.encode_response_header(framing.ResponseHeader(correlation_id, error_code)) + body
 
 
 @FUZZ
 @given(data=st.data())
 def test_client_connection_survives_anything(data: st.DataObject) -> None:
     spec = data.draw(st.sampled_from(SPECS))
-    client = ClientConnection("fuzz")
+    client = connection.ClientConnection("fuzz")
     for _ in range(4):
         client.send_request(data.draw(struct_strategy(spec.request)))
     parts = data.draw(
         st.lists(
             st.one_of(
-                response_payloads(spec).map(frame),
+                response_payloads(spec).map(framing.frame),
                 response_payloads(spec).flatmap(mutated).map(reframe),
-                response_payloads(spec).map(frame).flatmap(mutated),
+                response_payloads(spec).map(framing.frame).flatmap(mutated),
                 st.binary(max_size=40),
             ),
             min_size=1,
@@ -299,7 +291,7 @@ def test_client_connection_survives_anything(data: st.DataObject) -> None:
     except DecodeError:
         return
     for response in responses:
-        assert isinstance(response, Response)
+        assert isinstance(response, connection.Response)
         assert isinstance(response.error_code, ErrorCode)
         if response.error_code == ErrorCode.NONE:
             assert type(response.body) is spec.response
@@ -359,12 +351,6 @@ def damaged_batches(draw) -> bytes:
     return bytes(buf)
 
 
-@FUZZ
-@given(buf=damaged_batches())
-def test_batch_decoders_damaged_batches(buf: bytes) -> None:
-    exercise_batch_decoders(buf)
-
-
 @st.composite
 def damaged_record_sections(draw) -> bytes:
     """A sound header (valid length and CRC) over damaged uncompressed records, with
@@ -381,10 +367,17 @@ def damaged_record_sections(draw) -> bytes:
     return bytes(buf)
 
 
+@pytest.mark.parametrize(
+    "damaged",
+    [damaged_batches, damaged_record_sections],
+    ids=["damaged_batches", "damaged_records_with_valid_crc"],
+)
 @FUZZ
-@given(buf=damaged_record_sections())
-def test_batch_decoders_damaged_records_with_valid_crc(buf: bytes) -> None:
-    exercise_batch_decoders(buf)
+@given(data=st.data())
+def test_batch_decoders_survive_damage(
+    damaged: Callable[[], st.SearchStrategy[bytes]], data: st.DataObject
+) -> None:
+    exercise_batch_decoders(data.draw(damaged()))
 
 
 @FUZZ

@@ -44,7 +44,14 @@ def small_config() -> LogConfig:
 
 
 @pytest.fixture
-def open_log(log_dir: Path, small_config: LogConfig):
+def snapshot_on_close() -> bool:
+    """Whether the logs `open_log` opened write their producer snapshot when closed at
+    the end (a module overrides it to leave the snapshot files as its test left them)."""
+    return True
+
+
+@pytest.fixture
+def open_log(log_dir: Path, small_config: LogConfig, snapshot_on_close: bool):
     """Open a log in `log_dir` (clean shutdown unless told otherwise); closed at the end."""
     opened: list[Log] = []
 
@@ -56,4 +63,4 @@ def open_log(log_dir: Path, small_config: LogConfig):
 
     yield _open
     for log in opened:
-        log.close()
+        log.close(snapshot=snapshot_on_close)

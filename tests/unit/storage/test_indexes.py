@@ -65,22 +65,36 @@ def test_offset_index_append_asserts_strictly_increasing(tmp_path: Path):
     index.close()
 
 
+# Both kinds of index: (class, file name, what its sanity check is given).
+_INDEX_KINDS = {
+    "offset": (OffsetIndex, "00000000000000001000.index", {"log_size": 1000}),
+    "time": (TimeIndex, "x.timeindex", {"next_offset": BASE + 10}),
+}
+
+
 @pytest.mark.parametrize(
-    ("content", "problem"),
+    ("kind", "content", "problem"),
     [
-        (struct.pack(">ii", 1, 100) + b"\x00\x01\x02", "not a multiple of 8"),
-        (struct.pack(">iiii", 5, 100, 5, 200), "not above the previous"),
-        (struct.pack(">iiii", 5, 100, 4, 200), "not above the previous"),
-        (struct.pack(">iiii", 5, 100, 6, 100), "not above the previous"),
-        (struct.pack(">ii", 5, 5000), "past the end"),
+        ("offset", struct.pack(">ii", 1, 100) + b"\x00\x01\x02", "not a multiple of 8"),
+        ("offset", struct.pack(">iiii", 5, 100, 5, 200), "not above the previous"),
+        ("offset", struct.pack(">iiii", 5, 100, 4, 200), "not above the previous"),
+        ("offset", struct.pack(">iiii", 5, 100, 6, 100), "not above the previous"),
+        ("offset", struct.pack(">ii", 5, 5000), "past the end"),
+        ("time", struct.pack(">qi", 5, 1) + b"\x00", "not a multiple of 12"),
+        ("time", struct.pack(">qiqi", 5, 1, 5, 2), "out of order"),
+        ("time", struct.pack(">qiqi", 5, 3, 6, 2), "out of order"),
+        ("time", struct.pack(">qi", 5, 50), "past the segment end"),
     ],
 )
-def test_offset_index_sanity_check_detects_corruption(tmp_path: Path, content: bytes, problem: str):
-    path = tmp_path / "00000000000000001000.index"
+def test_index_sanity_check_detects_corruption(
+    tmp_path: Path, kind: str, content: bytes, problem: str
+):
+    index_class, name, bounds = _INDEX_KINDS[kind]
+    path = tmp_path / name
     path.write_bytes(content)
-    index = OffsetIndex(path, BASE)
+    index = index_class(path, BASE)
     with pytest.raises(CorruptIndexError, match=problem) as info:
-        index.sanity_check(log_size=1000)
+        index.sanity_check(**bounds)
     assert str(path) in str(info.value)
     index.close()
 
@@ -131,24 +145,6 @@ def test_time_index_lookup_returns_a_conservative_start(tmp_path: Path):
     index.truncate_to(BASE + 6)
     assert index.entries == [(500, BASE + 2)]
     assert index.last_entry == (500, BASE + 2)
-    index.close()
-
-
-@pytest.mark.parametrize(
-    ("content", "problem"),
-    [
-        (struct.pack(">qi", 5, 1) + b"\x00", "not a multiple of 12"),
-        (struct.pack(">qiqi", 5, 1, 5, 2), "out of order"),
-        (struct.pack(">qiqi", 5, 3, 6, 2), "out of order"),
-        (struct.pack(">qi", 5, 50), "past the segment end"),
-    ],
-)
-def test_time_index_sanity_check_detects_corruption(tmp_path: Path, content: bytes, problem: str):
-    path = tmp_path / "x.timeindex"
-    path.write_bytes(content)
-    index = TimeIndex(path, BASE)
-    with pytest.raises(CorruptIndexError, match=problem):
-        index.sanity_check(next_offset=BASE + 10)
     index.close()
 
 
