@@ -42,6 +42,7 @@ from dataclasses import field
 from pathlib import Path
 
 from tests.integration.cluster import spawn_logged
+from tests.integration.cluster import stop_in_order
 
 log = logging.getLogger(__name__)
 
@@ -358,26 +359,10 @@ class ProcessBackend(Backend):
         if self._down:
             return
         self._down = True
-        # Brokers first (a controlled shutdown needs the controller), then the
-        # controller; SIGCONT first so a stopped process can act on SIGTERM.
-        groups = [[p for n, p in self.procs.items() if n != CONTROLLER]]
+        groups = [[p.popen for n, p in self.procs.items() if n != CONTROLLER]]
         if CONTROLLER in self.procs:
-            groups.append([self.procs[CONTROLLER]])
-        for group in groups:
-            for p in group:
-                if p.alive:
-                    assert p.popen is not None
-                    p.popen.send_signal(signal.SIGCONT)
-                    p.popen.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 15
-            for p in group:
-                if p.popen is None:
-                    continue
-                try:
-                    p.popen.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    p.popen.kill()
-                    p.popen.wait(10)
+            groups.append([self.procs[CONTROLLER].popen])
+        stop_in_order(groups, 15.0)
         atexit.unregister(self._down_sync)
 
 

@@ -49,6 +49,15 @@ class ChaosOptions:
     def seed_or(self, default: int) -> int:
         return default if self.seed is None else self.seed
 
+    def require_full(self) -> None:
+        """Skip (with how to run it) unless the full campaign was asked for: it is an
+        opt-in run, not part of the default suite."""
+        if not self.full:
+            pytest.skip(
+                "full chaos campaign is off by default (RF=3, every fault, several "
+                "minutes): pytest tests/chaos --chaos-full, or MINIBROKER_CHAOS_FULL=1"
+            )
+
 
 @pytest.fixture
 def chaos_options(request: pytest.FixtureRequest) -> ChaosOptions:

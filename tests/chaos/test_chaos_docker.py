@@ -84,11 +84,7 @@ def test_docker_run_compound(
 
 
 def test_docker_run_full(docker_ready: None, tmp_path: Path, chaos_options: ChaosOptions) -> None:
-    if not chaos_options.full:
-        pytest.skip(
-            "full chaos campaign is off by default (RF=3, every fault, several "
-            "minutes): pytest tests/chaos --chaos-full, or MINIBROKER_CHAOS_FULL=1"
-        )
+    chaos_options.require_full()
     cfg = presets.full("docker", chaos_options.seed_or(22))
     result = run_once(cfg, tmp_path, name="full")
     print(summary(result))

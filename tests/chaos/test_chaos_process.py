@@ -119,11 +119,7 @@ def test_process_run_catches_real_loss(tmp_path: Path, chaos_options: ChaosOptio
 
 
 def test_process_run_full(tmp_path: Path, chaos_options: ChaosOptions) -> None:
-    if not chaos_options.full:
-        pytest.skip(
-            "full chaos campaign is off by default (RF=3, every fault, several "
-            "minutes): pytest tests/chaos --chaos-full, or MINIBROKER_CHAOS_FULL=1"
-        )
+    chaos_options.require_full()
     cfg = presets.full("process", chaos_options.seed_or(21))
     result = run_once(cfg, tmp_path, name="full")
     print(summary(result))

@@ -99,6 +99,25 @@ def spawn_logged(
         )
 
 
+def stop_in_order(groups: list[list[subprocess.Popen[bytes] | None]], timeout_s: float) -> None:
+    """Stop server processes group after group (brokers before the controller: their
+    controlled shutdown needs it): SIGCONT first, so a process a test stopped (SIGSTOP)
+    can act on the SIGTERM that follows; whatever has not exited within `timeout_s` of
+    its group's SIGTERM is killed."""
+    for group in groups:
+        running = [p for p in group if p is not None and p.poll() is None]
+        for popen in running:
+            popen.send_signal(signal.SIGCONT)
+            popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for popen in running:
+            try:
+                popen.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait(STOP_TIMEOUT_S)
+
+
 @dataclass
 class Process:
     name: str
@@ -275,23 +294,10 @@ class Cluster:
         """Brokers first (their controlled shutdown needs the controller), then the
         controller; whatever does not exit in time is killed. A process a test stopped
         (SIGSTOP) is continued first: a stopped process cannot handle SIGTERM."""
-        groups: list[list[Process]] = [list(self.brokers.values())]
+        groups = [[p.popen for p in self.brokers.values()]]
         if self.controller is not None:
-            groups.append([self.controller])
-        for procs in groups:
-            for proc in procs:
-                if proc.alive:
-                    assert proc.popen is not None
-                    proc.popen.send_signal(signal.SIGCONT)
-                    proc.popen.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT_S
-            for proc in procs:
-                if proc.popen is None:
-                    continue
-                try:
-                    proc.popen.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            groups.append([self.controller.popen])
+        stop_in_order(groups, STOP_TIMEOUT_S)
 
 
 @contextlib.contextmanager

@@ -168,6 +168,14 @@ def procs():
         p.cleanup()
 
 
+async def started(procs: list[ControllerProc], data_dir: Path, *extra: str) -> ControllerProc:
+    """A controller on a free port, started and stopped with the test's `procs`."""
+    ctl = ControllerProc(data_dir, free_port(), *extra)
+    procs.append(ctl)
+    await ctl.start()
+    return ctl
+
+
 async def register(client: Client, broker_id: int, incarnation: str) -> int:
     body = await client.ok(
         BrokerRegistrationRequest(
@@ -209,10 +217,8 @@ async def topic_state(client: Client) -> dict[tuple[str, int], tuple[int, int, l
 async def test_restart_after_kill9_keeps_state_and_never_reuses_epochs(
     tmp_path: Path, procs: list[ControllerProc]
 ) -> None:
-    port = free_port()
-    ctl = ControllerProc(tmp_path / "data", port, "--session-timeout-ms", "30000")
-    procs.append(ctl)
-    await ctl.start()
+    ctl = await started(procs, tmp_path / "data", "--session-timeout-ms", "30000")
+    port = ctl.port
     client = await Client.connect(port)
     inc1, inc2 = uuid.uuid4().hex, uuid.uuid4().hex
     e1 = await register(client, 1, inc1)
@@ -288,10 +294,8 @@ async def test_restart_after_kill9_keeps_state_and_never_reuses_epochs(
 async def test_bad_input_does_not_disturb_other_clients(
     tmp_path: Path, procs: list[ControllerProc]
 ) -> None:
-    port = free_port()
-    ctl = ControllerProc(tmp_path / "data", port)
-    procs.append(ctl)
-    await ctl.start()
+    ctl = await started(procs, tmp_path / "data")
+    port = ctl.port
     good = await Client.connect(port)
 
     async def still_served() -> None:
@@ -354,10 +358,8 @@ async def test_bad_input_does_not_disturb_other_clients(
 async def test_silent_broker_is_fenced_after_session_timeout(
     tmp_path: Path, procs: list[ControllerProc]
 ) -> None:
-    port = free_port()
-    ctl = ControllerProc(tmp_path / "data", port, "--session-timeout-ms", "500")
-    procs.append(ctl)
-    await ctl.start()
+    ctl = await started(procs, tmp_path / "data", "--session-timeout-ms", "500")
+    port = ctl.port
     client = await Client.connect(port)
     epoch = await register(client, 1, uuid.uuid4().hex)
     await unfence(client, 1, epoch)
@@ -428,9 +430,7 @@ async def test_a_controller_stopping_with_connections_open_logs_no_traceback(
     """SIGTERM with clients connected (one idle, one that spoke) is a clean stop: exit
     code 0 and no traceback (Python 3.11's stream callback logged one per connection
     whose task was cancelled)."""
-    ctl = ControllerProc(tmp_path / "data", free_port())
-    procs.append(ctl)
-    await ctl.start()
+    ctl = await started(procs, tmp_path / "data")
     idle = socket.create_connection(("127.0.0.1", ctl.port))
     client = await Client.connect(ctl.port)
     await register(client, 1, uuid.uuid4().hex)

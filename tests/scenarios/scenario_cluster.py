@@ -46,6 +46,14 @@ from tests.one_partition import produce_request
 __all__ = ["FaultRule", "ScenarioCluster", "scenario_cluster"]
 
 
+# The failover timing of the three-broker scenarios: a broker silent for SESSION_MS is
+# fenced (the controller's session timeout), a follower LAG_MS behind leaves the ISR.
+NODES = [1, 2, 3]
+SESSION_MS = 1500
+LAG_MS = 3000
+BROKER_FLAGS = ("--replica-lag-time-max-ms", str(LAG_MS))
+
+
 async def wait_until(what: str, check, *, timeout: float = 20.0):
     """Poll the async `check` until it returns a truthy value (bounded)."""
     deadline = time.monotonic() + timeout
@@ -76,6 +84,17 @@ def scenario_cluster(root: Path) -> Iterator[ScenarioCluster]:
 
 class ScenarioCluster(Cluster):
     # ------------------------------------------------------------ addresses
+
+    def start_three_brokers(self, *broker_flags: str, session_timeout_ms: int) -> None:
+        """The controller (test faults on) and brokers 1, 2 and 3 with `broker_flags`."""
+        self.start_controller("--enable-test-faults", session_timeout_ms=session_timeout_ms)
+        for node in (1, 2, 3):
+            self.start_broker(node, *broker_flags)
+
+    async def create_on_three(self, topic: str) -> None:
+        """`topic`: one partition on brokers 1, 2, 3 (min.insync.replicas 1), all in sync."""
+        await self.create_topic(topic, replicas=[1, 2, 3], configs={"min.insync.replicas": "1"})
+        await self.wait_isr(topic, {1, 2, 3})
 
     def live_broker(self, but: int | None = None) -> tuple[str, int]:
         for node, proc in sorted(self.brokers.items()):

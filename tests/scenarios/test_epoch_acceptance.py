@@ -36,6 +36,9 @@ from pathlib import Path
 import pytest
 
 from protocol.errors import ErrorCode
+from tests.scenarios.scenario_cluster import BROKER_FLAGS
+from tests.scenarios.scenario_cluster import NODES
+from tests.scenarios.scenario_cluster import SESSION_MS
 from tests.scenarios.scenario_cluster import ScenarioCluster
 from tests.scenarios.scenario_cluster import committed_batches
 from tests.scenarios.scenario_cluster import scenario_cluster
@@ -43,10 +46,6 @@ from tests.scenarios.scenario_cluster import scenario_cluster
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(120)]
 
 TOPIC = "epochs"
-NODES = [1, 2, 3]
-SESSION_MS = 1500
-LAG_MS = 3000
-BROKER_FLAGS = ("--replica-lag-time-max-ms", str(LAG_MS))
 # The bounces: how the leader goes away each time.
 BOUNCES = ["kill", "kill", "terminate", "kill-restart", "kill"]
 PER_EPOCH = 6  # acks=all batches per epoch, 1-3 records each

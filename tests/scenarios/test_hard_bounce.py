@@ -31,6 +31,9 @@ from pathlib import Path
 import pytest
 
 from protocol.errors import ErrorCode
+from tests.scenarios.scenario_cluster import BROKER_FLAGS
+from tests.scenarios.scenario_cluster import NODES
+from tests.scenarios.scenario_cluster import SESSION_MS
 from tests.scenarios.scenario_cluster import ScenarioCluster
 from tests.scenarios.scenario_cluster import committed_batches
 from tests.scenarios.scenario_cluster import scenario_cluster
@@ -38,10 +41,6 @@ from tests.scenarios.scenario_cluster import scenario_cluster
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(150)]
 
 TOPIC = "bounced"
-NODES = [1, 2, 3]
-SESSION_MS = 1500
-LAG_MS = 3000
-BROKER_FLAGS = ("--replica-lag-time-max-ms", str(LAG_MS))
 BOUNCES = 5
 MAX_VALUES = 3000  # per worker
 WORKERS = 3

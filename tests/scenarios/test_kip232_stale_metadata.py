@@ -76,11 +76,8 @@ async def stale_metadata_response(c: ScenarioCluster) -> MetadataResponse:
 
 async def stage_lagging_old_leader(c: ScenarioCluster) -> Staged:
     """Start the cluster and depose broker 1 without its hearing of it (see above)."""
-    c.start_controller("--enable-test-faults", session_timeout_ms=SESSION_MS)
-    for node in (1, 2, 3):
-        c.start_broker(node, *FLAGS)
-    await c.create_topic(TOPIC, replicas=[1, 2, 3], configs={"min.insync.replicas": "1"})
-    await c.wait_isr(TOPIC, {1, 2, 3})
+    c.start_three_brokers(*FLAGS, session_timeout_ms=SESSION_MS)
+    await c.create_on_three(TOPIC)
     epoch = (await c.wait_leader(TOPIC, STALE)).leader_epoch
     first = [f"a-{i}".encode() for i in range(5)]
     assert await c.produce_ok(STALE, TOPIC, epoch, first) == 0

@@ -71,12 +71,9 @@ async def test_zombie_replica_with_stale_metadata_is_fenced_and_kept_out_of_isr(
     if protection == "off":
         broker_flags.append("--unsafe-ignore-leader-epoch")
     with scenario_cluster(tmp_path) as c:
-        c.start_controller("--enable-test-faults", session_timeout_ms=SESSION_MS)
-        for node in (1, 2, 3):
-            c.start_broker(node, *broker_flags)
+        c.start_three_brokers(*broker_flags, session_timeout_ms=SESSION_MS)
         try:
-            await c.create_topic(TOPIC, replicas=[1, 2, 3], configs={"min.insync.replicas": "1"})
-            await c.wait_isr(TOPIC, {1, 2, 3})
+            await c.create_on_three(TOPIC)
             start = await c.wait_leader(TOPIC, 1)
             epoch = start.leader_epoch
             assert (await c.produce(1, TOPIC, [b"a"], current_leader_epoch=epoch)).error_code == 0

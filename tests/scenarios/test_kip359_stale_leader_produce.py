@@ -55,12 +55,9 @@ async def test_deposed_leader_refuses_produce_with_new_epoch(
     if protection == "off":
         broker_flags.append("--unsafe-ignore-leader-epoch")
     with scenario_cluster(tmp_path) as c:
-        c.start_controller("--enable-test-faults", session_timeout_ms=SESSION_MS)
-        for node in (1, 2, 3):
-            c.start_broker(node, *broker_flags)
+        c.start_three_brokers(*broker_flags, session_timeout_ms=SESSION_MS)
         try:
-            await c.create_topic(TOPIC, replicas=[1, 2, 3], configs={"min.insync.replicas": "1"})
-            await c.wait_isr(TOPIC, {1, 2, 3})
+            await c.create_on_three(TOPIC)
             epoch = (await c.wait_leader(TOPIC, STALE)).leader_epoch
             first = await c.produce(STALE, TOPIC, [b"committed"], current_leader_epoch=epoch)
             assert first.error_code == 0 and first.base_offset == 0

@@ -28,16 +28,15 @@ from pathlib import Path
 import pytest
 
 from protocol.errors import ErrorCode
+from tests.scenarios.scenario_cluster import BROKER_FLAGS
+from tests.scenarios.scenario_cluster import NODES
+from tests.scenarios.scenario_cluster import SESSION_MS
 from tests.scenarios.scenario_cluster import ScenarioCluster
 from tests.scenarios.scenario_cluster import scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(120)]
 
 TOPIC = "unclean"
-NODES = [1, 2, 3]
-SESSION_MS = 1500
-LAG_MS = 3000
-BROKER_FLAGS = ("--replica-lag-time-max-ms", str(LAG_MS))
 RETRIABLE_NO_LEADER = {ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.NOT_LEADER_OR_FOLLOWER}
 
 

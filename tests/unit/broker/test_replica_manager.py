@@ -22,90 +22,46 @@ from protocol.api import LATEST_TIMESTAMP
 from protocol.errors import ErrorCode
 from protocol.messages import FetchPartition
 from protocol.messages import FetchRequest
-from protocol.messages import FetchTopic
-from protocol.messages import ListOffsetsPartition
-from protocol.messages import ListOffsetsRequest
-from protocol.messages import ListOffsetsTopic
 from protocol.messages import MetadataEntry
-from protocol.messages import OffsetForLeaderEpochRequest
-from protocol.messages import OffsetForLeaderPartition
-from protocol.messages import OffsetForLeaderTopic
-from protocol.messages import ProducePartition
 from protocol.messages import ProduceRequest
-from protocol.messages import ProduceTopic
 from protocol.metadata_records import RemoveTopicRecord
 from protocol.metadata_records import TopicRecord
 from protocol.record_batch import iter_headers
 from protocol.record_batch import iter_records
+from tests.one_partition import fetch_request
+from tests.one_partition import list_offsets_request
+from tests.one_partition import offsets_for_epoch_request
+from tests.one_partition import produce_request
 
 
-def produce_req(
-    topic: str,
-    records: bytes,
-    *,
-    index: int = 0,
-    acks: int = 1,
-    epoch: int = -1,
-    timeout_ms: int = 1000,
-) -> ProduceRequest:
-    part = ProducePartition(index=index, current_leader_epoch=epoch, records=records)
-    topics = [ProduceTopic(name=topic, partitions=[part])]
-    return ProduceRequest(acks=acks, timeout_ms=timeout_ms, topics=topics)
+def produce_req(topic: str, records: bytes, **kw: Any) -> ProduceRequest:
+    """acks=1 and a 1 s timeout unless the test says otherwise."""
+    return produce_request(topic, records, **{"acks": 1, "timeout_ms": 1000, **kw})
 
 
 async def produce(h: Harness, topic: str, records: bytes, **kw: object):
-    resp = await h.rm.produce(produce_req(topic, records, **kw))  # type: ignore[arg-type]
+    resp = await h.rm.produce(produce_req(topic, records, **kw))
     return resp.topics[0].partitions[0]
 
 
-def fetch_req(
-    topic: str,
-    offset: int,
-    *,
-    index: int = 0,
-    epoch: int = -1,
-    last_epoch: int = -1,
-    replica_id: int = -1,
-    max_wait_ms: int = 0,
-    min_bytes: int = 1,
-    max_bytes: int = 1 << 20,
-    partition_max_bytes: int = 1 << 20,
-) -> FetchRequest:
-    part = FetchPartition(
-        partition=index,
-        current_leader_epoch=epoch,
-        fetch_offset=offset,
-        last_fetched_epoch=last_epoch,
-        partition_max_bytes=partition_max_bytes,
-    )
-    return FetchRequest(
-        replica_id=replica_id,
-        max_wait_ms=max_wait_ms,
-        min_bytes=min_bytes,
-        max_bytes=max_bytes,
-        topics=[FetchTopic(topic=topic, partitions=[part])],
-    )
+def fetch_req(topic: str, offset: int, **kw: Any) -> FetchRequest:
+    """No long-poll and a 1 MiB cap unless the test says otherwise."""
+    return fetch_request(topic, offset, **{"max_wait_ms": 0, "max_bytes": 1 << 20, **kw})
 
 
 async def fetch(h: Harness, topic: str, offset: int, **kw: object):
-    resp = await h.rm.fetch(fetch_req(topic, offset, **kw))  # type: ignore[arg-type]
+    resp = await h.rm.fetch(fetch_req(topic, offset, **kw))
     return resp.responses[0].partitions[0]
 
 
 def list_offsets(h: Harness, topic: str, ts: int, *, epoch: int = -1, replica_id: int = -1):
-    part = ListOffsetsPartition(partition_index=0, current_leader_epoch=epoch, timestamp=ts)
-    topics = [ListOffsetsTopic(name=topic, partitions=[part])]
-    resp = h.rm.list_offsets(ListOffsetsRequest(replica_id=replica_id, topics=topics))
+    resp = h.rm.list_offsets(list_offsets_request(topic, ts, epoch=epoch, replica_id=replica_id))
     return resp.topics[0].partitions[0]
 
 
 def ofle(h: Harness, topic: str, leader_epoch: int, *, epoch: int = -1):
-    part = OffsetForLeaderPartition(
-        partition=0, current_leader_epoch=epoch, leader_epoch=leader_epoch
-    )
-    topics = [OffsetForLeaderTopic(topic=topic, partitions=[part])]
-    resp = h.rm.offsets_for_leader_epoch(OffsetForLeaderEpochRequest(topics=topics))
-    return resp.topics[0].partitions[0]
+    request = offsets_for_epoch_request(topic, leader_epoch, epoch=epoch)
+    return h.rm.offsets_for_leader_epoch(request).topics[0].partitions[0]
 
 
 async def test_produce_then_fetch_stamps_offsets_and_epoch(harness: Harness) -> None:
