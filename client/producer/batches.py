@@ -118,6 +118,7 @@ class _Batch:
         "done",
         "facts",
         "is_full",
+        "last_error",
         "leader_epoch",
         "maybe_written",
         "payload",
@@ -148,6 +149,8 @@ class _Batch:
         # answer that may follow the append). Sticky: a later refusal says nothing about
         # that attempt. Only a sequence error from the leader clears it (not in its log).
         self.maybe_written = False
+        # Why the last attempt failed (a retriable error): what an expiry reports.
+        self.last_error: BaseException | None = None
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @property

@@ -77,7 +77,9 @@ class Sender:
                     f"{self.delivery_timeout_ms} ms passed since the batch was created "
                     f"({expired.attempts} attempts)"
                 )
-                self._fail(expired, self._give_up_error(expired, why))
+                if expired.last_error is not None:
+                    why += f"; last error: {expired.last_error}"
+                self._fail(expired, self._give_up_error(expired, why, expired.last_error))
             if self._need_bump or (self._idempotent and not self._on_current_epoch(tp, queue)):
                 continue
             limit = self.max_in_flight if self._idempotent else 1
@@ -312,6 +314,7 @@ class Sender:
             return
         batch.attempts += 1
         batch.retry_at = now + backoff
+        batch.last_error = error
         log.info(
             "retrying %d record(s) for %s in %d ms (attempt %d, sent with leader epoch %d): %s",
             batch.record_count,
