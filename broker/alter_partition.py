@@ -56,13 +56,6 @@ class IsrChange:
     is_current: Callable[[], bool] = field(default=lambda: True)
 
 
-def _code(value: int) -> ErrorCode:
-    try:
-        return ErrorCode(value)
-    except ValueError:
-        return ErrorCode.UNKNOWN_SERVER_ERROR
-
-
 class AlterPartitionManager:
     def __init__(
         self,
@@ -158,7 +151,7 @@ class AlterPartitionManager:
                 "AlterPartition for %d partition(s) failed: %s; will retry", len(batch), exc
             )
             return False
-        top = _code(response.error_code)
+        top = ErrorCode.of(response.error_code)
         if top != ErrorCode.NONE:
             log.info("AlterPartition refused as a whole: %s", top.name)
             for change in batch.values():
@@ -172,7 +165,7 @@ class AlterPartitionManager:
                 if change is None or tp in answered:
                     continue
                 answered.add(tp)
-                self._deliver(change, _code(result.error_code), result)
+                self._deliver(change, ErrorCode.of(result.error_code), result)
         for tp, change in batch.items():
             if tp not in answered:
                 log.warning("AlterPartition answer left out %s-%d", *tp)

@@ -74,14 +74,6 @@ MetadataCallback = Callable[[FetchMetadataResponse], Awaitable[None]]
 REFUSAL_LOG_INTERVAL_S = 60.0
 
 
-def _code(value: int) -> ErrorCode:
-    """A code from the wire; one this build does not know is a server error."""
-    try:
-        return ErrorCode(value)
-    except ValueError:
-        return ErrorCode.UNKNOWN_SERVER_ERROR
-
-
 class ControllerChannel:
     def __init__(
         self,
@@ -182,7 +174,7 @@ class ControllerChannel:
                     f"({exc}); start it first or fix --controller"
                 ) from exc
             assert isinstance(resp, BrokerRegistrationResponse)
-            code = _code(resp.error_code)
+            code = ErrorCode.of(resp.error_code)
             if code == ErrorCode.NONE and (
                 self.cluster_id is None or resp.cluster_id == self.cluster_id
             ):
@@ -317,7 +309,7 @@ class ControllerChannel:
         assert isinstance(resp, BrokerHeartbeatResponse)
         if resp.error_code != ErrorCode.NONE:
             if resp.error_code != ErrorCode.STALE_BROKER_EPOCH:
-                log.warning("heartbeat answered %s", _code(resp.error_code).name)
+                log.warning("heartbeat answered %s", ErrorCode.of(resp.error_code).name)
             return resp
         if request.broker_epoch == self.broker_epoch and not self.accepted.is_set():
             self._set_accepted()  # it holds our registration (e.g. restored controller)
@@ -393,7 +385,7 @@ class ControllerChannel:
                 continue  # the registration changed meanwhile: ask again as it is now
             if resp.error_code != ErrorCode.NONE:
                 failures += 1
-                code = _code(resp.error_code)
+                code = ErrorCode.of(resp.error_code)
                 if code == ErrorCode.STALE_BROKER_EPOCH:
                     # The controller does not hold our registration: the heartbeat loop
                     # registers again; nothing is applied meanwhile.

@@ -16,7 +16,6 @@ from broker.partition import Partition
 from broker.partition import Role
 from broker.storage.epoch_cache import UNDEFINED_EPOCH
 from broker.storage.epoch_cache import UNDEFINED_EPOCH_OFFSET
-from protocol.errors import ErrorCode
 from protocol.messages import Message
 
 if TYPE_CHECKING:
@@ -115,10 +114,3 @@ class Client(Protocol):
 
 
 ClientFactory = Callable[[int, str, int], Client]
-
-
-def _code(value: int) -> ErrorCode:
-    try:
-        return ErrorCode(value)
-    except ValueError:
-        return ErrorCode.UNKNOWN_SERVER_ERROR

@@ -56,7 +56,6 @@ from broker.fetch_state import ClientFactory
 from broker.fetch_state import PartitionFetchState
 from broker.fetch_state import Phase
 from broker.fetch_state import TopicPartition
-from broker.fetch_state import _code
 from broker.fetch_state import offset_truncation_state
 from broker.follower_truncation import FollowerTruncation
 from broker.partition import Partition
@@ -381,7 +380,7 @@ class SourceFetcher(FollowerTruncation):
         assert isinstance(resp, FetchResponse)
         if resp.error_code != ErrorCode.NONE:
             for s, _ in sent.values():
-                self._back_off(s, f"Fetch answered {_code(resp.error_code).name}")
+                self._back_off(s, f"Fetch answered {ErrorCode.of(resp.error_code).name}")
             return
         reset: list[PartitionFetchState] = []
         for topic in resp.responses:
@@ -415,7 +414,7 @@ class SourceFetcher(FollowerTruncation):
         """Apply one partition's Fetch answer. True when it needs Kafka's out-of-range
         last resort (ListOffsets to the leader)."""
         p = s.partition
-        code = _code(r.error_code)
+        code = ErrorCode.of(r.error_code)
         if code == ErrorCode.OFFSET_OUT_OF_RANGE:
             return self._out_of_range(s, fetch_offset, r)
         if code != ErrorCode.NONE:

@@ -15,7 +15,6 @@ from broker.fetch_state import MAX_TRUNCATION_ROUNDS
 from broker.fetch_state import PartitionFetchState
 from broker.fetch_state import Phase
 from broker.fetch_state import TopicPartition
-from broker.fetch_state import _code
 from broker.fetch_state import offset_truncation_state
 from broker.rpc import RpcError
 from broker.storage.epoch_cache import UNDEFINED_EPOCH
@@ -112,7 +111,7 @@ class FollowerTruncation:
                     continue
                 if s.partition.log.latest_epoch != asked_epoch:
                     continue  # the log changed meanwhile: ask again
-                code = _code(r.error_code)
+                code = ErrorCode.of(r.error_code)
                 if code != ErrorCode.NONE:
                     self._back_off(s, f"OffsetsForLeaderEpoch answered {code.name}")
                     continue
@@ -234,7 +233,7 @@ class FollowerTruncation:
                 s = by_tp.pop((topic.name, r.partition_index), None)
                 if s is None or not self._current(s) or s.phase is not Phase.FETCHING:
                     continue
-                code = _code(r.error_code)
+                code = ErrorCode.of(r.error_code)
                 p = s.partition
                 if code != ErrorCode.NONE or r.offset < 0:
                     self._back_off(s, f"ListOffsets answered {code.name}")

@@ -454,7 +454,7 @@ class GroupCoordinator:
                 log.warning(
                     "creating %s failed: %s %s",
                     OFFSETS_TOPIC,
-                    ErrorCode(result.error_code).name,
+                    ErrorCode.of(result.error_code).name,
                     result.error_message or "",
                 )
 
@@ -580,7 +580,7 @@ class GroupCoordinator:
             ],
         )
         result = (await self.replicas.produce(produce)).topics[0].partitions[0]
-        code = ErrorCode(result.error_code)
+        code = ErrorCode.of(result.error_code)
         if code != ErrorCode.NONE:
             mapped = _COMMIT_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR)
             log.info(

@@ -16,13 +16,13 @@ from client.descriptions import ReplicaLogDescription
 from client.descriptions import TopicDescription
 from client.descriptions import _cluster_description
 from client.descriptions import topics_from_metadata
-from client.errors import START_HINT
 from client.errors import BrokerResponseError
 from client.errors import ConnectionFailedError
 from client.errors import InvalidRequestError
 from client.errors import MinibrokerError
 from client.errors import RequestTimedOutError
 from client.errors import error_for
+from client.errors import short_reason
 from client.health import SOURCE_BROKER
 from client.health import SOURCE_CONTROLLER
 from client.health import ClusterHealth
@@ -64,15 +64,6 @@ def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]
             raise ValueError(f"bad address {text!r}: expected HOST:PORT")
         stripped = f"{stripped}:{default_port}"
     return parse_bootstrap_servers(stripped)[0]
-
-
-def _reason(exc: MinibrokerError) -> str:
-    """One line for a health report: the why without the how-to-start hint."""
-    if isinstance(exc, ConnectionFailedError):
-        return exc.reason
-    text = str(exc)
-    cut = text.find(f"; {START_HINT}")
-    return text[:cut] if cut >= 0 else text
 
 
 class Diagnostics:
@@ -117,7 +108,7 @@ class Diagnostics:
                 await self.describe_topics(include_offsets=False),
             )
         except MinibrokerError as exc:
-            errors.append(f"brokers: {_reason(exc)}")
+            errors.append(f"brokers: {short_reason(exc)}")
 
         controller_view: tuple[ClusterDescription, list[TopicDescription]] | None = None
         controller_address: str | None = None
@@ -135,7 +126,7 @@ class Diagnostics:
                 assert isinstance(md, MetadataResponse)
                 controller_view = (_cluster_description(dc), topics_from_metadata(md))
             except MinibrokerError as exc:
-                errors.append(f"controller {controller_address}: {_reason(exc)}")
+                errors.append(f"controller {controller_address}: {short_reason(exc)}")
 
         view = controller_view or broker_view
         unreachable: list[int] = []
@@ -294,7 +285,7 @@ class Diagnostics:
                 host, port, [DescribeLogDirsRequest()], timeout_ms=timeout_ms, node_id=node_id
             )
         except (ConnectionFailedError, RequestTimedOutError) as exc:
-            return _reason(exc), [], []
+            return short_reason(exc), [], []
         except BrokerResponseError:
             return None, [], []  # alive; an older broker without DescribeLogDirs
         assert isinstance(response, DescribeLogDirsResponse)

@@ -30,7 +30,6 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from client.connection import BrokerConnection
-from client.errors import START_HINT
 from client.errors import ConnectionFailedError
 from client.errors import KafkaTimeoutError
 from client.errors import LeaderEpochBehindError
@@ -39,6 +38,7 @@ from client.errors import MinibrokerError
 from client.errors import NoBrokersAvailableError
 from client.errors import RequestTimedOutError
 from client.errors import UnknownTopicOrPartitionError
+from client.errors import short_reason
 from client.types import TopicPartition
 from protocol.api import NO_EPOCH
 from protocol.errors import ErrorCode
@@ -202,7 +202,7 @@ class ClusterMetadata:
         topic_errors: dict[str, ErrorCode] = {}
         for topic in response.topics:
             if topic.error_code != ErrorCode.NONE:
-                code = _code(topic.error_code)
+                code = ErrorCode.of(topic.error_code)
                 topic_errors[topic.name] = code
                 if code in (
                     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -290,13 +290,6 @@ class ClusterMetadata:
                     del epochs[tp]
 
 
-def _code(value: int) -> ErrorCode:
-    try:
-        return ErrorCode(value)
-    except ValueError:
-        return ErrorCode.UNKNOWN_SERVER_ERROR
-
-
 class ClusterClient:
     """Bootstrap, metadata and a connection pool keyed by node id."""
 
@@ -351,7 +344,7 @@ class ClusterClient:
                         self._bootstrap_conns[(host, port)] = conn
                     response = await conn.send(MetadataRequest(topics=sorted(self._topics)))
                 except (ConnectionFailedError, RequestTimedOutError) as exc:
-                    reasons[f"{host}:{port}"] = _short_reason(exc)
+                    reasons[f"{host}:{port}"] = short_reason(exc)
                     self._bootstrap_conns.pop((host, port), None)
                     continue
                 assert isinstance(response, MetadataResponse)
@@ -566,7 +559,7 @@ class ClusterClient:
                 response = await conn.send(request, timeout_ms=timeout_ms)
             except (ConnectionFailedError, RequestTimedOutError) as exc:
                 name = f"node {target}" if isinstance(target, int) else f"{target[0]}:{target[1]}"
-                reasons[name] = _short_reason(exc)
+                reasons[name] = short_reason(exc)
                 if isinstance(target, int):
                     self._conns.pop(target, None)
                 else:
@@ -628,14 +621,6 @@ class ClusterClient:
         )
         await conn.connect()
         return conn
-
-
-def _short_reason(exc: MinibrokerError) -> str:
-    if isinstance(exc, ConnectionFailedError):
-        return exc.reason
-    text = str(exc)
-    cut = text.find(f"; {START_HINT}")
-    return text[:cut] if cut >= 0 else text
 
 
 __all__ = [

@@ -60,6 +60,15 @@ class ConnectionFailedError(MinibrokerError):
         self.reason = reason or message  # the short why ("Connection refused")
 
 
+def short_reason(exc: MinibrokerError) -> str:
+    """One line for a report: the why without the how-to-start hint."""
+    if isinstance(exc, ConnectionFailedError):
+        return exc.reason
+    text = str(exc)
+    cut = text.find(f"; {START_HINT}")
+    return text[:cut] if cut >= 0 else text
+
+
 class NoBrokersAvailableError(MinibrokerError):
     """None of the bootstrap servers (or known brokers) answered."""
 

@@ -68,6 +68,15 @@ SOURCE_BROKER = "broker"
 SOURCE_NONE = "none"
 
 
+def _plain(value: Any) -> Any:
+    """JSON-ready: named tuples as dicts, tuples as lists (the report's --json form)."""
+    if hasattr(value, "_asdict"):
+        return {name: _plain(field) for name, field in value._asdict().items()}
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
 class PartitionHealth(NamedTuple):
     """A partition named in a health report, with the state that put it there."""
 
@@ -82,14 +91,7 @@ class PartitionHealth(NamedTuple):
         return f"{self.topic}-{self.partition}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "topic": self.topic,
-            "partition": self.partition,
-            "leader": self.leader,
-            "leader_epoch": self.leader_epoch,
-            "replicas": list(self.replicas),
-            "isr": list(self.isr),
-        }
+        return _plain(self)
 
 
 class StrayReplicaHealth(NamedTuple):
@@ -106,7 +108,7 @@ class StrayReplicaHealth(NamedTuple):
         return f"{self.broker}:{self.dir_name}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self._asdict())
+        return _plain(self)
 
 
 class OfflineLogDirHealth(NamedTuple):
@@ -120,7 +122,7 @@ class OfflineLogDirHealth(NamedTuple):
         return f"{self.broker}:{self.log_dir}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self._asdict())
+        return _plain(self)
 
 
 class ClusterHealth(NamedTuple):
@@ -157,28 +159,7 @@ class ClusterHealth(NamedTuple):
         return tuple(sorted({*self.fenced_brokers, *self.unreachable_brokers}))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "healthy": self.healthy,
-            "unhealthy_reasons": list(self.unhealthy_reasons),
-            "source": self.source,
-            "cluster_id": self.cluster_id,
-            "controller_id": self.controller_id,
-            "controller_address": self.controller_address,
-            "controller_reachable": self.controller_reachable,
-            "metadata_offset": self.metadata_offset,
-            "brokers": list(self.brokers),
-            "live_brokers": list(self.live_brokers),
-            "down_brokers": list(self.down_brokers),
-            "fenced_brokers": list(self.fenced_brokers),
-            "unreachable_brokers": list(self.unreachable_brokers),
-            "topic_count": self.topic_count,
-            "partition_count": self.partition_count,
-            "leaderless_partitions": [p.to_dict() for p in self.leaderless_partitions],
-            "under_replicated_partitions": [p.to_dict() for p in self.under_replicated_partitions],
-            "stray_replicas": [s.to_dict() for s in self.stray_replicas],
-            "offline_log_dirs": [d.to_dict() for d in self.offline_log_dirs],
-            "errors": list(self.errors),
-        }
+        return {**_plain(self), "down_brokers": list(self.down_brokers)}
 
     def state_key(self) -> tuple[Any, ...]:
         """What `--watch` compares to decide the state changed (the metadata offset

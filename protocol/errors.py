@@ -69,6 +69,14 @@ class ErrorCode(IntEnum):
     def retriable(self) -> bool:
         return self in _RETRIABLE
 
+    @classmethod
+    def of(cls, value: int) -> ErrorCode:
+        """A code from the wire; one this build does not know is a server error."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN_SERVER_ERROR
+
 
 _RETRIABLE = frozenset(
     {
