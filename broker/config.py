@@ -17,7 +17,6 @@ from pathlib import Path
 
 from broker.storage.log_config import LogConfig
 from protocol.connection_limits import ConnectionLimits
-from protocol.connection_limits import parse_per_ip_overrides
 from protocol.topic_configs import FLUSH_MESSAGES
 from protocol.topic_configs import FLUSH_MS
 from protocol.topic_configs import MAX_MESSAGE_BYTES
@@ -25,6 +24,11 @@ from protocol.topic_configs import RETENTION_BYTES
 from protocol.topic_configs import RETENTION_MS
 from protocol.topic_configs import SEGMENT_BYTES
 from protocol.topic_configs import SEGMENT_MS
+from runtime.connection_settings import connection_limits
+from runtime.connection_settings import frame_timeout_setting
+from runtime.connection_settings import idle_timeout_setting
+from runtime.connection_settings import pending_bytes_setting
+from runtime.connection_settings import per_ip_overrides_setting
 from runtime.settings import ConfigError
 from runtime.settings import enable_test_faults_switch
 from runtime.settings import parse_host_port
@@ -196,31 +200,13 @@ class BrokerConfig:
         doc="Connections open at once from one IP address, all listeners together; more are "
         "refused (max.connections.per.ip).",
     )
-    max_connections_per_ip_overrides: dict[str, int] = setting(
-        "",
-        parse=parse_per_ip_overrides,
-        shown_default="none",
-        doc="Per-address limits that replace --max-connections-per-ip: ADDRESS:COUNT,... "
-        "(IP addresses, e.g. 10.0.0.5:5000) (max.connections.per.ip.overrides).",
-    )
-    connections_max_idle_ms: int = setting(
-        600_000,
-        minimum=1,
-        doc="Close a connection with nothing received, nothing of its answers taken and no "
-        "request in service for this long (connections.max.idle.ms).",
-    )
-    request_frame_timeout_ms: int = setting(
-        30_000,
-        minimum=1,
-        doc="Close a connection whose request frame, once begun, is not complete within this "
-        "long (slowloris); the clock stops while the broker itself is not reading it.",
-    )
-    max_pending_bytes_per_connection: int = setting(
-        64 * 1024 * 1024,
-        minimum=1,
-        doc="Bytes one connection may make the broker hold: requests in service, the record "
-        "bytes their fetches may return, answers not yet taken by the client. Past it the "
-        "broker stops reading that connection; one request at a time always runs.",
+    max_connections_per_ip_overrides: dict[str, int] = per_ip_overrides_setting()
+    connections_max_idle_ms: int = idle_timeout_setting()
+    request_frame_timeout_ms: int = frame_timeout_setting("broker")
+    max_pending_bytes_per_connection: int = pending_bytes_setting(
+        "broker",
+        held="requests in service, the record bytes their fetches may return, answers not "
+        "yet taken by the client",
     )
     log_level: str = setting(
         "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), doc="Logging level (stderr)."
@@ -279,16 +265,7 @@ class BrokerConfig:
         return LogConfig(**topic_defaults(self))
 
     def connection_limits(self) -> ConnectionLimits:
-        return ConnectionLimits(
-            max_connections=self.max_connections,
-            max_connections_per_ip=self.max_connections_per_ip,
-            max_connections_per_ip_overrides=self.max_connections_per_ip_overrides,
-            max_in_flight=self.max_in_flight_per_connection,
-            max_frame_bytes=self.max_frame_bytes,
-            max_pending_bytes=self.max_pending_bytes_per_connection,
-            idle_timeout_ms=self.connections_max_idle_ms,
-            frame_timeout_ms=self.request_frame_timeout_ms,
-        )
+        return connection_limits(self, max_frame_bytes=self.max_frame_bytes)
 
     def with_bound_ports(self, bound: dict[str, int]) -> BrokerConfig:
         """Replace port 0 listeners by the ports the OS picked."""

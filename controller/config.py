@@ -14,9 +14,13 @@ from pathlib import Path
 
 from protocol.api import ApiKey
 from protocol.connection_limits import ConnectionLimits
-from protocol.connection_limits import parse_per_ip_overrides
 from protocol.topic_configs import MIN_INSYNC_REPLICAS
 from protocol.topic_configs import UNCLEAN_LEADER_ELECTION
+from runtime.connection_settings import connection_limits
+from runtime.connection_settings import frame_timeout_setting
+from runtime.connection_settings import idle_timeout_setting
+from runtime.connection_settings import pending_bytes_setting
+from runtime.connection_settings import per_ip_overrides_setting
 from runtime.settings import TEST_FAULTS_ENV
 from runtime.settings import ConfigError
 from runtime.settings import Setting
@@ -115,36 +119,16 @@ class ControllerConfig:
         doc="Connections from one IP address that are not brokers'; past it a connection is "
         "closed unless its first request is a broker API (max.connections.per.ip).",
     )
-    max_connections_per_ip_overrides: dict[str, int] = setting(
-        "",
-        parse=parse_per_ip_overrides,
-        shown_default="none",
-        doc="Per-address limits that replace --max-connections-per-ip: ADDRESS:COUNT,... "
-        "(IP addresses) (max.connections.per.ip.overrides).",
-    )
+    max_connections_per_ip_overrides: dict[str, int] = per_ip_overrides_setting()
     first_request_timeout_ms: int = setting(
         10_000,
         minimum=1,
         doc="Close a connection that sends no whole request within this long of connecting.",
     )
-    connections_max_idle_ms: int = setting(
-        600_000,
-        minimum=1,
-        doc="Close a connection that is not a broker's with nothing received, nothing of its "
-        "answers taken and no request in service for this long (connections.max.idle.ms).",
-    )
-    request_frame_timeout_ms: int = setting(
-        30_000,
-        minimum=1,
-        doc="Close a connection whose request frame, once begun, is not complete within this "
-        "long (slowloris); the clock stops while the controller itself is not reading it.",
-    )
-    max_pending_bytes_per_connection: int = setting(
-        64 * 1024 * 1024,
-        minimum=1,
-        doc="Bytes one connection may make the controller hold (requests in service, answers "
-        "not yet taken); past it the connection is not read. One request at a time always "
-        "runs.",
+    connections_max_idle_ms: int = idle_timeout_setting(exempt="a broker's")
+    request_frame_timeout_ms: int = frame_timeout_setting("controller")
+    max_pending_bytes_per_connection: int = pending_bytes_setting(
+        "controller", held="requests in service, answers not yet taken"
     )
     log_level: str = setting(
         "INFO",
@@ -200,17 +184,11 @@ class ControllerConfig:
             raise ConfigError("; ".join(found))
 
     def connection_limits(self) -> ConnectionLimits:
-        return ConnectionLimits(
-            max_connections=self.max_connections,
-            max_connections_per_ip=self.max_connections_per_ip,
-            max_connections_per_ip_overrides=self.max_connections_per_ip_overrides,
+        return connection_limits(
+            self,
+            max_frame_bytes=self.max_request_bytes,
             reserved_connections=self.reserved_broker_connections,
             privileged_api_keys=BROKER_API_KEYS,
-            max_in_flight=self.max_in_flight_per_connection,
-            max_frame_bytes=self.max_request_bytes,
-            max_pending_bytes=self.max_pending_bytes_per_connection,
-            idle_timeout_ms=self.connections_max_idle_ms,
-            frame_timeout_ms=self.request_frame_timeout_ms,
             first_request_timeout_ms=self.first_request_timeout_ms,
         )
 
