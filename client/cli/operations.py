@@ -31,6 +31,7 @@ from client.cli.plumbing import _plural
 from client.cli.plumbing import _resolve_bootstrap
 from client.cli.plumbing import _table
 from client.cli.plumbing import client_command
+from client.cli.plumbing import number_option
 from client.cli.plumbing import run
 from client.cli.root import cli
 from client.health import ClusterHealth
@@ -133,11 +134,10 @@ def _check_address(
     help="With --watch / --exit-when-healthy: stop after this long; the exit code is "
     "then that of the last check (1 when unhealthy).  [default: no limit]",
 )
-@click.option(
+@number_option(
     "--interval",
-    type=click.FloatRange(min=0.05),
+    at_least=0.05,
     default=1.0,
-    show_default=True,
     metavar="SECONDS",
     help="Time between checks with --watch / --exit-when-healthy.",
 )
@@ -149,11 +149,10 @@ def _check_address(
     "which also lists its stray replicas); a killed broker stays unfenced until the "
     "controller's session timeout.",
 )
-@click.option(
+@number_option(
     "--request-timeout-ms",
-    type=click.IntRange(min=1),
+    at_least=1,
     default=5_000,
-    show_default=True,
     help="Time limit of each request (and connection attempt) of a check.",
 )
 @client_command
@@ -273,18 +272,16 @@ def topic() -> None:
 
 @topic.command("create")
 @click.argument("name")
-@click.option(
+@number_option(
     "-p",
     "--partitions",
-    type=click.IntRange(min=1),
-    default=None,
+    at_least=1,
     help="Number of partitions.  [default: the controller's --default-partitions]",
 )
-@click.option(
+@number_option(
     "-r",
     "--replication-factor",
-    type=click.IntRange(min=1),
-    default=None,
+    at_least=1,
     help="Replicas per partition.  [default: the controller's --default-replication-factor]",
 )
 @click.option(
@@ -523,11 +520,10 @@ def debug_group() -> None:
 @debug_group.command("replica-log")
 @click.argument("topic_name", metavar="TOPIC")
 @click.argument("partition", type=click.IntRange(min=0))
-@click.option(
+@number_option(
     "--broker",
     "broker_id",
-    type=click.IntRange(min=0),
-    default=None,
+    at_least=0,
     metavar="ID",
     help="The broker whose replica to show (its address comes from the cluster "
     "metadata; fenced brokers that still run can be inspected too).",
@@ -546,11 +542,10 @@ def debug_group() -> None:
     is_flag=True,
     help="Leave out the batch list (offsets, epochs and the epoch cache only).",
 )
-@click.option(
+@number_option(
     "--max-batches",
-    type=click.IntRange(min=0),
+    at_least=0,
     default=DEFAULT_MAX_BATCHES,
-    show_default=True,
     help="List at most this many batches, from the log start (the broker caps it too).",
 )
 @client_command

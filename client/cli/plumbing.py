@@ -20,12 +20,35 @@ import uvloop
 from client.errors import MinibrokerError
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 BOOTSTRAP_ENV = "MINIBROKER_BOOTSTRAP_SERVERS"
 # How long produce/consume wait for a topic to show up (a new one takes milliseconds).
 TOPIC_WAIT_MS = 10_000
 LOG_FORMAT = "%(asctime)s %(levelname)s [client] %(name)s: %(message)s"
+
+
+def number_option(
+    *decls: str,
+    at_least: float,
+    at_most: float | None = None,
+    default: float | None = None,
+    help: str,
+    **extra: Any,
+) -> Callable[[F], F]:
+    """A number option that click bounds to [at_least, at_most] (its error names the
+    bound), a float one when any of the numbers is; a default is shown in --help."""
+    floats = any(isinstance(n, float) for n in (at_least, at_most, default))
+    kind = click.FloatRange if floats else click.IntRange
+    return click.option(
+        *decls,
+        type=kind(at_least, at_most),
+        default=default,
+        show_default=default is not None,
+        help=help,
+        **extra,
+    )
 
 
 # ------------------------------------------------------------------ plumbing

@@ -19,6 +19,7 @@ import click
 from client.cli.plumbing import TOPIC_WAIT_MS
 from client.cli.plumbing import _fail
 from client.cli.plumbing import client_command
+from client.cli.plumbing import number_option
 from client.cli.plumbing import run
 from client.cli.root import cli
 from client.consumer import AsyncConsumer
@@ -50,11 +51,10 @@ from client.types import TopicPartition
     show_default=True,
     help="0: do not wait; 1: the leader wrote it; all: every in-sync replica has it.",
 )
-@click.option(
+@number_option(
     "-p",
     "--partition",
-    type=click.IntRange(min=0),
-    default=None,
+    at_least=0,
     help="Write every record to this partition. Default: murmur2 of the key, or "
     "sticky batches across partitions without a key.",
 )
@@ -66,25 +66,14 @@ from client.types import TopicPartition
     show_default=True,
     help="Batch compression.",
 )
-@click.option(
-    "--linger-ms",
-    type=click.IntRange(min=0),
-    default=5,
-    show_default=True,
-    help="How long a batch waits for more records.",
+@number_option(
+    "--linger-ms", at_least=0, default=5, help="How long a batch waits for more records."
 )
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=16_384,
-    show_default=True,
-    help="Bytes per partition batch.",
-)
-@click.option(
+@number_option("--batch-size", at_least=1, default=16_384, help="Bytes per partition batch.")
+@number_option(
     "--delivery-timeout-ms",
-    type=click.IntRange(min=1),
+    at_least=1,
     default=30_000,
-    show_default=True,
     help="Give up on a record (retrying included) after this long.",
 )
 @client_command
@@ -305,12 +294,8 @@ def _formatter(fmt: str) -> Callable[[ConsumerRecord], bytes]:
     is_flag=True,
     help="Start at the log start offset. Default: only new records.",
 )
-@click.option(
-    "-o",
-    "--offset",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Start at this offset (in every consumed partition).",
+@number_option(
+    "-o", "--offset", at_least=0, help="Start at this offset (in every consumed partition)."
 )
 @click.option(
     "-p",
@@ -334,10 +319,9 @@ def _formatter(fmt: str) -> Callable[[ConsumerRecord], bytes]:
     "%t topic, %p partition, %o offset, %e leader epoch, %T timestamp, %k key, "
     "%v value, and \\n, \\t escapes.",
 )
-@click.option(
+@number_option(
     "--timeout-ms",
-    type=click.IntRange(min=1),
-    default=None,
+    at_least=1,
     help="Exit when no record arrived for this long. Default: wait forever.",
 )
 @click.option(

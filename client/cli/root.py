@@ -17,6 +17,7 @@ from client.cli.plumbing import BOOTSTRAP_ENV
 from client.cli.plumbing import DEFAULT_BOOTSTRAP
 from client.cli.plumbing import LOG_FORMAT
 from client.cli.plumbing import _fail
+from client.cli.plumbing import number_option
 from client.dev_cluster import DevCluster
 from client.dev_cluster import DevClusterError
 
@@ -99,39 +100,35 @@ def broker(args: tuple[str, ...]) -> None:
     help="Where the controller (controller/), the brokers (broker-N/) and the logs "
     "(logs/) live. Reused across runs.",
 )
-@click.option(
-    "--brokers",
-    type=click.IntRange(1, 32),
-    default=3,
-    show_default=True,
-    help="Number of brokers (node ids 1..N).",
+@number_option(
+    "--brokers", at_least=1, at_most=32, default=3, help="Number of brokers (node ids 1..N)."
 )
-@click.option(
+@number_option(
     "--base-port",
-    type=click.IntRange(1, 65535),
+    at_least=1,
+    at_most=65535,
     default=9092,
-    show_default=True,
     help="Port of broker 1; broker N listens on base-port + 2*(N-1) (9092, 9094, 9096).",
 )
-@click.option(
+@number_option(
     "--controller-port",
-    type=click.IntRange(1, 65535),
-    default=None,
+    at_least=1,
+    at_most=65535,
     help="Controller port.  [default: base-port + 1, i.e. 9093]",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
+@number_option(
     "--startup-timeout",
-    type=click.FloatRange(1, 600),
+    at_least=1,
+    at_most=600,
     default=60.0,
-    show_default=True,
     help="Seconds to wait for the controller and every broker to be up.",
 )
-@click.option(
+@number_option(
     "--stop-timeout",
-    type=click.FloatRange(1, 600),
+    at_least=1,
+    at_most=600,
     default=20.0,
-    show_default=True,
     help="Seconds to wait for each group (brokers, then controller) after SIGTERM "
     "before killing it.",
 )
