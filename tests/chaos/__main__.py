@@ -23,7 +23,10 @@ import json
 import random
 import signal
 import sys
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
+from typing import TypeVar
 
 from .backends import ClusterSettings
 from .backends import docker_unavailable
@@ -34,6 +37,8 @@ from .runner import RunConfig
 from .runner import campaign
 from .runner import recheck
 from .workload import WorkloadConfig
+
+C = TypeVar("C")
 
 
 def _range(text: str) -> tuple[float, float]:
@@ -52,6 +57,14 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
             raise SystemExit(f"error: {item!r}: want MINIBROKER_NAME=VALUE")
         out[key] = value
     return out
+
+
+def _fields_from(config: type[C], args: argparse.Namespace, **computed: Any) -> C:
+    """`config` with each field that has a flag of its name taken from `args`, the
+    others from `computed` (the flags are named after the fields they fill)."""
+    names = [f.name for f in fields(config)]  # type: ignore[arg-type]
+    given = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    return config(**{**given, **computed})
 
 
 def parser() -> argparse.ArgumentParser:
@@ -88,8 +101,16 @@ def parser() -> argparse.ArgumentParser:
         "(acknowledged writes are then lost by design: the run must fail)",
     )
     p.add_argument("--partitions", type=int, default=3)
-    p.add_argument("--rf", type=int, default=3, help="replication factor")
-    p.add_argument("--min-insync", type=int, default=2, help="min.insync.replicas")
+    p.add_argument(
+        "--rf", dest="replication_factor", type=int, default=3, help="replication factor"
+    )
+    p.add_argument(
+        "--min-insync",
+        dest="min_insync_replicas",
+        type=int,
+        default=2,
+        help="min.insync.replicas",
+    )
     p.add_argument("--acks", choices=("0", "1", "all"), default="all")
     p.add_argument("--unclean", action="store_true", help="unclean.leader.election.enable")
     p.add_argument(
@@ -157,38 +178,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     idempotent = args.acks == "all" if args.idempotent is None else args.idempotent
     seed = args.seed if args.seed is not None else random.randrange(1_000_000)
-    cfg = RunConfig(
+    cfg = _fields_from(
+        RunConfig,
+        args,
         seed=seed,
-        backend=args.backend,
         faults=faults,
         max_faults=args.max_faults
         if args.max_faults is not None
         else max(1, int(args.time_limit // 4)),
-        fault_interval=args.fault_interval,
-        fault_duration=args.fault_duration,
-        max_concurrent_faults=args.max_concurrent_faults,
         guard_wipes=not args.unguarded_wipes,
-        workload=WorkloadConfig(
-            partitions=args.partitions,
-            replication_factor=args.rf,
-            min_insync_replicas=args.min_insync,
-            unclean=args.unclean,
-            acks=args.acks,
-            idempotent=idempotent,
-            producers=args.producers,
-            in_flight=args.in_flight,
-            consumers=args.consumers,
-            max_sends=args.max_sends,
-            time_limit=args.time_limit,
-            ack_timeout=args.ack_timeout,
-            request_timeout_ms=args.request_timeout_ms,
-            delivery_timeout_ms=args.delivery_timeout_ms,
-        ),
+        workload=_fields_from(WorkloadConfig, args, idempotent=idempotent),
         cluster=ClusterSettings(
             broker_env=_env_pairs(args.broker_env), controller_env=_env_pairs(args.controller_env)
         ),
-        image=args.image,
-        keep_logs=args.keep_logs,
     )
     problems = cfg.problems()
     if args.runs < 1:
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"chaos: {args.runs} run(s) from seed {seed}, backend {args.backend}, "
         f"faults {','.join(faults) or 'none'} (up to {args.max_concurrent_faults} at once), "
-        f"RF {args.rf}, min ISR {args.min_insync}, acks {args.acks}, "
+        f"RF {args.replication_factor}, min ISR {args.min_insync_replicas}, acks {args.acks}, "
         f"{'idempotent' if idempotent else 'NON-idempotent'} producers with "
         f"{args.in_flight} records in flight each, {args.time_limit:g}s each; "
         f"results in {args.out}/",
