@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 from typing import NoReturn
 
 import click
@@ -139,33 +140,16 @@ def broker(args: tuple[str, ...]) -> None:
     show_default=True,
     help="Log level of the servers (their logs go to DATA_DIR/logs/).",
 )
-def dev(
-    data_dir: Path,
-    brokers: int,
-    base_port: int,
-    controller_port: int | None,
-    host: str,
-    startup_timeout: float,
-    stop_timeout: float,
-    log_level: str,
-) -> None:
+def dev(log_level: str, **options: Any) -> None:
     """Run a local cluster in the foreground: one controller and N brokers.
 
     Prints the bootstrap address once every broker is up; Ctrl-C (or SIGTERM) stops
     the brokers, then the controller, and exits 0 when all stopped cleanly. If a
     server dies or a port is busy it exits 1 and shows that server's last log lines.
     """
+    # The options are DevCluster's parameters, by name.
     try:
-        cluster = DevCluster(
-            data_dir=data_dir,
-            brokers=brokers,
-            base_port=base_port,
-            controller_port=controller_port,
-            host=host,
-            startup_timeout=startup_timeout,
-            stop_timeout=stop_timeout,
-            log_level=log_level.upper(),
-        )
+        cluster = DevCluster(**options, log_level=log_level.upper())
     except DevClusterError as exc:
         _fail(str(exc))
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
