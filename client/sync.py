@@ -43,6 +43,7 @@ from client.errors import KafkaTimeoutError
 from client.health import ClusterHealth
 from client.producer import AsyncProducer
 from client.producer import ProducerBatch
+from client.signatures import parameters_of
 from client.types import ConsumerRecord
 from client.types import Header
 from client.types import OffsetAndMetadata
@@ -256,17 +257,10 @@ class Producer(_SyncClient):
         self._run(queue())
         return result
 
-    def send_and_wait(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-        headers: Sequence[Header] | None = None,
-    ) -> RecordMetadata:
+    @parameters_of(send)
+    def send_and_wait(self, *args: Any, **kwargs: Any) -> RecordMetadata:
         """Send one record and wait for its RecordMetadata."""
-        future = self.send(topic, value, key, partition, timestamp_ms, headers)
+        future = self.send(*args, **kwargs)
         delivery = self.async_producer.delivery_timeout_ms
         try:
             return future.result(self._timeout(delivery))

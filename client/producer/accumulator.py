@@ -17,6 +17,7 @@ from client.errors import UnknownTopicOrPartitionError
 from client.producer.batches import _RECORD_OVERHEAD
 from client.producer.batches import ProducerBatch
 from client.producer.batches import _Batch
+from client.signatures import parameters_of
 from client.types import Header
 from client.types import RecordMetadata
 from client.types import TopicPartition
@@ -150,17 +151,10 @@ class RecordAccumulator:
         self._wakeup.set()
         return future
 
-    async def send_and_wait(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-        headers: Sequence[Header] | None = None,
-    ) -> RecordMetadata:
+    @parameters_of(send)
+    async def send_and_wait(self, *args: Any, **kwargs: Any) -> RecordMetadata:
         """send() and wait for the record's RecordMetadata."""
-        future = await self.send(topic, value, key, partition, timestamp_ms, headers)
+        future = await self.send(*args, **kwargs)
         return await future
 
     async def _wait_for_topic(self, topic: str) -> None:
