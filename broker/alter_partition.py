@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field
 
+from broker.answers import MatchedAnswers
 from broker.rpc import RpcError
 from protocol.errors import ErrorCode
 from protocol.messages import AlterPartitionPartition
@@ -157,19 +158,15 @@ class AlterPartitionManager:
             for change in batch.values():
                 self._deliver(change, top, None)
             return True
-        answered: set[TopicPartition] = set()
-        for topic_result in response.topics:
-            for result in topic_result.partitions:
-                tp = (topic_result.topic_name, result.partition_index)
-                change = batch.get(tp)
-                if change is None or tp in answered:
-                    continue
-                answered.add(tp)
-                self._deliver(change, ErrorCode.of(result.error_code), result)
-        for tp, change in batch.items():
-            if tp not in answered:
-                log.warning("AlterPartition answer left out %s-%d", *tp)
-                self._deliver(change, ErrorCode.UNKNOWN_SERVER_ERROR, None)
+        matched = MatchedAnswers(
+            batch,
+            (((t.topic_name, r.partition_index), r) for t in response.topics for r in t.partitions),
+        )
+        for change, result in matched:
+            self._deliver(change, ErrorCode.of(result.error_code), result)
+        for tp, change in matched.unanswered:
+            log.warning("AlterPartition answer left out %s-%d", *tp)
+            self._deliver(change, ErrorCode.UNKNOWN_SERVER_ERROR, None)
         return True
 
     def _deliver(

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from typing import TypeVar
 
+from broker.answers import MatchedAnswers
 from broker.fetch_state import MAX_TRUNCATION_ROUNDS
 from broker.fetch_state import PartitionFetchState
 from broker.fetch_state import Phase
-from broker.fetch_state import TopicPartition
 from broker.fetch_state import offset_truncation_state
 from broker.rpc import RpcError
 from broker.storage.epoch_cache import UNDEFINED_EPOCH
@@ -98,26 +98,21 @@ class FollowerTruncation:
                 s.ready_at = asyncio.get_running_loop().time() + self._backoff(s.failures + 1)
             raise
         assert isinstance(resp, OffsetForLeaderEpochResponse)
-        answered: set[TopicPartition] = set()
-        for topic in resp.topics:
-            for r in topic.partitions:
-                tp = (topic.topic, r.partition)
-                entry = by_tp.get(tp)
-                if entry is None or tp in answered:
-                    continue
-                answered.add(tp)
-                s, asked_epoch = entry
-                if not self._current(s) or s.phase is not Phase.TRUNCATING:
-                    continue
-                if s.partition.log.latest_epoch != asked_epoch:
-                    continue  # the log changed meanwhile: ask again
-                code = ErrorCode.of(r.error_code)
-                if code != ErrorCode.NONE:
-                    self._back_off(s, f"OffsetsForLeaderEpoch answered {code.name}")
-                    continue
-                self._apply_truncation(s, r.leader_epoch, r.end_offset, asked_epoch)
-        for tp, (s, _) in by_tp.items():
-            if tp not in answered and self._current(s):
+        matched = MatchedAnswers(
+            by_tp, (((t.topic, r.partition), r) for t in resp.topics for r in t.partitions)
+        )
+        for (s, asked_epoch), r in matched:
+            if not self._current(s) or s.phase is not Phase.TRUNCATING:
+                continue
+            if s.partition.log.latest_epoch != asked_epoch:
+                continue  # the log changed meanwhile: ask again
+            code = ErrorCode.of(r.error_code)
+            if code != ErrorCode.NONE:
+                self._back_off(s, f"OffsetsForLeaderEpoch answered {code.name}")
+                continue
+            self._apply_truncation(s, r.leader_epoch, r.end_offset, asked_epoch)
+        for _, (s, _) in matched.unanswered:
+            if self._current(s):
                 self._back_off(s, "no OffsetsForLeaderEpoch answer for the partition")
 
     def _apply_truncation(

@@ -69,18 +69,6 @@ def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]
 class Diagnostics:
     """The admin client's diagnostics: `health` / `cluster_health` (the verdict of"""
 
-    async def health(
-        self,
-        *,
-        controller: str | None = None,
-        probe_brokers: bool = True,
-        probe_timeout_ms: int = 3_000,
-    ) -> ClusterHealth:
-        """Alias of `cluster_health`."""
-        return await self.cluster_health(
-            controller=controller, probe_brokers=probe_brokers, probe_timeout_ms=probe_timeout_ms
-        )
-
     async def cluster_health(
         self,
         *,
@@ -162,6 +150,8 @@ class Diagnostics:
             stray_replicas=strays,
             offline_log_dirs=offline_dirs,
         )
+
+    health = cluster_health  # the short name, as the CLI calls it
 
     async def describe_replica_log(
         self,

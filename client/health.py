@@ -90,8 +90,7 @@ class PartitionHealth(NamedTuple):
     def __str__(self) -> str:
         return f"{self.topic}-{self.partition}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return _plain(self)
+    to_dict = _plain  # the --json form
 
 
 class StrayReplicaHealth(NamedTuple):
@@ -107,8 +106,7 @@ class StrayReplicaHealth(NamedTuple):
     def __str__(self) -> str:
         return f"{self.broker}:{self.dir_name}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return _plain(self)
+    to_dict = _plain  # the --json form
 
 
 class OfflineLogDirHealth(NamedTuple):
@@ -121,8 +119,7 @@ class OfflineLogDirHealth(NamedTuple):
     def __str__(self) -> str:
         return f"{self.broker}:{self.log_dir}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return _plain(self)
+    to_dict = _plain  # the --json form
 
 
 class ClusterHealth(NamedTuple):

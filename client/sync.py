@@ -467,9 +467,7 @@ class Admin(_SyncClient):
         """The cluster's health verdict (see AsyncAdmin.cluster_health)."""
         return self._run(self._client.cluster_health(**kwargs))
 
-    def health(self, **kwargs: Any) -> ClusterHealth:
-        """Alias of cluster_health."""
-        return self._run(self._client.health(**kwargs))
+    health = cluster_health  # the short name, as the CLI calls it
 
     def describe_replica_log(self, *args: Any, **kwargs: Any) -> ReplicaLogDescription:
         """One replica's batches and epoch cache (see AsyncAdmin.describe_replica_log)."""
