@@ -24,7 +24,6 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
 from collections.abc import Mapping
-from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 from typing import ClassVar
@@ -43,9 +42,9 @@ from client.errors import KafkaTimeoutError
 from client.health import ClusterHealth
 from client.producer import AsyncProducer
 from client.producer import ProducerBatch
+from client.producer.accumulator import RecordAccumulator
 from client.signatures import parameters_of
 from client.types import ConsumerRecord
-from client.types import Header
 from client.types import OffsetAndMetadata
 from client.types import OffsetAndTimestamp
 from client.types import RecordMetadata
@@ -217,19 +216,10 @@ class Producer(_SyncClient):
         """The idempotent producer id (-1: not idempotent)."""
         return self.async_producer.producer_id
 
-    def send(
-        self,
-        topic: str,
-        value: Any = None,
-        key: Any = None,
-        partition: int | None = None,
-        timestamp_ms: int | None = None,
-        headers: Sequence[Header] | None = None,
-    ) -> concurrent.futures.Future[RecordMetadata]:
+    @parameters_of(RecordAccumulator.send)
+    def send(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[RecordMetadata]:
         """Queue one record (blocking only while buffer_memory is full)."""
-        return self._queue(
-            lambda: self._client.send(topic, value, key, partition, timestamp_ms, headers)
-        )
+        return self._queue(lambda: self._client.send(*args, **kwargs))
 
     def create_batch(self) -> ProducerBatch:
         """An empty batch for `send_batch()`; fill it on any thread with
