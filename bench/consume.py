@@ -22,11 +22,14 @@ import sys
 import time
 from typing import Any
 
+from bench.harness import THROUGHPUT_COLUMNS
 from bench.harness import BenchCluster
+from bench.harness import Columns
 from bench.harness import KiB
 from bench.harness import MiB
 from bench.harness import Progress
 from bench.harness import RawFetcher
+from bench.harness import batch_column
 from bench.harness import build_batch
 from bench.harness import common_args
 from bench.harness import int_list
@@ -34,6 +37,7 @@ from bench.harness import raw_fill
 from bench.harness import report
 from bench.harness import run
 from bench.harness import size_label
+from bench.harness import table_of
 from client.cluster import ClusterClient
 from client.consumer import AsyncConsumer
 from client.types import TopicPartition
@@ -133,30 +137,13 @@ async def read_raw(
         await client.close()
 
 
-COLUMNS = [
-    "reader",
-    "partitions",
-    "batch",
-    "records/s",
-    "MB/s",
-    "records",
-    "client cores",
-    "broker cores",
-]
-
-
-def table_row(r: dict[str, Any]) -> list[Any]:
-    batch = size_label(r["batch_size"])
-    return [
-        r["reader"],
-        r["partitions"],
-        batch,
-        r["records_per_s"],
-        r["mb_per_s"],
-        r["records"],
-        r["client_cores"],
-        r["broker_cores"],
-    ]
+COLUMNS: Columns = {
+    "reader": "reader",
+    "partitions": "partitions",
+    "batch": batch_column,
+    "records": "records",
+    **THROUGHPUT_COLUMNS,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
                 progress.step(f"{reader}: {label}")
-    table = [table_row(r) for r in rows]
-    return report(NAME, args, progress, COLUMNS, table, rows)
+    return report(NAME, args, progress, list(COLUMNS), table_of(COLUMNS, rows), rows)
 
 
 if __name__ == "__main__":

@@ -487,6 +487,26 @@ def write_results(
     return path
 
 
+# A results table's columns: header -> the row's key, or a function of the row.
+Columns = dict[str, str | Callable[[dict[str, Any]], Any]]
+
+# What the throughput benches measure, last in their tables.
+THROUGHPUT_COLUMNS: Columns = {
+    "records/s": "records_per_s",
+    "MB/s": "mb_per_s",
+    "client cores": "client_cores",
+    "broker cores": "broker_cores",
+}
+
+
+def batch_column(row: dict[str, Any]) -> str:
+    return size_label(row["batch_size"])
+
+
+def table_of(columns: Columns, rows: Sequence[dict[str, Any]]) -> list[list[Any]]:
+    return [[c(r) if callable(c) else r[c] for c in columns.values()] for r in rows]
+
+
 def report(
     name: str,
     args: argparse.Namespace,

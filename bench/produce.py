@@ -30,15 +30,18 @@ import sys
 import time
 from typing import Any
 
+from bench.harness import THROUGHPUT_COLUMNS
 from bench.harness import BenchCluster
+from bench.harness import Columns
 from bench.harness import KiB
 from bench.harness import MiB
 from bench.harness import Progress
+from bench.harness import batch_column
 from bench.harness import common_args
 from bench.harness import int_list
 from bench.harness import report
 from bench.harness import run
-from bench.harness import size_label
+from bench.harness import table_of
 from client.admin import AsyncAdmin
 from client.producer import AsyncProducer
 from client.types import TopicPartition
@@ -280,32 +283,14 @@ async def _wait_log_end(
             await asyncio.sleep(0.1)
 
 
-COLUMNS = [
-    "rf",
-    "acks",
-    "record B",
-    "batch",
-    "producers",
-    "records/s",
-    "MB/s",
-    "client cores",
-    "broker cores",
-]
-
-
-def table_row(r: dict[str, Any]) -> list[Any]:
-    batch = size_label(r["batch_size"])
-    return [
-        r["rf"],
-        r["acks"],
-        r["record_size"],
-        batch,
-        r["producers"],
-        r["records_per_s"],
-        r["mb_per_s"],
-        r["client_cores"],
-        r["broker_cores"],
-    ]
+COLUMNS: Columns = {
+    "rf": "rf",
+    "acks": "acks",
+    "record B": "record_size",
+    "batch": batch_column,
+    "producers": "producers",
+    **THROUGHPUT_COLUMNS,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,9 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             }
             rows.append(run_cell(cluster, spec, i))
             progress.step(label)
-    table = [table_row(r) for r in rows]
     name = NAME if args.api == "send" else f"{NAME}-batch"
-    return report(name, args, progress, COLUMNS, table, rows)
+    return report(name, args, progress, list(COLUMNS), table_of(COLUMNS, rows), rows)
 
 
 if __name__ == "__main__":
