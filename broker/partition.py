@@ -243,31 +243,35 @@ class Partition(PartitionIsr):
             or state.leader != self.leader_id
             or state.leader_epoch != self.leader_epoch
         )
-        self._accept_state(state)
-        self.role = Role.FOLLOWER
-        self._drop_leader_state()
-        if changed:
-            log.info(
-                "%s: became follower of broker %d at leader epoch %d (LEO %d, HW %d)",
-                self.name,
-                self.leader_id,
-                self.leader_epoch,
-                self.log.log_end_offset,
-                self.high_watermark,
-            )
+        self._step_down(
+            state,
+            Role.FOLLOWER,
+            f"became follower of broker {state.leader} at leader epoch {state.leader_epoch}"
+            if changed
+            else None,
+        )
         return changed
 
     def make_offline(self, state: PartitionState) -> None:
         """The partition has no leader; this replica keeps its data and waits."""
         changed = self.role is not Role.OFFLINE or state.leader_epoch != self.leader_epoch
+        self._step_down(
+            state,
+            Role.OFFLINE,
+            f"no leader (leader epoch {state.leader_epoch}); replica kept" if changed else None,
+        )
+
+    def _step_down(self, state: PartitionState, role: Role, change: str | None) -> None:
+        """Take `state` in a role other than leader; log `change` (a role or epoch
+        change, None when there is none) with the log end offset and high watermark."""
         self._accept_state(state)
-        self.role = Role.OFFLINE
+        self.role = role
         self._drop_leader_state()
-        if changed:
+        if change is not None:
             log.info(
-                "%s: no leader (leader epoch %d); replica kept (LEO %d, HW %d)",
+                "%s: %s (LEO %d, HW %d)",
                 self.name,
-                self.leader_epoch,
+                change,
                 self.log.log_end_offset,
                 self.high_watermark,
             )

@@ -5,8 +5,10 @@ poll in order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 
 from client.consumer.partition_state import _Fetched
 from client.consumer.partition_state import _PartitionState
@@ -54,6 +56,22 @@ class Fetcher:
         except MinibrokerError as exc:
             log.debug("metadata refresh failed: %s", exc)
         self._expand_subscription()
+
+    @contextlib.contextmanager
+    def _background(
+        self, what: str, node: int, in_flight: dict[int, asyncio.Task[None]]
+    ) -> Iterator[None]:
+        """Around a background request to `node` (a fetch, a validation): an unexpected
+        error (a bug, corrupt data) is kept for poll() to raise; either way the node's
+        slot in `in_flight` is freed and a waiting poll() woken."""
+        try:
+            yield
+        except Exception as exc:
+            log.exception("%s broker %d failed", what, node)
+            self._pending_error = exc
+        finally:
+            in_flight.pop(node, None)
+            self._fetch_done.set()
 
     def _drain(self, limit: int) -> dict[TopicPartition, list[ConsumerRecord]]:
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
@@ -141,38 +159,31 @@ class Fetcher:
             topics=[FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
         )
         offsets = {tp: offset for tp, offset, _, _ in parts}
-        try:
-            response = await self._cluster.send(
-                node, request, timeout_ms=self.request_timeout_ms + self.fetch_max_wait_ms
-            )
-            assert isinstance(response, FetchResponse)
-            if response.error_code != ErrorCode.NONE:
-                raise error_for(response.error_code, f"Fetch refused by broker {node}")
-            for topic in response.responses:
-                for p in topic.partitions:
-                    tp = TopicPartition(topic.topic, p.partition_index)
-                    if tp in offsets:
-                        self._handle_partition(tp, offsets[tp], p)
-        except MinibrokerError as exc:
-            if not exc.retriable:
-                self._pending_error = exc
-            else:
-                log.info("fetch from broker %d failed: %s; backing off", node, exc)
-                until = time.monotonic() + self.retry_backoff_ms / 1000
-                for tp in offsets:
-                    state = self._states.get(tp)
-                    if state is not None:
-                        state.backoff_until = until
-                if exc.invalid_metadata:
-                    self._cluster.request_refresh()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a bug or corrupt data: surface it from poll()
-            log.exception("fetch from broker %d failed", node)
-            self._pending_error = exc
-        finally:
-            self._fetching.pop(node, None)
-            self._fetch_done.set()
+        with self._background("fetch from", node, self._fetching):
+            try:
+                response = await self._cluster.send(
+                    node, request, timeout_ms=self.request_timeout_ms + self.fetch_max_wait_ms
+                )
+                assert isinstance(response, FetchResponse)
+                if response.error_code != ErrorCode.NONE:
+                    raise error_for(response.error_code, f"Fetch refused by broker {node}")
+                for topic in response.responses:
+                    for p in topic.partitions:
+                        tp = TopicPartition(topic.topic, p.partition_index)
+                        if tp in offsets:
+                            self._handle_partition(tp, offsets[tp], p)
+            except MinibrokerError as exc:
+                if not exc.retriable:
+                    self._pending_error = exc
+                else:
+                    log.info("fetch from broker %d failed: %s; backing off", node, exc)
+                    until = time.monotonic() + self.retry_backoff_ms / 1000
+                    for tp in offsets:
+                        state = self._states.get(tp)
+                        if state is not None:
+                            state.backoff_until = until
+                    if exc.invalid_metadata:
+                        self._cluster.request_refresh()
 
     def _handle_partition(
         self, tp: TopicPartition, fetch_offset: int, p: FetchPartitionResponse

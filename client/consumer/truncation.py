@@ -4,7 +4,6 @@ and a truncated position raises LogTruncationError or resets per the policy."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from client.consumer.partition_state import _EPOCH_WAIT_MAX_BACKOFF_S
@@ -105,7 +104,7 @@ class TruncationValidation:
         consumed record) for each partition awaiting validation on leader `node`."""
         asked = {tp: (epoch, last_epoch) for tp, _, epoch, last_epoch in parts}
         sent = {tp: (offset, last_epoch) for tp, offset, _, last_epoch in parts}
-        try:
+        with self._background("validation with", node, self._validating):
             try:
                 outcomes = await ask_leader(
                     self._cluster, node, asked, timeout_ms=self.request_timeout_ms
@@ -114,14 +113,6 @@ class TruncationValidation:
                 outcomes = dict.fromkeys(asked, exc)
             for tp, outcome in outcomes.items():
                 self._handle_validation(tp, sent[tp], outcome)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a bug: surface it from poll()
-            log.exception("validation with broker %d failed", node)
-            self._pending_error = exc
-        finally:
-            self._validating.pop(node, None)
-            self._fetch_done.set()
 
     def _handle_validation(
         self, tp: TopicPartition, sent: tuple[int, int], outcome: EpochEndOffset | MinibrokerError
