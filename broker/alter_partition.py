@@ -18,7 +18,6 @@ manner of Kafka's AlterPartitionManager.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Awaitable
@@ -35,6 +34,7 @@ from protocol.messages import AlterPartitionRequest
 from protocol.messages import AlterPartitionResponse
 from protocol.messages import AlterPartitionTopic
 from protocol.messages import BrokerState
+from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,7 @@ class AlterPartitionManager:
 
     async def close(self) -> None:
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await cancel_and_wait([self._task])
         self._queued.clear()
         self._in_flight.clear()
 

@@ -29,7 +29,6 @@ fsync always runs in a worker thread (flush.messages, flush.ms, checkpoints).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -55,6 +54,7 @@ from broker.storage.errors import LogDirFailureError
 from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
 from broker.storage.log_manager import LogManager
+from runtime.tasks import cancel_and_wait
 
 # ---------------------------------------------------------------------- delayed ops
 
@@ -179,11 +179,7 @@ class ReplicaManager(ReplicaTransitions, AppendPath, ReadPath, IsrMaintenance, B
             await self._own_channel.close()
         self.fetch_purgatory.close()
         self.produce_purgatory.close()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         for lock in list(self._flush_locks.values()):
             async with lock:
                 pass

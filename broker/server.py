@@ -60,6 +60,7 @@ from runtime.settings import announce_test_switches
 from runtime.settings import refusal
 from runtime.settings import topic_defaults
 from runtime.settings import unsafe_switches_on
+from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -407,9 +408,7 @@ class Broker:
         stop_wait = asyncio.create_task(self.stopping.wait())
         await asyncio.wait({start, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         if not start.done():
-            start.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await start
+            await cancel_and_wait([start])
             log.info("start-up interrupted")
             await self.stop(controlled=False)
             stop_wait.cancel()
@@ -447,11 +446,7 @@ class Broker:
                 )
         if channel is not None:
             channel.stop_loops()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         for server in self.listeners:
             await server.close()
         if self.coordinator is not None:

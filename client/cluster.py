@@ -22,7 +22,6 @@ until the metadata has at least reached the epoch of the committed offset").
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -45,6 +44,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import Message
 from protocol.messages import MetadataRequest
 from protocol.messages import MetadataResponse
+from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -369,10 +369,7 @@ class ClusterClient:
     async def close(self) -> None:
         """Close every connection and background refresh."""
         self._closed = True
-        if self._refresh_task is not None:
-            self._refresh_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._refresh_task
+        await cancel_and_wait([self._refresh_task])
         conns = list(self._conns.values()) + list(self._bootstrap_conns.values())
         self._conns.clear()
         self._bootstrap_conns.clear()
