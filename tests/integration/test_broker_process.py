@@ -7,14 +7,12 @@ import asyncio
 import os
 import struct
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cluster import BrokerProcess
 from cluster import Cluster
 from cluster import TestClient
-from cluster import running_cluster
 
 from protocol.api import EARLIEST_TIMESTAMP
 from protocol.api import LATEST_TIMESTAMP
@@ -52,10 +50,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with running_cluster(tmp_path) as c:
-        c.start_controller()
-        yield c
+def cluster(cluster: Cluster) -> Cluster:
+    """conftest's cluster with its controller started."""
+    cluster.start_controller()
+    return cluster
 
 
 def batch(*values: bytes, timestamp: int | None = None) -> bytes:

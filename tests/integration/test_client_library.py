@@ -7,12 +7,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from cluster import Cluster
-from cluster import running_cluster
 
 from client.admin import AsyncAdmin
 from client.consumer import AsyncConsumer
@@ -28,12 +25,12 @@ TP = TopicPartition(TOPIC, 0)
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with running_cluster(tmp_path) as c:
-        c.start_controller(session_timeout_ms=3000)
-        for node in (1, 2, 3):
-            c.start_broker(node)
-        yield c
+def cluster(cluster: Cluster) -> Cluster:
+    """conftest's cluster with a controller (3 s sessions) and brokers 1, 2, 3."""
+    cluster.start_controller(session_timeout_ms=3000)
+    for node in (1, 2, 3):
+        cluster.start_broker(node)
+    return cluster
 
 
 def bootstrap(cluster: Cluster) -> str:

@@ -176,6 +176,14 @@ async def started(procs: list[ControllerProc], data_dir: Path, *extra: str) -> C
     return ctl
 
 
+async def started_with_client(
+    procs: list[ControllerProc], data_dir: Path, *extra: str
+) -> tuple[ControllerProc, Client]:
+    """`started`, and a client connected to it."""
+    ctl = await started(procs, data_dir, *extra)
+    return ctl, await Client.connect(ctl.port)
+
+
 async def register(client: Client, broker_id: int, incarnation: str) -> int:
     body = await client.ok(
         BrokerRegistrationRequest(
@@ -217,9 +225,9 @@ async def topic_state(client: Client) -> dict[tuple[str, int], tuple[int, int, l
 async def test_restart_after_kill9_keeps_state_and_never_reuses_epochs(
     tmp_path: Path, procs: list[ControllerProc]
 ) -> None:
-    ctl = await started(procs, tmp_path / "data", "--session-timeout-ms", "30000")
-    port = ctl.port
-    client = await Client.connect(port)
+    ctl, client = await started_with_client(
+        procs, tmp_path / "data", "--session-timeout-ms", "30000"
+    )
     inc1, inc2 = uuid.uuid4().hex, uuid.uuid4().hex
     e1 = await register(client, 1, inc1)
     e2 = await register(client, 2, inc2)
@@ -243,7 +251,7 @@ async def test_restart_after_kill9_keeps_state_and_never_reuses_epochs(
 
     ctl.kill9()
     await ctl.start()
-    client = await Client.connect(port)
+    client = await Client.connect(ctl.port)
     desc2 = await client.ok(DescribeClusterRequest())
     assert isinstance(desc2, DescribeClusterResponse)
     assert desc2.cluster_id == desc.cluster_id
@@ -276,7 +284,7 @@ async def test_restart_after_kill9_keeps_state_and_never_reuses_epochs(
     assert ctl.terminate() == 0
     assert "controller 0 stopped" in ctl.log_text()
     await ctl.start()
-    client = await Client.connect(port)
+    client = await Client.connect(ctl.port)
     desc3 = await client.ok(DescribeClusterRequest())
     assert isinstance(desc3, DescribeClusterResponse)
     assert [(b.broker_id, b.broker_epoch) for b in desc3.brokers] == [(1, e1b), (2, e2)]
@@ -358,9 +366,7 @@ async def test_bad_input_does_not_disturb_other_clients(
 async def test_silent_broker_is_fenced_after_session_timeout(
     tmp_path: Path, procs: list[ControllerProc]
 ) -> None:
-    ctl = await started(procs, tmp_path / "data", "--session-timeout-ms", "500")
-    port = ctl.port
-    client = await Client.connect(port)
+    ctl, client = await started_with_client(procs, tmp_path / "data", "--session-timeout-ms", "500")
     epoch = await register(client, 1, uuid.uuid4().hex)
     await unfence(client, 1, epoch)
     deadline = time.monotonic() + 10

@@ -8,13 +8,9 @@ partition's good records without an error, and the broker keeps serving."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from cluster import Cluster
 from cluster import TestClient
-from cluster import running_cluster
 
 from client.admin import AsyncAdmin
 from client.consumer import AsyncConsumer
@@ -38,11 +34,11 @@ TP = TopicPartition(TOPIC, 0)
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with running_cluster(tmp_path) as c:
-        c.start_controller()
-        c.start_broker(1)
-        yield c
+def cluster(cluster: Cluster) -> Cluster:
+    """conftest's cluster with a controller and broker 1."""
+    cluster.start_controller()
+    cluster.start_broker(1)
+    return cluster
 
 
 def the_issues_batches() -> list[tuple[str, bytes, ErrorCode, str]]:

@@ -9,14 +9,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.integration.cluster import REPO
 from tests.integration.cluster import Cluster
-from tests.integration.cluster import running_cluster
 
 README_ADDRESS = "127.0.0.1:9092"
 
@@ -48,12 +45,12 @@ def run_readme_block(block: str, bootstrap: str, timeout_s: float) -> str:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with running_cluster(tmp_path) as c:
-        c.start_controller()
-        for node in (1, 2, 3):
-            c.start_broker(node)
-        yield c
+def cluster(cluster: Cluster) -> Cluster:
+    """conftest's cluster with a controller and brokers 1, 2, 3."""
+    cluster.start_controller()
+    for node in (1, 2, 3):
+        cluster.start_broker(node)
+    return cluster
 
 
 def test_readme_has_examples() -> None:

@@ -10,9 +10,11 @@ Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from collections.abc import Callable
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,6 +56,13 @@ LAG_MS = 3000
 BROKER_FLAGS = ("--replica-lag-time-max-ms", str(LAG_MS))
 
 
+def flags_under_test(protection: str, unsafe_switch: str, *flags: str) -> list[str]:
+    """A process's flags in an on/off scenario: test faults on, `flags`, and with
+    protection "off" the unsafe switch that turns the protection off."""
+    unsafe = [unsafe_switch] if protection == "off" else []
+    return ["--enable-test-faults", *flags, *unsafe]
+
+
 async def wait_until(what: str, check, *, timeout: float = 20.0):
     """Poll the async `check` until it returns a truthy value (bounded)."""
     deadline = time.monotonic() + timeout
@@ -85,16 +94,22 @@ def scenario_cluster(root: Path) -> Iterator[ScenarioCluster]:
 class ScenarioCluster(Cluster):
     # ------------------------------------------------------------ addresses
 
-    def start_three_brokers(self, *broker_flags: str, session_timeout_ms: int) -> None:
-        """The controller (test faults on) and brokers 1, 2 and 3 with `broker_flags`."""
-        self.start_controller("--enable-test-faults", session_timeout_ms=session_timeout_ms)
-        for node in (1, 2, 3):
+    def start_three_brokers(
+        self, *broker_flags: str, session_timeout_ms: int, controller_faults: bool = True
+    ) -> None:
+        """The controller (test faults on unless `controller_faults` is False) and
+        brokers 1, 2 and 3 with `broker_flags`."""
+        flags = ("--enable-test-faults",) if controller_faults else ()
+        self.start_controller(*flags, session_timeout_ms=session_timeout_ms)
+        for node in NODES:
             self.start_broker(node, *broker_flags)
 
-    async def create_on_three(self, topic: str) -> None:
-        """`topic`: one partition on brokers 1, 2, 3 (min.insync.replicas 1), all in sync."""
-        await self.create_topic(topic, replicas=[1, 2, 3], configs={"min.insync.replicas": "1"})
-        await self.wait_isr(topic, {1, 2, 3})
+    async def create_on_three(self, topic: str, *, min_insync: int = 1) -> None:
+        """`topic`: one partition on brokers 1, 2, 3 with `min_insync`, all in sync."""
+        await self.create_topic(
+            topic, replicas=NODES, configs={"min.insync.replicas": str(min_insync)}
+        )
+        await self.wait_isr(topic, set(NODES))
 
     def live_broker(self, but: int | None = None) -> tuple[str, int]:
         for node, proc in sorted(self.brokers.items()):
@@ -275,6 +290,15 @@ class ScenarioCluster(Cluster):
         assert isinstance(resp, FaultControlResponse)
         assert resp.error_code == 0, resp.error_message
         return resp
+
+    @contextlib.asynccontextmanager
+    async def faults_cleared_after(self) -> AsyncIterator[None]:
+        """Around a test that injects controller faults: they are cleared at its end, pass
+        or fail, so held requests are let go and the brokers can stop cleanly."""
+        try:
+            yield
+        finally:
+            await self.faults("controller", clear=True)
 
     async def wait_held(self, what: str = "the request", *, timeout: float = 30.0) -> None:
         """Until the controller has parked a request (a "hold" fault rule)."""

@@ -112,12 +112,9 @@ async def wait_converged(c: ScenarioCluster, end: int, timeout: float = 30.0) ->
 
 async def test_epoch_caches_and_logs_agree_after_scripted_leader_bounces(tmp_path: Path) -> None:
     with scenario_cluster(tmp_path) as c:
-        c.start_controller(session_timeout_ms=SESSION_MS)
-        for n in NODES:
-            c.start_broker(n, *BROKER_FLAGS)
-        await c.create_topic(TOPIC, replicas=NODES, configs={"min.insync.replicas": "2"})
+        c.start_three_brokers(*BROKER_FLAGS, session_timeout_ms=SESSION_MS, controller_faults=False)
+        await c.create_on_three(TOPIC, min_insync=2)
         p = await c.wait_leader(TOPIC, 1)
-        await c.wait_isr(TOPIC, set(NODES))
         w = Writer(c)
         await w.write(p.leader_id, p.leader_epoch, PER_EPOCH)
         epochs_seen = [p.leader_epoch]

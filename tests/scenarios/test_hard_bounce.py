@@ -130,12 +130,9 @@ async def read_log(c: ScenarioCluster, node: int) -> list[tuple[int, bytes]]:
 
 async def test_acknowledged_writes_survive_five_leader_hard_bounces(tmp_path: Path) -> None:
     with scenario_cluster(tmp_path) as c:
-        c.start_controller(session_timeout_ms=SESSION_MS)
-        for n in NODES:
-            c.start_broker(n, *BROKER_FLAGS)
-        await c.create_topic(TOPIC, replicas=NODES, configs={"min.insync.replicas": "2"})
+        c.start_three_brokers(*BROKER_FLAGS, session_timeout_ms=SESSION_MS, controller_faults=False)
+        await c.create_on_three(TOPIC, min_insync=2)
         p = await c.wait_leader(TOPIC)
-        await c.wait_isr(TOPIC, set(NODES))
 
         producer = Producer(c)
         # Several sends in flight at once, so a kill catches some of them mid-way.

@@ -131,7 +131,7 @@ async def test_client_keeps_fresher_view_against_lagging_broker(
     """Protection ON (the default)."""
     caplog.set_level(logging.INFO, logger="client")
     with scenario_cluster(tmp_path) as c:
-        try:
+        async with c.faults_cleared_after():
             staged = await stage_lagging_old_leader(c)
             consumer = await consumer_at_new_leader(c, staged, unsafe_accept_stale_metadata=False)
             async with consumer:
@@ -157,8 +157,6 @@ async def test_client_keeps_fresher_view_against_lagging_broker(
                 assert (await consumer.position(TP)) == done + len(third)
                 assert "reset position" not in caplog.text
                 assert "truncation" not in caplog.text
-        finally:
-            await c.faults("controller", clear=True)
 
 
 async def test_stale_metadata_misleads_client_without_kip232(
@@ -172,7 +170,7 @@ async def test_stale_metadata_misleads_client_without_kip232(
     and goes on once a refresh shows broker 2 again: nothing is lost or re-read."""
     caplog.set_level(logging.INFO, logger="client")
     with scenario_cluster(tmp_path) as c:
-        try:
+        async with c.faults_cleared_after():
             staged = await stage_lagging_old_leader(c)
             consumer = await consumer_at_new_leader(c, staged, unsafe_accept_stale_metadata=True)
             async with consumer:
@@ -197,5 +195,3 @@ async def test_stale_metadata_misleads_client_without_kip232(
                 assert "reset position" not in caplog.text
                 values = await c.read_values(NEW_LEADER, TOPIC, replica=False)
                 assert values == staged.values + third
-        finally:
-            await c.faults("controller", clear=True)

@@ -47,6 +47,7 @@ import pytest
 
 from protocol.api import ApiKey
 from tests.scenarios.scenario_cluster import FaultRule
+from tests.scenarios.scenario_cluster import flags_under_test
 from tests.scenarios.scenario_cluster import scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(120)]
@@ -67,12 +68,12 @@ def heartbeats_dropped(node: int, times: int = -1) -> FaultRule:
 async def test_zombie_replica_with_stale_metadata_is_fenced_and_kept_out_of_isr(
     tmp_path: Path, protection: str
 ) -> None:
-    broker_flags = ["--enable-test-faults", "--replica-lag-time-max-ms", str(LAG_MS)]
-    if protection == "off":
-        broker_flags.append("--unsafe-ignore-leader-epoch")
+    broker_flags = flags_under_test(
+        protection, "--unsafe-ignore-leader-epoch", "--replica-lag-time-max-ms", str(LAG_MS)
+    )
     with scenario_cluster(tmp_path) as c:
         c.start_three_brokers(*broker_flags, session_timeout_ms=SESSION_MS)
-        try:
+        async with c.faults_cleared_after():
             await c.create_on_three(TOPIC)
             start = await c.wait_leader(TOPIC, 1)
             epoch = start.leader_epoch
@@ -131,5 +132,3 @@ async def test_zombie_replica_with_stale_metadata_is_fenced_and_kept_out_of_isr(
                 assert zombie_view.leader_epoch == epoch
                 assert await c.read_values(ZOMBIE, TOPIC) == [b"a", b"b", b"c"]
                 assert "FENCED_LEADER_EPOCH" not in c.brokers[ZOMBIE].log_text()
-        finally:
-            await c.faults("controller", clear=True)

@@ -37,6 +37,7 @@ import pytest
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from tests.scenarios.scenario_cluster import FaultRule
+from tests.scenarios.scenario_cluster import flags_under_test
 from tests.scenarios.scenario_cluster import scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(120)]
@@ -51,12 +52,10 @@ NEW = 2
 async def test_deposed_leader_refuses_produce_with_new_epoch(
     tmp_path: Path, protection: str
 ) -> None:
-    broker_flags = ["--enable-test-faults"]
-    if protection == "off":
-        broker_flags.append("--unsafe-ignore-leader-epoch")
+    broker_flags = flags_under_test(protection, "--unsafe-ignore-leader-epoch")
     with scenario_cluster(tmp_path) as c:
         c.start_three_brokers(*broker_flags, session_timeout_ms=SESSION_MS)
-        try:
+        async with c.faults_cleared_after():
             await c.create_on_three(TOPIC)
             epoch = (await c.wait_leader(TOPIC, STALE)).leader_epoch
             first = await c.produce(STALE, TOPIC, [b"committed"], current_leader_epoch=epoch)
@@ -119,5 +118,3 @@ async def test_deposed_leader_refuses_produce_with_new_epoch(
             # protection off that acknowledged record is lost.
             assert b"to-deposed-leader" not in new_log
             assert new_log[0] == b"committed"
-        finally:
-            await c.faults("controller", clear=True)

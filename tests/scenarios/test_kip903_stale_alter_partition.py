@@ -46,6 +46,7 @@ from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from tests.scenarios.scenario_cluster import FaultRule
 from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import flags_under_test
 from tests.scenarios.scenario_cluster import scenario_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout(120)]
@@ -67,14 +68,12 @@ def broker_epoch(c: ScenarioCluster, node: int) -> int:
 async def test_alter_partition_with_stale_broker_epoch_after_disk_wipe_is_refused(
     tmp_path: Path, protection: str
 ) -> None:
-    controller_flags = ["--enable-test-faults"]
-    if protection == "off":
-        controller_flags.append("--unsafe-ignore-broker-epochs")
+    controller_flags = flags_under_test(protection, "--unsafe-ignore-broker-epochs")
     with scenario_cluster(tmp_path) as c:
         controller = c.start_controller(*controller_flags, session_timeout_ms=SESSION_MS)
         c.start_broker(A, *BROKER_FLAGS)
         c.start_broker(B, *BROKER_FLAGS)
-        try:
+        async with c.faults_cleared_after():
             await c.create_topic(TOPIC, replicas=[A, B], configs={"min.insync.replicas": "1"})
             await c.wait_isr(TOPIC, {A, B})
             await c.wait_leader(TOPIC, A)
@@ -148,5 +147,3 @@ async def test_alter_partition_with_stale_broker_epoch_after_disk_wipe_is_refuse
                 assert await c.read_values(B, TOPIC) == []
                 produced = await c.produce(B, TOPIC, [b"after"], acks=1)
                 assert produced.error_code == ErrorCode.NONE and produced.base_offset == 0
-        finally:
-            await c.faults("controller", clear=True)
