@@ -369,14 +369,22 @@ class ProcessBackend(Backend):
 # ------------------------------------------------------------------ docker compose
 
 
+def run_command(
+    args: list[str], *, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`args` run to its end from the repository (bounded by `timeout`), its output
+    captured as text; a failure is the caller's to read from the return code."""
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, check=False
+    )
+
+
 def compose_command() -> list[str] | None:
     """`docker compose` (v2 plugin) if it works, else `docker-compose`, else None."""
     if shutil.which("docker") is None:
         return None
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        r = subprocess.run(
-            ["docker", "compose", "version"], capture_output=True, timeout=20, check=False
-        )
+        r = run_command(["docker", "compose", "version"], timeout=20)
         if r.returncode == 0:
             return ["docker", "compose"]
     if shutil.which("docker-compose") is not None:
@@ -390,13 +398,7 @@ def docker_unavailable(image: str | None = DEFAULT_IMAGE) -> str | None:
     if shutil.which("docker") is None:
         return "the docker CLI is not installed"
     try:
-        r = subprocess.run(
-            ["docker", "version", "--format", "{{.Server.Version}}"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
+        r = run_command(["docker", "version", "--format", "{{.Server.Version}}"], timeout=20)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"cannot run docker: {exc}"
     if r.returncode != 0:
@@ -405,9 +407,7 @@ def docker_unavailable(image: str | None = DEFAULT_IMAGE) -> str | None:
         return "neither `docker compose` nor `docker-compose` is installed"
     if image is None:
         return None
-    r = subprocess.run(
-        ["docker", "image", "inspect", image], capture_output=True, timeout=20, check=False
-    )
+    r = run_command(["docker", "image", "inspect", image], timeout=20)
     if r.returncode != 0:
         return f"the image {image} is missing: build it with docker/build-images.sh"
     return None
@@ -478,15 +478,7 @@ class DockerBackend(Backend):
         self, args: list[str], *, timeout: float = 120.0, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         def run() -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                args,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                env=self._env(),
-                check=False,
-                cwd=REPO,
-            )
+            return run_command(args, timeout=timeout, env=self._env())
 
         try:
             r = await asyncio.to_thread(run)
@@ -656,23 +648,11 @@ class DockerBackend(Backend):
         self._down = True
         env = self._env()
         # Paused containers cannot be stopped: unpause them first.
-        r = subprocess.run(
-            self._compose_args("ps", "-a", "-q"),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-            check=False,
-        )
+        r = run_command(self._compose_args("ps", "-a", "-q"), timeout=60, env=env)
         for cid in r.stdout.split():
-            subprocess.run(["docker", "unpause", cid], capture_output=True, timeout=30, check=False)
-        r = subprocess.run(
-            self._compose_args("down", "-v", "--remove-orphans", "-t", "5"),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=180,
-            check=False,
+            run_command(["docker", "unpause", cid], timeout=30)
+        r = run_command(
+            self._compose_args("down", "-v", "--remove-orphans", "-t", "5"), timeout=180, env=env
         )
         if r.returncode != 0:
             log.error("docker compose down failed for %s: %s", self.project, r.stderr.strip())

@@ -592,6 +592,23 @@ def _check_consumer(
         offs = offsets.get(p, [])
         return offs[bisect.bisect_left(offs, lo) : bisect.bisect_left(offs, hi)]
 
+    def check_next(
+        proc: Any, op_index: int, p: int, o: int, *, since: int, want: int, **why: str
+    ) -> None:
+        """A polled offset `o` where `want` was due (reported against `since`): below
+        it the consumer went back; above it, records that exist in between were skipped.
+        `why` (below=, skipped=): the words each anomaly carries."""
+        report: dict[str, Any] = {"process": proc, "partition": p, "offsets": [since, o]}
+        if o < want:
+            words = {"why": why["below"]} if "below" in why else {}
+            an.add("nonmonotonic-poll", {**report, **words, "op": op_index})
+        elif o > want and (gap := existing_between(p, want, o)):
+            words = {"why": why["skipped"]} if "skipped" in why else {}
+            an.add(
+                "poll-skip",
+                {**report, **words, "skipped": len(gap), "first-skipped": gap[:5], "op": op_index},
+            )
+
     def first_divergence(p: int) -> int | None:
         fin = final.get(p)
         if not final_seen or fin is None:
@@ -641,53 +658,18 @@ def _check_consumer(
         for p, o, v, *_ in op.values or ():
             prev = last.get(p)
             if prev is not None:
-                if o <= prev:
-                    an.add(
-                        "nonmonotonic-poll",
-                        {"process": proc, "partition": p, "offsets": [prev, o], "op": op.index},
-                    )
-                elif o > prev + 1:
-                    gap = existing_between(p, prev + 1, o)
-                    if gap:
-                        an.add(
-                            "poll-skip",
-                            {
-                                "process": proc,
-                                "partition": p,
-                                "offsets": [prev, o],
-                                "skipped": len(gap),
-                                "first-skipped": gap[:5],
-                                "op": op.index,
-                            },
-                        )
+                check_next(proc, op.index, p, o, since=prev, want=prev + 1)
             elif p in expect:
-                start = expect[p]
-                if o < start:
-                    an.add(
-                        "nonmonotonic-poll",
-                        {
-                            "process": proc,
-                            "partition": p,
-                            "offsets": [start, o],
-                            "why": "read below the position it seeked to",
-                            "op": op.index,
-                        },
-                    )
-                elif o > start:
-                    gap = existing_between(p, start, o)
-                    if gap:
-                        an.add(
-                            "poll-skip",
-                            {
-                                "process": proc,
-                                "partition": p,
-                                "offsets": [start, o],
-                                "why": "first record after a seek",
-                                "skipped": len(gap),
-                                "first-skipped": gap[:5],
-                                "op": op.index,
-                            },
-                        )
+                check_next(
+                    proc,
+                    op.index,
+                    p,
+                    o,
+                    since=expect[p],
+                    want=expect[p],
+                    below="read below the position it seeked to",
+                    skipped="first record after a seek",
+                )
             last[p] = o
             expect.pop(p, None)
             lineage[p][o] = v

@@ -36,11 +36,11 @@ from client.errors import MinibrokerError
 
 from . import checker
 from . import replicas
-from .backends import REPO
 from .backends import Backend
 from .backends import ClusterSettings
 from .backends import DockerBackend
 from .backends import ProcessBackend
+from .backends import run_command
 from .backends import unsupported_faults
 from .history import History
 from .nemesis import Nemesis
@@ -282,14 +282,7 @@ def run_once(cfg: RunConfig, out_dir: Path, *, name: str | None = None) -> dict[
 def _source_version() -> str | None:
     """`git describe --always --dirty` of the repository (what the process backend ran)."""
     try:
-        r = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=REPO,
-            check=False,
-        )
+        r = run_command(["git", "describe", "--always", "--dirty"], timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return r.stdout.strip() or None

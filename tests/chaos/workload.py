@@ -34,8 +34,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from typing import TypeVar
 
 from client import AsyncAdmin
 from client import AsyncConsumer
@@ -56,6 +59,8 @@ from .history import PRODUCER_START
 from .history import SEEK_BEGINNING
 from .history import History
 from .history import Record
+
+C = TypeVar("C", AsyncProducer, AsyncConsumer)
 
 log = logging.getLogger(__name__)
 
@@ -266,14 +271,19 @@ class Workload:
             retry_backoff_ms=100,
             metadata_max_age_ms=5_000,
         )
+        return await self._started(producer, lambda: producer.close(timeout_ms=0))
+
+    async def _started(self, client: C, close: Callable[[], Awaitable[None]]) -> C:
+        """`client` started within three request timeouts; closed (a failure to close
+        ignored) when it does not start."""
         try:
-            async with asyncio.timeout(cfg.request_timeout_ms / 1000 * 3):
-                await producer.start()
+            async with asyncio.timeout(self.config.request_timeout_ms / 1000 * 3):
+                await client.start()
         except BaseException:
             with contextlib.suppress(Exception):
-                await producer.close(timeout_ms=0)
+                await close()
             raise
-        return producer
+        return client
 
     async def _producer(self, worker: int) -> None:
         """One producer shared by `in_flight` lanes (each a logical process)."""
@@ -379,13 +389,7 @@ class Workload:
             request_timeout_ms=cfg.request_timeout_ms,
             retry_backoff_ms=100,
         )
-        try:
-            async with asyncio.timeout(cfg.request_timeout_ms / 1000 * 3):
-                await consumer.start()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await consumer.close()
-            raise
+        await self._started(consumer, consumer.close)
         consumer.assign(self.tps)
         consumer.seek_to_beginning(*self.tps)
         for tp in self.tps:

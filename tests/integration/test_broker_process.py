@@ -8,6 +8,7 @@ import os
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster import BrokerProcess
@@ -94,34 +95,17 @@ async def wait_for_leaders(
         await asyncio.sleep(0.1)
 
 
-async def produce(
-    client: TestClient,
-    topic: str,
-    records: bytes,
-    *,
-    index: int = 0,
-    epoch: int = -1,
-    acks: int = 1,
-):
-    request = produce_request(topic, records, index=index, epoch=epoch, acks=acks, timeout_ms=5000)
+async def produce(client: TestClient, topic: str, records: bytes, **options: Any):
+    """The partition's answer to produce_request(**options) (acks 1 unless given)."""
+    request = produce_request(topic, records, **{"acks": 1, "timeout_ms": 5000, **options})
     resp = await client.call(request)
     assert isinstance(resp, ProduceResponse)
     return resp.topics[0].partitions[0]
 
 
-async def fetch(
-    client: TestClient,
-    topic: str,
-    offset: int,
-    *,
-    index: int = 0,
-    epoch: int = -1,
-    last_epoch: int = -1,
-    max_wait_ms: int = 0,
-):
-    request = fetch_request(
-        topic, offset, index=index, epoch=epoch, last_epoch=last_epoch, max_wait_ms=max_wait_ms
-    )
+async def fetch(client: TestClient, topic: str, offset: int, **options: Any):
+    """The partition's answer to fetch_request(**options) (no wait unless given)."""
+    request = fetch_request(topic, offset, **{"max_wait_ms": 0, **options})
     resp = await client.call(request)
     assert isinstance(resp, FetchResponse)
     return resp.responses[0].partitions[0]
