@@ -331,15 +331,9 @@ def expected_records(items, base_offset: int) -> list[Record]:
     ),
 )
 def test_round_trip_every_codec(codec: Compression, items, base_offset, epoch, producer) -> None:
-    producer_id, producer_epoch, base_sequence = producer
+    fields = dict(zip(("producer_id", "producer_epoch", "base_sequence"), producer, strict=True))
     batch = rb.encode_batch(
-        items,
-        base_offset=base_offset,
-        compression=codec,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        partition_leader_epoch=epoch,
+        items, base_offset=base_offset, compression=codec, partition_leader_epoch=epoch, **fields
     )
     header = rb.validate_batch(batch)
     assert header.size == len(batch)
