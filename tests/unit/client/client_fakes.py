@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
+from typing import Any
+from typing import TypeVar
 
 from protocol.connection import RejectedRequest
 from protocol.connection import Request
@@ -165,6 +168,21 @@ class FakePartition:
         if current < self.leader_epoch:
             return ErrorCode.FENCED_LEADER_EPOCH
         return ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+R = TypeVar("R")
+
+
+def answer_each(
+    topics: Iterable[Any], name_field: str, answer: Callable[[str, Any], R]
+) -> list[tuple[str, list[R]]]:
+    """(topic name, `answer(name, partition)` for each of its partitions) per requested
+    topic; `name_field`: where the request's topic entries keep the name."""
+    answers = []
+    for topic in topics:
+        name = getattr(topic, name_field)
+        answers.append((name, [answer(name, p) for p in topic.partitions]))
+    return answers
 
 
 class FakeBroker:
@@ -330,13 +348,9 @@ class FakeBroker:
         return part, part.check_epoch(current_leader_epoch)
 
     def produce(self, req: ProduceRequest) -> ProduceResponse:
+        answers = answer_each(req.topics, "name", self._produce_one)
         return ProduceResponse(
-            topics=[
-                ProduceTopicResponse(
-                    name=t.name, partitions=[self._produce_one(t.name, p) for p in t.partitions]
-                )
-                for t in req.topics
-            ]
+            topics=[ProduceTopicResponse(name=n, partitions=a) for n, a in answers]
         )
 
     def _produce_one(self, topic: str, p: ProducePartition) -> ProducePartitionResponse:
@@ -376,13 +390,9 @@ class FakeBroker:
         return ProducePartitionResponse(index=p.index, base_offset=base, log_start_offset=0)
 
     def fetch(self, req: FetchRequest) -> FetchResponse:
+        answers = answer_each(req.topics, "topic", self._fetch_one)
         return FetchResponse(
-            responses=[
-                FetchTopicResponse(
-                    topic=t.topic, partitions=[self._fetch_one(t.topic, p) for p in t.partitions]
-                )
-                for t in req.topics
-            ]
+            responses=[FetchTopicResponse(topic=n, partitions=a) for n, a in answers]
         )
 
     def _fetch_one(self, topic: str, p: FetchPartition) -> FetchPartitionResponse:
@@ -403,14 +413,9 @@ class FakeBroker:
     def offsets_for_leader_epoch(
         self, req: OffsetForLeaderEpochRequest
     ) -> OffsetForLeaderEpochResponse:
+        answers = answer_each(req.topics, "topic", self._epoch_end_one)
         return OffsetForLeaderEpochResponse(
-            topics=[
-                OffsetForLeaderTopicResult(
-                    topic=t.topic,
-                    partitions=[self._epoch_end_one(t.topic, p) for p in t.partitions],
-                )
-                for t in req.topics
-            ]
+            topics=[OffsetForLeaderTopicResult(topic=n, partitions=a) for n, a in answers]
         )
 
     def _epoch_end_one(self, topic: str, p: OffsetForLeaderPartition) -> EpochEndOffsetResult:
