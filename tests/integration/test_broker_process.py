@@ -61,7 +61,10 @@ def batch(*values: bytes, timestamp: int | None = None) -> bytes:
     return encode_batch([(None, v, (), timestamp) for v in values])
 
 
-async def create_topic(client: TestClient, name: str, partitions: int = 1, **configs: str) -> None:
+async def create_topic(
+    client: TestClient, name: str, partitions: int = 1, **configs: str
+) -> MetadataResponse:
+    """Create `name` and wait until every partition has a leader (its metadata then)."""
     resp = await client.call(
         CreateTopicsRequest(
             topics=[
@@ -73,6 +76,7 @@ async def create_topic(client: TestClient, name: str, partitions: int = 1, **con
     )
     assert isinstance(resp, CreateTopicsResponse)
     assert resp.topics[0].error_code == 0, resp.topics[0].error_message
+    return await wait_for_leaders(client, name)
 
 
 async def wait_for_leaders(
@@ -145,8 +149,7 @@ async def test_single_broker_serves_the_data_path(cluster: Cluster) -> None:
         assert first.error_code == second.error_code == ErrorCode.NONE
         assert (first.producer_epoch, second.producer_id) == (0, first.producer_id + 1)
 
-        await create_topic(client, "orders", partitions=2)
-        md = await wait_for_leaders(client, "orders")
+        md = await create_topic(client, "orders", partitions=2)
         assert [(b.node_id, b.host, b.port) for b in md.brokers] == [(1, *broker.address)]
         assert all(p.leader_id == 1 and p.isr_nodes == [1] for p in md.topics[0].partitions)
         epoch = md.topics[0].partitions[0].leader_epoch
@@ -203,8 +206,7 @@ async def test_single_broker_serves_the_data_path(cluster: Cluster) -> None:
 async def test_leader_epoch_fencing(cluster: Cluster) -> None:
     broker = cluster.start_broker(1)
     async with TestClient(*broker.address) as client:
-        await create_topic(client, "t")
-        md = await wait_for_leaders(client, "t")
+        md = await create_topic(client, "t")
         epoch = md.topics[0].partitions[0].leader_epoch
         await produce(client, "t", batch(b"x"))
         cases = {
@@ -243,8 +245,7 @@ async def test_leader_epoch_fencing(cluster: Cluster) -> None:
 async def test_kill_9_keeps_acknowledged_records_and_bumps_the_epoch(cluster: Cluster) -> None:
     broker = cluster.start_broker(1)
     async with TestClient(*broker.address) as client:
-        await create_topic(client, "durable")
-        md = await wait_for_leaders(client, "durable")
+        md = await create_topic(client, "durable")
         first_epoch = md.topics[0].partitions[0].leader_epoch
         acked: list[bytes] = []
         for i in range(50):
@@ -283,7 +284,6 @@ async def test_sigterm_is_a_clean_shutdown(cluster: Cluster) -> None:
     broker = cluster.start_broker(1)
     async with TestClient(*broker.address) as client:
         await create_topic(client, "t")
-        await wait_for_leaders(client, "t")
         await produce(client, "t", batch(b"x"))
     assert broker.terminate() == 0
     assert (broker.data_dir / ".clean-shutdown").exists()
@@ -298,8 +298,7 @@ async def test_topic_deleted_while_down_is_removed_at_restart(cluster: Cluster) 
     b1 = cluster.start_broker(1)
     b2 = cluster.start_broker(2)
     async with TestClient(*b1.address) as client:
-        await create_topic(client, "spread", partitions=4)
-        md = await wait_for_leaders(client, "spread")
+        md = await create_topic(client, "spread", partitions=4)
         assert {b.node_id: (b.host, b.port) for b in md.brokers} == {
             1: b1.address,
             2: b2.address,
@@ -330,7 +329,6 @@ async def test_bad_input_never_takes_the_broker_down(cluster: Cluster) -> None:
     host, port = broker.address
     async with TestClient(host, port) as healthy:
         await create_topic(healthy, "t")
-        await wait_for_leaders(healthy, "t")
 
         async def raw(data: bytes) -> bytes:
             reader, writer = await asyncio.open_connection(host, port)
@@ -470,7 +468,6 @@ async def test_broker_rides_out_a_controller_restart(cluster: Cluster) -> None:
     broker = cluster.start_broker(1)
     async with TestClient(*broker.address) as client:
         await create_topic(client, "before")
-        await wait_for_leaders(client, "before")
         await produce(client, "before", batch(b"1"))
         assert cluster.controller is not None
         assert cluster.controller.terminate() == 0
@@ -478,7 +475,6 @@ async def test_broker_rides_out_a_controller_restart(cluster: Cluster) -> None:
         assert (await produce(client, "before", batch(b"2"))).error_code == 0
         cluster.start_controller()
         await create_topic(client, "after")
-        await wait_for_leaders(client, "after")
         assert (await produce(client, "after", batch(b"3"))).error_code == 0
         assert values((await fetch(client, "before", 0)).records) == [b"1", b"2"]
     assert broker.alive
