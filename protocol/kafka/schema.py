@@ -162,6 +162,11 @@ class Field:
     to_native: Callable[[Any], Any] | None = None
     from_native: Callable[[Any], Any] | None = None
 
+    def __post_init__(self) -> None:
+        # An unmapped field is written as its default: a fixed-size one needs a value.
+        if not self.mapped and self.default is None and isinstance(self.type, _Fixed | _Bool):
+            raise ValueError(f"field {self.name}: unmapped, so it needs a default to write")
+
 
 class _Plan:
     """The fields of one struct at one version: regular ones in order, tagged by tag."""
