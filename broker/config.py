@@ -86,6 +86,15 @@ def parse_listeners(value: str, *, option: str = "--listeners") -> list[Listener
     return out
 
 
+def parse_listener_names(value: str, *, option: str = "--kafka-listeners") -> tuple[str, ...]:
+    """Parse `NAME[,NAME...]` (listener names, any case)."""
+    names = tuple(n.strip().upper() for n in value.split(",") if n.strip())
+    for name in names:
+        if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+            raise ConfigError(f"{option}: {name!r} is not a listener name")
+    return names
+
+
 @dataclass(frozen=True, kw_only=True)
 class BrokerConfig:
     node_id: int = setting(minimum=0, doc="Broker id, >= 0.")
@@ -101,6 +110,14 @@ class BrokerConfig:
         shown_default="the listeners",
         doc="NAME://HOST:PORT clients are told to use, per listener name (a client gets "
         "the address of the listener it came in on).",
+    )
+    kafka_listeners: tuple[str, ...] = setting(
+        "",
+        parse=parse_listener_names,
+        shown_default="none",
+        doc="Names of --listeners that speak Apache Kafka's protocol (for Kafka clients "
+        "and tools) instead of minibroker's; not the first listener: brokers replicate "
+        "over it.",
     )
     controller: tuple[str, int] = setting(
         "127.0.0.1:9093", parse=parse_host_port, doc="HOST:PORT of the controller."
@@ -248,10 +265,21 @@ class BrokerConfig:
             self.connection_limits()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        names = [spec.name for spec in self.listeners]
+        unknown = [n for n in self.kafka_listeners if n not in names]
+        if unknown:
+            raise ConfigError(
+                f"--kafka-listeners: {', '.join(unknown)} not among --listeners "
+                f"({', '.join(names)})"
+            )
+        if names[0] in self.kafka_listeners:
+            raise ConfigError(
+                f"--kafka-listeners: {names[0]} is the first listener, which brokers "
+                "replicate over in minibroker's protocol; list a native listener first"
+            )
         if self.advertised_listeners is not None:
-            names = {spec.name for spec in self.listeners}
             adv = {spec.name for spec in self.advertised_listeners}
-            if names != adv:
+            if set(names) != adv:
                 raise ConfigError(
                     "--advertised-listeners must name the same listeners as --listeners "
                     f"({', '.join(sorted(names))}), got {', '.join(sorted(adv))}"

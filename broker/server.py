@@ -52,7 +52,9 @@ from broker.storage.errors import os_error_advice
 from broker.storage.log import LogConfig
 from broker.storage.log_manager import LogManager
 from broker.storage.meta_properties import MetaProperties
+from protocol.connection import NATIVE
 from protocol.connection_limits import ConnectionTable
+from protocol.kafka.codec import KAFKA
 from protocol.messages import FetchMetadataResponse
 from protocol.messages import Listener
 from runtime.server import ListenerServer
@@ -316,6 +318,7 @@ class Broker:
                 table=table,
                 response_reservation=self.replica_manager.fetch_reservation,
                 faults=self.faults,
+                codec=KAFKA if spec.name in self.config.kafka_listeners else NATIVE,
             )
             try:
                 bound[spec.name] = await server.bind()

@@ -15,6 +15,7 @@ import os
 import struct
 from collections.abc import Callable
 from typing import NamedTuple
+from typing import Protocol
 
 import msgspec
 
@@ -156,6 +157,86 @@ def _error_response(correlation_id: int, error: ErrorCode, message: str) -> list
     )
 
 
+# ------------------------------------------------------------------ wire codecs
+
+
+class DecodedRequest(NamedTuple):
+    header: RequestHeader
+    body: Message
+
+
+class Refusal(NamedTuple):
+    """A request whose frame was sound but which cannot be served: unknown or unserved
+    API, unsupported version, undecodable body."""
+
+    header: RequestHeader
+    error: ErrorCode
+    message: str
+
+
+Serves = Callable[[int], bool]
+
+
+class WireCodec(Protocol):
+    """How one wire protocol turns a request frame's payload into a native request and
+    a native response into frame buffers: the native protocol (NATIVE below) and
+    Apache Kafka's (protocol/kafka/codec.py). ServerConnection does the rest (order,
+    bounds, clocks) the same for both."""
+
+    name: str
+
+    def decode_request(self, payload: bytes, serves: Serves | None) -> DecodedRequest | Refusal:
+        """Raises DecodeError when the stream cannot go on (close the connection)."""
+        ...
+
+    def encode_response(self, header: RequestHeader, body: Message) -> list[Buffer]: ...
+
+    def encode_error(
+        self, header: RequestHeader, error: ErrorCode, message: str, serves: Serves | None
+    ) -> list[Buffer] | None:
+        """The answer to a request that failed as a whole, or None when the protocol
+        has no way to say it (the connection is closed instead)."""
+        ...
+
+
+class NativeCodec:
+    """minibroker's own protocol: the header of protocol/framing.py, MessagePack bodies,
+    whole-request errors in the response header with an ErrorBody."""
+
+    name = "native"
+
+    def decode_request(self, payload: bytes, serves: Serves | None) -> DecodedRequest | Refusal:
+        header, body_bytes = decode_request_header(payload)
+        spec = API_SPECS.get(header.api_key)
+        if spec is None or (serves is not None and not serves(header.api_key)):
+            return Refusal(
+                header, ErrorCode.INVALID_REQUEST, f"unknown or unserved API key {header.api_key}"
+            )
+        if not spec.min_version <= header.api_version <= spec.max_version:
+            return Refusal(
+                header,
+                ErrorCode.UNSUPPORTED_VERSION,
+                f"{spec.key.name} version {header.api_version} is not supported "
+                f"(supported: {spec.min_version}..{spec.max_version}); ask ApiVersions",
+            )
+        try:
+            return DecodedRequest(header, decode_body(spec.request, body_bytes))
+        except DecodeError as exc:
+            return Refusal(header, ErrorCode.INVALID_REQUEST, str(exc))
+
+    def encode_response(self, header: RequestHeader, body: Message) -> list[Buffer]:
+        head = encode_response_header(ResponseHeader(header.correlation_id, 0))
+        return encode_frame_parts(head, body)
+
+    def encode_error(
+        self, header: RequestHeader, error: ErrorCode, message: str, serves: Serves | None
+    ) -> list[Buffer]:
+        return _error_response(header.correlation_id, error, message)
+
+
+NATIVE = NativeCodec()
+
+
 # ------------------------------------------------------------------ server side
 
 
@@ -225,7 +306,9 @@ class ServerConnection:
         frame_timeout_s: float | None = None,
         first_request_timeout_s: float | None = None,
         now: float = 0.0,
+        codec: WireCodec = NATIVE,
     ) -> None:
+        self._codec = codec
         self._frames = FrameDecoder(max_frame_size)
         self._next_seq = 0
         self._next_out = 0
@@ -309,30 +392,12 @@ class ServerConnection:
         return self.pending_bytes + unsent + cost <= self.max_pending_bytes
 
     def _decode(self, payload: bytes) -> Request | RejectedRequest:
-        header, body_bytes = decode_request_header(payload)
+        decoded = self._codec.decode_request(payload, self._api_filter)
         seq = self._next_seq
         self._next_seq += 1
-        spec = API_SPECS.get(header.api_key)
-        if spec is None or (self._api_filter is not None and not self._api_filter(header.api_key)):
-            return RejectedRequest(
-                seq,
-                header,
-                ErrorCode.INVALID_REQUEST,
-                f"unknown or unserved API key {header.api_key}",
-            )
-        if not spec.min_version <= header.api_version <= spec.max_version:
-            return RejectedRequest(
-                seq,
-                header,
-                ErrorCode.UNSUPPORTED_VERSION,
-                f"{spec.key.name} version {header.api_version} is not supported "
-                f"(supported: {spec.min_version}..{spec.max_version}); ask ApiVersions",
-            )
-        try:
-            body = decode_body(spec.request, body_bytes)
-        except DecodeError as exc:
-            return RejectedRequest(seq, header, ErrorCode.INVALID_REQUEST, str(exc))
-        return Request(seq, header, body)
+        if isinstance(decoded, Refusal):
+            return RejectedRequest(seq, decoded.header, decoded.error, decoded.message)
+        return Request(seq, decoded.header, decoded.body)
 
     # ------------------------------------------------------------ clocks
 
@@ -393,24 +458,31 @@ class ServerConnection:
     def send_response_parts(self, request: Request, body: Message) -> list[Buffer]:
         """As `send_response`, as buffers for `transport.writelines`: record sets are
         passed through uncopied (see `encode_frame_parts`)."""
-        head = encode_response_header(ResponseHeader(request.header.correlation_id, 0))
-        return self._complete(request.seq, encode_frame_parts(head, body))
+        return self._complete(request.seq, self._codec.encode_response(request.header, body))
 
     def send_rejection(self, rejected: RejectedRequest) -> bytes:
         return b"".join(self.send_rejection_parts(rejected))
 
     def send_rejection_parts(self, rejected: RejectedRequest) -> list[Buffer]:
-        out = _error_response(rejected.header.correlation_id, rejected.error, rejected.message)
-        return self._complete(rejected.seq, out)
+        """The rejection's answer, in request order. Raises DecodeError when the wire
+        protocol cannot answer it (Kafka's, but for ApiVersions): close the connection."""
+        return self.send_error_parts(rejected, rejected.error, rejected.message)
 
     def send_error(self, request: Request, error: ErrorCode, message: str) -> bytes:
         """A whole-request failure (a handler crashed): the client gets `error`."""
         return b"".join(self.send_error_parts(request, error, message))
 
-    def send_error_parts(self, request: Request, error: ErrorCode, message: str) -> list[Buffer]:
-        return self._complete(
-            request.seq, _error_response(request.header.correlation_id, error, message)
-        )
+    def send_error_parts(
+        self, request: Request | RejectedRequest, error: ErrorCode, message: str
+    ) -> list[Buffer]:
+        """As `send_rejection_parts`, for a request that failed in service."""
+        out = self._codec.encode_error(request.header, error, message, self._api_filter)
+        if out is None:
+            raise DecodeError(
+                f"{error.name} for api {request.header.api_key} v{request.header.api_version}"
+                f" cannot be answered on the {self._codec.name} protocol: {message}"
+            )
+        return self._complete(request.seq, out)
 
     def _complete(self, seq: int, parts: list[Buffer]) -> list[Buffer]:
         if not self._next_out <= seq < self._next_seq or seq in self._done:

@@ -34,8 +34,10 @@ from dataclasses import field
 from typing import NamedTuple
 
 from protocol.connection import IDLE
+from protocol.connection import NATIVE
 from protocol.connection import CloseReason
 from protocol.connection import ServerConnection
+from protocol.connection import WireCodec
 from protocol.messages import Message
 
 
@@ -82,8 +84,9 @@ class ConnectionLimits:
         *,
         api_filter: Callable[[int], bool] | None = None,
         response_reservation: Callable[[Message], int] | None = None,
+        codec: WireCodec = NATIVE,
     ) -> ServerConnection:
-        """A ServerConnection with these per-connection bounds."""
+        """A ServerConnection with these per-connection bounds, speaking `codec`."""
 
         def seconds(ms: int | None) -> float | None:
             return None if ms is None else ms / 1000
@@ -98,6 +101,7 @@ class ConnectionLimits:
             frame_timeout_s=seconds(self.frame_timeout_ms),
             first_request_timeout_s=seconds(self.first_request_timeout_ms),
             now=now,
+            codec=codec,
         )
 
     def sweep_interval_s(self) -> float:

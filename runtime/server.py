@@ -44,10 +44,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.api import api_name as _api_name
+from protocol.connection import NATIVE
 from protocol.connection import Buffer
 from protocol.connection import CloseReason
 from protocol.connection import RejectedRequest
 from protocol.connection import Request
+from protocol.connection import WireCodec
 from protocol.connection_limits import ConnectionLimits
 from protocol.connection_limits import ConnectionSlot
 from protocol.connection_limits import ConnectionTable
@@ -87,6 +89,7 @@ class _Connection(asyncio.Protocol):
             time.monotonic(),
             api_filter=server.serves,
             response_reservation=server.response_reservation,
+            codec=server.codec,
         )
         self._slot: ConnectionSlot | None = None
         self._transport: asyncio.Transport | None = None
@@ -194,7 +197,14 @@ class _Connection(asyncio.Protocol):
                     event.error.name,
                     event.message,
                 )
-                self._write(conn.send_rejection_parts(event))
+                try:
+                    self._write(conn.send_rejection_parts(event))
+                except DecodeError as exc:  # the protocol cannot answer it: close
+                    log.warning(
+                        "closing connection from %s on %s: %s", self._peer, server.name, exc
+                    )
+                    self.close()
+                    return
                 continue
             task = asyncio.get_running_loop().create_task(self._handle(event))
             self._tasks.add(task)
@@ -237,7 +247,12 @@ class _Connection(asyncio.Protocol):
                     f"{_api_name(header.api_key)} failed on the {server.role}: "
                     f"{type(exc).__name__}: {exc}",
                 )
-            out = self._conn.send_error_parts(request, *known)
+            try:
+                out = self._conn.send_error_parts(request, *known)
+            except DecodeError as exc:  # the protocol cannot answer it: close
+                log.warning("closing connection from %s on %s: %s", self._peer, server.name, exc)
+                self.close()
+                return
         self._write(out)
         self._process()
 
@@ -290,8 +305,10 @@ class ListenerServer:
         faults: Faults | None = None,
         error_answer: ErrorAnswer | None = None,
         role: str = "broker",
+        codec: WireCodec = NATIVE,
     ) -> None:
         self.name = name
+        self.codec = codec  # the wire protocol this listener speaks
         self.host = host
         self.port = port
         self.handlers = handlers

@@ -34,6 +34,8 @@ from protocol.messages import FetchRequest
 from protocol.messages import FetchResponse
 from protocol.messages import FetchTopic
 from protocol.messages import FetchTopicResponse
+from protocol.messages import InitProducerIdRequest
+from protocol.messages import InitProducerIdResponse
 from protocol.messages import LeaderIdAndEpoch
 from protocol.messages import ListOffsetsPartition
 from protocol.messages import ListOffsetsPartitionResponse
@@ -464,7 +466,40 @@ OFFSET_FOR_LEADER_EPOCH = KafkaApi(
     ),
 )
 
+INIT_PRODUCER_ID = KafkaApi(
+    ApiKey.INIT_PRODUCER_ID,
+    0,
+    4,  # v3+: the epoch bump of KIP-360, which kafka-python and librdkafka use
+    2,
+    request=KStruct(
+        InitProducerIdRequest,
+        (
+            Field("transactional_id", STRING, nullable="0+"),
+            Field("transaction_timeout_ms", INT32),
+            Field("producer_id", INT64, "3+"),
+            Field("producer_epoch", INT16, "3+"),
+        ),
+    ),
+    response=KStruct(
+        InitProducerIdResponse,
+        (
+            _no_throttle("0+"),
+            Field("error_code", INT16),
+            Field("producer_id", INT64),
+            Field("producer_epoch", INT16),
+        ),
+    ),
+)
+
 KAFKA_APIS: dict[int, KafkaApi] = {
     int(api.key): api
-    for api in (API_VERSIONS, METADATA, PRODUCE, FETCH, LIST_OFFSETS, OFFSET_FOR_LEADER_EPOCH)
+    for api in (
+        API_VERSIONS,
+        METADATA,
+        PRODUCE,
+        FETCH,
+        LIST_OFFSETS,
+        OFFSET_FOR_LEADER_EPOCH,
+        INIT_PRODUCER_ID,
+    )
 }

@@ -9,16 +9,21 @@ and the native request out; a native response in, the frame's buffers out.
 
 Unlike the native protocol, Kafka's response header has no error code: each response
 carries its errors in its body. A request this codec cannot serve is answered as Kafka
-answers it: an ApiVersions request of a version it does not know gets an ApiVersions
-v0 answer with UNSUPPORTED_VERSION and the served ranges (clients downgrade from it);
-anything else it cannot decode or serve closes the connection (`KafkaRefusal`).
+answers it (`KafkaCodec.encode_error`): an ApiVersions request of a version it does
+not know gets an ApiVersions v0 answer with UNSUPPORTED_VERSION and the served ranges
+(clients downgrade from it); anything else it cannot decode or serve closes the
+connection.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
 
+from protocol.api import ApiKey
+from protocol.connection import Buffer
+from protocol.connection import DecodedRequest
+from protocol.connection import Refusal
+from protocol.connection import Serves
 from protocol.errors import DecodeError
 from protocol.errors import ErrorCode
 from protocol.framing import RequestHeader
@@ -33,32 +38,17 @@ from protocol.messages import Message
 
 _FRAME_LENGTH = struct.Struct(">i")
 
-Buffer = bytes | bytearray | memoryview
 
-
-class KafkaRequest(NamedTuple):
-    header: RequestHeader
-    body: Message
-
-
-class KafkaRefusal(NamedTuple):
-    """A request that cannot be served. `answer` is what to send for it (None: close
-    the connection after logging `message`, as a Kafka broker does)."""
-
-    header: RequestHeader | None
-    error: ErrorCode
-    message: str
-    answer: Message | None
-
-
-def served_versions() -> list[ApiVersionRange]:
+def served_versions(serves: Serves | None = None) -> list[ApiVersionRange]:
+    """The Kafka APIs and versions this codec speaks, of those `serves` allows."""
     return [
         ApiVersionRange(api_key=key, min_version=api.min_version, max_version=api.max_version)
         for key, api in sorted(KAFKA_APIS.items())
+        if serves is None or serves(key) or key == ApiKey.API_VERSIONS
     ]
 
 
-def decode_request(payload: bytes | bytearray | memoryview) -> KafkaRequest | KafkaRefusal:
+def decode_request(payload: bytes | bytearray | memoryview) -> DecodedRequest | Refusal:
     """One request frame's payload. Raises DecodeError when not even its header reads."""
     r = Reader(payload)
     api_key, version, correlation_id = r.int16(), r.int16(), r.int32()
@@ -66,17 +56,14 @@ def decode_request(payload: bytes | bytearray | memoryview) -> KafkaRequest | Ka
     header = RequestHeader(api_key, version, correlation_id, client_id)
     api = KAFKA_APIS.get(api_key)
     if api is None:
-        return KafkaRefusal(header, ErrorCode.UNSUPPORTED_VERSION, f"API key {api_key}", None)
+        return Refusal(header, ErrorCode.UNSUPPORTED_VERSION, f"API key {api_key} is not served")
     if not api.min_version <= version <= api.max_version:
-        why = (
-            f"{api.key.name} version {version} is not served ({api.min_version}..{api.max_version})"
+        return Refusal(
+            header,
+            ErrorCode.UNSUPPORTED_VERSION,
+            f"{api.key.name} version {version} is not served "
+            f"({api.min_version}..{api.max_version})",
         )
-        answer = None
-        if api is API_VERSIONS:
-            answer = ApiVersionsResponse(
-                error_code=int(ErrorCode.UNSUPPORTED_VERSION), api_keys=served_versions()
-            )
-        return KafkaRefusal(header, ErrorCode.UNSUPPORTED_VERSION, why, answer)
     flexible = api.flexible(version)
     try:
         if flexible:
@@ -86,8 +73,8 @@ def decode_request(payload: bytes | bytearray | memoryview) -> KafkaRequest | Ka
             raise DecodeError(f"{r.remaining} bytes left over after the request")
     except DecodeError as exc:
         why = f"cannot decode {api.key.name} v{version}: {exc}"
-        return KafkaRefusal(header, ErrorCode.INVALID_REQUEST, why, None)
-    return KafkaRequest(header, body)
+        return Refusal(header, ErrorCode.INVALID_REQUEST, why)
+    return DecodedRequest(header, body)
 
 
 def _skip_tagged(r: Reader) -> None:
@@ -152,3 +139,43 @@ def decode_response(
     if r.remaining:
         raise DecodeError(f"{r.remaining} bytes left over after the response")
     return correlation_id, body
+
+
+class KafkaCodec:
+    """Apache Kafka's protocol behind protocol.connection's WireCodec interface, for a
+    Kafka listener: what the process serves natively and this codec can speak."""
+
+    name = "kafka"
+
+    def decode_request(self, payload: bytes, serves: Serves | None) -> DecodedRequest | Refusal:
+        got = decode_request(payload)
+        if (
+            isinstance(got, DecodedRequest)
+            and serves is not None
+            and not serves(got.header.api_key)
+        ):
+            return Refusal(got.header, ErrorCode.UNSUPPORTED_VERSION, "API not served here")
+        return got
+
+    def encode_response(self, header: RequestHeader, body: Message) -> list[Buffer]:
+        if header.api_key == ApiKey.API_VERSIONS:
+            # The process's handler lists the APIs it serves natively; on this listener
+            # the versions are the ones this codec speaks.
+            assert isinstance(body, ApiVersionsResponse)
+            natively = {k.api_key for k in body.api_keys}
+            body = ApiVersionsResponse(
+                error_code=body.error_code, api_keys=served_versions(natively.__contains__)
+            )
+        return encode_response(header, body)
+
+    def encode_error(
+        self, header: RequestHeader, error: ErrorCode, message: str, serves: Serves | None
+    ) -> list[Buffer] | None:
+        if header.api_key == ApiKey.API_VERSIONS and error == ErrorCode.UNSUPPORTED_VERSION:
+            # How a client learns the versions to downgrade to (an ApiVersions v0 answer).
+            answer = ApiVersionsResponse(error_code=int(error), api_keys=served_versions(serves))
+            return encode_frame(API_VERSIONS, 0, header.correlation_id, answer)
+        return None  # Kafka has no whole-request error: the connection is closed
+
+
+KAFKA = KafkaCodec()

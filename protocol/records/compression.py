@@ -81,6 +81,39 @@ def _decompress_bounded(codec: int, data: bytes | memoryview, limit: int) -> byt
         return bytes(view[:size])  # one copy out of the scratch
 
 
+# snappy-java's stream framing ("xerial"), which kafka-python and Java producers may
+# write: this magic, two INT32 versions, then blocks of an INT32 length and raw snappy.
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = len(_XERIAL_MAGIC) + 8
+
+
+def _snappy_block(data: bytes | memoryview, limit: int) -> bytes:
+    if cramjam.snappy.decompress_raw_len(data) > limit:
+        raise _too_large(Compression.SNAPPY, limit)
+    return bytes(cramjam.snappy.decompress_raw(data))
+
+
+def _snappy_xerial(data: bytes | memoryview, limit: int) -> bytes:
+    view = memoryview(data)
+    at = _XERIAL_HEADER
+    out: list[bytes] = []
+    size = 0
+    while at < len(view):
+        if at + 4 > len(view):
+            raise CorruptRecordError("xerial snappy block length cut short")
+        n = int.from_bytes(view[at : at + 4], "big")
+        at += 4
+        if n <= 0 or at + n > len(view):
+            raise CorruptRecordError(f"xerial snappy block of {n} bytes at {at} overruns the data")
+        block = view[at : at + n]
+        size += cramjam.snappy.decompress_raw_len(block)
+        if size > limit:
+            raise _too_large(Compression.SNAPPY, limit)
+        out.append(bytes(cramjam.snappy.decompress_raw(block)))
+        at += n
+    return b"".join(out)
+
+
 def decompress(codec: int, data: bytes | memoryview, limit: int = MAX_DECOMPRESSED_SIZE) -> bytes:
     """The records block of a batch, decompressed; CorruptRecordError if it is not valid
     `codec` data or would decompress into more than `limit` bytes."""
@@ -96,9 +129,9 @@ def decompress(codec: int, data: bytes | memoryview, limit: int = MAX_DECOMPRESS
                 raise CorruptRecordError(f"gzip data of a batch ends early ({len(data)} bytes)")
             return out
         if codec == Compression.SNAPPY:
-            if cramjam.snappy.decompress_raw_len(data) > limit:
-                raise _too_large(codec, limit)
-            return bytes(cramjam.snappy.decompress_raw(data))
+            if bytes(data[: len(_XERIAL_MAGIC)]) == _XERIAL_MAGIC:
+                return _snappy_xerial(data, limit)
+            return _snappy_block(data, limit)
         if codec in _DECOMPRESS_INTO:
             return _decompress_bounded(codec, data, limit)
     except CorruptRecordError:

@@ -44,7 +44,8 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 
 _CONTROLLER_READY = re.compile(r"controller (\d+) listening on ([\w.:-]+):(\d+)")
-_BROKER_READY = re.compile(r"broker (\d+) started: listeners \w+://([\w.-]+):(\d+)")
+_BROKER_READY = re.compile(r"broker (\d+) started: listeners \w+://([\w.-]+):(\d+)(.*)")
+_KAFKA_LISTENER = re.compile(r"KAFKA://([\w.-]+):(\d+)")
 
 
 # The CLI as a user runs it (`minibroker` is `python -m client.cli`), without the
@@ -212,10 +213,16 @@ class BrokerProcess(Process):
     data_dir: Path = Path()
     host: str = "127.0.0.1"
     port: int = 0
+    kafka_port: int | None = None  # its Kafka listener (--kafka-listeners KAFKA), if any
 
     @property
     def address(self) -> tuple[str, int]:
         return self.host, self.port
+
+    @property
+    def kafka_address(self) -> str:
+        assert self.kafka_port is not None, "started without a Kafka listener"
+        return f"{self.host}:{self.kafka_port}"
 
 
 class Cluster:
@@ -250,8 +257,12 @@ class Cluster:
         proc.host, proc.port = match[2], int(match[3])
         return proc
 
-    def broker_args(self, node_id: int, port: int, *extra: str) -> list[str]:
+    def broker_args(
+        self, node_id: int, port: int, *extra: str, kafka_port: int | None = None
+    ) -> list[str]:
+        """A broker's command line; with `kafka_port`, a Kafka listener KAFKA too."""
         assert self.controller is not None, "start the controller first"
+        kafka = [] if kafka_port is None else [f"KAFKA://127.0.0.1:{kafka_port}"]
         return [
             sys.executable,
             "-m",
@@ -259,7 +270,8 @@ class Cluster:
             "--node-id",
             str(node_id),
             "--listeners",
-            f"PLAINTEXT://127.0.0.1:{port}",
+            ",".join([f"PLAINTEXT://127.0.0.1:{port}", *kafka]),
+            *(["--kafka-listeners", "KAFKA"] if kafka else []),
             "--controller",
             self.controller.address,
             "--data-dir",
@@ -271,24 +283,36 @@ class Cluster:
             *extra,
         ]
 
-    def start_broker(self, node_id: int, *extra: str, wait: bool = True) -> BrokerProcess:
-        """Start (or restart, on the same port and data dir) broker `node_id`."""
+    def start_broker(
+        self, node_id: int, *extra: str, wait: bool = True, kafka: bool = False
+    ) -> BrokerProcess:
+        """Start (or restart, on the same ports and data dir) broker `node_id`; with
+        `kafka`, it has a Kafka listener as well (`kafka_address`)."""
         old = self.brokers.get(node_id)
         port = old.port if old is not None else 0
+        kafka_port = ((old.kafka_port if old is not None else None) or 0) if kafka else None
         proc = BrokerProcess(
             name=f"broker-{node_id}",
-            args=self.broker_args(node_id, port, *extra),
+            args=self.broker_args(node_id, port, *extra, kafka_port=kafka_port),
             log_path=self.root / f"broker-{node_id}.log",
             node_id=node_id,
             data_dir=self.root / f"broker-{node_id}",
             port=port,
+            kafka_port=kafka_port,
         )
         proc.start()
         self.brokers[node_id] = proc
         if wait:
             match = proc.wait_for(_BROKER_READY)
             proc.host, proc.port = match[2], int(match[3])
+            kafka_listener = _KAFKA_LISTENER.search(match[4])
+            if kafka_listener is not None:
+                proc.kafka_port = int(kafka_listener[2])
         return proc
+
+    def kafka_bootstrap(self) -> str:
+        """The brokers' Kafka listeners, as a Kafka client's bootstrap_servers."""
+        return ",".join(b.kafka_address for b in self.brokers.values())
 
     def stop_all(self) -> None:
         """Brokers first (their controlled shutdown needs the controller), then the

@@ -19,6 +19,8 @@ from kafka.protocol.metadata import ApiVersionsResponse as KApiVersionsResponse
 from kafka.protocol.metadata import MetadataRequest as KMetadataRequest
 from kafka.protocol.metadata import MetadataResponse as KMetadataResponse
 
+from protocol.connection import DecodedRequest
+from protocol.connection import Refusal
 from protocol.errors import DecodeError
 from protocol.errors import ErrorCode
 from protocol.framing import RequestHeader
@@ -26,8 +28,7 @@ from protocol.kafka.apis import API_VERSIONS
 from protocol.kafka.apis import KAFKA_APIS
 from protocol.kafka.apis import METADATA
 from protocol.kafka.apis import KafkaApi
-from protocol.kafka.codec import KafkaRefusal
-from protocol.kafka.codec import KafkaRequest
+from protocol.kafka.codec import KAFKA
 from protocol.kafka.codec import decode_request
 from protocol.kafka.codec import decode_response
 from protocol.kafka.codec import encode_request
@@ -124,7 +125,7 @@ API_VERSIONS_ANSWER = [ApiVersionRange(api_key=3, min_version=0, max_version=9)]
 @pytest.mark.parametrize("version", versions_of(METADATA))
 def test_metadata_request_from_kafka_python(version: int) -> None:
     got = decode_request(kafka_python_request(k_metadata_request(version), version))
-    assert isinstance(got, KafkaRequest), got
+    assert isinstance(got, DecodedRequest), got
     assert got.header == RequestHeader(3, version, CORRELATION_ID, CLIENT_ID)
     assert got.body == MetadataRequest(topics=METADATA_TOPICS)
     ours = encode_request(METADATA, version, CORRELATION_ID, CLIENT_ID, got.body)
@@ -134,14 +135,14 @@ def test_metadata_request_from_kafka_python(version: int) -> None:
 def test_metadata_v0_empty_topic_list_asks_for_all_topics() -> None:
     empty = KMetadataRequest(topics=[])
     got = decode_request(kafka_python_request(empty, 0))
-    assert isinstance(got, KafkaRequest)
+    assert isinstance(got, DecodedRequest)
     assert got.body.topics is None  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("version", [v for v in versions_of(METADATA) if v >= 1])
 def test_metadata_null_topics_asks_for_all_topics(version: int) -> None:
     got = decode_request(kafka_python_request(KMetadataRequest(topics=None), version))
-    assert isinstance(got, KafkaRequest)
+    assert isinstance(got, DecodedRequest)
     assert got.body.topics is None  # type: ignore[attr-defined]
 
 
@@ -168,7 +169,7 @@ def test_metadata_response_as_kafka_python_writes_it(version: int) -> None:
 def test_api_versions_both_ways(version: int) -> None:
     request = KApiVersionsRequest(client_software_name="kp", client_software_version="3.0")
     got = decode_request(kafka_python_request(request, version))
-    assert isinstance(got, KafkaRequest)
+    assert isinstance(got, DecodedRequest)
     expected = (
         ApiVersionsRequest(client_software_name="kp", client_software_version="3.0")
         if version >= 3
@@ -188,9 +189,10 @@ def test_api_versions_of_an_unknown_version_is_answered_at_v0_with_the_ranges() 
     """kafka-python 3.0 starts at ApiVersions v4: the v0 answer lets it downgrade."""
     request = KApiVersionsRequest(client_software_name="kp", client_software_version="3.0")
     got = decode_request(kafka_python_request(request, 4))
-    assert isinstance(got, KafkaRefusal) and got.answer is not None and got.header is not None
-    raw = b"".join(encode_response(got.header, got.answer))[4:]
-    answer = KApiVersionsResponse.decode(raw, version=0, header=True)
+    assert isinstance(got, Refusal) and got.error == ErrorCode.UNSUPPORTED_VERSION
+    parts = KAFKA.encode_error(got.header, got.error, got.message, None)
+    assert parts is not None
+    answer = KApiVersionsResponse.decode(b"".join(parts)[4:], version=0, header=True)
     assert answer.error_code == ErrorCode.UNSUPPORTED_VERSION
     served = {(k.api_key, k.min_version, k.max_version) for k in answer.api_keys}
     assert served == {(key, a.min_version, a.max_version) for key, a in KAFKA_APIS.items()}
@@ -199,12 +201,13 @@ def test_api_versions_of_an_unknown_version_is_answered_at_v0_with_the_ranges() 
 def test_other_refusals_close_the_connection() -> None:
     unknown_api = kafka_python_request(KMetadataRequest(topics=None), 9)
     unknown_api = b"\x7f\x00" + unknown_api[2:]  # api key 32512
-    got = decode_request(unknown_api)
-    assert isinstance(got, KafkaRefusal) and got.answer is None
     too_new = kafka_python_request(KMetadataRequest(topics=None), 12)
+    for payload in (unknown_api, too_new):
+        got = decode_request(payload)
+        assert isinstance(got, Refusal)
+        assert KAFKA.encode_error(got.header, got.error, got.message, None) is None
     got = decode_request(too_new)
-    assert isinstance(got, KafkaRefusal) and got.answer is None
-    assert "METADATA version 12 is not served (0..9)" in got.message
+    assert isinstance(got, Refusal) and "METADATA version 12 is not served (0..9)" in got.message
 
 
 # ------------------------------------------------------------------ hostile input
@@ -217,7 +220,7 @@ VALID = [kafka_python_request(k_metadata_request(v), v) for v in versions_of(MET
 ]
 
 
-def refused_or_decoded(payload: bytes) -> KafkaRequest | KafkaRefusal | None:
+def refused_or_decoded(payload: bytes) -> DecodedRequest | Refusal | None:
     try:
         return decode_request(payload)
     except DecodeError:
@@ -228,23 +231,23 @@ def refused_or_decoded(payload: bytes) -> KafkaRequest | KafkaRefusal | None:
 def test_every_truncation_is_refused(payload: bytes) -> None:
     for cut in range(len(payload)):
         got = refused_or_decoded(payload[:cut])
-        if isinstance(got, KafkaRequest):
+        if isinstance(got, DecodedRequest):
             # Only a request whose body is empty at that version can stop early.
             assert got.header.api_key == 18 and got.header.api_version < 3 and cut == len(payload)
-        assert not isinstance(got, KafkaRequest) or cut == len(payload)
+        assert not isinstance(got, DecodedRequest) or cut == len(payload)
 
 
 @pytest.mark.parametrize("payload", VALID, ids=range(len(VALID)))
 def test_trailing_bytes_are_refused(payload: bytes) -> None:
     got = decode_request(payload + b"\x00")
-    assert isinstance(got, KafkaRefusal) and "left over" in got.message
+    assert isinstance(got, Refusal) and "left over" in got.message
 
 
 def test_a_lying_array_count_is_refused_before_anything_is_allocated() -> None:
     payload = bytearray(kafka_python_request(KMetadataRequest(topics=[]), 1))
     payload[-4:] = (2**31 - 1).to_bytes(4, "big")  # 2 billion topics, 0 bytes of them
     got = decode_request(bytes(payload))
-    assert isinstance(got, KafkaRefusal)
+    assert isinstance(got, Refusal)
     assert "cannot fit" in got.message
 
 

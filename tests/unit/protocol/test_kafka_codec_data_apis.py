@@ -21,13 +21,13 @@ from kafka.protocol.consumer import OffsetForLeaderEpochResponse as KEpochRespon
 from kafka.protocol.producer import ProduceRequest as KProduceRequest
 from kafka.protocol.producer import ProduceResponse as KProduceResponse
 
+from protocol.connection import DecodedRequest
 from protocol.framing import RequestHeader
 from protocol.kafka.apis import FETCH
 from protocol.kafka.apis import LIST_OFFSETS
 from protocol.kafka.apis import OFFSET_FOR_LEADER_EPOCH
 from protocol.kafka.apis import PRODUCE
 from protocol.kafka.apis import KafkaApi
-from protocol.kafka.codec import KafkaRequest
 from protocol.kafka.codec import decode_request
 from protocol.kafka.codec import decode_response
 from protocol.kafka.codec import encode_request
@@ -55,7 +55,7 @@ def request_both_ways(api: KafkaApi, message: Any, version: int) -> Any:
     """The native request kafka-python's bytes decode to; re-encoded, the same bytes."""
     theirs = kafka_python_request(message, version)
     got = decode_request(theirs)
-    assert isinstance(got, KafkaRequest), got
+    assert isinstance(got, DecodedRequest), got
     assert got.header == RequestHeader(int(api.key), version, CORRELATION_ID, CLIENT_ID)
     assert encode_request(api, version, CORRELATION_ID, CLIENT_ID, got.body)[4:] == theirs
     return got.body

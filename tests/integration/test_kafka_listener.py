@@ -1,0 +1,185 @@
+"""kafka-python 3.0.12, unmodified, against a three-broker cluster through the brokers'
+Kafka listeners (issue 15): it connects (ApiVersions, downgrading from v4), produces
+idempotently with acks=all and every compression codec, reads everything back exactly
+once with assigned partitions, and reads the watermarks; minibroker's own consumer
+reads the batches kafka-python wrote (xerial-framed snappy included), and the reverse.
+
+A Kafka listener serves the broker's one implementation: a deposed leader refuses a
+Kafka client's fetch at a stale epoch exactly as it refuses a native one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+
+import pytest
+from cluster import Cluster
+from kafka import KafkaConsumer
+from kafka import KafkaProducer
+from kafka import TopicPartition as KTopicPartition
+
+from client import AsyncConsumer
+from client import AsyncProducer
+from client.types import TopicPartition
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+TOPIC = "kafka-clients"
+PARTITIONS = 3
+CODECS = [None, "gzip", "snappy", "lz4", "zstd"]
+PER_CODEC = 40
+
+
+@pytest.fixture
+def cluster(cluster: Cluster) -> Iterator[Cluster]:
+    """conftest's cluster: a controller and brokers 1, 2, 3, each with a Kafka listener;
+    the topic on all three with min.insync.replicas 2. kafka-python's own threads log
+    noise at shutdown: kept out of the test's output."""
+    cluster.start_controller()
+    for node in (1, 2, 3):
+        cluster.start_broker(node, kafka=True)
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    yield cluster
+
+
+def native_bootstrap(cluster: Cluster) -> str:
+    return ",".join(f"{h}:{p}" for h, p in (b.address for b in cluster.brokers.values()))
+
+
+async def create_topic(cluster: Cluster) -> None:
+    from client import AsyncAdmin
+    from client import NewTopic
+
+    async with AsyncAdmin(native_bootstrap(cluster)) as admin:
+        await admin.create_topics(
+            [NewTopic(TOPIC, PARTITIONS, 3, {"min.insync.replicas": "2"})], timeout_ms=20_000
+        )
+
+
+def kafka_python_values(cluster: Cluster, expected: int) -> list[tuple[int, int, bytes]]:
+    """(partition, offset, value) of every record, read with kafka-python."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=cluster.kafka_bootstrap(),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5_000,
+    )
+    try:
+        consumer.assign([KTopicPartition(TOPIC, p) for p in range(PARTITIONS)])
+        got: list[tuple[int, int, bytes]] = []
+        for message in consumer:
+            got.append((message.partition, message.offset, message.value))
+            if len(got) >= expected:
+                break
+        return got
+    finally:
+        consumer.close()
+
+
+async def test_kafka_python_produces_with_every_codec_and_reads_back_exactly_once(
+    cluster: Cluster,
+) -> None:
+    await create_topic(cluster)
+    sent: list[bytes] = []
+    for codec in CODECS:
+        producer = KafkaProducer(
+            bootstrap_servers=cluster.kafka_bootstrap(),
+            acks="all",
+            enable_idempotence=True,
+            compression_type=codec,
+            linger_ms=5,
+        )
+        try:
+            values = [f"{codec}-{i}".encode() for i in range(PER_CODEC)]
+            futures = [producer.send(TOPIC, key=v, value=v) for v in values]
+            producer.flush(timeout=30)
+            for future in futures:
+                metadata = future.get(timeout=30)
+                assert metadata.offset >= 0
+            sent += values
+        finally:
+            producer.close(timeout=10)
+
+    got = kafka_python_values(cluster, len(sent))
+    assert sorted(v for _, _, v in got) == sorted(sent), "every record once, none twice"
+    per_partition: dict[int, list[int]] = {}
+    for partition, offset, _ in got:
+        per_partition.setdefault(partition, []).append(offset)
+    for offsets in per_partition.values():
+        assert offsets == list(range(len(offsets))), "contiguous offsets from 0"
+
+    # minibroker's consumer reads what kafka-python wrote, every codec's batches.
+    async with AsyncConsumer(native_bootstrap(cluster), auto_offset_reset="earliest") as ours:
+        ours.assign([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
+        ours.seek_to_beginning()
+        read: list[bytes] = []
+        while len(read) < len(sent):
+            batch = await ours.poll(timeout_ms=5_000)
+            assert batch, f"minibroker's consumer stalled at {len(read)} of {len(sent)}"
+            read += [r.value for records in batch.values() for r in records]
+    assert sorted(read) == sorted(sent)
+
+    # Watermarks through ListOffsets on the Kafka listener.
+    consumer = KafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap())
+    try:
+        tps = [KTopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+        ends = consumer.end_offsets(tps)
+        starts = consumer.beginning_offsets(tps)
+    finally:
+        consumer.close()
+    assert sum(ends.values()) == len(sent)
+    assert set(starts.values()) == {0}
+
+
+async def test_kafka_python_reads_what_minibroker_produced(cluster: Cluster) -> None:
+    await create_topic(cluster)
+    sent = [f"native-{i}".encode() for i in range(60)]
+    for codec in ("none", "gzip", "snappy", "lz4", "zstd"):
+        async with AsyncProducer(native_bootstrap(cluster), compression_type=codec) as producer:
+            for value in sent[:12]:
+                await producer.send_and_wait(TOPIC, value=value + codec.encode())
+    got = kafka_python_values(cluster, 60)
+    assert sorted(v for _, _, v in got) == sorted(
+        v + c.encode() for c in ("none", "gzip", "snappy", "lz4", "zstd") for v in sent[:12]
+    )
+
+
+async def test_hostile_bytes_close_one_connection_and_the_listener_serves_on(
+    cluster: Cluster,
+) -> None:
+    """A lying frame length, a header that is not Kafka's, an API the listener does not
+    serve, a body that does not decode: each closes its own connection (no answer
+    Kafka's protocol could carry), and a real client is served right after."""
+    await create_topic(cluster)
+    host, port = cluster.brokers[1].kafka_address.split(":")
+    version4 = bytes.fromhex("0012000400000001ffff")  # ApiVersions v4 header, no body
+    hostile = [
+        b"\x7f\xff\xff\xff" + b"x" * 64,  # a 2 GiB frame
+        b"\x00\x00\x00\x02\x00\x01",  # a frame too short for a header
+        b"\x00\x00\x00\x0a" + bytes.fromhex("7f0000000000000affff"),  # api key 32512
+        b"\x00\x00\x00\x0e" + bytes.fromhex("0003000900000003ffff") + b"\xff\xff\xff\xff",
+    ]
+    for payload in hostile:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(payload)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 10) == b"", payload  # closed, unanswered
+        writer.close()
+
+    # ApiVersions at a version the broker does not know: answered at v0 with the ranges.
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(len(version4).to_bytes(4, "big") + version4)
+    size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), 10), "big")
+    answer = await reader.readexactly(size)
+    writer.close()
+    assert answer[:4] == (1).to_bytes(4, "big")  # the correlation id
+    assert answer[4:6] == (35).to_bytes(2, "big")  # UNSUPPORTED_VERSION
+
+    assert len(kafka_python_values(cluster, 0)) == 0  # served: an empty topic reads empty
+    producer = KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap(), acks="all")
+    try:
+        assert producer.send(TOPIC, b"after").get(timeout=30).offset == 0
+    finally:
+        producer.close(timeout=10)
