@@ -3,7 +3,9 @@
 Each server is a subprocess started by module name (`python -m controller`,
 `python -m broker`): the client never imports them. Ports: brokers on base_port,
 base_port+2, base_port+4, ...; the controller on base_port+1 unless given (so the
-defaults, 9092 and 9093, match `python -m broker` / `python -m controller`).
+defaults, 9092 and 9093, match `python -m broker` / `python -m controller`); each
+broker's Kafka listener (Apache Kafka's protocol, for Kafka clients and tools) on
+kafka_base_port, kafka_base_port+2, ... (default base_port + 10000: 19092, 19094...).
 
 Layout under the data dir::
 
@@ -52,6 +54,10 @@ LOG_TAIL_LINES = 20
 
 class DevClusterError(Exception):
     """Startup or shutdown failed; the message says what and where to look."""
+
+
+# Where the Kafka listeners start when not given: 19092 for the default base port.
+KAFKA_PORT_OFFSET = 10_000
 
 
 def broker_ports(base_port: int, count: int) -> list[int]:
@@ -158,6 +164,7 @@ class DevCluster:
         brokers: int = 3,
         base_port: int = 9092,
         controller_port: int | None = None,
+        kafka_base_port: int | None = None,
         host: str = "127.0.0.1",
         startup_timeout: float = 60.0,
         stop_timeout: float = 20.0,
@@ -171,12 +178,22 @@ class DevCluster:
         self.host = host
         self.broker_ports = broker_ports(base_port, brokers)
         self.controller_port = base_port + 1 if controller_port is None else controller_port
+        kafka_base = base_port + KAFKA_PORT_OFFSET if kafka_base_port is None else kafka_base_port
+        self.kafka_ports = broker_ports(kafka_base, brokers)
         if self.controller_port in self.broker_ports:
             raise DevClusterError(
                 f"--controller-port {self.controller_port} clashes with a broker port "
                 f"({', '.join(map(str, self.broker_ports))})"
             )
-        if max([*self.broker_ports, self.controller_port]) > 65535 or base_port < 1:
+        if set(self.kafka_ports) & {self.controller_port, *self.broker_ports}:
+            raise DevClusterError(
+                f"--kafka-base-port {kafka_base}: the Kafka listeners' ports "
+                f"({', '.join(map(str, self.kafka_ports))}) clash with the other ports"
+            )
+        if (
+            max([*self.broker_ports, *self.kafka_ports, self.controller_port]) > 65535
+            or min(base_port, kafka_base) < 1
+        ):
             raise DevClusterError("ports must be between 1 and 65535")
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
@@ -204,7 +221,9 @@ class DevCluster:
             logs / "controller.log",
         )
         self.brokers: list[_Child] = []
-        for i, port in enumerate(self.broker_ports):
+        for i, (port, kafka_port) in enumerate(
+            zip(self.broker_ports, self.kafka_ports, strict=True)
+        ):
             node_id = i + 1
             self.brokers.append(
                 _Child(
@@ -217,7 +236,9 @@ class DevCluster:
                         "--node-id",
                         str(node_id),
                         "--listeners",
-                        f"PLAINTEXT://{host}:{port}",
+                        f"PLAINTEXT://{host}:{port},KAFKA://{host}:{kafka_port}",
+                        "--kafka-listeners",
+                        "KAFKA",
                         "--controller",
                         f"{host}:{self.controller_port}",
                         "--data-dir",
@@ -240,6 +261,11 @@ class DevCluster:
     def bootstrap(self) -> str:
         return ",".join(f"{self.host}:{p}" for p in self.broker_ports)
 
+    @property
+    def kafka_bootstrap(self) -> str:
+        """The Kafka listeners, for a Kafka client's bootstrap.servers."""
+        return ",".join(f"{self.host}:{p}" for p in self.kafka_ports)
+
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
@@ -261,14 +287,14 @@ class DevCluster:
         try:
             busy = [
                 p
-                for p in [self.controller_port, *self.broker_ports]
+                for p in [self.controller_port, *self.broker_ports, *self.kafka_ports]
                 if not port_is_free(self.host, p)
             ]
             if busy:
                 raise DevClusterError(
                     f"port {', '.join(map(str, busy))} on {self.host} is already in use "
                     "(another `minibroker dev`, or a Kafka broker?): stop it, or choose "
-                    "other ports with --base-port / --controller-port"
+                    "other ports with --base-port / --controller-port / --kafka-base-port"
                 )
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self._lock_data_dir()
@@ -286,6 +312,7 @@ class DevCluster:
             )
             self._say(f"data: {self.data_dir}  logs: {self.data_dir / 'logs'}")
             self._say(f"bootstrap: {self.bootstrap}")
+            self._say(f"kafka bootstrap: {self.kafka_bootstrap}")
             self._say("Press Ctrl-C to stop.")
             dead = await self._watch()
             if dead is not None:

@@ -4,8 +4,10 @@ Run by the image's HEALTHCHECK, without arguments. It finds the server process i
 container (`python -m controller|broker ...`, or `minibroker controller|broker ...`),
 works out the addresses it listens on the way the server does (flag > `MINIBROKER_*`
 environment > `--config` TOML file > default), connects to each on loopback and sends
-an ApiVersions request. Exit 0 when every listener answers with a valid ApiVersions
-response, else 1; either way one line on stdout says why (`docker inspect` shows it).
+an ApiVersions request, in Apache Kafka's protocol to a broker's Kafka listeners
+(--kafka-listeners) and in minibroker's to the others. Exit 0 when every listener
+answers with a valid ApiVersions response, else 1; either way one line on stdout says
+why (`docker inspect` shows it).
 
     python healthcheck.py [--timeout SECONDS] [HOST:PORT ...]
 
@@ -23,15 +25,22 @@ import socket
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
+from typing import TypeVar
 
 from protocol.api import ApiKey
 from protocol.connection import ClientConnection
 from protocol.errors import DecodeError
 from protocol.errors import ErrorCode
+from protocol.kafka.apis import API_VERSIONS
+from protocol.kafka.codec import decode_response
+from protocol.kafka.codec import encode_request
 from protocol.messages import ApiVersionsRequest
 from protocol.messages import ApiVersionsResponse
+
+T = TypeVar("T")
 
 # The servers' own defaults (CONTRACT.md, "Process configuration").
 _DEFAULTS = {"controller": "127.0.0.1:9093", "broker": "PLAINTEXT://127.0.0.1:9092"}
@@ -130,15 +139,26 @@ def _from_config_file(server: Server, key: str) -> str | None:
     return None if value is None else str(value)
 
 
-def listen_setting(server: Server) -> str:
-    """The server's listen address(es) as it would resolve them."""
-    key = _OPTION[server.role]
+def _setting(server: Server, key: str) -> str | None:
+    """A server option as it resolves it: flag > environment > TOML file."""
     return (
         _flag(server.args, key)
-        or server.env.get(f"MINIBROKER_{key.upper()}")
-        or _from_config_file(server, key)
-        or _DEFAULTS[server.role]
+        or server.env.get(f"MINIBROKER_{key.upper().replace('-', '_')}")
+        or _from_config_file(server, key.replace("-", "_"))
     )
+
+
+def listen_setting(server: Server) -> str:
+    """The server's listen address(es) as it would resolve them."""
+    return _setting(server, _OPTION[server.role]) or _DEFAULTS[server.role]
+
+
+def kafka_listener_names(server: Server) -> set[str]:
+    """The broker's listeners that speak Apache Kafka's protocol."""
+    if server.role != "broker":
+        return set()
+    value = _setting(server, "kafka-listeners") or ""
+    return {n.strip().upper() for n in value.split(",") if n.strip()}
 
 
 def _split_host_port(text: str) -> tuple[str, int]:
@@ -148,29 +168,35 @@ def _split_host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port_text)
 
 
-def probe_addresses(role: str, setting: str) -> list[tuple[str, int]]:
-    """Loopback-reachable (host, port) for each listen address of the setting."""
+class Target(NamedTuple):
+    host: str
+    port: int
+    kafka: bool  # a Kafka listener: probed in Apache Kafka's protocol
+
+
+def probe_addresses(role: str, setting: str, kafka: set[str] | None = None) -> list[Target]:
+    """A loopback-reachable target for each listen address of the setting; `kafka`:
+    the names of the listeners that speak Apache Kafka's protocol."""
     items = [setting] if role == "controller" else [s for s in setting.split(",") if s.strip()]
-    out: list[tuple[str, int]] = []
+    out: list[Target] = []
     for item in items:
-        host, port = _split_host_port(item.split("://", 1)[-1])
+        name, _, address = item.strip().rpartition("://")
+        host, port = _split_host_port(address)
         if port == 0:
             raise ProbeError(
                 f"the {role} listens on port 0 (a port picked at start): "
                 "give this probe HOST:PORT arguments"
             )
-        out.append((_WILDCARD.get(host, host), port))
+        out.append(Target(_WILDCARD.get(host, host), port, name.upper() in (kafka or set())))
     if not out:
         raise ProbeError(f"no listen address in {setting!r}")
     return out
 
 
-def probe(host: str, port: int, deadline: float) -> int:
-    """Send ApiVersions to host:port; return the number of APIs it announces."""
-    conn = ClientConnection("minibroker-healthcheck")
-    _cid, request = conn.send_request(
-        ApiVersionsRequest(client_software_name="minibroker-healthcheck")
-    )
+def _exchange(
+    host: str, port: int, request: bytes, deadline: float, answered: Callable[[bytes], T | None]
+) -> T:
+    """Send `request`, feed what comes back to `answered` until it returns an answer."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise ProbeError(f"{host}:{port}: no time left")
@@ -189,23 +215,57 @@ def probe(host: str, port: int, deadline: float) -> int:
                 received += len(chunk)
                 if received > _MAX_RESPONSE:
                     raise ProbeError(f"{host}:{port} sent more than {_MAX_RESPONSE} bytes")
-                responses = conn.receive_data(chunk)
-                if responses:
-                    break
+                answer = answered(chunk)
+                if answer is not None:
+                    return answer
     except TimeoutError:
         raise ProbeError(f"{host}:{port} did not answer ApiVersions in time") from None
     except OSError as exc:
         raise ProbeError(f"cannot reach {host}:{port}: {exc.strerror or exc}") from None
     except DecodeError as exc:
         raise ProbeError(f"{host}:{port} sent a malformed answer: {exc}") from None
-    response = responses[0]
+
+
+def _native_api_versions(host: str, port: int, deadline: float) -> ApiVersionsResponse:
+    conn = ClientConnection("minibroker-healthcheck")
+    _cid, request = conn.send_request(
+        ApiVersionsRequest(client_software_name="minibroker-healthcheck")
+    )
+    response = _exchange(
+        host, port, request, deadline, lambda c: next(iter(conn.receive_data(c)), None)
+    )
     if response.error_code != ErrorCode.NONE:
         raise ProbeError(
             f"{host}:{port} answered ApiVersions with {response.error_code.name}: "
             f"{response.error_message}"
         )
     body = response.body
-    if not isinstance(body, ApiVersionsResponse) or body.error_code != 0:
+    if not isinstance(body, ApiVersionsResponse):
+        raise ProbeError(f"{host}:{port} answered ApiVersions with {body!r}")
+    return body
+
+
+def _kafka_api_versions(host: str, port: int, deadline: float) -> ApiVersionsResponse:
+    request = encode_request(API_VERSIONS, 0, 1, "minibroker-healthcheck", ApiVersionsRequest())
+    buffer = bytearray()
+
+    def answered(chunk: bytes) -> ApiVersionsResponse | None:
+        buffer.extend(chunk)
+        if len(buffer) < 4 or len(buffer) < 4 + int.from_bytes(buffer[:4], "big"):
+            return None
+        body = decode_response(API_VERSIONS, 0, bytes(buffer[4:]))[1]
+        assert isinstance(body, ApiVersionsResponse)
+        return body
+
+    return _exchange(host, port, request, deadline, answered)
+
+
+def probe(target: Target, deadline: float) -> int:
+    """Send ApiVersions to the target; return the number of APIs it announces."""
+    host, port = target.host, target.port
+    ask = _kafka_api_versions if target.kafka else _native_api_versions
+    body = ask(host, port, deadline)
+    if body.error_code != 0:
         raise ProbeError(f"{host}:{port} answered ApiVersions with {body!r}")
     if not any(k.api_key == ApiKey.API_VERSIONS for k in body.api_keys):
         raise ProbeError(f"{host}:{port} does not announce ApiVersions itself")
@@ -233,15 +293,17 @@ def main(argv: list[str]) -> int:
     try:
         if targets:
             what = "server"
-            addresses = [_split_host_port(t) for t in targets]
+            addresses = [Target(*_split_host_port(t), kafka=False) for t in targets]
         else:
             server = find_server()
             if server is None:
                 print("unhealthy: no minibroker controller or broker process in this container")
                 return 1
             what = f"{server.role} (pid {server.pid})"
-            addresses = probe_addresses(server.role, listen_setting(server))
-        answers = [f"{h}:{p} ({probe(h, p, deadline)} APIs)" for h, p in addresses]
+            addresses = probe_addresses(
+                server.role, listen_setting(server), kafka_listener_names(server)
+            )
+        answers = [f"{t.host}:{t.port} ({probe(t, deadline)} APIs)" for t in addresses]
     except ProbeError as exc:
         print(f"unhealthy: {exc}")
         return 1

@@ -117,6 +117,14 @@ def broker(args: tuple[str, ...]) -> None:
     at_most=65535,
     help="Controller port.  [default: base-port + 1, i.e. 9093]",
 )
+@number_option(
+    "--kafka-base-port",
+    at_least=1,
+    at_most=65535,
+    help="Port of broker 1's Kafka listener (Apache Kafka's protocol, for Kafka clients "
+    "and tools); broker N's is kafka-base-port + 2*(N-1).  [default: base-port + 10000, "
+    "i.e. 19092]",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @number_option(
     "--startup-timeout",

@@ -444,6 +444,7 @@ class DockerBackend(Backend):
         self.compose_file = compose_file
         self.controller_port = free_port()
         self.ports = {i: free_port() for i in self.broker_ids}
+        self.kafka_ports = {i: free_port() for i in self.broker_ids}  # the Kafka listeners
         self.override = workdir / "compose.chaos.yml"
         self._isolated: dict[str, list[tuple[str, list[str]]]] = {}
         self.image_id = ""
@@ -459,6 +460,7 @@ class DockerBackend(Backend):
             MINIBROKER_IMAGE=self.image,
             CONTROLLER_PORT=str(self.controller_port),
             **{f"BROKER_{i}_PORT": str(p) for i, p in self.ports.items()},
+            **{f"BROKER_{i}_KAFKA_PORT": str(p) for i, p in self.kafka_ports.items()},
         )
         return env
 

@@ -7,6 +7,7 @@ broker` are."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import queue
@@ -25,6 +26,8 @@ import pytest
 from cluster import CLI
 from cluster import CLI_ENV as ENV
 from cluster import mb
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KTopicPartition
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 90
@@ -43,10 +46,12 @@ def _port_free(port: int) -> bool:
 
 
 def free_base_port(brokers: int) -> int:
-    """A base port whose broker ports (base + 2i) and controller port (base + 1) are free."""
+    """A base port whose broker ports (base + 2i), controller port (base + 1) and Kafka
+    listener ports (base + 10000 + 2i, `minibroker dev`'s default) are free."""
     for _ in range(200):
-        base = random.randrange(20_000, 32_000, 2)  # below Linux's ephemeral range
-        if all(_port_free(base + i) for i in range(2 * brokers)):
+        base = random.randrange(20_000, 22_700, 2)  # both ranges below Linux's ephemeral one
+        ports = [base + i for i in range(2 * brokers)]
+        if all(_port_free(p) and _port_free(p + 10_000) for p in ports):
             return base
     raise RuntimeError("no free port range found")
 
@@ -102,7 +107,8 @@ class DevProcess:
     def output(self) -> str:
         return "".join(self.stdout) + "".join(self.stderr)
 
-    def wait_for_bootstrap(self) -> str:
+    def wait_for_bootstrap(self, prefix: str = "bootstrap: ") -> str:
+        """The address list `minibroker dev` prints after `prefix` once it is ready."""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
@@ -111,8 +117,8 @@ class DevProcess:
                 if self.proc.poll() is not None:
                     break
                 continue
-            if line.startswith("bootstrap: "):
-                return line.split(" ", 1)[1].strip()
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
         logs = ""
         for log in sorted((self.data_dir / "logs").glob("*.log")):
             logs += f"\n--- {log.name}\n" + log.read_text(errors="replace")[-3000:]
@@ -150,6 +156,10 @@ def dev(tmp_path: Path) -> Iterator[DevProcess]:
 def test_dev_topic_produce_consume_and_ctrl_c(dev: DevProcess) -> None:
     bootstrap = dev.wait_for_bootstrap()
     assert bootstrap == ",".join(f"127.0.0.1:{dev.base_port + 2 * i}" for i in range(3))
+    kafka_bootstrap = dev.wait_for_bootstrap("kafka bootstrap: ")
+    assert kafka_bootstrap == ",".join(
+        f"127.0.0.1:{dev.base_port + 10_000 + 2 * i}" for i in range(3)
+    )
     children = pids_mentioning(str(dev.data_dir)) - {dev.proc.pid}
     assert len(children) == 4, dev.output()  # the controller and 3 brokers
 
@@ -201,6 +211,17 @@ def test_dev_topic_produce_consume_and_ctrl_c(dev: DevProcess) -> None:
         values = [int(r["value"]) for r in rs]
         assert values == sorted(values)
         assert all(r["leader_epoch"] >= 0 for r in rs)
+
+    # A Kafka client reads the same records through the Kafka listeners.
+    kafka_consumer = KafkaConsumer(
+        bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=10_000
+    )
+    try:
+        kafka_consumer.assign([KTopicPartition("t", p) for p in range(3)])
+        through_kafka = [m.value.decode() for m in itertools.islice(kafka_consumer, 1000)]
+    finally:
+        kafka_consumer.close()
+    assert sorted(through_kafka) == sorted(str(i) for i in range(1, 1001))
 
     described = mb("topic", "describe", "t", "-b", bootstrap)
     assert described.returncode == 0, described.stderr

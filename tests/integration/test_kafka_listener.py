@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -23,6 +25,8 @@ from kafka import TopicPartition as KTopicPartition
 from client import AsyncConsumer
 from client import AsyncProducer
 from client.types import TopicPartition
+from protocol.kafka.apis import KAFKA_APIS
+from tests.integration.cluster import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -183,3 +187,23 @@ async def test_hostile_bytes_close_one_connection_and_the_listener_serves_on(
         assert producer.send(TOPIC, b"after").get(timeout=30).offset == 0
     finally:
         producer.close(timeout=10)
+
+
+def test_the_container_healthcheck_probes_a_kafka_listener_in_kafkas_protocol(
+    cluster: Cluster,
+) -> None:
+    """docker/healthcheck.py asks each listener ApiVersions in the protocol it speaks."""
+    sys.path.insert(0, str(REPO / "docker"))
+    try:
+        import healthcheck
+    finally:
+        sys.path.pop(0)
+    broker = cluster.brokers[1]
+    host, port = broker.kafka_address.split(":")
+    setting = f"PLAINTEXT://{broker.host}:{broker.port},KAFKA://{host}:{port}"
+    targets = healthcheck.probe_addresses("broker", setting, {"KAFKA"})
+    assert [t.kafka for t in targets] == [False, True]
+    deadline = time.monotonic() + 10
+    native, kafka = (healthcheck.probe(t, deadline) for t in targets)
+    assert kafka == len(KAFKA_APIS)  # every Kafka API this broker serves
+    assert native > kafka  # the native listener serves the inter-broker APIs too

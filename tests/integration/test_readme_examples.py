@@ -16,6 +16,7 @@ from tests.integration.cluster import REPO
 from tests.integration.cluster import Cluster
 
 README_ADDRESS = "127.0.0.1:9092"
+README_KAFKA_ADDRESS = "127.0.0.1:19092"  # `minibroker dev`'s Kafka listeners
 
 
 def readme_python_blocks() -> list[str]:
@@ -28,10 +29,14 @@ def is_spark_example(block: str) -> bool:
     return "client.spark" in block
 
 
-def run_readme_block(block: str, bootstrap: str, timeout_s: float) -> str:
-    """Run one README example in a fresh interpreter with the README's address replaced;
-    its stdout."""
+def run_readme_block(
+    block: str, bootstrap: str, timeout_s: float, kafka_bootstrap: str = ""
+) -> str:
+    """Run one README example in a fresh interpreter with the README's addresses
+    replaced; its stdout."""
     code = block.replace(README_ADDRESS, bootstrap)
+    if kafka_bootstrap:
+        code = code.replace(README_KAFKA_ADDRESS, kafka_bootstrap)
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
@@ -46,10 +51,10 @@ def run_readme_block(block: str, bootstrap: str, timeout_s: float) -> str:
 
 @pytest.fixture
 def cluster(cluster: Cluster) -> Cluster:
-    """conftest's cluster with a controller and brokers 1, 2, 3."""
+    """conftest's cluster with a controller and brokers 1, 2, 3, with Kafka listeners."""
     cluster.start_controller()
     for node in (1, 2, 3):
-        cluster.start_broker(node)
+        cluster.start_broker(node, kafka=True)
     return cluster
 
 
@@ -62,12 +67,16 @@ def test_readme_has_examples() -> None:
 def test_readme_examples_run_as_written(cluster: Cluster) -> None:
     host, port = cluster.brokers[1].address
     outputs = [
-        run_readme_block(block, f"{host}:{port}", timeout_s=120)
+        run_readme_block(
+            block, f"{host}:{port}", timeout_s=120, kafka_bootstrap=cluster.kafka_bootstrap()
+        )
         for block in readme_python_blocks()
         if not is_spark_example(block)
     ]
-    first, second = outputs[0].splitlines(), outputs[1].splitlines()
+    first, second, kafka = (out.splitlines() for out in outputs[:3])
     assert first[0] == "0 0"  # offset 0 at leader epoch 0
     assert first[1] == "0 0 b'k' b'hello'"
     assert "OffsetAndMetadata(offset=1" in first[2] and "leader_epoch=0" in first[2]
     assert second == ["11 records"]
+    # kafka-python through the Kafka listener: offset 0, then the record at epoch 0.
+    assert kafka == ["0", "0 0 b'k' b'hi'"]
