@@ -26,6 +26,14 @@ from protocol.kafka.schema import KStruct
 from protocol.messages import ApiVersionRange
 from protocol.messages import ApiVersionsRequest
 from protocol.messages import ApiVersionsResponse
+from protocol.messages import CreatableReplicaAssignment
+from protocol.messages import CreatableTopic
+from protocol.messages import CreatableTopicResult
+from protocol.messages import CreateTopicsRequest
+from protocol.messages import CreateTopicsResponse
+from protocol.messages import DeletableTopicResult
+from protocol.messages import DeleteTopicsRequest
+from protocol.messages import DeleteTopicsResponse
 from protocol.messages import EpochEndOffset
 from protocol.messages import EpochEndOffsetResult
 from protocol.messages import FetchPartition
@@ -491,6 +499,98 @@ INIT_PRODUCER_ID = KafkaApi(
     ),
 )
 
+
+def _configs_to_native(configs: list[dict[str, Any]]) -> dict[str, str]:
+    # A null value asks for the default: the same as not setting it.
+    return {c["name"]: c["value"] for c in configs if c["value"] is not None}
+
+
+def _configs_from_native(configs: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"name": name, "value": value} for name, value in configs.items()]
+
+
+_CREATABLE_TOPIC = KStruct(
+    CreatableTopic,
+    (
+        Field("name", STRING),
+        Field("num_partitions", INT32),
+        Field("replication_factor", INT16),
+        Field(
+            "assignments",
+            Array(
+                KStruct(
+                    CreatableReplicaAssignment,
+                    (Field("partition_index", INT32), Field("broker_ids", Array(INT32))),
+                )
+            ),
+        ),
+        Field(
+            "configs",
+            Array(KStruct(None, (Field("name", STRING), Field("value", STRING, nullable="0+")))),
+            to_native=_configs_to_native,
+            from_native=_configs_from_native,
+        ),
+    ),
+)
+
+CREATE_TOPICS = KafkaApi(
+    ApiKey.CREATE_TOPICS,
+    2,
+    4,  # v4: -1 partitions / replication factor for the cluster's defaults
+    5,
+    request=KStruct(
+        CreateTopicsRequest,
+        (
+            Field("topics", Array(_CREATABLE_TOPIC)),
+            Field("timeout_ms", INT32),
+            Field("validate_only", BOOL),
+        ),
+    ),
+    response=KStruct(
+        CreateTopicsResponse,
+        (
+            _no_throttle("2+"),
+            Field(
+                "topics",
+                Array(
+                    KStruct(
+                        CreatableTopicResult,
+                        (
+                            Field("name", STRING),
+                            Field("error_code", INT16),
+                            Field("error_message", STRING, nullable="0+"),
+                        ),
+                    )
+                ),
+            ),
+        ),
+    ),
+)
+
+DELETE_TOPICS = KafkaApi(
+    ApiKey.DELETE_TOPICS,
+    1,
+    3,
+    4,
+    request=KStruct(
+        DeleteTopicsRequest, (Field("topic_names", Array(STRING)), Field("timeout_ms", INT32))
+    ),
+    response=KStruct(
+        DeleteTopicsResponse,
+        (
+            _no_throttle("1+"),
+            Field(
+                "responses",
+                Array(
+                    KStruct(
+                        DeletableTopicResult, (Field("name", STRING), Field("error_code", INT16))
+                    )
+                ),
+            ),
+        ),
+    ),
+)
+
 KAFKA_APIS: dict[int, KafkaApi] = {
     int(api.key): api
     for api in (
@@ -501,5 +601,7 @@ KAFKA_APIS: dict[int, KafkaApi] = {
         LIST_OFFSETS,
         OFFSET_FOR_LEADER_EPOCH,
         INIT_PRODUCER_ID,
+        CREATE_TOPICS,
+        DELETE_TOPICS,
     )
 }

@@ -18,9 +18,12 @@ from collections.abc import Iterator
 
 import pytest
 from cluster import Cluster
+from kafka import KafkaAdminClient
 from kafka import KafkaConsumer
 from kafka import KafkaProducer
 from kafka import TopicPartition as KTopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
 
 from client import AsyncConsumer
 from client import AsyncProducer
@@ -207,3 +210,27 @@ def test_the_container_healthcheck_probes_a_kafka_listener_in_kafkas_protocol(
     native, kafka = (healthcheck.probe(t, deadline) for t in targets)
     assert kafka == len(KAFKA_APIS)  # every Kafka API this broker serves
     assert native > kafka  # the native listener serves the inter-broker APIs too
+
+
+def test_kafka_python_admin_creates_and_deletes_topics(cluster: Cluster) -> None:
+    """KafkaAdminClient sends CreateTopics / DeleteTopics to the node Metadata names as
+    controller: a broker, which forwards them to minibroker's controller."""
+    admin = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap(), request_timeout_ms=20_000)
+    try:
+        admin.create_topics(
+            [
+                NewTopic("by-kafka-admin", 2, 3, topic_configs={"min.insync.replicas": "2"}),
+                NewTopic("defaults", -1, -1),
+            ]
+        )
+        assert {"by-kafka-admin", "defaults"} <= set(admin.list_topics())
+        with pytest.raises(TopicAlreadyExistsError):
+            admin.create_topics([NewTopic("by-kafka-admin", 1, 1)])
+        admin.delete_topics(["defaults"])
+    finally:
+        admin.close()
+    consumer = KafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap())
+    try:
+        assert consumer.partitions_for_topic("by-kafka-admin") == {0, 1}
+    finally:
+        consumer.close()
