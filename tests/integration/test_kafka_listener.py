@@ -11,6 +11,7 @@ Kafka client's fetch at a stale epoch exactly as it refuses a native one.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import sys
 import time
@@ -234,3 +235,52 @@ def test_kafka_python_admin_creates_and_deletes_topics(cluster: Cluster) -> None
         assert consumer.partitions_for_topic("by-kafka-admin") == {0, 1}
     finally:
         consumer.close()
+
+
+async def test_kafka_python_commits_and_resumes_at_the_commit(cluster: Cluster) -> None:
+    """Offsets without group membership (assigned partitions, generation -1): committed
+    through the Kafka listener on the same coordinator as the native listener's, with
+    the leader epoch, and a new consumer of the group resumes there."""
+    await create_topic(cluster)
+    producer = KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap(), acks="all")
+    try:
+        for i in range(10):
+            producer.send(TOPIC, value=f"r{i}".encode(), partition=0)
+        producer.flush(timeout=30)
+    finally:
+        producer.close(timeout=10)
+    tp = KTopicPartition(TOPIC, 0)
+
+    def consumer() -> KafkaConsumer:
+        c = KafkaConsumer(
+            bootstrap_servers=cluster.kafka_bootstrap(),
+            group_id="kafka-readers",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=5_000,
+        )
+        c.assign([tp])
+        return c
+
+    first = consumer()
+    try:
+        read = [m.value for m in itertools.islice(first, 4)]
+        assert read == [b"r0", b"r1", b"r2", b"r3"]
+        first.commit()
+        committed = first.committed(tp, metadata=True)
+        assert committed.offset == 4 and committed.leader_epoch >= 0
+    finally:
+        first.close()
+
+    second = consumer()
+    try:
+        assert [m.value for m in itertools.islice(second, 6)] == [
+            f"r{i}".encode() for i in range(4, 10)
+        ]
+    finally:
+        second.close()
+
+    # minibroker's consumer of the same group sees the same commit.
+    async with AsyncConsumer(native_bootstrap(cluster), group_id="kafka-readers") as ours:
+        committed_natively = await ours.committed(TopicPartition(TOPIC, 0))
+    assert committed_natively is not None and committed_natively.offset == 4
