@@ -1,11 +1,16 @@
-"""kafka-python 3.0.12, unmodified, against a three-broker cluster through the brokers'
-Kafka listeners (issue 15): it connects (ApiVersions, downgrading from v4), produces
-idempotently with acks=all and every compression codec, reads everything back exactly
-once with assigned partitions, and reads the watermarks; minibroker's own consumer
-reads the batches kafka-python wrote (xerial-framed snappy included), and the reverse.
+"""Kafka's own clients, unmodified, against a three-broker cluster through the brokers'
+Kafka listeners (issue 15).
 
-A Kafka listener serves the broker's one implementation: a deposed leader refuses a
-Kafka client's fetch at a stale epoch exactly as it refuses a native one.
+- kafka-python 3.0.12 connects (ApiVersions, downgrading from v4), produces idempotently
+  with acks=all and every compression codec, reads everything back exactly once with
+  assigned partitions, reads the watermarks, creates and deletes topics with its admin,
+  and commits and resumes with a group id; minibroker's consumer reads the batches
+  kafka-python wrote (xerial-framed snappy included), and the reverse.
+- confluent-kafka 2.16.1 (librdkafka) creates a topic, produces with every codec,
+  consumes with leader epochs and commits with the leader epoch.
+- The Kafka listener serves the broker's one implementation: a Kafka Fetch at a stale
+  or future leader epoch is refused with FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH, as
+  a native one is; hostile bytes close one connection only.
 """
 
 from __future__ import annotations
@@ -19,6 +24,11 @@ from collections.abc import Iterator
 
 import pytest
 from cluster import Cluster
+from confluent_kafka import Consumer as ConfluentConsumer
+from confluent_kafka import Producer as ConfluentProducer
+from confluent_kafka import TopicPartition as ConfluentTopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import NewTopic as ConfluentNewTopic
 from kafka import KafkaAdminClient
 from kafka import KafkaConsumer
 from kafka import KafkaProducer
@@ -26,10 +36,21 @@ from kafka import TopicPartition as KTopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from client import AsyncAdmin
 from client import AsyncConsumer
 from client import AsyncProducer
 from client.types import TopicPartition
+from protocol.errors import ErrorCode
+from protocol.kafka.apis import FETCH
 from protocol.kafka.apis import KAFKA_APIS
+from protocol.kafka.apis import KafkaApi
+from protocol.kafka.codec import decode_response
+from protocol.kafka.codec import encode_request
+from protocol.messages import FetchPartition
+from protocol.messages import FetchRequest
+from protocol.messages import FetchResponse
+from protocol.messages import FetchTopic
+from protocol.messages import Message
 from tests.integration.cluster import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -57,7 +78,6 @@ def native_bootstrap(cluster: Cluster) -> str:
 
 
 async def create_topic(cluster: Cluster) -> None:
-    from client import AsyncAdmin
     from client import NewTopic
 
     async with AsyncAdmin(native_bootstrap(cluster)) as admin:
@@ -86,6 +106,16 @@ def kafka_python_values(cluster: Cluster, expected: int) -> list[tuple[int, int,
         consumer.close()
 
 
+def assert_exactly_once(got: list[tuple[int, int, bytes]], sent: list[bytes]) -> None:
+    """Every record sent read once, none twice, at contiguous offsets from 0."""
+    assert sorted(v for _, _, v in got) == sorted(sent), "every record once, none twice"
+    per_partition: dict[int, list[int]] = {}
+    for partition, offset, _ in got:
+        per_partition.setdefault(partition, []).append(offset)
+    for offsets in per_partition.values():
+        assert sorted(offsets) == list(range(len(offsets))), "contiguous offsets from 0"
+
+
 async def test_kafka_python_produces_with_every_codec_and_reads_back_exactly_once(
     cluster: Cluster,
 ) -> None:
@@ -110,13 +140,7 @@ async def test_kafka_python_produces_with_every_codec_and_reads_back_exactly_onc
         finally:
             producer.close(timeout=10)
 
-    got = kafka_python_values(cluster, len(sent))
-    assert sorted(v for _, _, v in got) == sorted(sent), "every record once, none twice"
-    per_partition: dict[int, list[int]] = {}
-    for partition, offset, _ in got:
-        per_partition.setdefault(partition, []).append(offset)
-    for offsets in per_partition.values():
-        assert offsets == list(range(len(offsets))), "contiguous offsets from 0"
+    assert_exactly_once(kafka_python_values(cluster, len(sent)), sent)
 
     # minibroker's consumer reads what kafka-python wrote, every codec's batches.
     async with AsyncConsumer(native_bootstrap(cluster), auto_offset_reset="earliest") as ours:
@@ -284,3 +308,121 @@ async def test_kafka_python_commits_and_resumes_at_the_commit(cluster: Cluster) 
     async with AsyncConsumer(native_bootstrap(cluster), group_id="kafka-readers") as ours:
         committed_natively = await ours.committed(TopicPartition(TOPIC, 0))
     assert committed_natively is not None and committed_natively.offset == 4
+
+
+def test_confluent_kafka_creates_produces_with_every_codec_reads_and_commits(
+    cluster: Cluster,
+) -> None:
+    """librdkafka 2.16 (confluent-kafka 2.16.1): its admin creates the topic, its
+    idempotent acks=all producer writes with every codec, its consumer reads everything
+    once with the leader epochs (Metadata v9: librdkafka's KIP-320 checks are on), and
+    commits with the leader epoch."""
+    bootstrap = cluster.kafka_bootstrap()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    created = admin.create_topics(
+        [ConfluentNewTopic(TOPIC, PARTITIONS, 3, config={"min.insync.replicas": "2"})]
+    )
+    created[TOPIC].result(timeout=30)
+
+    sent: list[bytes] = []
+    failures: list[object] = []
+    for codec in ("none", "gzip", "snappy", "lz4", "zstd"):
+        producer = ConfluentProducer(
+            {
+                "bootstrap.servers": bootstrap,
+                "acks": "all",
+                "enable.idempotence": True,
+                "compression.type": codec,
+                "linger.ms": 5,
+            }
+        )
+        values = [f"{codec}-{i}".encode() for i in range(PER_CODEC)]
+        for value in values:
+            producer.produce(
+                TOPIC, key=value, value=value, on_delivery=lambda e, m: e and failures.append(e)
+            )
+        assert producer.flush(30) == 0, "undelivered records"
+        sent += values
+    assert failures == []
+
+    consumer = ConfluentConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "confluent-readers",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([ConfluentTopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
+        got: list[tuple[int, int, bytes]] = []
+        epochs: set[int | None] = set()
+        deadline = time.monotonic() + 60
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            got.append((message.partition(), message.offset(), message.value()))
+            epochs.add(message.leader_epoch())
+        assert_exactly_once(got, sent)
+        assert epochs == {0}, "every record carries its leader epoch"
+        consumer.commit(asynchronous=False)
+        (committed,) = consumer.committed([ConfluentTopicPartition(TOPIC, 0)], timeout=10)
+        low, high = consumer.get_watermark_offsets(ConfluentTopicPartition(TOPIC, 0), timeout=10)
+    finally:
+        consumer.close()
+    assert (committed.offset, committed.leader_epoch) == (high, 0)
+    assert low == 0 and high == sum(1 for p, _, _ in got if p == 0)
+
+
+async def kafka_request(address: str, api: KafkaApi, version: int, body: Message) -> Message:
+    """One request in Kafka's protocol over a raw socket, as any Kafka client sends it."""
+    host, port = address.split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(encode_request(api, version, 1, "raw-kafka", body))
+        size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), 10), "big")
+        return decode_response(api, version, await reader.readexactly(size))[1]
+    finally:
+        writer.close()
+
+
+async def test_a_kafka_fetch_at_a_stale_or_future_epoch_is_fenced(cluster: Cluster) -> None:
+    """KIP-320 fencing on the Kafka listener, the same code path as the native one: the
+    first leader stops (a controlled shutdown moves leadership, bumping the epoch), then
+    a Kafka Fetch at the old epoch is FENCED_LEADER_EPOCH and one at the next epoch
+    UNKNOWN_LEADER_EPOCH; -1 skips the check."""
+    await create_topic(cluster)
+    tp = TopicPartition(TOPIC, 0)
+    async with AsyncAdmin(native_bootstrap(cluster)) as admin:
+        await admin.cluster.refresh_metadata([TOPIC])
+        first, old_epoch = admin.cluster.leader_for(tp)
+        assert cluster.brokers[first].terminate() == 0
+        deadline = time.monotonic() + 30
+        while True:
+            await admin.cluster.refresh_metadata([TOPIC])
+            leader, epoch = admin.cluster.leader_for(tp)
+            if leader not in (first, -1) and epoch > old_epoch:
+                break
+            assert time.monotonic() < deadline, "no new leader after a controlled shutdown"
+            await asyncio.sleep(0.2)
+    answers = {}
+    for name, current in (
+        ("stale", old_epoch),
+        ("none", -1),
+        ("current", epoch),
+        ("next", epoch + 1),
+    ):
+        partition = FetchPartition(partition=0, current_leader_epoch=current, fetch_offset=0)
+        request = FetchRequest(
+            max_wait_ms=0, topics=[FetchTopic(topic=TOPIC, partitions=[partition])]
+        )
+        response = await kafka_request(cluster.brokers[leader].kafka_address, FETCH, 12, request)
+        assert isinstance(response, FetchResponse)
+        answers[name] = response.responses[0].partitions[0].error_code
+    assert answers == {
+        "stale": ErrorCode.FENCED_LEADER_EPOCH,
+        "none": ErrorCode.NONE,
+        "current": ErrorCode.NONE,
+        "next": ErrorCode.UNKNOWN_LEADER_EPOCH,
+    }
