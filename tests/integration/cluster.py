@@ -284,13 +284,16 @@ class Cluster:
         ]
 
     def start_broker(
-        self, node_id: int, *extra: str, wait: bool = True, kafka: bool = False
+        self, node_id: int, *extra: str, wait: bool = True, kafka: bool | None = None
     ) -> BrokerProcess:
         """Start (or restart, on the same ports and data dir) broker `node_id`; with
-        `kafka`, it has a Kafka listener as well (`kafka_address`)."""
+        `kafka`, it has a Kafka listener as well (`kafka_address`); None: as before."""
         old = self.brokers.get(node_id)
         port = old.port if old is not None else 0
-        kafka_port = ((old.kafka_port if old is not None else None) or 0) if kafka else None
+        old_kafka = old.kafka_port if old is not None else None
+        if kafka is None:
+            kafka = old_kafka is not None
+        kafka_port = (old_kafka or 0) if kafka else None
         proc = BrokerProcess(
             name=f"broker-{node_id}",
             args=self.broker_args(node_id, port, *extra, kafka_port=kafka_port),
