@@ -21,6 +21,7 @@ BENCHES = {
     "summary": "bench.summary",
     "micro": "bench.micro",
     "broker-cpu": "bench.broker_cpu",
+    "listener-cpu": "bench.listener_cpu",
 }
 # Options a bench name implies: produce-batch is the produce bench through
 # create_batch()/send_batch(), only the RF 3 acks=all cells the targets are about.

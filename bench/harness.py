@@ -52,6 +52,7 @@ from protocol.record_batch import BatchBuilder
 from protocol.record_batch import Compression
 from protocol.record_batch import iter_headers
 from tests.integration.cluster import _BROKER_READY
+from tests.integration.cluster import _KAFKA_LISTENER
 from tests.integration.cluster import Cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,8 +86,11 @@ class BenchCluster:
         broker_args: Sequence[str] = (),
         session_timeout_ms: int = 4000,
         keep_data: bool = False,
+        kafka: bool = False,
     ) -> None:
+        """`kafka`: every broker has a Kafka listener too (`kafka_bootstrap`)."""
         assert brokers >= 1, "a cluster needs a broker"
+        self.kafka = kafka
         self.broker_count = brokers
         self.broker_args = list(broker_args)
         self.session_timeout_ms = session_timeout_ms
@@ -101,7 +105,7 @@ class BenchCluster:
         try:
             self.cluster.start_controller(session_timeout_ms=self.session_timeout_ms)
             for node_id in range(1, self.broker_count + 1):
-                self.cluster.start_broker(node_id, *self.broker_args, wait=False)
+                self.cluster.start_broker(node_id, *self.broker_args, wait=False, kafka=self.kafka)
             for proc in self.cluster.brokers.values():  # all start at once, then wait
                 wait_broker_ready(proc)
         except BaseException:
@@ -147,6 +151,11 @@ class BenchCluster:
     def bootstrap(self) -> str:
         return ",".join(f"{b.host}:{b.port}" for b in self.cluster.brokers.values() if b.port)
 
+    @property
+    def kafka_bootstrap(self) -> str:
+        """The brokers' Kafka listeners (a cluster started with `kafka`)."""
+        return self.cluster.kafka_bootstrap()
+
     def restart_broker(self, node_id: int, *, wait: bool = True) -> Any:
         """Start broker `node_id` again on its port and data dir (after kill/terminate)."""
         if self._closing:
@@ -188,9 +197,12 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 def wait_broker_ready(proc: Any) -> None:
-    """Until the broker logs `broker N started` (then its actual port is known)."""
+    """Until the broker logs `broker N started` (then its actual ports are known)."""
     match = proc.wait_for(_BROKER_READY)
     proc.host, proc.port = match[2], int(match[3])
+    kafka = _KAFKA_LISTENER.search(match[4])
+    if kafka is not None:
+        proc.kafka_port = int(kafka[2])
 
 
 async def wait_full_isr(

@@ -90,3 +90,13 @@ def test_broker_cpu_writes_leader_and_follower_cost(tmp_path: Path) -> None:
     # to two followers) more than a follower.
     assert row["follower_us_per_record"] > 0
     assert row["leader_us_per_record"] > row["follower_us_per_record"]
+
+
+def test_listener_cpu_measures_both_protocols(tmp_path: Path) -> None:
+    doc = run_bench("listener-cpu", tmp_path / "listener-cpu.json", "--requests", "100")
+    rows = {row["request"]: row for row in doc["results"]}
+    assert set(rows) == {"produce", "fetch"}
+    for row in rows.values():
+        # The broker spent CPU on each request in both protocols.
+        assert row["native_us"] > 0 and row["kafka_us"] > 0
+        assert row["kafka_over_native"] == pytest.approx(row["kafka_us"] / row["native_us"], 0.05)
