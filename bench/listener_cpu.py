@@ -81,20 +81,17 @@ async def send_kafka(
 ) -> None:
     reader, writer = await asyncio.open_connection(*address)
     frame = encode_request(api, version, 1, "bench", body)
-    pending = bytearray()
-
-    def answered(data: bytes) -> int:
-        pending.extend(data)
-        done = 0
-        while len(pending) >= 4 and len(pending) >= 4 + int.from_bytes(pending[:4], "big"):
-            size = int.from_bytes(pending[:4], "big")
-            decode_response(api, version, bytes(pending[4 : 4 + size]))
-            del pending[: 4 + size]
-            done += 1
-        return done
-
     try:
-        await _pipeline(count, in_flight, lambda: writer.write(frame), answered, reader, writer)
+        sent = done = 0
+        while done < count:
+            while sent < count and sent - done < in_flight:
+                writer.write(frame)
+                sent += 1
+            await writer.drain()
+            # Frame by frame, as a Kafka client reads (no re-buffering of big answers).
+            size = int.from_bytes(await reader.readexactly(4), "big")
+            decode_response(api, version, await reader.readexactly(size))
+            done += 1
     finally:
         writer.close()
 

@@ -37,6 +37,7 @@ from protocol.messages import ApiVersionsResponse
 from protocol.messages import Message
 
 _FRAME_LENGTH = struct.Struct(">i")
+_HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
 
 
 def served_versions(serves: Serves | None = None) -> list[ApiVersionRange]:
@@ -51,7 +52,7 @@ def served_versions(serves: Serves | None = None) -> list[ApiVersionRange]:
 def decode_request(payload: bytes | bytearray | memoryview) -> DecodedRequest | Refusal:
     """One request frame's payload. Raises DecodeError when not even its header reads."""
     r = Reader(payload)
-    api_key, version, correlation_id = r.int16(), r.int16(), r.int32()
+    api_key, version, correlation_id = r.fixed_run(_HEADER, "request header")
     client_id = r.string(compact=False, nullable=True)  # never compact, even in v2
     header = RequestHeader(api_key, version, correlation_id, client_id)
     api = KAFKA_APIS.get(api_key)

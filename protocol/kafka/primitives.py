@@ -59,6 +59,12 @@ class Reader:
         value: int = s.unpack_from(self._data, at)[0]
         return value
 
+    def fixed_run(self, s: struct.Struct, what: str) -> tuple[int, ...]:
+        """Several fixed-size fields in a row, packed together as `s` (one bounds check
+        and one unpack for the run)."""
+        at = self._need(s.size, what)
+        return s.unpack_from(self._data, at)
+
     def int16(self) -> int:
         return self.fixed(I16, "INT16")
 
@@ -73,6 +79,10 @@ class Reader:
 
     def uvarint(self) -> int:
         """An UNSIGNED_VARINT of at most 32 bits."""
+        data, at = self._data, self.pos
+        if at < len(data) and data[at] < 0x80:  # one byte: nearly every length and count
+            self.pos = at + 1
+            return data[at]
         result = shift = 0
         for _ in range(_MAX_UVARINT_BYTES):
             at = self._need(1, "UNSIGNED_VARINT")
@@ -91,9 +101,9 @@ class Reader:
         return memoryview(self._data)[at : at + n]
 
     def _text(self, n: int, what: str) -> str:
-        view = self.raw(n, what)
+        at = self._need(n, what)
         try:
-            return str(view, "utf-8")
+            return str(self._data[at : at + n], "utf-8")
         except UnicodeDecodeError as exc:
             raise DecodeError(f"{what} is not UTF-8: {exc}") from None
 

@@ -54,15 +54,26 @@ def _in(span: tuple[int, int], version: int) -> bool:
 
 
 class WireType:
-    """One wire type: how a value is read and written, and its smallest encoding."""
+    """One wire type: the Python source that reads and writes a value of it (compiled
+    into each struct's reader and writer), and its smallest encoding."""
 
     def read(self, r: Reader, version: int, flexible: bool, nullable: bool) -> Any:
-        raise NotImplementedError
+        return _one_value(self, version, flexible, nullable)[0](r)
 
     def write(self, w: Writer, value: Any, version: int, flexible: bool, nullable: bool) -> None:
-        raise NotImplementedError
+        _one_value(self, version, flexible, nullable)[1](w, value)
 
     def min_size(self, version: int, flexible: bool) -> int:
+        raise NotImplementedError
+
+    def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
+        """A Python expression reading one value from `r` (see KStruct.reader)."""
+        raise NotImplementedError
+
+    def write_source(
+        self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
+    ) -> str:
+        """A Python statement writing the value of expression `value` to `w`."""
         raise NotImplementedError
 
 
@@ -71,26 +82,30 @@ class _Fixed(WireType):
     packing: struct.Struct
     what: str
 
-    def read(self, r: Reader, version: int, flexible: bool, nullable: bool) -> Any:
-        return r.fixed(self.packing, self.what)
-
-    def write(self, w: Writer, value: Any, version: int, flexible: bool, nullable: bool) -> None:
-        w.fixed(self.packing, value)
-
     def min_size(self, version: int, flexible: bool) -> int:
         return self.packing.size
+
+    def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
+        return f"r.fixed({ns.bind(self.packing)}, {self.what!r})"
+
+    def write_source(
+        self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
+    ) -> str:
+        return f"w.fixed({ns.bind(self.packing)}, {value})"
 
 
 @dataclass(frozen=True)
 class _Bool(WireType):
-    def read(self, r: Reader, version: int, flexible: bool, nullable: bool) -> Any:
-        return r.boolean()
-
-    def write(self, w: Writer, value: Any, version: int, flexible: bool, nullable: bool) -> None:
-        w.boolean(value)
-
     def min_size(self, version: int, flexible: bool) -> int:
         return 1
+
+    def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
+        return "r.boolean()"
+
+    def write_source(
+        self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
+    ) -> str:
+        return f"w.boolean({value})"
 
 
 @dataclass(frozen=True)
@@ -101,14 +116,16 @@ class _Sized(WireType):
     kind: str  # the Reader/Writer method: "string" or "bytes_"
     length_size: int
 
-    def read(self, r: Reader, version: int, flexible: bool, nullable: bool) -> Any:
-        return getattr(r, self.kind)(compact=flexible, nullable=nullable)
-
-    def write(self, w: Writer, value: Any, version: int, flexible: bool, nullable: bool) -> None:
-        getattr(w, self.kind)(value, compact=flexible, nullable=nullable)
-
     def min_size(self, version: int, flexible: bool) -> int:
         return 1 if flexible else self.length_size
+
+    def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
+        return f"r.{self.kind}(compact={flexible}, nullable={nullable})"
+
+    def write_source(
+        self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
+    ) -> str:
+        return f"w.{self.kind}({value}, compact={flexible}, nullable={nullable})"
 
 
 INT8 = _Fixed(I8, "INT8")
@@ -125,24 +142,76 @@ RECORDS = _Sized("bytes_", 4)
 class Array(WireType):
     item: WireType
 
-    def read(self, r: Reader, version: int, flexible: bool, nullable: bool) -> Any:
-        item = self.item
-        n = r.array_length(compact=flexible, min_item_size=item.min_size(version, flexible))
-        if n < 0:
-            if nullable:
-                return None
-            raise DecodeError("null ARRAY where a value is required")
-        return [item.read(r, version, flexible, False) for _ in range(n)]
-
-    def write(self, w: Writer, value: Any, version: int, flexible: bool, nullable: bool) -> None:
-        if value is None and not nullable:
-            value = []  # what a client gets instead of a null it cannot read
-        w.array_length(None if value is None else len(value), compact=flexible)
-        for item in value or ():
-            self.item.write(w, item, version, flexible, False)
-
     def min_size(self, version: int, flexible: bool) -> int:
         return 1 if flexible else 4
+
+    def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
+        item = ns.bind(_one_value(self.item, version, flexible, False)[0])
+        size = self.item.min_size(version, flexible)
+        return f"_array(r, {item}, {flexible}, {size}, {nullable})"
+
+    def write_source(
+        self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
+    ) -> str:
+        item = ns.bind(_one_value(self.item, version, flexible, False)[1])
+        return f"_write_array(w, {value}, {item}, {flexible}, {nullable})"
+
+
+def _array(
+    r: Reader, item: Callable[[Reader], Any], compact: bool, size: int, nullable: bool
+) -> Any:
+    n = r.array_length(compact=compact, min_item_size=size)
+    if n < 0:
+        if nullable:
+            return None
+        raise DecodeError("null ARRAY where a value is required")
+    return [item(r) for _ in range(n)]
+
+
+def _write_array(
+    w: Writer, value: Any, item: Callable[[Writer, Any], None], compact: bool, nullable: bool
+) -> None:
+    if value is None and not nullable:
+        value = []  # what a client gets instead of a null it cannot read
+    w.array_length(None if value is None else len(value), compact=compact)
+    for one in value or ():
+        item(w, one)
+
+
+_ONE_VALUE: dict[tuple[int, int, bool, bool], tuple[Callable[..., Any], Callable[..., None]]] = {}
+
+
+def _one_value(
+    wire: WireType, version: int, flexible: bool, nullable: bool
+) -> tuple[Callable[[Reader], Any], Callable[[Writer, Any], None]]:
+    """A reader and a writer of one value of `wire` (cached: the declared types live as
+    long as the process), for array items and tagged fields."""
+    key = (id(wire), version, flexible, nullable)
+    pair = _ONE_VALUE.get(key)
+    if pair is None:
+        ns = _Namespace()
+        read = wire.read_source(version, flexible, nullable, ns)
+        write = wire.write_source("v", version, flexible, nullable, ns)
+        source = f"def read(r):\n    return {read}\ndef write(w, v):\n    {write}\n"
+        exec(source, ns.values)
+        pair = _ONE_VALUE[key] = (ns.values["read"], ns.values["write"])
+    return pair
+
+
+class _Namespace:
+    """The globals of one generated reader: the values its source names."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {
+            "_array": _array,
+            "_write_array": _write_array,
+            "DecodeError": DecodeError,
+        }
+
+    def bind(self, value: Any) -> str:
+        name = f"_g{len(self.values)}"
+        self.values[name] = value
+        return name
 
 
 # ------------------------------------------------------------------ structs
@@ -191,6 +260,12 @@ class KStruct(WireType):
     native: type | None  # None: read as a dict
     fields: tuple[Field, ...]
     _plans: dict[tuple[int, bool], _Plan] = field(default_factory=dict, compare=False)
+    _readers: dict[tuple[int, bool], Callable[[Reader], Any]] = field(
+        default_factory=dict, compare=False
+    )
+    _writers: dict[tuple[int, bool], Callable[[Writer, Any], None]] = field(
+        default_factory=dict, compare=False
+    )
 
     def plan(self, version: int, flexible: bool) -> _Plan:
         key = (version, flexible)
@@ -200,25 +275,88 @@ class KStruct(WireType):
         return plan
 
     def read(self, r: Reader, version: int, flexible: bool, nullable: bool = False) -> Any:
+        return self.reader(version, flexible)(r)
+
+    def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
+        return f"{ns.bind(self.reader(version, flexible))}(r)"
+
+    def reader(self, version: int, flexible: bool) -> Callable[[Reader], Any]:
+        """This struct's reader at a version: Python source generated from the plan
+        (one straight line of reads, no per-field dispatch) and compiled once."""
+        key = (version, flexible)
+        reader = self._readers.get(key)
+        if reader is None:
+            reader = self._readers[key] = self._compile_reader(version, flexible)
+        return reader
+
+    def _compile_reader(self, version: int, flexible: bool) -> Callable[[Reader], Any]:
         plan = self.plan(version, flexible)
-        values: dict[str, Any] = {}
-        for f, can_be_null in plan.regular:
-            value = f.type.read(r, version, flexible, can_be_null)
+        ns = _Namespace()
+        lines = ["def read(r):"]
+        names: list[tuple[str, str]] = []
+        run: list[tuple[int, Field, _Fixed]] = []  # consecutive fixed-size fields
+
+        def flush_run() -> None:
+            if not run:
+                return
+            packing = struct.Struct(">" + "".join(t.packing.format[1:] for _, _, t in run))
+            what = "+".join(t.what for _, _, t in run)
+            targets = ", ".join(f"v{i}" for i, _, _ in run)
+            lines.append(f"    {targets}, = r.fixed_run({ns.bind(packing)}, {what!r})")
+            run.clear()
+
+        for i, (f, can_be_null) in enumerate(plan.regular):
             if f.mapped:
-                values[f.name] = f.to_native(value) if f.to_native else value
-        if flexible:
-            self._read_tagged(r, plan, version, values)
+                names.append((f.name, f"v{i}"))
+            if isinstance(f.type, _Fixed) and not (f.mapped and f.to_native is not None):
+                run.append((i, f, f.type))
+                continue
+            flush_run()
+            source = f.type.read_source(version, flexible, can_be_null, ns)
+            if f.mapped and f.to_native is not None:
+                source = f"{ns.bind(f.to_native)}({source})"
+            lines.append(f"    v{i} = {source}")
+        flush_run()
+        values = "{" + ", ".join(f"{name!r}: {var}" for name, var in names) + "}"
+        keywords = ", ".join(f"{name}={var}" for name, var in names)
         if self.native is None:
-            return values
-        try:
-            return self.native(**values)
-        except (TypeError, ValueError) as exc:  # a value the native class refuses
-            raise DecodeError(f"{self.native.__name__}: {exc}") from None
+            build = {"values": "values", "keywords": values}
+        else:
+            native = ns.bind(self.native)
+            build = {"values": f"{native}(**values)", "keywords": f"{native}({keywords})"}
+        refused = f"{getattr(self.native, '__name__', 'struct')}: "
+
+        def returning(indent: str, call: str) -> list[str]:
+            # A value the native class refuses is a DecodeError like any other bad input.
+            return [
+                f"{indent}try:",
+                f"{indent}    return {call}",
+                f"{indent}except (TypeError, ValueError) as exc:",
+                f"{indent}    raise DecodeError({refused!r} + str(exc)) from None",
+            ]
+
+        if flexible:
+            # Tagged fields: a count, nearly always 0 (then nothing more to read).
+            ns.values["_tags"] = KStruct._read_tagged
+            lines += [
+                "    tags = r.uvarint()",
+                "    if tags:",
+                f"        values = {values}",
+                f"        _tags(r, {ns.bind(plan)}, {version}, values, tags)",
+                *returning("        ", build["values"]),
+            ]
+        lines += returning("    ", build["keywords"])
+        exec("\n".join(lines) + "\n", ns.values)
+        reader: Callable[[Reader], Any] = ns.values["read"]
+        return reader
 
     @staticmethod
-    def _read_tagged(r: Reader, plan: _Plan, version: int, values: dict[str, Any]) -> None:
+    def _read_tagged(
+        r: Reader, plan: _Plan, version: int, values: dict[str, Any], count: int
+    ) -> None:
+        """`count` tagged fields (the count read by the caller) into `values`."""
         previous = -1
-        for _ in range(r.uvarint()):
+        for _ in range(count):
             tag = r.uvarint()
             if tag <= previous:
                 raise DecodeError(f"tagged fields out of order: tag {tag} after {previous}")
@@ -237,22 +375,58 @@ class KStruct(WireType):
     def write(
         self, w: Writer, value: Any, version: int, flexible: bool, nullable: bool = False
     ) -> None:
+        self.writer(version, flexible)(w, value)
+
+    def write_source(
+        self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
+    ) -> str:
+        return f"{ns.bind(self.writer(version, flexible))}(w, {value})"
+
+    def writer(self, version: int, flexible: bool) -> Callable[[Writer, Any], None]:
+        """This struct's writer at a version, generated and compiled as `reader` is."""
+        key = (version, flexible)
+        writer = self._writers.get(key)
+        if writer is None:
+            writer = self._writers[key] = self._compile_writer(version, flexible)
+        return writer
+
+    def _compile_writer(self, version: int, flexible: bool) -> Callable[[Writer, Any], None]:
         plan = self.plan(version, flexible)
+        ns = _Namespace()
+        lines = ["def write(w, obj):"]
         for f, can_be_null in plan.regular:
-            f.type.write(w, self._value(f, value), version, flexible, can_be_null)
+            if not f.mapped:
+                value = ns.bind(f.default)
+            elif self.native is None:
+                value = f"obj.get({f.name!r}, {ns.bind(f.default)})"
+            else:
+                value = f"obj.{f.name}"
+            if f.mapped and f.from_native is not None:
+                value = f"{ns.bind(f.from_native)}({value})"
+            lines.append("    " + f.type.write_source(value, version, flexible, can_be_null, ns))
         if flexible:
-            tagged = []
-            for tag, f in sorted(plan.tagged.items()):
-                item = self._value(f, value)
-                if item is not None and item != f.default:
-                    sub = Writer()
-                    f.type.write(sub, item, version, True, _in(versions(f.nullable), version))
-                    tagged.append((tag, sub.getvalue()))
-            w.uvarint(len(tagged))
-            for tag, data in tagged:
-                w.uvarint(tag)
-                w.uvarint(len(data))
-                w.raw(data)
+            ns.values["_tags"] = KStruct._write_tagged
+            lines.append(f"    _tags(w, {ns.bind(plan)}, obj, {version})")
+        if len(lines) == 1:
+            lines.append("    pass")
+        exec("\n".join(lines) + "\n", ns.values)
+        writer: Callable[[Writer, Any], None] = ns.values["write"]
+        return writer
+
+    @staticmethod
+    def _write_tagged(w: Writer, plan: _Plan, obj: Any, version: int) -> None:
+        tagged = []
+        for tag, f in sorted(plan.tagged.items()):
+            item = KStruct._value(f, obj)
+            if item is not None and item != f.default:
+                sub = Writer()
+                f.type.write(sub, item, version, True, _in(versions(f.nullable), version))
+                tagged.append((tag, sub.getvalue()))
+        w.uvarint(len(tagged))
+        for tag, data in tagged:
+            w.uvarint(tag)
+            w.uvarint(len(data))
+            w.raw(data)
 
     @staticmethod
     def _value(f: Field, obj: Any) -> Any:
