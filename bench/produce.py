@@ -50,6 +50,7 @@ NAME = "produce"
 WORKER_START_TIMEOUT_S = 60.0
 CATCH_UP_TIMEOUT_S = 60.0
 YIELD_EVERY = 256  # records between yields to the loop, so the sender runs meanwhile
+CLIENTS = ("minibroker", "confluent")
 
 
 def _acks_list(text: str) -> list[str]:
@@ -82,18 +83,34 @@ def parser() -> argparse.ArgumentParser:
         default="send",
         help="send() per record, or create_batch()/send_batch() [send]",
     )
+    p.add_argument(
+        "--client",
+        type=_client_list,
+        default=["minibroker"],
+        help="minibroker (AsyncProducer, native listener) and/or confluent (librdkafka "
+        "through the Kafka listener), side by side in one run [minibroker]",
+    )
     return p
+
+
+def _client_list(text: str) -> list[str]:
+    clients = [c.strip() for c in text.split(",") if c.strip()]
+    for client in clients:
+        if client not in CLIENTS:
+            raise argparse.ArgumentTypeError(f"--client: {client!r} is not one of {CLIENTS}")
+    return clients
 
 
 def cells(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
-    for rf, acks, size, batch, producers in itertools.product(
-        args.rf, args.acks, args.record_size, args.batch_size, args.producers
+    for client, rf, acks, size, batch, producers in itertools.product(
+        args.client, args.rf, args.acks, args.record_size, args.batch_size, args.producers
     ):
         if rf > args.brokers:
             raise SystemExit(f"--rf {rf} needs at least {rf} brokers (--brokers {args.brokers})")
         out.append(
             {
+                "client": client,
                 "rf": rf,
                 "acks": acks,
                 "record_size": size,
@@ -109,7 +126,10 @@ def cells(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _worker(spec: dict[str, Any], ready: Any, go: Any, results: Any) -> None:
     try:
-        results.put(run(_produce(spec, ready, go)))
+        if spec.get("client") == "confluent":
+            results.put(_produce_confluent(spec, ready, go))
+        else:
+            results.put(run(_produce(spec, ready, go)))
     except BaseException as exc:
         results.put({"error": f"{type(exc).__name__}: {exc}"})
 
@@ -160,6 +180,59 @@ async def _produce(spec: dict[str, Any], ready: Any, go: Any) -> dict[str, Any]:
         await producer.close()
 
 
+def _produce_confluent(spec: dict[str, Any], ready: Any, go: Any) -> dict[str, Any]:
+    """librdkafka through the Kafka listeners: produce() per record with a delivery
+    report each (a failed one fails the cell), idempotent as minibroker's producer is."""
+    from confluent_kafka import Producer
+
+    value = os.urandom(spec["record_size"])
+    failures: list[str] = []
+    producer = Producer(
+        {
+            "bootstrap.servers": spec["kafka_bootstrap"],
+            "acks": spec["acks"],
+            "enable.idempotence": spec["acks"] == "all",
+            "linger.ms": spec["linger_ms"],
+            "batch.size": spec["batch_size"],
+            "message.max.bytes": max(MiB, spec["batch_size"]) + 1024,
+            "queue.buffering.max.kbytes": max(32 * KiB, 8 * spec["batch_size"] // KiB),
+        }
+    )
+
+    def delivered(error: Any, _message: Any) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    producer.list_topics(spec["topic"], timeout=30)
+    ready.set()
+    go.wait(WORKER_START_TIMEOUT_S)
+    sent = 0
+    cpu_start = time.process_time()
+    started_wall = time.time()
+    end = time.perf_counter() + spec["seconds"]
+    produce = producer.produce
+    while time.perf_counter() < end:
+        for _ in range(YIELD_EVERY):
+            while True:
+                try:
+                    produce(spec["topic"], value, on_delivery=delivered)
+                    break
+                except BufferError:  # librdkafka's queue is full: wait for deliveries
+                    producer.poll(0.05)
+            sent += 1
+        producer.poll(0)
+    left = producer.flush(60)
+    finished_wall = time.time()
+    if left or failures:
+        raise RuntimeError(f"{left} undelivered, {len(failures)} failed: {failures[:3]}")
+    return {
+        "sent": sent,
+        "start": started_wall,
+        "end": finished_wall,
+        "cpu_s": time.process_time() - cpu_start,
+    }
+
+
 async def _produce_batches(
     producer: AsyncProducer,
     spec: dict[str, Any],
@@ -200,7 +273,17 @@ def run_cell(cluster: BenchCluster, spec: dict[str, Any], index: int) -> dict[st
     procs = [
         ctx.Process(
             target=_worker,
-            args=({**spec, "topic": topic, "bootstrap": cluster.bootstrap}, ready[i], go, results),
+            args=(
+                {
+                    **spec,
+                    "topic": topic,
+                    "bootstrap": cluster.bootstrap,
+                    "kafka_bootstrap": cluster.kafka_bootstrap if cluster.kafka else "",
+                },
+                ready[i],
+                go,
+                results,
+            ),
             daemon=True,
         )
         for i in range(spec["producers"])
@@ -284,6 +367,7 @@ async def _wait_log_end(
 
 
 COLUMNS: Columns = {
+    "client": "client",
     "rf": "rf",
     "acks": "acks",
     "record B": "record_size",
@@ -300,10 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     matrix = cells(args)
     rows: list[dict[str, Any]] = []
     progress = Progress(len(matrix), NAME)
-    with BenchCluster(args.brokers, keep_data=args.keep_data) as cluster:
+    kafka = "confluent" in args.client  # librdkafka speaks to the Kafka listeners
+    with BenchCluster(args.brokers, keep_data=args.keep_data, kafka=kafka) as cluster:
         for i, cell in enumerate(matrix):
             label = (
-                f"rf={cell['rf']} acks={cell['acks']} {cell['record_size']} B "
+                f"{cell['client']} rf={cell['rf']} acks={cell['acks']} {cell['record_size']} B "
                 f"batch={cell['batch_size']} x{cell['producers']}"
             )
             progress.update(label)

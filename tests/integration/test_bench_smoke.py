@@ -52,6 +52,21 @@ def test_produce_one_cell_writes_sane_json(tmp_path: Path) -> None:
     assert row["records_per_s"] == pytest.approx(row["records"] / row["seconds"], rel=0.01)
 
 
+def test_produce_with_both_clients_in_one_run(tmp_path: Path) -> None:
+    """--client minibroker,confluent: librdkafka through the Kafka listeners beside
+    minibroker's producer; the bench checks each cell's log holds what was sent."""
+    doc = run_bench(
+        "produce",
+        tmp_path / "produce.json",
+        *("--rf", "1", "--acks", "all", "--record-size", "100", "--batch-size", "16384"),
+        *("--producers", "1", "--seconds", "1", "--client", "minibroker,confluent"),
+    )
+    rows = {row["client"]: row for row in doc["results"]}
+    assert set(rows) == {"minibroker", "confluent"}
+    for row in rows.values():
+        assert row["records"] > 0 and row["records_per_s"] > 0
+
+
 def test_produce_batch_api_cell_writes_sane_json(tmp_path: Path) -> None:
     """--api batch: whole batches through create_batch()/send_batch(); the bench checks
     that the log holds exactly the records sent, as for send()."""
