@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import struct
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 
 import pytest
@@ -43,6 +45,7 @@ from client.types import TopicPartition
 from protocol.errors import ErrorCode
 from protocol.kafka.apis import FETCH
 from protocol.kafka.apis import KAFKA_APIS
+from protocol.kafka.apis import PRODUCE
 from protocol.kafka.apis import KafkaApi
 from protocol.kafka.codec import decode_response
 from protocol.kafka.codec import encode_request
@@ -51,6 +54,10 @@ from protocol.messages import FetchRequest
 from protocol.messages import FetchResponse
 from protocol.messages import FetchTopic
 from protocol.messages import Message
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopic
 from tests.integration.cluster import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -426,3 +433,27 @@ async def test_a_kafka_fetch_at_a_stale_or_future_epoch_is_fenced(cluster: Clust
         "current": ErrorCode.NONE,
         "next": ErrorCode.UNKNOWN_LEADER_EPOCH,
     }
+
+
+async def test_old_message_formats_are_refused_and_nothing_is_stored(cluster: Cluster) -> None:
+    """Produce v0-2 are advertised (librdkafka 2.0 turns compression off otherwise) but
+    carry the pre-0.11 message formats, which no reader here could read: refused per
+    partition, never stored."""
+    await create_topic(cluster)
+    body = struct.pack(">bbqii", 1, 0, 0, -1, 5) + b"hello"  # magic 1, no key
+    message = struct.pack(">I", zlib.crc32(body)) + body
+    message_set = struct.pack(">qi", 0, len(message)) + message
+    async with AsyncAdmin(native_bootstrap(cluster)) as admin:
+        await admin.cluster.refresh_metadata([TOPIC])
+        leader, _ = admin.cluster.leader_for(TopicPartition(TOPIC, 0))
+    for version in (2, 3):
+        partition = ProducePartition(index=0, records=memoryview(message_set))
+        request = ProduceRequest(
+            acks=1, timeout_ms=5_000, topics=[ProduceTopic(name=TOPIC, partitions=[partition])]
+        )
+        answer = await kafka_request(
+            cluster.brokers[leader].kafka_address, PRODUCE, version, request
+        )
+        assert isinstance(answer, ProduceResponse)
+        assert answer.topics[0].partitions[0].error_code == ErrorCode.CORRUPT_MESSAGE
+    assert kafka_python_values(cluster, 1) == []
