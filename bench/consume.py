@@ -18,6 +18,7 @@ records/s counts records; MB/s counts batch bytes on the wire (1 MB = 10^6 B).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from typing import Any
@@ -43,6 +44,7 @@ from client.consumer import AsyncConsumer
 from client.types import TopicPartition
 
 NAME = "consume"
+READERS = ("client", "raw", "confluent")
 RECORD_SIZE = 100
 
 
@@ -57,7 +59,8 @@ def parser() -> argparse.ArgumentParser:
         "--reader",
         type=lambda s: [x for x in s.split(",") if x],
         default=["client", "raw"],
-        help="client, raw or both [client,raw]",
+        help="client (AsyncConsumer), raw (a fetch loop) and/or confluent (librdkafka "
+        "through the Kafka listeners) [client,raw]",
     )
     p.add_argument("--brokers", type=int, default=1, help="brokers in the cluster [1]")
     p.add_argument("--data-mib", type=int, help="MiB written per topic [256; 32 with --quick]")
@@ -114,6 +117,48 @@ async def read_client(
         await consumer.close()
 
 
+async def read_confluent(
+    bootstrap: str, topic: str, partitions: int, seconds: float, fetch_bytes: int
+) -> tuple[int, int, float]:
+    """(records, 0, seconds) read by librdkafka (confluent-kafka) through the Kafka
+    listeners, in one pass or `seconds`; its threads count in this process's CPU."""
+    return await asyncio.to_thread(
+        _read_confluent, bootstrap, topic, partitions, seconds, fetch_bytes
+    )
+
+
+def _read_confluent(
+    bootstrap: str, topic: str, partitions: int, seconds: float, fetch_bytes: int
+) -> tuple[int, int, float]:
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as ConfluentTopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-consume",
+            "enable.auto.commit": False,
+            "max.partition.fetch.bytes": fetch_bytes,
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    try:
+        tps = [ConfluentTopicPartition(topic, p) for p in range(partitions)]
+        total = sum(consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps)
+        consumer.assign([ConfluentTopicPartition(topic, p, 0) for p in range(partitions)])
+        records = 0
+        start = time.perf_counter()
+        end = start + seconds
+        while records < total and time.perf_counter() < end:
+            for message in consumer.consume(num_messages=10_000, timeout=0.5):
+                if message.error() is not None:
+                    raise RuntimeError(f"librdkafka: {message.error()}")
+                records += 1
+        return records, 0, time.perf_counter() - start
+    finally:
+        consumer.close()
+
+
 async def read_raw(
     bootstrap: str, topic: str, partitions: int, seconds: float, fetch_bytes: int
 ) -> tuple[int, int, float]:
@@ -149,8 +194,8 @@ COLUMNS: Columns = {
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     for reader in args.reader:
-        if reader not in ("client", "raw"):
-            raise SystemExit(f"--reader: 'client' or 'raw', not {reader!r}")
+        if reader not in READERS:
+            raise SystemExit(f"--reader: one of {', '.join(READERS)}, not {reader!r}")
     if args.seconds is None:
         args.seconds = 1.5 if args.quick else 4.0
     if args.data_mib is None:
@@ -158,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     datasets = [(p, b) for p in args.partitions for b in args.batch_size]
     progress = Progress(len(datasets) * (1 + len(args.reader)), NAME)
     rows: list[dict[str, Any]] = []
-    readers = {"client": read_client, "raw": read_raw}
-    with BenchCluster(args.brokers, keep_data=args.keep_data) as cluster:
+    readers = {"client": read_client, "raw": read_raw, "confluent": read_confluent}
+    kafka = "confluent" in args.reader  # librdkafka reads through the Kafka listeners
+    with BenchCluster(args.brokers, keep_data=args.keep_data, kafka=kafka) as cluster:
         for i, (partitions, batch_size) in enumerate(datasets):
             topic = f"bench-consume-{i}"
             label = f"{partitions} partitions, {size_label(batch_size)} batches"
@@ -173,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 broker_cpu, client_cpu = cluster.broker_cpu_seconds(), time.process_time()
                 records, nbytes, secs = run(
                     readers[reader](
-                        cluster.bootstrap,
+                        cluster.kafka_bootstrap if reader == "confluent" else cluster.bootstrap,
                         topic,
                         partitions,
                         args.seconds,

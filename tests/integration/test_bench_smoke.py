@@ -93,6 +93,19 @@ def test_consume_raw_cell_writes_sane_json(tmp_path: Path) -> None:
     assert row["records"] > 0 and row["bytes"] > 0 and row["mb_per_s"] > 0
 
 
+def test_consume_with_librdkafka_through_the_kafka_listener(tmp_path: Path) -> None:
+    doc = run_bench(
+        "consume",
+        tmp_path / "consume.json",
+        *("--reader", "confluent", "--partitions", "1", "--batch-size", "16384"),
+        *("--data-mib", "4", "--seconds", "5"),
+    )
+    (row,) = doc["results"]
+    assert row["reader"] == "confluent"
+    # One pass over everything written (4 MiB of 100 B records) within the time.
+    assert row["records"] * 100 >= 0.9 * 4 * 1024 * 1024
+
+
 def test_broker_cpu_writes_leader_and_follower_cost(tmp_path: Path) -> None:
     doc = run_bench(
         "broker-cpu",
