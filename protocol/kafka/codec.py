@@ -69,9 +69,10 @@ def decode_request(payload: bytes | bytearray | memoryview) -> DecodedRequest | 
     try:
         if flexible:
             _skip_tagged(r)
+        # Bytes left after the body are ignored, as Kafka's brokers ignore them:
+        # librdkafka 2.16's all-topics Metadata v9 request carries 3 (its array count
+        # placeholder), and a broker that refused them would lock librdkafka out.
         body = api.request.read(r, version, flexible)
-        if r.remaining:
-            raise DecodeError(f"{r.remaining} bytes left over after the request")
     except DecodeError as exc:
         why = f"cannot decode {api.key.name} v{version}: {exc}"
         return Refusal(header, ErrorCode.INVALID_REQUEST, why)

@@ -121,6 +121,13 @@ def parser() -> argparse.ArgumentParser:
         "retry duplicates are expected where a retry can put them [on with --acks all, "
         "as the client's default; off otherwise]",
     )
+    p.add_argument(
+        "--client",
+        choices=("minibroker", "confluent"),
+        default="minibroker",
+        help="whose producers and consumers: minibroker's, or librdkafka's (confluent-kafka) "
+        "through the brokers' Kafka listeners",
+    )
     p.add_argument("--producers", type=int, default=2)
     p.add_argument(
         "--in-flight",

@@ -125,6 +125,10 @@ class Backend(ABC):
     def bootstrap_servers(self) -> str: ...
 
     @abstractmethod
+    def kafka_bootstrap_servers(self) -> str:
+        """The brokers' Kafka listeners, for Kafka clients (librdkafka)."""
+
+    @abstractmethod
     def broker_addresses(self) -> dict[int, tuple[str, int]]:
         """node id -> (host, port) reachable from this process."""
 
@@ -209,6 +213,7 @@ class ProcessBackend(Backend):
         super().__init__(settings, workdir)
         self.controller_port = free_port()
         self.ports = {i: free_port() for i in self.broker_ids}
+        self.kafka_ports = {i: free_port() for i in self.broker_ids}  # the Kafka listeners
         self.procs: dict[str, _Proc] = {}
         self._env: dict[str, dict[str, str]] = {}  # node -> its MINIBROKER_* settings
         self._down = False
@@ -245,7 +250,12 @@ class ProcessBackend(Backend):
                 node,
                 [
                     *(py, "-m", "broker", "--node-id", str(i)),
-                    *("--listeners", f"PLAINTEXT://127.0.0.1:{self.ports[i]}"),
+                    *(
+                        "--listeners",
+                        f"PLAINTEXT://127.0.0.1:{self.ports[i]},"
+                        f"KAFKA://127.0.0.1:{self.kafka_ports[i]}",
+                    ),
+                    *("--kafka-listeners", "KAFKA"),
                     *("--controller", f"127.0.0.1:{self.controller_port}"),
                     *("--data-dir", str(data)),
                 ],
@@ -296,6 +306,9 @@ class ProcessBackend(Backend):
 
     def bootstrap_servers(self) -> str:
         return ",".join(f"127.0.0.1:{self.ports[i]}" for i in self.broker_ids)
+
+    def kafka_bootstrap_servers(self) -> str:
+        return ",".join(f"127.0.0.1:{self.kafka_ports[i]}" for i in self.broker_ids)
 
     def broker_addresses(self) -> dict[int, tuple[str, int]]:
         return {i: ("127.0.0.1", self.ports[i]) for i in self.broker_ids}
@@ -561,6 +574,9 @@ class DockerBackend(Backend):
 
     def bootstrap_servers(self) -> str:
         return ",".join(f"127.0.0.1:{self.ports[i]}" for i in self.broker_ids)
+
+    def kafka_bootstrap_servers(self) -> str:
+        return ",".join(f"127.0.0.1:{self.kafka_ports[i]}" for i in self.broker_ids)
 
     def broker_addresses(self) -> dict[int, tuple[str, int]]:
         return {i: ("127.0.0.1", self.ports[i]) for i in self.broker_ids}

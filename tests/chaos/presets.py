@@ -14,6 +14,8 @@
 - `known_loss`: RF=1 with unguarded wiped disks and producers without idempotence:
   acknowledged writes ARE lost, so the checker must say so (the end-to-end proof that
   a run can fail), and the producers must really be non-idempotent.
+- `librdkafka`: `compound` with confluent-kafka's producers and consumers through the
+  brokers' Kafka listeners: the same checker, the same guarantees.
 - `full`: the acceptance campaign: every fault, longer.
 """
 
@@ -60,6 +62,14 @@ def compound(backend: str, seed: int, *, time_limit: float = 20.0) -> RunConfig:
         ),
         cluster=ClusterSettings(),
     )
+
+
+def librdkafka(backend: str, seed: int, *, time_limit: float = 15.0) -> RunConfig:
+    """`compound` with librdkafka's producers and consumers (confluent-kafka) through
+    the brokers' Kafka listeners (issue 15)."""
+    cfg = compound(backend, seed, time_limit=time_limit)
+    cfg.workload.client = "confluent"
+    return cfg
 
 
 def unclean_divergence(backend: str, seed: int, *, time_limit: float = 22.0) -> RunConfig:

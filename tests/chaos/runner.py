@@ -161,7 +161,7 @@ async def _run(cfg: RunConfig, run_dir: Path, backend: Backend, facts: dict[str,
         if isinstance(backend, DockerBackend):
             facts["image"] = f"{cfg.image} {backend.image_id}"
         bootstrap = backend.bootstrap_servers()
-        workload = Workload(history, bootstrap, wl)
+        workload = Workload(history, bootstrap, wl, backend.kafka_bootstrap_servers())
         await workload.create_topic()
         nemesis = Nemesis(
             backend,

@@ -8,6 +8,8 @@
   consumers monotonic and without skips, replicas identical below the high watermark;
   and the instrument did see what it claims to test (overlapping faults, indeterminate
   sends).
+- `test_process_run_with_librdkafka_clients` (~30 s): the compound run with
+  confluent-kafka's producers and consumers through the brokers' Kafka listeners.
 - `test_process_run_unclean_divergence` (~25 s): RF=3, min.insync.replicas=1, unclean
   election on, the `diverge` fault: a leader alone takes writes, dies, an out-of-sync
   follower leads a new lineage. Acknowledged writes are lost by design (expected);
@@ -70,6 +72,20 @@ def test_process_run_compound(tmp_path: Path, chaos_options: ChaosOptions) -> No
     assert stats.get("send-info", 0) + stats.get("send-pending", 0) >= 1, summary(result)
     assert stats["producer-sessions"] == stats["idempotent-sessions"] >= 2, summary(result)
     assert stats["replicas"]["compared"] and stats["replicas"]["pairs"] == 9, summary(result)
+
+
+def test_process_run_with_librdkafka_clients(tmp_path: Path, chaos_options: ChaosOptions) -> None:
+    """Issue 15: Kafka's own client (librdkafka 2.16) through the Kafka listeners under
+    the compound faults: nothing acknowledged lost, nothing written twice."""
+    cfg = presets.librdkafka("process", chaos_options.seed_or(15))
+    result = run_once(cfg, tmp_path, name="librdkafka")
+    print(summary(result))
+    assert_clean(result)
+    assert result["expected"] == {}, summary(result)
+    stats = result["stats"]
+    assert result["run"]["faults-applied"] >= 2, summary(result)
+    # Every librdkafka producer session got a producer id (idempotent for real).
+    assert stats["producer-sessions"] == stats["idempotent-sessions"] >= 2, summary(result)
 
 
 def test_process_run_unclean_divergence(tmp_path: Path, chaos_options: ChaosOptions) -> None:

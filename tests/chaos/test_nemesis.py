@@ -72,6 +72,9 @@ class FakeBackend(Backend):
     def bootstrap_servers(self) -> str:
         return "127.0.0.1:1"  # nothing listens: kill-leader falls back to a random broker
 
+    def kafka_bootstrap_servers(self) -> str:
+        return ""
+
     def broker_addresses(self) -> dict[int, tuple[str, int]]:
         return {}
 

@@ -59,8 +59,11 @@ from .history import PRODUCER_START
 from .history import SEEK_BEGINNING
 from .history import History
 from .history import Record
+from .librdkafka_clients import LibrdkafkaConsumer
+from .librdkafka_clients import LibrdkafkaProducer
 
-C = TypeVar("C", AsyncProducer, AsyncConsumer)
+C = TypeVar("C")
+CLIENTS = ("minibroker", "confluent")
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,10 @@ class WorkloadConfig:
     poll_timeout_ms: int = 500
     catch_up_timeout: float = 60.0
     final_read_timeout: float = 60.0
+    # Whose producers and consumers: minibroker's (native listeners) or librdkafka's
+    # (confluent-kafka, through the brokers' Kafka listeners). The final reads and the
+    # end offsets are minibroker's either way.
+    client: str = "minibroker"
 
     @property
     def producer_processes(self) -> int:
@@ -112,6 +119,8 @@ class WorkloadConfig:
         """What makes this workload uncheckable or impossible, as messages naming the
         option and what to do (empty: fine). The CLI refuses these."""
         out: list[str] = []
+        if self.client not in CLIENTS:
+            out.append(f"client {self.client!r}: use one of {', '.join(CLIENTS)}")
         if self.acks not in ("all", "1", "0"):
             out.append(f"acks {self.acks!r}: use 0, 1 or all")
         if self.acks == "0":
@@ -150,9 +159,12 @@ class WorkloadConfig:
 
 
 class Workload:
-    def __init__(self, history: History, bootstrap: str, config: WorkloadConfig) -> None:
+    def __init__(
+        self, history: History, bootstrap: str, config: WorkloadConfig, kafka_bootstrap: str = ""
+    ) -> None:
         self.history = history
         self.bootstrap = bootstrap
+        self.kafka_bootstrap = kafka_bootstrap  # the Kafka listeners (client "confluent")
         self.config = config
         self.tps = [TopicPartition(config.topic, p) for p in range(config.partitions)]
         self._sends_left = config.max_sends
@@ -256,8 +268,23 @@ class Workload:
             or time.monotonic() >= self._deadline
         )
 
-    async def _new_producer(self) -> AsyncProducer:
+    async def _new_producer(self) -> Any:
         cfg = self.config
+        if cfg.client == "confluent":
+            librdkafka = LibrdkafkaProducer(
+                self.kafka_bootstrap,
+                **{
+                    "client.id": "chaos-producer",
+                    "acks": cfg.acks,
+                    "enable.idempotence": cfg.idempotent,
+                    "linger.ms": cfg.linger_ms,
+                    "request.timeout.ms": cfg.request_timeout_ms,
+                    "delivery.timeout.ms": cfg.delivery_timeout_ms,
+                    "retry.backoff.ms": 100,
+                    "topic.metadata.refresh.interval.ms": 5_000,
+                },
+            )
+            return await self._started(librdkafka, librdkafka.close)
         producer = AsyncProducer(
             self.bootstrap,
             client_id="chaos-producer",
@@ -379,8 +406,15 @@ class Workload:
 
     # -------------------------------------------------------------- consumers
 
-    async def _new_consumer(self, process: int) -> AsyncConsumer:
+    async def _new_consumer(self, process: int) -> Any:
         cfg = self.config
+        if cfg.client == "confluent":
+            librdkafka = LibrdkafkaConsumer(
+                self.kafka_bootstrap,
+                **{"client.id": f"chaos-consumer-{process}", "fetch.wait.max.ms": 200},
+            )
+            await self._started(librdkafka, librdkafka.close)
+            return self._assigned_from_the_beginning(librdkafka, process)
         consumer = AsyncConsumer(
             self.bootstrap,
             client_id=f"chaos-consumer-{process}",
@@ -390,6 +424,9 @@ class Workload:
             retry_backoff_ms=100,
         )
         await self._started(consumer, consumer.close)
+        return self._assigned_from_the_beginning(consumer, process)
+
+    def _assigned_from_the_beginning(self, consumer: Any, process: int) -> Any:
         consumer.assign(self.tps)
         consumer.seek_to_beginning(*self.tps)
         for tp in self.tps:
