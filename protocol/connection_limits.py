@@ -157,44 +157,21 @@ def parse_per_ip_overrides(text: str, *, option: str) -> dict[str, int]:
     return out
 
 
+@dataclass(eq=False, slots=True)
 class ConnectionSlot:
-    """One open connection's entry in the table."""
+    """One open connection's entry in the table (compared by identity)."""
 
-    __slots__ = (
-        "anonymous",
-        "close",
-        "conn",
-        "host",
-        "on_probation",
-        "opened_at",
-        "peer",
-        "privileged",
-        "released",
-        "spoke",
-        "unsent",
-    )
-
-    def __init__(
-        self,
-        host: str,
-        peer: str,
-        now: float,
-        conn: ServerConnection,
-        close: Callable[[], None],
-        unsent: Callable[[], int],
-        probation: bool,
-    ) -> None:
-        self.host = host
-        self.peer = peer  # for log lines
-        self.opened_at = now
-        self.conn = conn
-        self.close = close  # the server's way to drop this connection at once
-        self.unsent = unsent  # bytes its transport has not sent yet
-        self.on_probation = probation  # over its address's limit: must speak privileged
-        self.spoke = False
-        self.privileged = False
-        self.anonymous = False  # spoke first with an API that is not privileged
-        self.released = False
+    host: str
+    peer: str  # for log lines
+    opened_at: float
+    conn: ServerConnection
+    close: Callable[[], None]  # the server's way to drop this connection at once
+    unsent: Callable[[], int]  # bytes its transport has not sent yet
+    on_probation: bool  # over its address's limit: must speak privileged
+    spoke: bool = False
+    privileged: bool = False
+    anonymous: bool = False  # spoke first with an API that is not privileged
+    released: bool = False
 
 
 class Admission(NamedTuple):

@@ -95,47 +95,39 @@ class _Fixed(WireType):
 
 
 @dataclass(frozen=True)
-class _Bool(WireType):
+class _Plain(WireType):
+    """BOOLEAN, STRING (an INT16 length) and BYTES / RECORDS (an INT32 length; a record
+    set is kept as a view of the payload, not copied), lengths compact in flexible
+    versions: a Reader and a Writer method each, called as `read_call` and `write_call` say."""
+
+    read_call: str  # formatted with flexible, nullable
+    write_call: str  # formatted with value, flexible, nullable
+    size: int
+    compact_size: int
+
     def min_size(self, version: int, flexible: bool) -> int:
-        return 1
+        return self.compact_size if flexible else self.size
 
     def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
-        return "r.boolean()"
+        return self.read_call.format(flexible=flexible, nullable=nullable)
 
     def write_source(
         self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
     ) -> str:
-        return f"w.boolean({value})"
+        return self.write_call.format(value=value, flexible=flexible, nullable=nullable)
 
 
-@dataclass(frozen=True)
-class _Sized(WireType):
-    """STRING (an INT16 length) or BYTES / RECORDS (an INT32 length; a record set is
-    kept as a view of the payload, not copied); compact in flexible versions."""
-
-    kind: str  # the Reader/Writer method: "string" or "bytes_"
-    length_size: int
-
-    def min_size(self, version: int, flexible: bool) -> int:
-        return 1 if flexible else self.length_size
-
-    def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
-        return f"r.{self.kind}(compact={flexible}, nullable={nullable})"
-
-    def write_source(
-        self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
-    ) -> str:
-        return f"w.{self.kind}({value}, compact={flexible}, nullable={nullable})"
+_LENGTHS = "compact={flexible}, nullable={nullable}"
 
 
 INT8 = _Fixed(I8, "INT8")
 INT16 = _Fixed(I16, "INT16")
 INT32 = _Fixed(I32, "INT32")
 INT64 = _Fixed(I64, "INT64")
-BOOL = _Bool()
-STRING = _Sized("string", 2)
-BYTES = _Sized("bytes_", 4)
-RECORDS = _Sized("bytes_", 4)
+BOOL = _Plain("r.boolean()", "w.boolean({value})", 1, 1)
+STRING = _Plain(f"r.string({_LENGTHS})", f"w.string({{value}}, {_LENGTHS})", 2, 1)
+BYTES = _Plain(f"r.bytes_({_LENGTHS})", f"w.bytes_({{value}}, {_LENGTHS})", 4, 1)
+RECORDS = BYTES
 
 
 @dataclass(frozen=True)
@@ -233,7 +225,8 @@ class Field:
 
     def __post_init__(self) -> None:
         # An unmapped field is written as its default: a fixed-size one needs a value.
-        if not self.mapped and self.default is None and isinstance(self.type, _Fixed | _Bool):
+        fixed_size = isinstance(self.type, _Fixed) or self.type is BOOL
+        if not self.mapped and self.default is None and fixed_size:
             raise ValueError(f"field {self.name}: unmapped, so it needs a default to write")
 
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 
+from tests.integration.cluster import run_command
 from tests.integration.cluster import spawn_logged
 from tests.integration.cluster import stop_in_order
 
@@ -380,16 +381,6 @@ class ProcessBackend(Backend):
 
 
 # ------------------------------------------------------------------ docker compose
-
-
-def run_command(
-    args: list[str], *, timeout: float, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """`args` run to its end from the repository (bounded by `timeout`), its output
-    captured as text; a failure is the caller's to read from the return code."""
-    return subprocess.run(
-        args, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, check=False
-    )
 
 
 def compose_command() -> list[str] | None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from client import AsyncAdmin
 from client.errors import MinibrokerError
+from tests.integration.cluster import run_command
 
 from . import checker
 from . import replicas
@@ -40,7 +41,6 @@ from .backends import Backend
 from .backends import ClusterSettings
 from .backends import DockerBackend
 from .backends import ProcessBackend
-from .backends import run_command
 from .backends import unsupported_faults
 from .history import History
 from .nemesis import Nemesis

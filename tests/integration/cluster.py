@@ -63,19 +63,25 @@ CLI_ENV = {
 CLI_TIMEOUT_S = 60.0
 
 
+def run_command(
+    args: list[str],
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    stdin: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`args` run to its end from the repository (bounded by `timeout`), its output
+    captured as text; a failure is the caller's to read from the return code."""
+    return subprocess.run(
+        args, input=stdin, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO
+    )
+
+
 def mb(
     *args: str, stdin: str | None = None, timeout: float = CLI_TIMEOUT_S
 ) -> subprocess.CompletedProcess[str]:
     """One CLI command to its end: its exit code, stdout and stderr."""
-    return subprocess.run(
-        [*CLI, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=CLI_ENV,
-        cwd=REPO,
-    )
+    return run_command([*CLI, *args], timeout=timeout, env=CLI_ENV, stdin=stdin)
 
 
 def free_port() -> int:

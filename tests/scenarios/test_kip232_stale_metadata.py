@@ -36,7 +36,9 @@ list pointed at broker 1 alone and bootstrap() run again).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -125,38 +127,48 @@ async def consumer_at_new_leader(
     return consumer
 
 
+@contextlib.asynccontextmanager
+async def answered_by_the_lagging_broker(
+    c: ScenarioCluster, *, unsafe: bool
+) -> AsyncIterator[tuple[Staged, AsyncConsumer]]:
+    """The staging, then a consumer at the new leader answered by the lagging broker
+    (`unsafe`: the client's KIP-232 rule off); controller faults cleared at the end."""
+    async with c.faults_cleared_after():
+        staged = await stage_lagging_old_leader(c)
+        consumer = await consumer_at_new_leader(c, staged, unsafe_accept_stale_metadata=unsafe)
+        async with consumer:
+            yield staged, consumer
+
+
 async def test_client_keeps_fresher_view_against_lagging_broker(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Protection ON (the default)."""
     caplog.set_level(logging.INFO, logger="client")
     with scenario_cluster(tmp_path) as c:
-        async with c.faults_cleared_after():
-            staged = await stage_lagging_old_leader(c)
-            consumer = await consumer_at_new_leader(c, staged, unsafe_accept_stale_metadata=False)
-            async with consumer:
-                assert "ignored stale metadata" in caplog.text
-                # Still the fresher view: leader 2 at E+1.
-                meta = consumer.cluster.metadata
-                assert meta.partition(TP).leader == NEW_LEADER
-                assert meta.partition(TP).leader_epoch == staged.new_epoch
-                assert meta.last_seen_epoch(TP) == staged.new_epoch
-                # The answer it ignored was the stale one (the rule, on the same cache).
-                update = meta.update(await stale_metadata_response(c))
-                assert update.stale == [TP] and TP not in update.updated
-                assert meta.partition(TP).leader_epoch == staged.new_epoch
+        async with answered_by_the_lagging_broker(c, unsafe=False) as (staged, consumer):
+            assert "ignored stale metadata" in caplog.text
+            # Still the fresher view: leader 2 at E+1.
+            meta = consumer.cluster.metadata
+            assert meta.partition(TP).leader == NEW_LEADER
+            assert meta.partition(TP).leader_epoch == staged.new_epoch
+            assert meta.last_seen_epoch(TP) == staged.new_epoch
+            # The answer it ignored was the stale one (the rule, on the same cache).
+            update = meta.update(await stale_metadata_response(c))
+            assert update.stale == [TP] and TP not in update.updated
+            assert meta.partition(TP).leader_epoch == staged.new_epoch
 
-                # No spurious reset or validation failure: it consumes on from its
-                # position (auto_offset_reset='none' would raise on any reset).
-                done = len(staged.values)
-                third = [f"c-{i}".encode() for i in range(5)]
-                assert await c.produce_ok(NEW_LEADER, TOPIC, staged.new_epoch, third) == done
-                more = await consume_n(consumer, len(third))
-                assert [(r.offset, r.value) for r in more] == list(enumerate(third, start=done))
-                assert meta.partition(TP).leader_epoch == staged.new_epoch
-                assert (await consumer.position(TP)) == done + len(third)
-                assert "reset position" not in caplog.text
-                assert "truncation" not in caplog.text
+            # No spurious reset or validation failure: it consumes on from its
+            # position (auto_offset_reset='none' would raise on any reset).
+            done = len(staged.values)
+            third = [f"c-{i}".encode() for i in range(5)]
+            assert await c.produce_ok(NEW_LEADER, TOPIC, staged.new_epoch, third) == done
+            more = await consume_n(consumer, len(third))
+            assert [(r.offset, r.value) for r in more] == list(enumerate(third, start=done))
+            assert meta.partition(TP).leader_epoch == staged.new_epoch
+            assert (await consumer.position(TP)) == done + len(third)
+            assert "reset position" not in caplog.text
+            assert "truncation" not in caplog.text
 
 
 async def test_stale_metadata_misleads_client_without_kip232(
@@ -170,28 +182,25 @@ async def test_stale_metadata_misleads_client_without_kip232(
     and goes on once a refresh shows broker 2 again: nothing is lost or re-read."""
     caplog.set_level(logging.INFO, logger="client")
     with scenario_cluster(tmp_path) as c:
-        async with c.faults_cleared_after():
-            staged = await stage_lagging_old_leader(c)
-            consumer = await consumer_at_new_leader(c, staged, unsafe_accept_stale_metadata=True)
-            async with consumer:
-                assert "ignored stale metadata" not in caplog.text
-                meta = consumer.cluster.metadata
-                # The fresher view is gone: back to the deposed leader at the old epoch.
-                assert consumer.cluster.leader_for(TP) == (STALE, staged.epoch)
-                assert meta.last_seen_epoch(TP) == staged.epoch
+        async with answered_by_the_lagging_broker(c, unsafe=True) as (staged, consumer):
+            assert "ignored stale metadata" not in caplog.text
+            meta = consumer.cluster.metadata
+            # The fresher view is gone: back to the deposed leader at the old epoch.
+            assert consumer.cluster.leader_for(TP) == (STALE, staged.epoch)
+            assert meta.last_seen_epoch(TP) == staged.epoch
 
-                done = len(staged.values)
-                third = [f"c-{i}".encode() for i in range(5)]
-                assert await c.produce_ok(NEW_LEADER, TOPIC, staged.new_epoch, third) == done
-                more = await consume_n(consumer, len(third), timeout=60)
-                # The anomaly: it asked the deposed leader about its position.
-                asked_deposed = (
-                    f"broker {STALE} (asked at leader epoch {staged.epoch}) knows no "
-                    f"leader epoch <= {staged.new_epoch}"
-                )
-                assert asked_deposed in caplog.text
-                # KIP-320's retry rule: no reset, no error, nothing re-read or skipped.
-                assert [(r.offset, r.value) for r in more] == list(enumerate(third, start=done))
-                assert "reset position" not in caplog.text
-                values = await c.read_values(NEW_LEADER, TOPIC, replica=False)
-                assert values == staged.values + third
+            done = len(staged.values)
+            third = [f"c-{i}".encode() for i in range(5)]
+            assert await c.produce_ok(NEW_LEADER, TOPIC, staged.new_epoch, third) == done
+            more = await consume_n(consumer, len(third), timeout=60)
+            # The anomaly: it asked the deposed leader about its position.
+            asked_deposed = (
+                f"broker {STALE} (asked at leader epoch {staged.epoch}) knows no "
+                f"leader epoch <= {staged.new_epoch}"
+            )
+            assert asked_deposed in caplog.text
+            # KIP-320's retry rule: no reset, no error, nothing re-read or skipped.
+            assert [(r.offset, r.value) for r in more] == list(enumerate(third, start=done))
+            assert "reset position" not in caplog.text
+            values = await c.read_values(NEW_LEADER, TOPIC, replica=False)
+            assert values == staged.values + third
