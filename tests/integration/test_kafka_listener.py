@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import socket
 import struct
 import sys
 import time
@@ -59,6 +60,7 @@ from protocol.messages import ProduceRequest
 from protocol.messages import ProduceResponse
 from protocol.messages import ProduceTopic
 from tests.integration.cluster import REPO
+from tests.integration.test_connection_bounds import rss_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -457,3 +459,46 @@ async def test_old_message_formats_are_refused_and_nothing_is_stored(cluster: Cl
         assert isinstance(answer, ProduceResponse)
         assert answer.topics[0].partitions[0].error_code == ErrorCode.CORRUPT_MESSAGE
     assert kafka_python_values(cluster, 1) == []
+
+
+async def test_a_kafka_client_that_never_reads_does_not_pin_the_brokers_memory(
+    cluster: Cluster,
+) -> None:
+    """The connection bounds hold on a Kafka listener too (the codec is a parameter of
+    the same ServerConnection): 40 pipelined Fetch v12 requests for ~20 MB each whose
+    answers are never read grow the broker by at most one answer's worth, and a real
+    Kafka client is served meanwhile."""
+    await create_topic(cluster)
+    async with AsyncProducer(native_bootstrap(cluster), acks=1, batch_size=1_000_000) as producer:
+        for _ in range(20_000):
+            await producer.send(TOPIC, b"v" * 1000, partition=0)
+        await producer.flush()
+        await producer.cluster.refresh_metadata([TOPIC])
+        leader, _ = producer.cluster.leader_for(TopicPartition(TOPIC, 0))
+        leader_address = cluster.brokers[leader].kafka_address
+    broker = cluster.brokers[leader]
+    baseline = rss_bytes(broker.pid)
+    host, port = leader_address.split(":")
+    attacker = socket.socket()
+    attacker.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    attacker.connect((host, int(port)))
+    try:
+        partition = FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=2**31 - 1)
+        fetch = FetchRequest(
+            max_wait_ms=0,
+            max_bytes=2**31 - 1,
+            topics=[FetchTopic(topic=TOPIC, partitions=[partition])],
+        )
+        attacker.sendall(
+            b"".join(encode_request(FETCH, 12, i, "never-reads", fetch) for i in range(40))
+        )
+        peak = baseline
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            peak = max(peak, rss_bytes(broker.pid))
+            await asyncio.sleep(0.2)
+        # Another Kafka client is served meanwhile.
+        assert len(kafka_python_values(cluster, 10)) == 10
+    finally:
+        attacker.close()
+    assert peak - baseline < 300e6, f"the broker grew by {(peak - baseline) / 1e6:.0f} MB"
