@@ -8,9 +8,9 @@ What each librdkafka outcome means for the history, as the workload records it:
 - a delivery report with an error, or none before the ack timeout: indeterminate
   (info), since librdkafka may have written the batch before it gave up;
 - produce() refused (queue full): not sent at all (fail).
-Its consumer's errors are reported as failed polls; a truncation it detects (KIP-320,
-"Partition log truncation detected") replaces the consumer, which then reads from the
-beginning as a new process.
+Its consumer's errors are reported as failed polls (by the poll after the records that
+came with them); a truncation it detects (KIP-320, "Partition log truncation detected")
+replaces the consumer, which then reads from the beginning as a new process.
 """
 
 from __future__ import annotations
@@ -163,6 +163,7 @@ class LibrdkafkaConsumer:
             **config,
         }
         self._consumer: Consumer | None = None
+        self._pending: MinibrokerError | None = None  # raised by the next poll
 
     async def start(self) -> None:
         self._consumer = Consumer(self._config)
@@ -178,7 +179,13 @@ class LibrdkafkaConsumer:
         """Assigned at the beginning already (assign)."""
 
     async def poll(self, timeout_ms: int) -> dict[TopicPartition, list[Received]]:
+        """The records of one consume(); an error event among them is raised by the next
+        poll (the records librdkafka returned with it are this poll's: its position has
+        moved past them, so they must reach the history)."""
         assert self._consumer is not None
+        if self._pending is not None:
+            error, self._pending = self._pending, None
+            raise error
         messages = await asyncio.to_thread(
             self._consumer.consume, MAX_MESSAGES_PER_POLL, timeout_ms / 1000
         )
@@ -186,9 +193,9 @@ class LibrdkafkaConsumer:
         for message in messages:
             error = message.error()
             if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise _error(error)
+                if error.code() != KafkaError._PARTITION_EOF and self._pending is None:
+                    self._pending = _error(error)
+                continue
             tp = TopicPartition(message.topic(), message.partition())
             out.setdefault(tp, []).append(
                 Received(message.offset(), message.value(), message.leader_epoch())
