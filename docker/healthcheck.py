@@ -135,7 +135,8 @@ def _from_config_file(server: Server, key: str) -> str | None:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ProbeError(f"cannot read the server's config file {path}: {exc}") from None
-    value = data.get(key)
+    # The servers accept a key with dashes or underscores.
+    value = data.get(key, data.get(key.replace("_", "-")))
     return None if value is None else str(value)
 
 
