@@ -162,9 +162,16 @@ async def offsets(cluster: Cluster, leader: int) -> tuple[int, int]:
 
 async def fully_replicated(cluster: Cluster, leader: int, *, timeout: float = 30.0) -> int:
     """Wait until the ISR has all three replicas and the HW reached the LEO (so every
-    follower fetched everything). Returns the LEO."""
-    await wait_for(cluster, lambda p: len(p.isr_nodes) == 3, timeout=timeout, what="ISR of 3")
+    follower fetched everything). Returns the LEO. The ISR is the leader's own view: a
+    follower just resumed from SIGSTOP still answers Metadata from its image of before
+    the shrink (ISR of 3), which made this return before the leader had expanded."""
     deadline = time.monotonic() + timeout
+    while True:
+        async with TestClient(*cluster.brokers[leader].address) as client:
+            if len((await partition_state(client)).isr_nodes) == 3:
+                break
+        assert time.monotonic() < deadline, "the leader's ISR never had 3 replicas"
+        await asyncio.sleep(0.1)
     while True:
         hw, leo = await offsets(cluster, leader)
         if hw == leo:
