@@ -65,9 +65,6 @@ class Reader:
         at = self._need(s.size, what)
         return s.unpack_from(self._data, at)
 
-    def int16(self) -> int:
-        return self.fixed(I16, "INT16")
-
     def int32(self) -> int:
         return self.fixed(I32, "INT32")
 

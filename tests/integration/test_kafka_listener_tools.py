@@ -6,15 +6,19 @@ only need to keep working (../shared/kafka-clients.md).
   codec (v0 InitProducerId, Produce <= 7), its consumer (Fetch <= 11, Metadata <= 5)
   reads everything once and commits.
 - kcat (installed by tests/install_tools.sh; missing, these tests say so loudly and fail
-  with CI set): lists the cluster, produces lines with each codec, consumes them back.
+  with CI set): lists the cluster, produces lines with each codec, consumes them back;
+  the README's kcat example runs as written.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
@@ -24,6 +28,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin import NewTopic as AioNewTopic
 from cluster import Cluster
 
+from tests.integration.cluster import REPO
 from tests.integration.test_kafka_listener import CODECS
 from tests.integration.test_kafka_listener import PARTITIONS
 from tests.integration.test_kafka_listener import PER_CODEC
@@ -31,6 +36,7 @@ from tests.integration.test_kafka_listener import TOPIC
 from tests.integration.test_kafka_listener import assert_exactly_once
 from tests.integration.test_kafka_listener import cluster  # noqa: F401 (the fixture)
 from tests.integration.test_kafka_listener import create_topic
+from tests.integration.test_readme_examples import README_KAFKA_ADDRESS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -129,3 +135,35 @@ async def test_kcat_lists_produces_with_every_codec_and_consumes(
         sent += lines
     out = run_kcat("-b", bootstrap, "-C", "-t", TOPIC, "-o", "beginning", "-e", "-q")
     assert sorted(out.split()) == sorted(sent)
+
+
+def readme_kcat_block() -> str:
+    text = (REPO / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "kcat -b" in b]
+    assert len(blocks) == 1, "the README has one kcat example"
+    return blocks[0]
+
+
+def test_readme_kcat_example_runs_as_written(cluster: Cluster) -> None:  # noqa: F811
+    """The README's kcat lines, against this cluster instead of `minibroker dev`'s ports:
+    minibroker's CLI creates the topic (kcat cannot), kcat lists, produces, consumes."""
+    kcat()
+    host, port = cluster.brokers[1].address
+    script = readme_kcat_block().replace(README_KAFKA_ADDRESS, cluster.kafka_bootstrap())
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "MINIBROKER_BOOTSTRAP_SERVERS": f"{host}:{port}",
+    }
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, f"README kcat example failed:\n{script}\n{proc.stderr}"
+    assert 'topic "from-kcat" with 1 partitions' in proc.stdout
+    assert proc.stdout.split()[-5:] == ["1", "2", "3", "4", "5"]
