@@ -37,7 +37,11 @@ from protocol.messages import ApiVersionsResponse
 from protocol.messages import Message
 
 _FRAME_LENGTH = struct.Struct(">i")
-_HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
+_HEAD = struct.Struct(">ii")
+_FLEXIBLE_HEAD = struct.Struct(">iiB")
+# api key, api version, correlation id, client id length (the client id is a
+# NULLABLE_STRING in every header version, never compact)
+_HEADER = struct.Struct(">hhih")
 
 
 def served_versions(serves: Serves | None = None) -> list[ApiVersionRange]:
@@ -51,9 +55,16 @@ def served_versions(serves: Serves | None = None) -> list[ApiVersionRange]:
 
 def decode_request(payload: bytes | bytearray | memoryview) -> DecodedRequest | Refusal:
     """One request frame's payload. Raises DecodeError when not even its header reads."""
-    r = Reader(payload)
-    api_key, version, correlation_id = r.fixed_run(_HEADER, "request header")
-    client_id = r.string(compact=False, nullable=True)  # never compact, even in v2
+    if len(payload) < _HEADER.size:
+        raise DecodeError(f"truncated request header: {len(payload)} bytes")
+    api_key, version, correlation_id, n = _HEADER.unpack_from(payload)
+    body_at = _HEADER.size + max(n, 0)
+    if n < -1 or body_at > len(payload):
+        raise DecodeError(f"request header: client id length {n} in {len(payload)} bytes")
+    try:
+        client_id = None if n == -1 else str(payload[_HEADER.size : body_at], "utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"request header: the client id is not UTF-8: {exc}") from None
     header = RequestHeader(api_key, version, correlation_id, client_id)
     api = KAFKA_APIS.get(api_key)
     if api is None:
@@ -66,6 +77,7 @@ def decode_request(payload: bytes | bytearray | memoryview) -> DecodedRequest | 
             f"({api.min_version}..{api.max_version})",
         )
     flexible = api.flexible(version)
+    r = Reader(payload, body_at)
     try:
         if flexible:
             _skip_tagged(r)
@@ -97,11 +109,13 @@ def encode_response(header: RequestHeader, body: Message) -> list[Buffer]:
 
 def encode_frame(api: KafkaApi, version: int, correlation_id: int, body: Message) -> list[Buffer]:
     w = Writer()
-    w.int32(0)  # the frame length, filled in below
-    w.int32(correlation_id)
+    # The frame length (filled in below), the correlation id and, in header v1, an
+    # empty tagged-field section.
     if api.response_header_flexible(version):
-        w.uvarint(0)
-    api.response.write(w, body, version, api.flexible(version))
+        w.raw(_FLEXIBLE_HEAD.pack(0, correlation_id, 0))
+    else:
+        w.raw(_HEAD.pack(0, correlation_id))
+    api.response.writer(version, api.flexible(version))(w, body)
     parts = w.parts()
     first = parts[0]
     assert isinstance(first, bytearray), "the frame starts in the writer's own buffer"

@@ -31,6 +31,31 @@ I64 = struct.Struct(">q")
 _MAX_UVARINT_BYTES = 5
 
 
+def read_uvarint(data: bytes | memoryview, at: int) -> tuple[int, int]:
+    """(value, offset after it) of the UNSIGNED_VARINT of at most 32 bits at `at`."""
+    result = shift = 0
+    for i in range(_MAX_UVARINT_BYTES):
+        if at + i >= len(data):
+            raise DecodeError(f"truncated UNSIGNED_VARINT at offset {at}")
+        byte = data[at + i]
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            if result > 0xFFFFFFFF:
+                raise DecodeError("UNSIGNED_VARINT above 32 bits")
+            return result, at + i + 1
+        shift += 7
+    raise DecodeError(f"UNSIGNED_VARINT longer than {_MAX_UVARINT_BYTES} bytes")
+
+
+def write_uvarint(buf: bytearray, value: int) -> None:
+    if not 0 <= value <= 0xFFFFFFFF:
+        raise ValueError(f"UNSIGNED_VARINT out of range: {value}")
+    while value >= 0x80:
+        buf.append((value & 0x7F) | 0x80)
+        value >>= 7
+    buf.append(value)
+
+
 class Reader:
     """Reads Kafka primitives from one payload, front to back."""
 
@@ -80,17 +105,8 @@ class Reader:
         if at < len(data) and data[at] < 0x80:  # one byte: nearly every length and count
             self.pos = at + 1
             return data[at]
-        result = shift = 0
-        for _ in range(_MAX_UVARINT_BYTES):
-            at = self._need(1, "UNSIGNED_VARINT")
-            byte = self._data[at]
-            result |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                if result > 0xFFFFFFFF:
-                    raise DecodeError("UNSIGNED_VARINT above 32 bits")
-                return result
-            shift += 7
-        raise DecodeError(f"UNSIGNED_VARINT longer than {_MAX_UVARINT_BYTES} bytes")
+        value, self.pos = read_uvarint(data, at)
+        return value
 
     def raw(self, n: int, what: str) -> memoryview:
         """`n` bytes as a view of the payload (no copy)."""
@@ -165,13 +181,7 @@ class Writer:
         self._buf.append(1 if value else 0)
 
     def uvarint(self, value: int) -> None:
-        if not 0 <= value <= 0xFFFFFFFF:
-            raise ValueError(f"UNSIGNED_VARINT out of range: {value}")
-        buf = self._buf
-        while value >= 0x80:
-            buf.append((value & 0x7F) | 0x80)
-            value >>= 7
-        buf.append(value)
+        write_uvarint(self._buf, value)
 
     def length(self, n: int | None, *, compact: bool, packing: struct.Struct) -> None:
         """A length or count: UNSIGNED_VARINT n+1 (0: null) when compact, else `packing`

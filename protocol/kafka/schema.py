@@ -36,6 +36,8 @@ from protocol.kafka.primitives import I32
 from protocol.kafka.primitives import I64
 from protocol.kafka.primitives import Reader
 from protocol.kafka.primitives import Writer
+from protocol.kafka.primitives import read_uvarint
+from protocol.kafka.primitives import write_uvarint
 
 MAX_VERSION = 0x7FFF
 
@@ -55,11 +57,113 @@ def _in(span: tuple[int, int], version: int) -> bool:
 
 
 # ------------------------------------------------------------------ wire types
+#
+# Generated code reads from locals `d` (the payload: bytes, or a memoryview of bytes),
+# `mv` (a memoryview of it, for record sets) and `p` (the offset), and writes into the
+# local bytearray `buf` (the Writer's current buffer, `w`). A fixed-size read past the
+# end raises struct.error or IndexError: the generated function turns both into one
+# DecodeError, so a fixed-size read costs no bounds check of its own. Lengths and
+# counts are checked before they are used.
+
+
+class _Emit:
+    """The source lines of one generated function and the values they name."""
+
+    def __init__(self, version: int, flexible: bool) -> None:
+        self.version = version
+        self.flexible = flexible
+        self.lines: list[str] = []
+        self.values: dict[str, Any] = {
+            "DecodeError": DecodeError,
+            "_read_uvarint": read_uvarint,
+            "_write_uvarint": write_uvarint,
+            "_bad_length": _bad_length,
+            "_lying_count": _lying_count,
+            "_parted": _parted,
+        }
+        self._names = 0
+
+    def bind(self, value: Any) -> str:
+        name = f"_g{len(self.values)}"
+        self.values[name] = value
+        return name
+
+    def name(self, prefix: str) -> str:
+        self._names += 1
+        return f"{prefix}{self._names}"
+
+    def add(self, indent: str, *lines: str) -> None:
+        self.lines += [indent + line for line in lines]
+
+    def read_uvarint(self, indent: str, target: str) -> None:
+        self.add(
+            indent,
+            f"{target} = d[p]",
+            "p += 1",
+            f"if {target} >= 0x80:  # more than one byte: rare",
+            f"    {target}, p = _read_uvarint(d, p - 1)",
+        )
+
+    def read_length(self, indent: str, target: str, packing: struct.Struct) -> None:
+        """A length or count into `target` (-1: null): compact (UNSIGNED_VARINT n+1) in
+        flexible versions, else `packing` (INT16 or INT32)."""
+        if self.flexible:
+            self.read_uvarint(indent, target)
+            self.add(indent, f"{target} -= 1")
+        else:
+            bound = self.bind(packing)
+            self.add(indent, f"{target}, = {bound}.unpack_from(d, p)", f"p += {packing.size}")
+
+    def write_length(self, indent: str, n: str, packing: struct.Struct) -> None:
+        """Length or count `n`: an expression of an int, or "None" for a null."""
+        if self.flexible:
+            self.add(
+                indent,
+                f"_n = {0 if n == 'None' else f'{n} + 1'}",
+                "if _n < 0x80:",
+                "    buf.append(_n)",
+                "else:",
+                "    _write_uvarint(buf, _n)",
+            )
+        else:
+            self.add(indent, f"buf += {self.bind(packing)}.pack({-1 if n == 'None' else n})")
+
+    def compile(self, name: str) -> Callable[..., Any]:
+        exec("\n".join(self.lines) + "\n", self.values)
+        function: Callable[..., Any] = self.values[name]
+        return function
+
+
+def _bad_length(what: str, n: int, nullable: bool, left: int) -> None:
+    """Raise the DecodeError a length `n` that cannot be read deserves."""
+    if n == -1:
+        if not nullable:
+            raise DecodeError(f"{what} length -1 (null where a value is required)")
+        return
+    if n < -1:
+        raise DecodeError(f"{what} length {n}")
+    raise DecodeError(f"truncated {what}: {n} bytes needed, {left} left")
+
+
+def _lying_count(n: int, left: int) -> DecodeError:
+    return DecodeError(
+        f"ARRAY count {n} cannot fit in the {left} bytes left (truncated, or the count lies)"
+    )
+
+
+def _parted(w: Writer, buf: bytearray, data: bytes | bytearray | memoryview) -> bytearray:
+    """A big record set becomes a part of its own (not copied); writing goes on in a
+    new buffer, returned."""
+    w._parts.append(buf)
+    w._parts.append(data)
+    w._size += len(buf) + len(data)
+    w._buf = bytearray()
+    return w._buf
 
 
 class WireType:
-    """One wire type: the Python source that reads and writes a value of it (compiled
-    into each struct's reader and writer), and its smallest encoding."""
+    """One wire type: the Python source that reads and writes a value of it (emitted
+    into each struct's generated reader and writer), and its smallest encoding."""
 
     def read(self, r: Reader, version: int, flexible: bool, nullable: bool) -> Any:
         return _one_value(self, version, flexible, nullable)[0](r)
@@ -70,14 +174,12 @@ class WireType:
     def min_size(self, version: int, flexible: bool) -> int:
         raise NotImplementedError
 
-    def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
-        """A Python expression reading one value from `r` (see KStruct.reader)."""
+    def emit_read(self, e: _Emit, indent: str, target: str, nullable: bool) -> None:
+        """Lines reading one value into local `target`."""
         raise NotImplementedError
 
-    def write_source(
-        self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
-    ) -> str:
-        """A Python statement writing the value of expression `value` to `w`."""
+    def emit_write(self, e: _Emit, indent: str, value: str, nullable: bool) -> None:
+        """Lines writing the value of expression `value`."""
         raise NotImplementedError
 
 
@@ -89,48 +191,97 @@ class _Fixed(WireType):
     def min_size(self, version: int, flexible: bool) -> int:
         return self.packing.size
 
-    def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
-        return f"r.fixed({ns.bind(self.packing)}, {self.what!r})"
+    def emit_read(self, e: _Emit, indent: str, target: str, nullable: bool) -> None:
+        packing = e.bind(self.packing)
+        e.add(indent, f"{target}, = {packing}.unpack_from(d, p)", f"p += {self.packing.size}")
 
-    def write_source(
-        self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
-    ) -> str:
-        return f"w.fixed({ns.bind(self.packing)}, {value})"
+    def emit_write(self, e: _Emit, indent: str, value: str, nullable: bool) -> None:
+        e.add(indent, f"buf += {e.bind(self.packing)}.pack({value})")
 
 
 @dataclass(frozen=True)
-class _Plain(WireType):
-    """BOOLEAN, STRING (an INT16 length) and BYTES / RECORDS (an INT32 length; a record
-    set is kept as a view of the payload, not copied), lengths compact in flexible
-    versions: a Reader and a Writer method each, called as `read_call` and `write_call` say."""
+class _Bool(WireType):
+    def min_size(self, version: int, flexible: bool) -> int:
+        return 1
 
-    read_call: str  # formatted with flexible, nullable
-    write_call: str  # formatted with value, flexible, nullable
-    size: int
-    compact_size: int
+    def emit_read(self, e: _Emit, indent: str, target: str, nullable: bool) -> None:
+        e.add(
+            indent,
+            f"{target} = d[p]",
+            "p += 1",
+            f"if {target} > 1:",
+            f"    raise DecodeError(f'BOOLEAN must be 0 or 1, got {{{target}}}')",
+            f"{target} = {target} == 1",
+        )
+
+    def emit_write(self, e: _Emit, indent: str, value: str, nullable: bool) -> None:
+        e.add(indent, f"buf.append(1 if {value} else 0)")
+
+
+@dataclass(frozen=True)
+class _Sized(WireType):
+    """STRING (an INT16 length, UTF-8) and BYTES / RECORDS (an INT32 length; kept as a
+    view of the payload, not copied; a big one written as a part of its own), lengths
+    compact in flexible versions."""
+
+    text: bool
 
     def min_size(self, version: int, flexible: bool) -> int:
-        return self.compact_size if flexible else self.size
+        return 1 if flexible else (2 if self.text else 4)
 
-    def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
-        return self.read_call.format(flexible=flexible, nullable=nullable)
+    def emit_read(self, e: _Emit, indent: str, target: str, nullable: bool) -> None:
+        n = e.name("_n")
+        e.read_length(indent, n, self._packing)
+        value = f"str(d[p:p + {n}], 'utf-8')" if self.text else f"mv[p:p + {n}]"
+        e.add(
+            indent,
+            f"if {n} < 0 or {n} > len(d) - p:",
+            f"    _bad_length({self._what!r}, {n}, {nullable}, len(d) - p)",
+            f"    {target} = None",
+            "else:",
+            f"    {target} = {value}",
+            f"    p += {n}",
+        )
 
-    def write_source(
-        self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
-    ) -> str:
-        return self.write_call.format(value=value, flexible=flexible, nullable=nullable)
+    def emit_write(self, e: _Emit, indent: str, value: str, nullable: bool) -> None:
+        v = e.name("_v")
+        e.add(indent, f"{v} = {value}", f"if {v} is None:")
+        if nullable:
+            e.write_length(indent + "    ", "None", self._packing)
+        else:
+            e.add(indent, f"    raise ValueError('null {self._what} where a value is required')")
+        e.add(indent, "else:")
+        inner = indent + "    "
+        if self.text:
+            e.add(inner, f"{v} = {v}.encode()")
+        e.write_length(inner, f"len({v})", self._packing)
+        if self.text:
+            e.add(inner, f"buf += {v}")
+        else:
+            e.add(
+                inner,
+                f"if len({v}) >= {Writer.SCATTER_MIN_BYTES}:",
+                f"    buf = _parted(w, buf, {v})",
+                "else:",
+                f"    buf += {v}",
+            )
 
+    @property
+    def _what(self) -> str:
+        return "STRING" if self.text else "BYTES"
 
-_LENGTHS = "compact={flexible}, nullable={nullable}"
+    @property
+    def _packing(self) -> struct.Struct:
+        return I16 if self.text else I32
 
 
 INT8 = _Fixed(I8, "INT8")
 INT16 = _Fixed(I16, "INT16")
 INT32 = _Fixed(I32, "INT32")
 INT64 = _Fixed(I64, "INT64")
-BOOL = _Plain("r.boolean()", "w.boolean({value})", 1, 1)
-STRING = _Plain(f"r.string({_LENGTHS})", f"w.string({{value}}, {_LENGTHS})", 2, 1)
-BYTES = _Plain(f"r.bytes_({_LENGTHS})", f"w.bytes_({{value}}, {_LENGTHS})", 4, 1)
+BOOL = _Bool()
+STRING = _Sized(text=True)
+BYTES = _Sized(text=False)
 RECORDS = BYTES
 
 
@@ -141,37 +292,38 @@ class Array(WireType):
     def min_size(self, version: int, flexible: bool) -> int:
         return 1 if flexible else 4
 
-    def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
-        item = ns.bind(_one_value(self.item, version, flexible, False)[0])
-        size = self.item.min_size(version, flexible)
-        return f"_array(r, {item}, {flexible}, {size}, {nullable})"
+    def emit_read(self, e: _Emit, indent: str, target: str, nullable: bool) -> None:
+        n, item = e.name("_n"), e.name("_i")
+        size = max(self.item.min_size(e.version, e.flexible), 1)
+        e.read_length(indent, n, I32)
+        e.add(
+            indent,
+            f"if {n} < 0:",
+            f"    _bad_length('ARRAY', {n}, {nullable}, len(d) - p)",
+            f"    {target} = None",
+            f"elif {n} * {size} > len(d) - p:",
+            f"    raise _lying_count({n}, len(d) - p)",
+            "else:",
+            f"    {target} = []",
+            f"    for _ in range({n}):",
+        )
+        self.item.emit_read(e, indent + "        ", item, False)
+        e.add(indent, f"        {target}.append({item})")
 
-    def write_source(
-        self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
-    ) -> str:
-        item = ns.bind(_one_value(self.item, version, flexible, False)[1])
-        return f"_write_array(w, {value}, {item}, {flexible}, {nullable})"
-
-
-def _array(
-    r: Reader, item: Callable[[Reader], Any], compact: bool, size: int, nullable: bool
-) -> Any:
-    n = r.array_length(compact=compact, min_item_size=size)
-    if n < 0:
+    def emit_write(self, e: _Emit, indent: str, value: str, nullable: bool) -> None:
+        v, item = e.name("_v"), e.name("_i")
+        e.add(indent, f"{v} = {value}")
         if nullable:
-            return None
-        raise DecodeError("null ARRAY where a value is required")
-    return [item(r) for _ in range(n)]
-
-
-def _write_array(
-    w: Writer, value: Any, item: Callable[[Writer, Any], None], compact: bool, nullable: bool
-) -> None:
-    if value is None and not nullable:
-        value = []  # what a client gets instead of a null it cannot read
-    w.array_length(None if value is None else len(value), compact=compact)
-    for one in value or ():
-        item(w, one)
+            e.add(indent, f"if {v} is None:")
+            e.write_length(indent + "    ", "None", I32)
+            e.add(indent, "else:")
+            e.write_length(indent + "    ", f"len({v})", I32)
+            e.add(indent, f"for {item} in {v} or ():")
+        else:
+            e.add(indent, f"if {v} is None:", f"    {v} = ()  # what a client can read")
+            e.write_length(indent, f"len({v})", I32)
+            e.add(indent, f"for {item} in {v}:")
+        self.item.emit_write(e, indent + "    ", item, False)
 
 
 _ONE_VALUE: dict[tuple[int, int, bool, bool], tuple[Callable[..., Any], Callable[..., None]]] = {}
@@ -181,33 +333,43 @@ def _one_value(
     wire: WireType, version: int, flexible: bool, nullable: bool
 ) -> tuple[Callable[[Reader], Any], Callable[[Writer, Any], None]]:
     """A reader and a writer of one value of `wire` (cached: the declared types live as
-    long as the process), for array items and tagged fields."""
+    long as the process), for tagged fields."""
     key = (id(wire), version, flexible, nullable)
     pair = _ONE_VALUE.get(key)
     if pair is None:
-        ns = _Namespace()
-        read = wire.read_source(version, flexible, nullable, ns)
-        write = wire.write_source("v", version, flexible, nullable, ns)
-        source = f"def read(r):\n    return {read}\ndef write(w, v):\n    {write}\n"
-        exec(source, ns.values)
-        pair = _ONE_VALUE[key] = (ns.values["read"], ns.values["write"])
+        e = _Emit(version, flexible)
+        _emit_reader(e, "read", lambda indent: wire.emit_read(e, indent, "value", nullable))
+        e.add("", "def write(w, value):", "    buf = w._buf")
+        wire.emit_write(e, "    ", "value", nullable)
+        e.compile("read")
+        pair = _ONE_VALUE[key] = (e.values["read"], e.values["write"])
     return pair
 
 
-class _Namespace:
-    """The globals of one generated reader or writer: the values its source names."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {
-            "_array": _array,
-            "_write_array": _write_array,
-            "DecodeError": DecodeError,
-        }
-
-    def bind(self, value: Any) -> str:
-        name = f"_g{len(self.values)}"
-        self.values[name] = value
-        return name
+def _emit_reader(e: _Emit, name: str, body: Callable[[str], None], what: str = "") -> None:
+    """A function `name(r)` reading one value from Reader `r` with `body`: a read past
+    the end, bad UTF-8 or a value the native class refuses is a DecodeError."""
+    e.add(
+        "",
+        f"def {name}(r):",
+        "    d = r._data",
+        "    mv = memoryview(d)",
+        "    p = r.pos",
+        "    try:",
+    )
+    body("        ")
+    e.add(
+        "",
+        "    except (_struct_error, IndexError):",
+        "        raise DecodeError(f'truncated: a read at offset {p} of {len(d)}') from None",
+        "    except UnicodeDecodeError as exc:",
+        "        raise DecodeError(f'STRING is not UTF-8: {exc}') from None",
+        "    except (TypeError, ValueError) as exc:",
+        f"        raise DecodeError({what!r} + str(exc)) from None",
+        "    r.pos = p",
+        "    return value",
+    )
+    e.values["_struct_error"] = struct.error
 
 
 # ------------------------------------------------------------------ structs
@@ -274,78 +436,123 @@ class KStruct(WireType):
     def read(self, r: Reader, version: int, flexible: bool, nullable: bool = False) -> Any:
         return self.reader(version, flexible)(r)
 
-    def read_source(self, version: int, flexible: bool, nullable: bool, ns: _Namespace) -> str:
-        return f"{ns.bind(self.reader(version, flexible))}(r)"
+    def write(
+        self, w: Writer, value: Any, version: int, flexible: bool, nullable: bool = False
+    ) -> None:
+        self.writer(version, flexible)(w, value)
 
     def reader(self, version: int, flexible: bool) -> Callable[[Reader], Any]:
         """This struct's reader at a version: Python source generated from the plan
-        (one straight line of reads, no per-field dispatch) and compiled once."""
+        (one straight line of reads, nested structs and arrays inlined, no call per
+        field) and compiled once."""
         key = (version, flexible)
         reader = self._readers.get(key)
         if reader is None:
-            reader = self._readers[key] = self._compile_reader(version, flexible)
+            e = _Emit(version, flexible)
+            refused = f"{getattr(self.native, '__name__', 'struct')}: "
+            _emit_reader(
+                e, "read", lambda indent: self.emit_read(e, indent, "value", False), refused
+            )
+            reader = self._readers[key] = e.compile("read")
         return reader
 
-    def _compile_reader(self, version: int, flexible: bool) -> Callable[[Reader], Any]:
-        plan = self.plan(version, flexible)
-        ns = _Namespace()
-        lines = ["def read(r):"]
+    def writer(self, version: int, flexible: bool) -> Callable[[Writer, Any], None]:
+        """This struct's writer at a version, generated and compiled as `reader` is."""
+        key = (version, flexible)
+        writer = self._writers.get(key)
+        if writer is None:
+            e = _Emit(version, flexible)
+            e.add("", "def write(w, value):", "    buf = w._buf")
+            self.emit_write(e, "    ", "value", False)
+            writer = self._writers[key] = e.compile("write")
+        return writer
+
+    def emit_read(self, e: _Emit, indent: str, target: str, nullable: bool) -> None:
+        plan = self.plan(e.version, e.flexible)
         names: list[tuple[str, str]] = []
-        run: list[tuple[int, Field, _Fixed]] = []  # consecutive fixed-size fields
+        run: list[tuple[str, _Fixed]] = []  # consecutive fixed-size fields
 
         def flush_run() -> None:
             if not run:
                 return
-            packing = struct.Struct(">" + "".join(t.packing.format[1:] for _, _, t in run))
-            what = "+".join(t.what for _, _, t in run)
-            targets = ", ".join(f"v{i}" for i, _, _ in run)
-            lines.append(f"    {targets}, = r.fixed_run({ns.bind(packing)}, {what!r})")
+            packing = struct.Struct(">" + "".join(t.packing.format[1:] for _, t in run))
+            targets = ", ".join(var for var, _ in run)
+            e.add(indent, f"{targets}, = {e.bind(packing)}.unpack_from(d, p)")
+            e.add(indent, f"p += {packing.size}")
             run.clear()
 
-        for i, (f, can_be_null) in enumerate(plan.regular):
+        for f, can_be_null in plan.regular:
+            var = e.name("_f")
             if f.mapped:
-                names.append((f.name, f"v{i}"))
-            if isinstance(f.type, _Fixed) and not (f.mapped and f.to_native is not None):
-                run.append((i, f, f.type))
-                continue
-            flush_run()
-            source = f.type.read_source(version, flexible, can_be_null, ns)
+                names.append((f.name, var))
+            if isinstance(f.type, _Fixed):
+                run.append((var, f.type))
+            else:
+                flush_run()
+                f.type.emit_read(e, indent, var, can_be_null)
             if f.mapped and f.to_native is not None:
-                source = f"{ns.bind(f.to_native)}({source})"
-            lines.append(f"    v{i} = {source}")
+                flush_run()
+                e.add(indent, f"{var} = {e.bind(f.to_native)}({var})")
         flush_run()
-        values = "{" + ", ".join(f"{name!r}: {var}" for name, var in names) + "}"
+        build = e.bind(self.native) if self.native is not None else "dict"
         keywords = ", ".join(f"{name}={var}" for name, var in names)
-        if self.native is None:
-            build = {"values": "values", "keywords": values}
-        else:
-            native = ns.bind(self.native)
-            build = {"values": f"{native}(**values)", "keywords": f"{native}({keywords})"}
-        refused = f"{getattr(self.native, '__name__', 'struct')}: "
+        if not e.flexible:
+            e.add(indent, f"{target} = {build}({keywords})")
+            return
+        # Tagged fields: a count, nearly always 0 (then nothing more to read).
+        tags = e.name("_t")
+        e.read_uvarint(indent, tags)
+        e.add(
+            indent,
+            f"if not {tags}:",
+            f"    {target} = {build}({keywords})",
+            "else:",
+            f"    _values = {{{', '.join(f'{name!r}: {var}' for name, var in names)}}}",
+            "    r.pos = p",
+            f"    {e.bind(KStruct._read_tagged)}(r, {e.bind(plan)}, {e.version}, _values, {tags})",
+            "    p = r.pos",
+            f"    {target} = {build}(**_values)",
+        )
 
-        def returning(indent: str, call: str) -> list[str]:
-            # A value the native class refuses is a DecodeError like any other bad input.
-            return [
-                f"{indent}try:",
-                f"{indent}    return {call}",
-                f"{indent}except (TypeError, ValueError) as exc:",
-                f"{indent}    raise DecodeError({refused!r} + str(exc)) from None",
-            ]
+    def emit_write(self, e: _Emit, indent: str, value: str, nullable: bool) -> None:
+        plan = self.plan(e.version, e.flexible)
+        obj = e.name("_o")
+        e.add(indent, f"{obj} = {value}")
+        run: list[str] = []  # consecutive fixed-size values
 
-        if flexible:
-            # Tagged fields: a count, nearly always 0 (then nothing more to read).
-            ns.values["_tags"] = KStruct._read_tagged
-            lines += [
-                "    tags = r.uvarint()",
-                "    if tags:",
-                f"        values = {values}",
-                f"        _tags(r, {ns.bind(plan)}, {version}, values, tags)",
-                *returning("        ", build["values"]),
-            ]
-        lines += returning("    ", build["keywords"])
-        exec("\n".join(lines) + "\n", ns.values)
-        reader: Callable[[Reader], Any] = ns.values["read"]
-        return reader
+        def flush_run(packing: list[struct.Struct]) -> None:
+            if run:
+                joined = struct.Struct(">" + "".join(s.format[1:] for s in packing))
+                e.add(indent, f"buf += {e.bind(joined)}.pack({', '.join(run)})")
+                run.clear()
+                packing.clear()
+
+        packings: list[struct.Struct] = []
+        for f, can_be_null in plan.regular:
+            if not f.mapped:
+                source = e.bind(f.default)
+            elif self.native is None:
+                source = f"{obj}.get({f.name!r}, {e.bind(f.default)})"
+            else:
+                source = f"{obj}.{f.name}"
+            if f.mapped and f.from_native is not None:
+                source = f"{e.bind(f.from_native)}({source})"
+            if isinstance(f.type, _Fixed):
+                run.append(source)
+                packings.append(f.type.packing)
+                continue
+            flush_run(packings)
+            f.type.emit_write(e, indent, source, can_be_null)
+        flush_run(packings)
+        if e.flexible:
+            if plan.tagged:
+                e.add(
+                    indent,
+                    f"{e.bind(KStruct._write_tagged)}(w, {e.bind(plan)}, {obj}, {e.version})",
+                    "buf = w._buf",
+                )
+            else:
+                e.add(indent, "buf.append(0)  # no tagged fields")
 
     @staticmethod
     def _read_tagged(
@@ -368,47 +575,6 @@ class KStruct(WireType):
                 raise DecodeError(f"tagged field {tag} has {sub.remaining} bytes left over")
             if f.mapped:
                 values[f.name] = f.to_native(value) if f.to_native else value
-
-    def write(
-        self, w: Writer, value: Any, version: int, flexible: bool, nullable: bool = False
-    ) -> None:
-        self.writer(version, flexible)(w, value)
-
-    def write_source(
-        self, value: str, version: int, flexible: bool, nullable: bool, ns: _Namespace
-    ) -> str:
-        return f"{ns.bind(self.writer(version, flexible))}(w, {value})"
-
-    def writer(self, version: int, flexible: bool) -> Callable[[Writer, Any], None]:
-        """This struct's writer at a version, generated and compiled as `reader` is."""
-        key = (version, flexible)
-        writer = self._writers.get(key)
-        if writer is None:
-            writer = self._writers[key] = self._compile_writer(version, flexible)
-        return writer
-
-    def _compile_writer(self, version: int, flexible: bool) -> Callable[[Writer, Any], None]:
-        plan = self.plan(version, flexible)
-        ns = _Namespace()
-        lines = ["def write(w, obj):"]
-        for f, can_be_null in plan.regular:
-            if not f.mapped:
-                value = ns.bind(f.default)
-            elif self.native is None:
-                value = f"obj.get({f.name!r}, {ns.bind(f.default)})"
-            else:
-                value = f"obj.{f.name}"
-            if f.mapped and f.from_native is not None:
-                value = f"{ns.bind(f.from_native)}({value})"
-            lines.append("    " + f.type.write_source(value, version, flexible, can_be_null, ns))
-        if flexible:
-            ns.values["_tags"] = KStruct._write_tagged
-            lines.append(f"    _tags(w, {ns.bind(plan)}, obj, {version})")
-        if len(lines) == 1:
-            lines.append("    pass")
-        exec("\n".join(lines) + "\n", ns.values)
-        writer: Callable[[Writer, Any], None] = ns.values["write"]
-        return writer
 
     @staticmethod
     def _write_tagged(w: Writer, plan: _Plan, obj: Any, version: int) -> None:
