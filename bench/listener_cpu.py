@@ -112,7 +112,7 @@ def codec_row(args: argparse.Namespace, kind: str, batch: bytes) -> dict[str, An
         "native_encode": lambda: NATIVE.encode_response(native_header, answer),
         "kafka_encode": lambda: KAFKA.encode_response(kafka_header, answer),
     }
-    row: dict[str, Any] = {"request": kind}
+    row: dict[str, Any] = {"codec_alone": kind}
     for name, call in cases.items():
         best = min(timeit.repeat(call, number=args.codec_calls, repeat=args.codec_repeats))
         row[f"{name}_us"] = round(best / args.codec_calls * 1e6, 2)
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         format_table(
             ["codec alone", *[c.removesuffix("_us").replace("_", " ") for c in columns], "extra"],
-            [[r["request"], *[r[c] for c in columns], r["kafka_extra_us"]] for r in codec_rows],
+            [[r["codec_alone"], *[r[c] for c in columns], r["kafka_extra_us"]] for r in codec_rows],
         )
     )
     write_results(NAME, args=args, rows=rows + codec_rows, started=started, out=args.out)

@@ -122,9 +122,17 @@ def test_broker_cpu_writes_leader_and_follower_cost(tmp_path: Path) -> None:
 
 def test_listener_cpu_measures_both_protocols(tmp_path: Path) -> None:
     doc = run_bench("listener-cpu", tmp_path / "listener-cpu.json", "--requests", "100")
-    rows = {row["request"]: row for row in doc["results"]}
+    rows = {row["request"]: row for row in doc["results"] if "request" in row}
     assert set(rows) == {"produce", "fetch"}
     for row in rows.values():
         # The broker spent CPU on each request in both protocols.
         assert row["native_us"] > 0 and row["kafka_us"] > 0
         assert row["kafka_over_native"] == pytest.approx(row["kafka_us"] / row["native_us"], 0.05)
+    codecs = {row["codec_alone"]: row for row in doc["results"] if "codec_alone" in row}
+    assert set(codecs) == {"produce", "fetch"}
+    for row in codecs.values():
+        # Each codec's decode and encode were timed, and the difference is their sum's.
+        times = [row[f"{p}_{op}_us"] for p in ("native", "kafka") for op in ("decode", "encode")]
+        assert all(t > 0 for t in times)
+        extra = times[2] + times[3] - times[0] - times[1]
+        assert row["kafka_extra_us"] == pytest.approx(extra, abs=0.02)
