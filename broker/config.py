@@ -157,6 +157,31 @@ class BrokerConfig:
         doc="Replication factor of __consumer_offsets (offsets.topic.replication.factor); "
         "lowered to the number of live brokers, with a warning, when fewer are up.",
     )
+    # Consumer groups (Kafka's names and defaults, group.max.size excepted: bounded).
+    group_min_session_timeout_ms: int = setting(
+        6_000,
+        minimum=1,
+        doc="Shortest session timeout a group member may ask for "
+        "(group.min.session.timeout.ms); shorter ones get INVALID_SESSION_TIMEOUT.",
+    )
+    group_max_session_timeout_ms: int = setting(
+        1_800_000,
+        minimum=1,
+        doc="Longest session timeout a group member may ask for (group.max.session.timeout.ms).",
+    )
+    group_initial_rebalance_delay_ms: int = setting(
+        3_000,
+        minimum=0,
+        doc="How long an empty group's first rebalance waits for more members to join, "
+        "each new one extending the wait up to the rebalance timeout "
+        "(group.initial.rebalance.delay.ms); 0 forms the generation at once.",
+    )
+    group_max_size: int = setting(
+        1_000,
+        minimum=1,
+        doc="Most members a group may have (group.max.size; Kafka's is unbounded): "
+        "one more gets GROUP_MAX_SIZE_REACHED.",
+    )
     controller_connect_timeout_ms: int = setting(
         30_000,
         minimum=1,

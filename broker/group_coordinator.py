@@ -1,6 +1,8 @@
-"""The offsets part of Kafka's GroupCoordinator: FindCoordinator, OffsetCommit and
-OffsetFetch over the internal, replicated topic `__consumer_offsets` (no group
-membership, no rebalancing: every commit is accepted as from a "simple" consumer).
+"""Kafka's GroupCoordinator: FindCoordinator, group membership (JoinGroup, SyncGroup,
+Heartbeat, LeaveGroup: the classic rebalance protocol of broker/groups/membership.py),
+the group tools' APIs (DescribeGroups, ListGroups, DeleteGroups), and OffsetCommit /
+OffsetFetch, over the internal, replicated topic `__consumer_offsets` (its records:
+broker/groups/records.py).
 
 - A group belongs to partition `abs(java String.hashCode(group)) % N` of
   `__consumer_offsets` (Kafka's rule, `Utils.abs`: Integer.MIN_VALUE -> 0), N being the
@@ -25,14 +27,13 @@ membership, no rebalancing: every commit is accepted as from a "simple" consumer
   OffsetFetch answer COORDINATOR_LOAD_IN_PROGRESS. Losing leadership drops the cache.
   These internal records are the only records the broker ever decodes.
 
-Record format in `__consumer_offsets` (RecordBatch v2, no compression), both key and
-value MessagePack arrays (msgspec, array_like):
-  key   = [version=1, group: str, topic: str, partition: int]
-  value = [version=1, offset: int, leader_epoch: int (-1 none), metadata: str | nil,
-           commit_timestamp: int (ms since the epoch)]
-          or a null value (tombstone: the commit is deleted; not written yet).
-Records with another key or value version are skipped on load (room for group
-metadata records later). The log is not compacted (Kafka compacts this topic).
+- Group metadata (a generation's members and assignments) is a record of the same
+  partition, written when the leader's SyncGroup completes a generation and when the
+  group becomes empty; loading rebuilds the groups from it, so a coordinator that
+  moves keeps its groups and their committed offsets (members get a fresh session
+  and at most rejoin). Members' sessions are checked every SESSION_CHECK_S.
+- DeleteGroups (an empty group only) writes tombstones of its metadata and offsets.
+The log is not compacted (Kafka compacts this topic).
 """
 
 from __future__ import annotations
@@ -44,10 +45,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field
 
-import msgspec
-
 from broker.config import BrokerConfig
 from broker.controller_channel import ControllerChannel
+from broker.groups.group import Group
+from broker.groups.group import GroupState
+from broker.groups.membership import Membership
+from broker.groups.membership import MembershipSettings
+from broker.groups.membership import describe
+from broker.groups.records import GROUP_KEY_VERSION
+from broker.groups.records import GROUP_VALUE_VERSION
+from broker.groups.records import OFFSET_KEY_VERSION
+from broker.groups.records import OFFSET_VALUE_VERSION
+from broker.groups.records import GroupKey
+from broker.groups.records import GroupValue
+from broker.groups.records import MemberRecord
+from broker.groups.records import OffsetKey
+from broker.groups.records import OffsetValue
+from broker.groups.records import encode_key
+from broker.groups.records import encode_value
+from broker.groups.shard_cache import OffsetCache
+from broker.groups.shard_cache import load_cache
 from broker.metadata_image import MetadataImage
 from broker.partition import MIN_INSYNC_REPLICAS
 from broker.partition import Partition
@@ -56,15 +73,27 @@ from broker.replica_manager import ReplicaManager
 from broker.rpc import RpcError
 from broker.rpc import RpcErrorResponse
 from broker.storage.errors import StorageError
-from broker.storage.log import Log
-from protocol.errors import CorruptRecordError
-from protocol.errors import DecodeError
 from protocol.errors import ErrorCode
 from protocol.messages import CreatableTopic
 from protocol.messages import CreateTopicsRequest
 from protocol.messages import CreateTopicsResponse
+from protocol.messages import DeletableGroupResult
+from protocol.messages import DeleteGroupsRequest
+from protocol.messages import DeleteGroupsResponse
+from protocol.messages import DescribedGroup
+from protocol.messages import DescribeGroupsRequest
+from protocol.messages import DescribeGroupsResponse
 from protocol.messages import FindCoordinatorRequest
 from protocol.messages import FindCoordinatorResponse
+from protocol.messages import HeartbeatRequest
+from protocol.messages import HeartbeatResponse
+from protocol.messages import JoinGroupRequest
+from protocol.messages import JoinGroupResponse
+from protocol.messages import LeaveGroupRequest
+from protocol.messages import LeaveGroupResponse
+from protocol.messages import ListedGroup
+from protocol.messages import ListGroupsRequest
+from protocol.messages import ListGroupsResponse
 from protocol.messages import OffsetCommitPartitionResponse
 from protocol.messages import OffsetCommitRequest
 from protocol.messages import OffsetCommitResponse
@@ -76,27 +105,26 @@ from protocol.messages import OffsetFetchTopicResponse
 from protocol.messages import ProducePartition
 from protocol.messages import ProduceRequest
 from protocol.messages import ProduceTopic
+from protocol.messages import SyncGroupRequest
+from protocol.messages import SyncGroupResponse
 from protocol.metadata_records import NO_LEADER
 from protocol.record_batch import BatchBuilder
-from protocol.record_batch import decode_batch
-from protocol.record_batch import iter_headers
 from runtime.server import RequestContext
 
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
-KEY_VERSION = 1
-VALUE_VERSION = 1
 # Kafka's offset.metadata.max.bytes and offsets.commit.timeout.ms.
 MAX_METADATA_BYTES = 4096
 COMMIT_TIMEOUT_MS = 5_000
-# Load: bytes read per step (the loop yields between steps), and the poll interval
-# while waiting for the high watermark to reach the start of our epoch.
-LOAD_CHUNK_BYTES = 1 << 20
+# Load: the poll interval while waiting for the high watermark to reach the start of
+# our epoch.
 LOAD_POLL_S = 0.02
 # How long a load may wait for the high watermark before it says so (it keeps waiting:
 # the wait ends with the leadership at the latest).
 LOAD_SLOW_WARNING_S = 30.0
+# How often members' sessions are checked (a dead member is noticed this much late).
+SESSION_CHECK_S = 0.1
 
 
 # ---------------------------------------------------------------------- hashing
@@ -118,139 +146,6 @@ def partition_for(group: str, num_partitions: int) -> int:
     return h % num_partitions
 
 
-# ---------------------------------------------------------------------- records
-
-
-class OffsetKey(msgspec.Struct, array_like=True, frozen=True):
-    version: int
-    group: str
-    topic: str
-    partition: int
-
-
-class OffsetValue(msgspec.Struct, array_like=True, frozen=True):
-    version: int
-    offset: int
-    leader_epoch: int
-    metadata: str | None
-    commit_timestamp: int
-
-
-_key_decoder = msgspec.msgpack.Decoder(OffsetKey)
-_value_decoder = msgspec.msgpack.Decoder(OffsetValue)
-_header_decoder = msgspec.msgpack.Decoder(list)
-
-
-def encode_commit(
-    group: str,
-    topic: str,
-    partition: int,
-    offset: int,
-    leader_epoch: int,
-    metadata: str | None,
-    commit_timestamp: int,
-) -> tuple[bytes, bytes]:
-    key = OffsetKey(KEY_VERSION, group, topic, partition)
-    value = OffsetValue(VALUE_VERSION, offset, leader_epoch, metadata, commit_timestamp)
-    return msgspec.msgpack.encode(key), msgspec.msgpack.encode(value)
-
-
-def decode_commit(
-    key: bytes | None, value: bytes | None
-) -> tuple[OffsetKey, OffsetValue | None] | None:
-    """(key, value or None for a tombstone); None for a record of another kind or
-    version. Raises msgspec.DecodeError on a malformed record of our versions."""
-    if key is None:
-        return None
-    head = _header_decoder.decode(key)
-    if not head or head[0] != KEY_VERSION:
-        return None
-    k = _key_decoder.decode(key)
-    if value is None:
-        return k, None
-    vhead = _header_decoder.decode(value)
-    if not vhead or vhead[0] != VALUE_VERSION:
-        return None
-    return k, _value_decoder.decode(value)
-
-
-@dataclass(frozen=True)
-class CommittedOffset:
-    offset: int
-    leader_epoch: int
-    metadata: str | None
-    commit_timestamp: int
-    log_offset: int  # where the commit record is in __consumer_offsets
-
-
-@dataclass
-class OffsetCache:
-    """Committed offsets of the groups of one __consumer_offsets partition."""
-
-    groups: dict[str, dict[tuple[str, int], CommittedOffset]] = field(default_factory=dict)
-
-    def apply(self, key: OffsetKey, value: OffsetValue | None, log_offset: int) -> None:
-        """Later records win (by log offset): replies to concurrent commits may come
-        back in any order, the log order is the truth."""
-        offsets = self.groups.get(key.group)
-        tp = (key.topic, key.partition)
-        current = offsets.get(tp) if offsets is not None else None
-        if current is not None and current.log_offset >= log_offset:
-            return
-        if value is None:
-            if offsets is not None:
-                offsets.pop(tp, None)
-                if not offsets:
-                    del self.groups[key.group]
-            return
-        if offsets is None:
-            offsets = self.groups[key.group] = {}
-        offsets[tp] = CommittedOffset(
-            value.offset, value.leader_epoch, value.metadata, value.commit_timestamp, log_offset
-        )
-
-    def get(self, group: str, topic: str, partition: int) -> CommittedOffset | None:
-        offsets = self.groups.get(group)
-        return offsets.get((topic, partition)) if offsets is not None else None
-
-
-async def load_cache(log_: Log, end_offset: int, *, name: str = OFFSETS_TOPIC) -> OffsetCache:
-    """Read `log_` from its start up to `end_offset` (exclusive) into a cache,
-    LOAD_CHUNK_BYTES at a time, yielding to the loop between chunks. A batch that
-    cannot be decoded is skipped with an ERROR line."""
-    cache = OffsetCache()
-    offset = log_.log_start_offset
-    while offset < end_offset:
-        data = log_.read(offset, LOAD_CHUNK_BYTES, max_offset=end_offset)
-        if not data:
-            break
-        next_offset = offset
-        for pos, header in iter_headers(data):
-            next_offset = max(next_offset, header.next_offset)
-            if header.is_control:
-                continue
-            try:
-                _, records = decode_batch(data, pos)
-                for record in records:
-                    if record.offset >= end_offset:
-                        break
-                    decoded = decode_commit(record.key, record.value)
-                    if decoded is not None:
-                        cache.apply(decoded[0], decoded[1], record.offset)
-            except (CorruptRecordError, DecodeError, msgspec.DecodeError, ValueError) as exc:
-                log.error(
-                    "%s: skipping undecodable batch at offset %d while loading: %s",
-                    name,
-                    header.base_offset,
-                    exc,
-                )
-        if next_offset <= offset:
-            break  # no whole batch in the read: cannot progress
-        offset = next_offset
-        await asyncio.sleep(0)
-    return cache
-
-
 # ---------------------------------------------------------------------- coordinator
 
 
@@ -261,6 +156,7 @@ class _Shard:
     index: int
     leader_epoch: int
     cache: OffsetCache | None = None  # None while loading
+    groups: dict[str, Group] = field(default_factory=dict)
     failed: bool = False
     task: asyncio.Task[None] | None = None
 
@@ -277,6 +173,8 @@ _COMMIT_ERRORS = {
     ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
     ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
 }
+
+Record = tuple[OffsetKey | GroupKey, OffsetValue | GroupValue | None]
 
 
 class GroupCoordinator:
@@ -297,8 +195,19 @@ class GroupCoordinator:
         self.replicas = replica_manager
         self.controller = controller
         self.now_ms = now_ms
+        self.membership = Membership(
+            MembershipSettings(
+                min_session_timeout_ms=config.group_min_session_timeout_ms,
+                max_session_timeout_ms=config.group_max_session_timeout_ms,
+                initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+                max_size=config.group_max_size,
+            ),
+            self._store_group,
+            now_ms,
+        )
         self._shards: dict[int, _Shard] = {}
         self._create_task: asyncio.Task[None] | None = None
+        self._sessions_task: asyncio.Task[None] | None = None
         replica_manager.leadership_listeners.append(self.on_leadership)
 
     # ------------------------------------------------------------------ leadership
@@ -313,9 +222,10 @@ class GroupCoordinator:
             self._drop(p.index, reason=f"new leader epoch {p.leader_epoch}")
             shard = _Shard(p.index, p.leader_epoch)
             self._shards[p.index] = shard
-            shard.task = asyncio.get_running_loop().create_task(
-                self._load(p, shard), name=f"load-{p.name}"
-            )
+            loop = asyncio.get_running_loop()
+            shard.task = loop.create_task(self._load(p, shard), name=f"load-{p.name}")
+            if self._sessions_task is None or self._sessions_task.done():
+                self._sessions_task = loop.create_task(self._check_sessions(), name="sessions")
             return
         if shard is not None:
             self._drop(p.index, reason="no longer the leader")
@@ -326,9 +236,12 @@ class GroupCoordinator:
             return
         if shard.task is not None and not shard.task.done():
             shard.task.cancel()
-        groups = len(shard.cache.groups) if shard.cache is not None else 0
+        for group in shard.groups.values():
+            if group.state is not GroupState.DEAD:
+                self.membership.unload(group, ErrorCode.NOT_COORDINATOR)
+        groups = len(shard.groups)
         log.info(
-            "%s-%d: dropped the offsets cache of leader epoch %d (%d groups): %s",
+            "%s-%d: dropped the groups of leader epoch %d (%d groups): %s",
             OFFSETS_TOPIC,
             index,
             shard.leader_epoch,
@@ -373,22 +286,33 @@ class GroupCoordinator:
             return
         if not self._still_leading(p, shard):
             return
+        shard.groups = cache.loaded_groups()
+        for group in shard.groups.values():
+            self.membership.loaded(group)
         shard.cache = cache
         log.info(
-            "%s: loaded committed offsets of %d groups up to offset %d at leader epoch %d "
-            "in %.0f ms",
+            "%s: loaded %d groups (%d with members) up to offset %d at leader epoch %d in %.0f ms",
             p.name,
-            len(cache.groups),
+            len(shard.groups),
+            sum(1 for g in shard.groups.values() if g.members),
             end,
             shard.leader_epoch,
             (time.monotonic() - started) * 1000,
         )
 
+    async def _check_sessions(self) -> None:
+        while self._shards:
+            for shard in list(self._shards.values()):
+                if shard.cache is not None:
+                    self.membership.expire_sessions(shard.groups)
+            await asyncio.sleep(SESSION_CHECK_S)
+
     def close(self) -> None:
         for index in list(self._shards):
             self._drop(index, reason="shutting down")
-        if self._create_task is not None and not self._create_task.done():
-            self._create_task.cancel()
+        for task in (self._create_task, self._sessions_task):
+            if task is not None and not task.done():
+                task.cancel()
 
     # ------------------------------------------------------------------ topic
 
@@ -470,6 +394,9 @@ class GroupCoordinator:
         return partition_for(group, n), ErrorCode.NONE
 
     def _shard_for(self, group: str) -> tuple[_Shard | None, ErrorCode]:
+        """The loaded shard that owns `group`, or why there is none here."""
+        if not group:
+            return None, ErrorCode.INVALID_GROUP_ID
         index, err = self._locate(group)
         if err != ErrorCode.NONE:
             return None, err
@@ -482,7 +409,183 @@ class GroupCoordinator:
             return None, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return shard, ErrorCode.NONE
 
-    # ------------------------------------------------------------------ APIs
+    # ------------------------------------------------------------------ writes
+
+    async def _append(self, shard: _Shard, records: list[Record]) -> tuple[ErrorCode, int]:
+        """Write records to the shard's partition with acks=all: (error mapped as Kafka's
+        coordinator maps it, base offset); NONE once the high watermark passed them."""
+        builder = BatchBuilder()
+        ts = self.now_ms()
+        for key, value in records:
+            builder.append(encode_value(value), encode_key(key), timestamp=ts)
+        produce = ProduceRequest(
+            acks=-1,
+            timeout_ms=COMMIT_TIMEOUT_MS,
+            topics=[
+                ProduceTopic(
+                    name=OFFSETS_TOPIC,
+                    partitions=[
+                        ProducePartition(
+                            index=shard.index,
+                            current_leader_epoch=shard.leader_epoch,
+                            records=builder.build(),
+                        )
+                    ],
+                )
+            ],
+        )
+        result = (await self.replicas.produce(produce)).topics[0].partitions[0]
+        code = ErrorCode.of(result.error_code)
+        if code == ErrorCode.NONE:
+            return code, result.base_offset
+        log.info(
+            "%s-%d: writing %d records failed: %s (%s)",
+            OFFSETS_TOPIC,
+            shard.index,
+            len(records),
+            code.name,
+            result.error_message or "",
+        )
+        return _COMMIT_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR), -1
+
+    def _current(self, shard: _Shard) -> bool:
+        """Whether the shard is still ours and loaded (after an await)."""
+        return self._shards.get(shard.index) is shard and shard.cache is not None
+
+    def _shard_of(self, group: Group) -> _Shard | None:
+        for shard in self._shards.values():
+            if shard.groups.get(group.group_id) is group:
+                return shard
+        return None
+
+    async def _store_group(self, group: Group, assignments: dict[str, bytes] | None) -> ErrorCode:
+        """Write the group's metadata record (Membership's persist callback)."""
+        shard = self._shard_of(group)
+        if shard is None:
+            return ErrorCode.NOT_COORDINATOR
+        key = GroupKey(GROUP_KEY_VERSION, group.group_id)
+        value = GroupValue(
+            GROUP_VALUE_VERSION,
+            group.protocol_type or "",
+            group.generation,
+            group.protocol_name,
+            group.leader,
+            group.state_timestamp_ms,
+            [
+                MemberRecord(
+                    m.member_id,
+                    m.group_instance_id,
+                    m.client_id,
+                    m.client_host,
+                    m.rebalance_timeout_ms,
+                    m.session_timeout_ms,
+                    m.metadata(group.protocol_name) if group.protocol_name else b"",
+                    m.assignment if assignments is None else assignments.get(m.member_id, b""),
+                )
+                for m in group.members.values()
+            ],
+        )
+        error, _ = await self._append(shard, [(key, value)])
+        if error == ErrorCode.NONE and self._current(shard):
+            assert shard.cache is not None
+            shard.cache.apply_group(key, value)
+        return error
+
+    # ------------------------------------------------------------------ membership APIs
+
+    async def join_group(self, ctx: RequestContext, req: JoinGroupRequest) -> JoinGroupResponse:
+        shard, err = self._shard_for(req.group_id)
+        if shard is None:
+            return JoinGroupResponse(error_code=err, member_id=req.member_id)
+        return await self.membership.join(shard.groups, ctx, req)
+
+    async def sync_group(self, ctx: RequestContext, req: SyncGroupRequest) -> SyncGroupResponse:
+        shard, err = self._shard_for(req.group_id)
+        if shard is None:
+            return SyncGroupResponse(error_code=err)
+        return await self.membership.sync(shard.groups.get(req.group_id), req)
+
+    async def heartbeat(self, ctx: RequestContext, req: HeartbeatRequest) -> HeartbeatResponse:
+        shard, err = self._shard_for(req.group_id)
+        if shard is None:
+            return HeartbeatResponse(error_code=err)
+        return self.membership.heartbeat(shard.groups.get(req.group_id), req)
+
+    async def leave_group(self, ctx: RequestContext, req: LeaveGroupRequest) -> LeaveGroupResponse:
+        shard, err = self._shard_for(req.group_id)
+        if shard is None:
+            return LeaveGroupResponse(error_code=err)
+        return self.membership.leave(shard.groups.get(req.group_id), req)
+
+    # ------------------------------------------------------------------ group tools
+
+    async def describe_groups(
+        self, ctx: RequestContext, req: DescribeGroupsRequest
+    ) -> DescribeGroupsResponse:
+        out = []
+        for group_id in req.groups:
+            shard, err = self._shard_for(group_id)
+            group = shard.groups.get(group_id) if shard is not None else None
+            if shard is None:
+                out.append(DescribedGroup(error_code=err, group_id=group_id))
+            elif group is None:
+                # Kafka answers an unknown group as a dead one, without an error.
+                out.append(DescribedGroup(group_id=group_id, group_state=GroupState.DEAD.value))
+            else:
+                out.append(describe(group))
+        return DescribeGroupsResponse(groups=out)
+
+    async def list_groups(self, ctx: RequestContext, req: ListGroupsRequest) -> ListGroupsResponse:
+        if any(s.cache is None and not s.failed for s in self._shards.values()):
+            return ListGroupsResponse(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        return ListGroupsResponse(
+            groups=[
+                ListedGroup(
+                    group_id=g.group_id,
+                    protocol_type=g.protocol_type or "",
+                    group_state=g.state.value,
+                )
+                for shard in self._shards.values()
+                for g in shard.groups.values()
+                if g.state is not GroupState.DEAD
+            ]
+        )
+
+    async def delete_groups(
+        self, ctx: RequestContext, req: DeleteGroupsRequest
+    ) -> DeleteGroupsResponse:
+        results = []
+        for group_id in req.groups_names:
+            error = await self._delete_group(group_id)
+            results.append(DeletableGroupResult(group_id=group_id, error_code=error))
+        return DeleteGroupsResponse(results=results)
+
+    async def _delete_group(self, group_id: str) -> ErrorCode:
+        shard, err = self._shard_for(group_id)
+        if shard is None:
+            return err
+        group = shard.groups.get(group_id)
+        if group is None or group.state is GroupState.DEAD:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        if group.state is not GroupState.EMPTY:
+            return ErrorCode.NON_EMPTY_GROUP
+        assert shard.cache is not None
+        tombstones: list[Record] = [
+            (OffsetKey(OFFSET_KEY_VERSION, group_id, topic, partition), None)
+            for topic, partition in shard.cache.groups.get(group_id, {})
+        ]
+        tombstones.append((GroupKey(GROUP_KEY_VERSION, group_id), None))
+        error, _ = await self._append(shard, tombstones)
+        if error != ErrorCode.NONE:
+            return error
+        if self._current(shard) and shard.groups.get(group_id) is group:
+            self.membership.unload(group, ErrorCode.GROUP_ID_NOT_FOUND)
+            del shard.groups[group_id]
+            shard.cache.delete_group(group_id)
+            log.info("group %s deleted with its committed offsets", group_id)
+        return ErrorCode.NONE
+
+    # ------------------------------------------------------------------ offsets
 
     async def find_coordinator(
         self, ctx: RequestContext, req: FindCoordinatorRequest
@@ -531,13 +634,16 @@ class GroupCoordinator:
                 ]
             )
 
-        if not req.group_id:
-            return answer(ErrorCode.INVALID_GROUP_ID)
         shard, err = self._shard_for(req.group_id)
         if shard is None:
             return answer(err)
+        group = shard.groups.get(req.group_id)
+        err = self.membership.commit_allowed(group, req.generation_id, req.member_id)
+        if err != ErrorCode.NONE:
+            return answer(err)
+        if group is None:  # a consumer outside any group: its offsets make an empty group
+            group = shard.groups[req.group_id] = Group(req.group_id)
         resp = answer(ErrorCode.NONE)
-        builder = BatchBuilder()
         ts = self.now_ms()
         written: list[tuple[OffsetCommitPartitionResponse, OffsetKey, OffsetValue]] = []
         for topic, topic_out in zip(req.topics, resp.topics, strict=True):
@@ -549,63 +655,33 @@ class GroupCoordinator:
                 if metadata is not None and len(metadata.encode()) > MAX_METADATA_BYTES:
                     out.error_code = int(ErrorCode.OFFSET_METADATA_TOO_LARGE)
                     continue
-                key = OffsetKey(KEY_VERSION, req.group_id, topic.name, part.partition_index)
+                key = OffsetKey(OFFSET_KEY_VERSION, req.group_id, topic.name, part.partition_index)
                 value = OffsetValue(
-                    VALUE_VERSION,
+                    OFFSET_VALUE_VERSION,
                     part.committed_offset,
                     part.committed_leader_epoch,
                     metadata,
                     ts,
                 )
-                builder.append(
-                    msgspec.msgpack.encode(value), msgspec.msgpack.encode(key), timestamp=ts
-                )
                 written.append((out, key, value))
         if not written:
             return resp
-        produce = ProduceRequest(
-            acks=-1,
-            timeout_ms=COMMIT_TIMEOUT_MS,
-            topics=[
-                ProduceTopic(
-                    name=OFFSETS_TOPIC,
-                    partitions=[
-                        ProducePartition(
-                            index=shard.index,
-                            current_leader_epoch=shard.leader_epoch,
-                            records=builder.build(),
-                        )
-                    ],
-                )
-            ],
-        )
-        result = (await self.replicas.produce(produce)).topics[0].partitions[0]
-        code = ErrorCode.of(result.error_code)
-        if code != ErrorCode.NONE:
-            mapped = _COMMIT_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR)
-            log.info(
-                "%s-%d: commit of group %r failed: %s (%s)",
-                OFFSETS_TOPIC,
-                shard.index,
-                req.group_id,
-                code.name,
-                result.error_message or "",
-            )
+        error, base_offset = await self._append(shard, [(k, v) for _, k, v in written])
+        if error != ErrorCode.NONE:
             for out, _, _ in written:
-                out.error_code = int(mapped)
+                out.error_code = int(error)
             return resp
         # Committed (the high watermark passed it): the cache takes it, unless the
         # shard changed meanwhile (a reload reads it from the log).
-        if self._shards.get(shard.index) is shard and shard.cache is not None:
+        if self._current(shard):
+            assert shard.cache is not None
             for i, (_, key, value) in enumerate(written):
-                shard.cache.apply(key, value, result.base_offset + i)
+                shard.cache.apply(key, value, base_offset + i)
         return resp
 
     async def offset_fetch(
         self, ctx: RequestContext, req: OffsetFetchRequest
     ) -> OffsetFetchResponse:
-        if not req.group_id:
-            return OffsetFetchResponse(error_code=int(ErrorCode.INVALID_GROUP_ID))
         shard, err = self._shard_for(req.group_id)
         if shard is None or shard.cache is None:
             return OffsetFetchResponse(error_code=int(err))

@@ -134,10 +134,18 @@ class Handlers:
             ApiKey.DESCRIBE_LOG_DIRS: self.describe_log_dirs,
         }
         if self.coordinator is not None:
-            # Offsets coordinator (broker/group_coordinator.py).
-            table[ApiKey.FIND_COORDINATOR] = self.coordinator.find_coordinator
-            table[ApiKey.OFFSET_COMMIT] = self.coordinator.offset_commit
-            table[ApiKey.OFFSET_FETCH] = self.coordinator.offset_fetch
+            # Group coordinator (broker/group_coordinator.py).
+            c = self.coordinator
+            table[ApiKey.FIND_COORDINATOR] = c.find_coordinator
+            table[ApiKey.OFFSET_COMMIT] = c.offset_commit
+            table[ApiKey.OFFSET_FETCH] = c.offset_fetch
+            table[ApiKey.JOIN_GROUP] = c.join_group
+            table[ApiKey.SYNC_GROUP] = c.sync_group
+            table[ApiKey.HEARTBEAT] = c.heartbeat
+            table[ApiKey.LEAVE_GROUP] = c.leave_group
+            table[ApiKey.DESCRIBE_GROUPS] = c.describe_groups
+            table[ApiKey.LIST_GROUPS] = c.list_groups
+            table[ApiKey.DELETE_GROUPS] = c.delete_groups
         if self.faults.enabled:
             table[ApiKey.FAULT_CONTROL] = self.fault_control
         return {int(k): v for k, v in table.items()}  # type: ignore[misc]

@@ -328,6 +328,68 @@ class InvalidGroupIdError(BrokerResponseError):
     error_code = ErrorCode.INVALID_GROUP_ID
 
 
+class IllegalGenerationError(BrokerResponseError):
+    """The member's generation is not the group's: it was left behind by a rebalance
+    (rejoin the group; its commits are refused until then)."""
+
+    error_code = ErrorCode.ILLEGAL_GENERATION
+
+
+class InconsistentGroupProtocolError(BrokerResponseError):
+    """The member's protocol type or protocols match none of the group's members."""
+
+    error_code = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+
+
+class UnknownMemberIdError(BrokerResponseError):
+    """The coordinator does not know this member (it left, or its session expired):
+    rejoin with an empty member id."""
+
+    error_code = ErrorCode.UNKNOWN_MEMBER_ID
+
+
+class InvalidSessionTimeoutError(BrokerResponseError):
+    """The session timeout is outside the broker's group.min/max.session.timeout.ms."""
+
+    error_code = ErrorCode.INVALID_SESSION_TIMEOUT
+
+
+class RebalanceInProgressError(BrokerResponseError):
+    """The group is rebalancing: rejoin it."""
+
+    error_code = ErrorCode.REBALANCE_IN_PROGRESS
+
+
+class NonEmptyGroupError(BrokerResponseError):
+    """The group still has members: only an empty group can be deleted."""
+
+    error_code = ErrorCode.NON_EMPTY_GROUP
+
+
+class GroupIdNotFoundError(BrokerResponseError):
+    """No such group on its coordinator."""
+
+    error_code = ErrorCode.GROUP_ID_NOT_FOUND
+
+
+class MemberIdRequiredError(BrokerResponseError):
+    """JoinGroup v4+: join again with the member id the coordinator handed out."""
+
+    error_code = ErrorCode.MEMBER_ID_REQUIRED
+
+
+class GroupMaxSizeReachedError(BrokerResponseError):
+    """The group already has group.max.size members."""
+
+    error_code = ErrorCode.GROUP_MAX_SIZE_REACHED
+
+
+class FencedInstanceIdError(BrokerResponseError):
+    """Another member joined with this group.instance.id: this one is fenced."""
+
+    error_code = ErrorCode.FENCED_INSTANCE_ID
+
+
 class InvalidCommitOffsetSizeError(BrokerResponseError):
     """The offset commit is too large to write to the offsets topic."""
 

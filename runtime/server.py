@@ -73,7 +73,8 @@ class RequestContext:
     listener: str
     peer: str
     client_id: str | None
-    api_version: int
+    api_version: int  # of the listener's protocol
+    protocol: str = "native"  # the listener's wire protocol: "native" or "kafka"
 
 
 Handler = Callable[[RequestContext, Message], Awaitable[Message]]
@@ -222,7 +223,9 @@ class _Connection(asyncio.Protocol):
                     self.close()  # the request is lost: the sender sees the connection go
                     return
             handler = server.handlers[header.api_key]
-            ctx = RequestContext(server.name, self._peer, header.client_id, header.api_version)
+            ctx = RequestContext(
+                server.name, self._peer, header.client_id, header.api_version, server.codec.name
+            )
             body = await handler(ctx, request.body)
             if fault == DROP_RESPONSE:
                 self.close()  # served, but the answer is lost

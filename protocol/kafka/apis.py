@@ -4,7 +4,7 @@ the native messages (protocol/messages), so the broker's handlers serve both lis
 
 The versions served are the smallest set the real clients need
 (../shared/kafka-clients.md, issue 15). Declarations: cluster_apis.py, data_apis.py,
-group_apis.py.
+group_apis.py (offsets), membership_apis.py (group membership).
 """
 
 from __future__ import annotations
@@ -22,21 +22,35 @@ from protocol.kafka.data_apis import PRODUCE
 from protocol.kafka.group_apis import FIND_COORDINATOR
 from protocol.kafka.group_apis import OFFSET_COMMIT
 from protocol.kafka.group_apis import OFFSET_FETCH
+from protocol.kafka.membership_apis import DELETE_GROUPS
+from protocol.kafka.membership_apis import DESCRIBE_GROUPS
+from protocol.kafka.membership_apis import HEARTBEAT
+from protocol.kafka.membership_apis import JOIN_GROUP
+from protocol.kafka.membership_apis import LEAVE_GROUP
+from protocol.kafka.membership_apis import LIST_GROUPS
+from protocol.kafka.membership_apis import SYNC_GROUP
 
 __all__ = [
     "API_VERSIONS",
     "CREATE_TOPICS",
+    "DELETE_GROUPS",
     "DELETE_TOPICS",
+    "DESCRIBE_GROUPS",
     "FETCH",
     "FIND_COORDINATOR",
+    "HEARTBEAT",
     "INIT_PRODUCER_ID",
+    "JOIN_GROUP",
     "KAFKA_APIS",
+    "LEAVE_GROUP",
+    "LIST_GROUPS",
     "LIST_OFFSETS",
     "METADATA",
     "OFFSET_COMMIT",
     "OFFSET_FETCH",
     "OFFSET_FOR_LEADER_EPOCH",
     "PRODUCE",
+    "SYNC_GROUP",
     "KafkaApi",
 ]
 
@@ -55,5 +69,12 @@ KAFKA_APIS: dict[int, KafkaApi] = {
         FIND_COORDINATOR,
         OFFSET_COMMIT,
         OFFSET_FETCH,
+        JOIN_GROUP,
+        SYNC_GROUP,
+        HEARTBEAT,
+        LEAVE_GROUP,
+        DESCRIBE_GROUPS,
+        LIST_GROUPS,
+        DELETE_GROUPS,
     )
 }

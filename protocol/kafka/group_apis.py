@@ -60,7 +60,7 @@ OFFSET_COMMIT = KafkaApi(
             Field("group_id", STRING),
             Field("generation_id", INT32, "1+"),
             Field("member_id", STRING, "1+"),
-            Field("group_instance_id", STRING, "7+", nullable="7+", mapped=False),
+            Field("group_instance_id", STRING, "7+", nullable="7+"),
             Field("retention_time_ms", INT64, "2-4", default=-1, mapped=False),
             Field(
                 "topics",

@@ -340,8 +340,9 @@ class OffsetCommitTopic(Message, kw_only=True):
 
 class OffsetCommitRequest(Message, kw_only=True):
     group_id: str
-    generation_id: int = -1
+    generation_id: int = -1  # -1 with an empty member id: a consumer outside any group
     member_id: str = ""
+    group_instance_id: str | None = None
     topics: list[OffsetCommitTopic]
 
 

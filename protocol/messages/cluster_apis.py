@@ -11,6 +11,7 @@ import msgspec
 from protocol.api import ELECTION_UNCLEAN
 from protocol.api import ApiKey
 from protocol.messages import client_apis as c
+from protocol.messages import group_apis as g
 from protocol.messages.client_apis import Message
 from protocol.metadata_records import MetadataRecord
 
@@ -435,6 +436,13 @@ API_SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.OFFSET_COMMIT, c.OffsetCommitRequest, c.OffsetCommitResponse),
         ApiSpec(ApiKey.OFFSET_FETCH, c.OffsetFetchRequest, c.OffsetFetchResponse),
         ApiSpec(ApiKey.FIND_COORDINATOR, c.FindCoordinatorRequest, c.FindCoordinatorResponse),
+        ApiSpec(ApiKey.JOIN_GROUP, g.JoinGroupRequest, g.JoinGroupResponse),
+        ApiSpec(ApiKey.SYNC_GROUP, g.SyncGroupRequest, g.SyncGroupResponse),
+        ApiSpec(ApiKey.HEARTBEAT, g.HeartbeatRequest, g.HeartbeatResponse),
+        ApiSpec(ApiKey.LEAVE_GROUP, g.LeaveGroupRequest, g.LeaveGroupResponse),
+        ApiSpec(ApiKey.DESCRIBE_GROUPS, g.DescribeGroupsRequest, g.DescribeGroupsResponse),
+        ApiSpec(ApiKey.LIST_GROUPS, g.ListGroupsRequest, g.ListGroupsResponse),
+        ApiSpec(ApiKey.DELETE_GROUPS, g.DeleteGroupsRequest, g.DeleteGroupsResponse),
         ApiSpec(ApiKey.API_VERSIONS, c.ApiVersionsRequest, c.ApiVersionsResponse),
         ApiSpec(ApiKey.CREATE_TOPICS, CreateTopicsRequest, CreateTopicsResponse),
         ApiSpec(ApiKey.DELETE_TOPICS, DeleteTopicsRequest, DeleteTopicsResponse),

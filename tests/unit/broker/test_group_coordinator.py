@@ -14,14 +14,14 @@ from broker_harness import Harness
 
 from broker.group_coordinator import OFFSETS_TOPIC
 from broker.group_coordinator import GroupCoordinator
-from broker.group_coordinator import OffsetCache
-from broker.group_coordinator import OffsetKey
-from broker.group_coordinator import OffsetValue
-from broker.group_coordinator import decode_commit
-from broker.group_coordinator import encode_commit
 from broker.group_coordinator import java_string_hash
-from broker.group_coordinator import load_cache
 from broker.group_coordinator import partition_for
+from broker.groups.records import OffsetKey
+from broker.groups.records import OffsetValue
+from broker.groups.records import decode_commit
+from broker.groups.records import encode_commit
+from broker.groups.shard_cache import OffsetCache
+from broker.groups.shard_cache import load_cache
 from broker.storage.log import Log
 from broker.storage.log import LogConfig
 from protocol.errors import ErrorCode
@@ -131,13 +131,15 @@ async def test_load_cache_reads_the_log_up_to_the_end_offset(tmp_path: Path) -> 
         log_.append_as_leader(_commit_batch(("g1", "t", 0, 11, 3)), 0)
         end = log_.log_end_offset
         log_.append_as_leader(_commit_batch(("g1", "t", 0, 99, 9)), 0)  # past the end
-        cache = await load_cache(log_, end)
+        cache = await load_cache(log_, end, name="test")
         c = cache.get("g1", "t", 0)
         assert c is not None
         assert (c.offset, c.leader_epoch, c.metadata, c.log_offset) == (11, 3, "m11", 3)
         c2 = cache.get("g2", "t", 1)
         assert c2 is not None and (c2.offset, c2.leader_epoch) == (5, 0)
-        assert (await load_cache(log_, log_.log_end_offset)).get("g1", "t", 0).offset == 99  # type: ignore[union-attr]
+        assert (await load_cache(log_, log_.log_end_offset, name="test")).get(
+            "g1", "t", 0
+        ).offset == 99  # type: ignore[union-attr]
     finally:
         log_.close()
 

@@ -1,0 +1,199 @@
+"""Consumer groups with real Kafka clients, each member its own process
+(tests/integration/group_member.py): kafka-python 3.0.12 and confluent-kafka 2.16.1
+subscribe through the brokers' Kafka listeners, and minibroker's coordinator runs the
+classic rebalance protocol for them.
+
+The invariants, after every rebalance: every partition is owned by exactly one live
+member; no record is delivered twice to a group whose members commit after every
+batch and on revoke, except records a SIGKILLed member was given and had no time to
+commit (at-least-once); none is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster import Cluster
+
+from client import AsyncAdmin
+from client import AsyncProducer
+from client import NewTopic
+from tests.integration.test_kafka_listener import native_bootstrap
+
+TOPIC = "grouped"
+PARTITIONS = 6
+SESSION_MS = 3_000
+WAIT_S = 60.0
+MEMBER = Path(__file__).with_name("group_member.py")
+# A short minimum session (tests kill members) and no initial delay (tests wait for
+# each generation): the broker flags of Kafka's group.min.session.timeout.ms and
+# group.initial.rebalance.delay.ms.
+GROUP_FLAGS = ("--group-min-session-timeout-ms", "1000", "--group-initial-rebalance-delay-ms", "0")
+
+
+@pytest.fixture
+def cluster(cluster: Cluster) -> Iterator[Cluster]:
+    cluster.start_controller()
+    for node in (1, 2, 3):
+        cluster.start_broker(node, *GROUP_FLAGS, kafka=True)
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    yield cluster
+
+
+class MemberProcess:
+    """A group member process and what it reported."""
+
+    def __init__(self, client: str, bootstrap: str, group: str, name: str) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, str(MEMBER), client, bootstrap, TOPIC, group, str(SESSION_MS)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(MEMBER.parents[2])},
+        )
+        self.partitions: set[int] | None = None  # the last assignment reported
+        self.delivered: list[tuple[int, int, str]] = []
+        self.closed = False
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            event: dict[str, Any] = json.loads(line)
+            if event["event"] == "assigned":
+                self.partitions = set(event["partitions"])
+            elif event["event"] == "delivered":
+                self.delivered += [tuple(r) for r in event["records"]]  # type: ignore[misc]
+            elif event["event"] == "closed":
+                self.closed = True
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM: the member commits, leaves the group and exits."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
+        self._reader.join(5)
+        assert self.closed, f"{self.name} did not close cleanly:\n{self.stderr()}"
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._reader.join(5)
+
+    def stderr(self) -> str:
+        if self.alive or self.proc.stderr is None:
+            return ""
+        return self.proc.stderr.read()[-3000:]
+
+
+def wait_until(what: str, check: Callable[[], bool], members: list[MemberProcess]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if check():
+            return
+        for m in members:
+            if not m.alive and not m.closed and m.proc.returncode != -signal.SIGKILL:
+                pytest.fail(f"{m.name} died: {m.stderr()}")
+        time.sleep(0.1)
+    state = {m.name: (m.alive, m.partitions, len(m.delivered)) for m in members}
+    pytest.fail(f"timed out waiting for {what}: {state}")
+
+
+def owned_exactly_once(live: list[MemberProcess]) -> bool:
+    """Every partition owned by exactly one live member (by their last reports)."""
+    if any(m.partitions is None for m in live):
+        return False
+    owned = Counter(p for m in live for p in m.partitions or ())
+    return set(owned) == set(range(PARTITIONS)) and all(n == 1 for n in owned.values())
+
+
+async def produce(cluster: Cluster, prefix: str, count: int) -> set[str]:
+    values = {f"{prefix}-{i}" for i in range(count)}
+    async with AsyncProducer(native_bootstrap(cluster), acks="all") as producer:
+        futures = [await producer.send(TOPIC, value=v.encode()) for v in sorted(values)]
+        for f in futures:
+            await f
+    return values
+
+
+def delivered(members: list[MemberProcess]) -> Counter[str]:
+    return Counter(value for m in members for _, _, value in m.delivered)
+
+
+async def create_topic(cluster: Cluster) -> None:
+    async with AsyncAdmin(native_bootstrap(cluster)) as admin:
+        await admin.create_topics(
+            [NewTopic(TOPIC, PARTITIONS, 3, {"min.insync.replicas": "2"})], timeout_ms=20_000
+        )
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+async def test_members_split_partitions_and_rebalance_on_leave_kill_and_join(
+    cluster: Cluster, client: str
+) -> None:
+    await create_topic(cluster)
+    bootstrap = cluster.kafka_bootstrap()
+    group = f"group-{client}"
+    everyone = [MemberProcess(client, bootstrap, group, f"{client}-{i}") for i in range(3)]
+    try:
+        wait_until(
+            "three members own six partitions", lambda: owned_exactly_once(everyone), everyone
+        )
+        assert all(len(m.partitions or ()) == 2 for m in everyone)
+
+        sent = await produce(cluster, "first", 300)
+        wait_until("the first records", lambda: set(delivered(everyone)) >= sent, everyone)
+
+        # A member leaves (LeaveGroup): the other two take its partitions, resuming
+        # at its commits.
+        everyone[0].stop()
+        live = everyone[1:]
+        wait_until("two members own six partitions", lambda: owned_exactly_once(live), everyone)
+        sent |= await produce(cluster, "second", 300)
+        wait_until("the second records", lambda: set(delivered(everyone)) >= sent, everyone)
+        counts = delivered(everyone)
+        assert [v for v, n in counts.items() if n > 1] == [], "delivered twice after a leave"
+
+        # A member is SIGKILLed: its session expires, the last one takes everything.
+        everyone[1].kill()
+        live = everyone[2:]
+        wait_until("one member owns six partitions", lambda: owned_exactly_once(live), everyone)
+        sent |= await produce(cluster, "third", 300)
+        wait_until("the third records", lambda: set(delivered(everyone)) >= sent, everyone)
+
+        # A member joins: partitions are split again.
+        newcomer = MemberProcess(client, bootstrap, group, f"{client}-3")
+        everyone.append(newcomer)
+        live = [everyone[2], newcomer]
+        wait_until("two members own six partitions", lambda: owned_exactly_once(live), everyone)
+        sent |= await produce(cluster, "fourth", 300)
+        wait_until("the fourth records", lambda: set(delivered(everyone)) >= sent, everyone)
+
+        counts = delivered(everyone)
+        assert set(counts) == sent, "a record that was not sent, or one skipped"
+        killed = {v for _, _, v in everyone[1].delivered}
+        twice = {v for v, n in counts.items() if n > 1}
+        # At least once: only what the killed member was given may come again.
+        assert twice <= killed, sorted(twice - killed)[:10]
+    finally:
+        for m in everyone:
+            if m.alive:
+                m.kill()
