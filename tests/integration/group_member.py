@@ -1,5 +1,5 @@
 """One consumer-group member in its own process, for the group tests: a real client
-(kafka-python or confluent-kafka through the Kafka listener) subscribes to a topic in a
+(kafka-python, confluent-kafka or aiokafka through the Kafka listener) subscribes to a topic in a
 group, commits after every batch it is given and when partitions are revoked, and
 reports on stdout, one JSON object a line:
 
@@ -107,7 +107,48 @@ def confluent(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
     report("closed")
 
 
-CLIENTS = {"kafka-python": kafka_python, "confluent": confluent}
+def aiokafka(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka import ConsumerRebalanceListener
+
+    async def run() -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            client_id="aiokafka-member",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=session_ms,
+            heartbeat_interval_ms=max(100, session_ms // 6),
+        )
+
+        class CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
+            async def on_partitions_revoked(self, revoked: Any) -> None:
+                if revoked:
+                    await consumer.commit()
+
+            async def on_partitions_assigned(self, assigned: Any) -> None:
+                report("assigned", partitions=sorted(tp.partition for tp in assigned))
+
+        await consumer.start()
+        consumer.subscribe([topic], listener=CommitOnRevoke())
+        while not stopping:
+            batches = await consumer.getmany(timeout_ms=int(POLL_S * 1000))
+            records = [
+                [r.partition, r.offset, r.value.decode()] for rs in batches.values() for r in rs
+            ]
+            if records:
+                report("delivered", records=records)
+                await consumer.commit()
+        await consumer.stop()  # leaves the group
+        report("closed")
+
+    asyncio.run(run())
+
+
+CLIENTS = {"kafka-python": kafka_python, "confluent": confluent, "aiokafka": aiokafka}
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, on_sigterm)

@@ -1,7 +1,7 @@
 """Consumer groups with real Kafka clients, each member its own process
-(tests/integration/group_member.py): kafka-python 3.0.12 and confluent-kafka 2.16.1
-subscribe through the brokers' Kafka listeners, and minibroker's coordinator runs the
-classic rebalance protocol for them.
+(tests/integration/group_member.py): kafka-python 3.0.12, confluent-kafka 2.16.1 and
+aiokafka 0.14.0 subscribe through the brokers' Kafka listeners, and minibroker's
+coordinator runs the classic rebalance protocol for them.
 
 The invariants, after every rebalance: every partition is owned by exactly one live
 member; no record is delivered twice to a group whose members commit after every
@@ -145,14 +145,27 @@ async def create_topic(cluster: Cluster) -> None:
         )
 
 
-@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+@pytest.mark.parametrize("client", ["kafka-python", "confluent", "aiokafka"])
 async def test_members_split_partitions_and_rebalance_on_leave_kill_and_join(
     cluster: Cluster, client: str
 ) -> None:
+    await leave_kill_join(cluster, [client] * 3, f"group-{client}")
+
+
+async def test_a_group_of_three_different_clients(cluster: Cluster) -> None:
+    """kafka-python, librdkafka and aiokafka in one group: they agree on a protocol all
+    three support (aiokafka offers only roundrobin) and read each other's assignments,
+    all in Kafka's consumer protocol format."""
+    await leave_kill_join(cluster, ["kafka-python", "confluent", "aiokafka"], "mixed")
+
+
+async def leave_kill_join(cluster: Cluster, clients: list[str], group: str) -> None:
+    """Three members (of `clients`) own six partitions; one leaves, one is SIGKILLed,
+    one joins (of the first client); records produced after each step are all
+    delivered, twice only if the killed member had them."""
     await create_topic(cluster)
     bootstrap = cluster.kafka_bootstrap()
-    group = f"group-{client}"
-    everyone = [MemberProcess(client, bootstrap, group, f"{client}-{i}") for i in range(3)]
+    everyone = [MemberProcess(c, bootstrap, group, f"{c}-{i}") for i, c in enumerate(clients)]
     try:
         wait_until(
             "three members own six partitions", lambda: owned_exactly_once(everyone), everyone
@@ -180,7 +193,7 @@ async def test_members_split_partitions_and_rebalance_on_leave_kill_and_join(
         wait_until("the third records", lambda: set(delivered(everyone)) >= sent, everyone)
 
         # A member joins: partitions are split again.
-        newcomer = MemberProcess(client, bootstrap, group, f"{client}-3")
+        newcomer = MemberProcess(clients[0], bootstrap, group, f"{clients[0]}-3")
         everyone.append(newcomer)
         live = [everyone[2], newcomer]
         wait_until("two members own six partitions", lambda: owned_exactly_once(live), everyone)
