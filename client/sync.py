@@ -37,6 +37,7 @@ from client.admin import NewTopic
 from client.admin import ReplicaLogDescription
 from client.admin import TopicDescription
 from client.consumer import AsyncConsumer
+from client.consumer.group_membership import RebalanceListener
 from client.errors import IllegalStateError
 from client.errors import KafkaTimeoutError
 from client.health import ClusterHealth
@@ -297,9 +298,11 @@ class Consumer(_SyncClient):
         """Consume exactly these partitions."""
         self._call(self._client.assign, list(partitions))
 
-    def subscribe(self, topics: Iterable[str]) -> None:
-        """Consume every partition of `topics` (no group rebalancing)."""
-        self._call(self._client.subscribe, [topics] if isinstance(topics, str) else list(topics))
+    def subscribe(self, topics: Iterable[str], listener: RebalanceListener | None = None) -> None:
+        """Consume `topics`: with a group_id as a member of the group (the listener's
+        callbacks run in the client's thread, inside poll()), else every partition."""
+        names = [topics] if isinstance(topics, str) else list(topics)
+        self._call(self._client.subscribe, names, listener)
 
     def unsubscribe(self) -> None:
         """Drop the subscription and the assignment."""

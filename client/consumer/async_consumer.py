@@ -33,11 +33,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 from client.cluster import ClusterClient
+from client.consumer.assignors import Assignor
+from client.consumer.assignors import assignor
 from client.consumer.committed_offsets import CommittedOffsets
 from client.consumer.fetcher import Fetcher
+from client.consumer.group_membership import GroupMembership
 from client.consumer.offset_lookup import OffsetLookup
 from client.consumer.partition_state import _ISOLATION
 from client.consumer.partition_state import _Fetched
@@ -54,7 +58,8 @@ from client.types import TopicPartition
 class AsyncConsumer(
     SubscriptionState, OffsetLookup, CommittedOffsets, Fetcher, TruncationValidation, AsyncClient
 ):
-    """Asynchronous consumer with manual assignment (`assign`, `seek`, `poll`)."""
+    """Asynchronous consumer: manual assignment (`assign`, `seek`, `poll`), or a
+    group's share of subscribed topics (`subscribe` with a group_id)."""
 
     def __init__(
         self,
@@ -76,6 +81,11 @@ class AsyncConsumer(
         key_deserializer: Callable[[bytes], Any] | None = None,
         value_deserializer: Callable[[bytes], Any] | None = None,
         on_truncation: Callable[[TopicPartition, int, OffsetAndMetadata], None] | None = None,
+        session_timeout_ms: int = 45_000,
+        heartbeat_interval_ms: int = 3_000,
+        max_poll_interval_ms: int = 300_000,
+        partition_assignment_strategy: Sequence[str | Assignor] = ("range", "roundrobin"),
+        commit_on_revoke: bool = True,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
@@ -88,6 +98,16 @@ class AsyncConsumer(
         self.on_truncation = on_truncation
         self._subscription: set[str] | None = None
         self._coordinator: int | None = None
+        # Group membership (subscribe() with a group_id): Kafka's names and defaults.
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.max_poll_interval_ms = max_poll_interval_ms
+        self.assignors = [
+            assignor(a) if isinstance(a, str) else a for a in partition_assignment_strategy
+        ]
+        self.commit_on_revoke = commit_on_revoke
+        self._group: GroupMembership | None = None
+        self._background_tasks: set[asyncio.Task[None]] = set()
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.fetch_min_bytes = fetch_min_bytes
         self.fetch_max_bytes = fetch_max_bytes
@@ -121,7 +141,10 @@ class AsyncConsumer(
     # ------------------------------------------------------------ lifecycle
 
     async def close(self) -> None:
-        """Stop fetching and close every connection."""
+        """Leave the group (committing first with commit_on_revoke), stop fetching and
+        close every connection."""
+        if self._group is not None and self._started:
+            await self._group.close()
         self._closed = True
         self._started = False
         tasks = list(self._fetching.values()) + list(self._validating.values())
@@ -167,6 +190,8 @@ class AsyncConsumer(
             raise error
         limit = max_records or self.max_poll_records
         deadline = time.monotonic() + timeout_ms / 1000
+        if self._group is not None:
+            await self._group.poll()
         while True:
             await self._ensure_metadata()
             await self._update_positions(

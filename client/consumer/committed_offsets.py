@@ -13,6 +13,7 @@ from client.consumer.partition_state import _COORDINATOR_MAX_BACKOFF_S
 from client.consumer.partition_state import _COORDINATOR_MOVED
 from client.consumer.partition_state import _answer_errors
 from client.consumer.partition_state import log
+from client.errors import BrokerResponseError
 from client.errors import IllegalStateError
 from client.errors import KafkaTimeoutError
 from client.errors import MinibrokerError
@@ -136,14 +137,23 @@ class CommittedOffsets:
                     committed_metadata=om.metadata,
                 )
             )
-        response = await self._coordinator_call(
-            OffsetCommitRequest(
-                group_id=self._need_group(),
-                topics=[OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
-            ),
-            what="OffsetCommit",
-            timeout_ms=timeout_ms,
-        )
+        # A member commits in its generation: the coordinator refuses a zombie's.
+        generation, member_id = self._group.commit_fields() if self._group else (-1, "")
+        try:
+            response = await self._coordinator_call(
+                OffsetCommitRequest(
+                    group_id=self._need_group(),
+                    generation_id=generation,
+                    member_id=member_id,
+                    topics=[OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
+                ),
+                what="OffsetCommit",
+                timeout_ms=timeout_ms,
+            )
+        except BrokerResponseError as exc:
+            if self._group is not None:
+                self._group.commit_failed(exc.error_code)
+            raise
         assert isinstance(response, OffsetCommitResponse)
 
     async def committed(

@@ -3,8 +3,11 @@ seeks, positions, pause/resume and the high watermarks seen."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
+from client.consumer.group_membership import GroupMembership
+from client.consumer.group_membership import RebalanceListener
 from client.consumer.partition_state import _PartitionState
 from client.errors import IllegalStateError
 from client.errors import KafkaTimeoutError
@@ -17,8 +20,12 @@ class SubscriptionState:
     """Subscription state: the assigned partitions (assign, or subscribe to whole topics),"""
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
-        """Consume exactly these partitions (replacing the previous assignment or
-        subscription)."""
+        """Consume exactly these partitions (replacing the previous assignment or a
+        subscription without a group)."""
+        if self._group is not None:
+            raise IllegalStateError(
+                "this consumer is subscribed as a member of its group: unsubscribe() first"
+            )
         self._subscription = None
         wanted = {TopicPartition(*tp) for tp in partitions}
         for tp in list(self._states):
@@ -28,15 +35,33 @@ class SubscriptionState:
             self._states.setdefault(tp, _PartitionState())
         self._cluster.add_topics({tp.topic for tp in wanted})
 
-    def subscribe(self, topics: Iterable[str]) -> None:
-        """Consume every partition of `topics` (partitions added later are picked up at
-        the next metadata refresh). No group rebalancing: each consumer reads all of
-        them. Replaces any assign()."""
+    def subscribe(self, topics: Iterable[str], listener: RebalanceListener | None = None) -> None:
+        """Consume `topics`. With a group_id, as a member of the group: the group's
+        members share the partitions, rebalanced as members come and go, `listener`
+        told of partitions revoked, assigned and lost (client/consumer/group_membership.py).
+        Without one, every partition (partitions added later are picked up at the next
+        metadata refresh). Replaces any assign()."""
         names = {topics} if isinstance(topics, str) else set(topics)
         if not names:
             raise ValueError("subscribe() needs at least one topic")
         self._subscription = names
         self._cluster.add_topics(names)
+        if self.group_id:
+            if self._group is None:
+                self._group = GroupMembership(
+                    self,  # type: ignore[arg-type]
+                    names,
+                    listener,
+                    self.assignors,
+                    session_timeout_ms=self.session_timeout_ms,
+                    heartbeat_interval_ms=self.heartbeat_interval_ms,
+                    max_poll_interval_ms=self.max_poll_interval_ms,
+                    commit_on_revoke=self.commit_on_revoke,
+                )
+            else:
+                self._group.topics, self._group.listener = names, listener
+                self._group.needs_rejoin = True
+            return
         for tp in list(self._states):
             if tp.topic not in names:
                 self._forget(tp)
@@ -47,7 +72,13 @@ class SubscriptionState:
         return set(self._subscription or ())
 
     def unsubscribe(self) -> None:
-        """Drop the subscription and every assigned partition."""
+        """Drop the subscription and every assigned partition (a group member leaves
+        its group in the background)."""
+        if self._group is not None:
+            group, self._group = self._group, None
+            task = asyncio.get_running_loop().create_task(group.close(), name="leave-group")
+            self._background_tasks.add(task)
+            task.add_done_callback(self._background_tasks.discard)
         self._subscription = None
         for tp in list(self._states):
             self._forget(tp)
@@ -59,12 +90,22 @@ class SubscriptionState:
         self._cluster.metadata.stop_awaiting(tp)
 
     def _expand_subscription(self) -> None:
-        if self._subscription is None:
+        if self._subscription is None or self._group is not None:
             return
         meta = self._cluster.metadata
         for topic in self._subscription:
             for p in meta.partitions_for_topic(topic) or ():
                 self._states.setdefault(TopicPartition(topic, p), _PartitionState())
+
+    def _apply_group_assignment(self, partitions: set[TopicPartition]) -> None:
+        """The group gave this member `partitions`: positions of the ones it keeps stay,
+        new ones start from the committed offsets (validated, KIP-320)."""
+        for tp in list(self._states):
+            if tp not in partitions:
+                self._forget(tp)
+        for tp in partitions:
+            self._states.setdefault(tp, _PartitionState())
+        self._cluster.add_topics({tp.topic for tp in partitions})
 
     def assignment(self) -> set[TopicPartition]:
         """The partitions this consumer reads."""

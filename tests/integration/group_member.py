@@ -1,5 +1,6 @@
 """One consumer-group member in its own process, for the group tests: a real client
-(kafka-python, confluent-kafka or aiokafka through the Kafka listener) subscribes to a topic in a
+(kafka-python, confluent-kafka or aiokafka through the Kafka listener, or
+minibroker's own through the native one) subscribes to a topic in a
 group, commits after every batch it is given and when partitions are revoked, and
 reports on stdout, one JSON object a line:
 
@@ -148,7 +149,51 @@ def aiokafka(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
     asyncio.run(run())
 
 
-CLIENTS = {"kafka-python": kafka_python, "confluent": confluent, "aiokafka": aiokafka}
+def minibroker(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
+    import asyncio
+
+    from client import AsyncConsumer
+
+    class ReportAssignment:
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            pass
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            report("assigned", partitions=sorted(tp.partition for tp in assigned))
+
+    async def run() -> None:
+        # commit_on_revoke (the default) commits the consumed positions before a
+        # rebalance takes partitions away and on close.
+        consumer = AsyncConsumer(
+            bootstrap,
+            group_id=group,
+            client_id="minibroker-member",
+            auto_offset_reset="earliest",
+            session_timeout_ms=session_ms,
+            heartbeat_interval_ms=max(100, session_ms // 6),
+        )
+        await consumer.start()
+        consumer.subscribe([topic], listener=ReportAssignment())
+        while not stopping:
+            batches = await consumer.poll(timeout_ms=int(POLL_S * 1000))
+            records = [
+                [r.partition, r.offset, r.value.decode()] for rs in batches.values() for r in rs
+            ]
+            if records:
+                report("delivered", records=records)
+                await consumer.commit()
+        await consumer.close()  # commits, leaves the group
+        report("closed")
+
+    asyncio.run(run())
+
+
+CLIENTS = {
+    "kafka-python": kafka_python,
+    "confluent": confluent,
+    "aiokafka": aiokafka,
+    "minibroker": minibroker,
+}
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, on_sigterm)

@@ -56,8 +56,12 @@ def cluster(cluster: Cluster) -> Iterator[Cluster]:
 class MemberProcess:
     """A group member process and what it reported."""
 
-    def __init__(self, client: str, bootstrap: str, group: str, name: str) -> None:
+    def __init__(self, client: str, cluster: Cluster, group: str, name: str) -> None:
         self.name = name
+        # minibroker's consumer speaks the native protocol, the others Kafka's.
+        bootstrap = (
+            native_bootstrap(cluster) if client == "minibroker" else cluster.kafka_bootstrap()
+        )
         self.proc = subprocess.Popen(
             [sys.executable, str(MEMBER), client, bootstrap, TOPIC, group, str(SESSION_MS)],
             stdout=subprocess.PIPE,
@@ -145,7 +149,7 @@ async def create_topic(cluster: Cluster) -> None:
         )
 
 
-@pytest.mark.parametrize("client", ["kafka-python", "confluent", "aiokafka"])
+@pytest.mark.parametrize("client", ["minibroker", "kafka-python", "confluent", "aiokafka"])
 async def test_members_split_partitions_and_rebalance_on_leave_kill_and_join(
     cluster: Cluster, client: str
 ) -> None:
@@ -159,13 +163,20 @@ async def test_a_group_of_three_different_clients(cluster: Cluster) -> None:
     await leave_kill_join(cluster, ["kafka-python", "confluent", "aiokafka"], "mixed")
 
 
+async def test_a_minibroker_consumer_and_kafka_python_consumers_share_a_group(
+    cluster: Cluster,
+) -> None:
+    """One coordinator for both listeners: members on the native protocol and on
+    Kafka's are one group, each reading the other's subscription and assignment."""
+    await leave_kill_join(cluster, ["minibroker", "kafka-python", "minibroker"], "native-mixed")
+
+
 async def leave_kill_join(cluster: Cluster, clients: list[str], group: str) -> None:
     """Three members (of `clients`) own six partitions; one leaves, one is SIGKILLed,
     one joins (of the first client); records produced after each step are all
     delivered, twice only if the killed member had them."""
     await create_topic(cluster)
-    bootstrap = cluster.kafka_bootstrap()
-    everyone = [MemberProcess(c, bootstrap, group, f"{c}-{i}") for i, c in enumerate(clients)]
+    everyone = [MemberProcess(c, cluster, group, f"{c}-{i}") for i, c in enumerate(clients)]
     try:
         wait_until(
             "three members own six partitions", lambda: owned_exactly_once(everyone), everyone
@@ -193,7 +204,7 @@ async def leave_kill_join(cluster: Cluster, clients: list[str], group: str) -> N
         wait_until("the third records", lambda: set(delivered(everyone)) >= sent, everyone)
 
         # A member joins: partitions are split again.
-        newcomer = MemberProcess(clients[0], bootstrap, group, f"{clients[0]}-3")
+        newcomer = MemberProcess(clients[0], cluster, group, f"{clients[0]}-3")
         everyone.append(newcomer)
         live = [everyone[2], newcomer]
         wait_until("two members own six partitions", lambda: owned_exactly_once(live), everyone)

@@ -340,3 +340,50 @@ def differences(sent: Any, back: Any, path: str = "") -> list[str]:
         pairs = enumerate(zip(sent, back, strict=True))
         return [d for i, (a, b) in pairs for d in differences(a, b, f"{path}[{i}]")]
     return [] if sent == back else [f"{path}: sent {sent!r}, given back {back!r}"]
+
+
+# ------------------------------------------------------------------ the consumer protocol
+
+CONSUMER_PROTOCOL = [
+    (kind, version, nulls)
+    for kind in ("subscription", "assignment")
+    for version in range(4)
+    for nulls in (False, True)
+]
+
+
+@pytest.mark.parametrize(("kind", "version", "nulls"), CONSUMER_PROTOCOL)
+def test_consumer_protocol_against_kio(kind: str, version: int, nulls: bool) -> None:
+    """Subscriptions and assignments (what members of any client exchange through the
+    coordinator) as Kafka's ConsumerProtocol classes write them, version prefix first."""
+    from kio.schema.consumer_protocol_assignment import v0 as a0
+    from kio.schema.consumer_protocol_assignment import v1 as a1
+    from kio.schema.consumer_protocol_assignment import v2 as a2
+    from kio.schema.consumer_protocol_assignment import v3 as a3
+    from kio.schema.consumer_protocol_subscription import v0 as s0
+    from kio.schema.consumer_protocol_subscription import v1 as s1
+    from kio.schema.consumer_protocol_subscription import v2 as s2
+    from kio.schema.consumer_protocol_subscription import v3 as s3
+
+    from protocol.kafka import consumer_protocol as cp
+
+    if kind == "subscription":
+        theirs: type = [s0, s1, s2, s3][version].ConsumerProtocolSubscription
+        ours, decode, encode = cp.SUBSCRIPTION, cp.decode_subscription, cp.encode_subscription
+    else:
+        theirs = [a0, a1, a2, a3][version].ConsumerProtocolAssignment
+        ours, decode, encode = cp.ASSIGNMENT, cp.decode_assignment, cp.encode_assignment
+    entity = sample(ours, theirs, version, False, Values(), nulls)
+    data = version.to_bytes(2, "big") + kio_bytes(theirs, entity)
+    assert encode(decode(data), version) == data  # type: ignore[operator]
+
+
+def test_a_newer_consumer_protocol_version_is_read_as_the_newest_known() -> None:
+    from protocol.kafka.consumer_protocol import Subscription
+    from protocol.kafka.consumer_protocol import decode_subscription
+    from protocol.kafka.consumer_protocol import encode_subscription
+
+    v3 = encode_subscription(Subscription(topics=["t"], generation_id=4, rack_id="r"), 3)
+    newer = b"\x00\x07" + v3[2:] + b"\x00\x00\x00\x2a"  # v7: one more INT32 at the end
+    got = decode_subscription(newer)
+    assert (got.topics, got.generation_id, got.rack_id) == (["t"], 4, "r")
