@@ -5,6 +5,9 @@ CreateTopics / DeleteTopics go to any broker, which forwards them to the control
 offset and high watermark via ListOffsets, fenced with the cached leader epoch) next
 to the metadata (leader, leader epoch, replicas, ISR).
 
+Consumer groups (client/group_admin.py): `list_groups`, `describe_group`,
+`list_group_offsets`, `group_lag`, `alter_group_offsets`, `delete_groups`.
+
 Operations: `cluster_health` (the verdict of client/health.py over a broker's view,
 or the controller's when its address is given, plus a probe of every live broker)
 and `describe_replica_log` (one broker's replica of one partition: offsets, epoch
@@ -38,6 +41,11 @@ from client.errors import IllegalStateError
 from client.errors import MinibrokerError
 from client.errors import UnknownTopicOrPartitionError
 from client.errors import error_for
+from client.group_admin import GroupAdmin
+from client.group_admin import GroupDescription
+from client.group_admin import GroupListing
+from client.group_admin import MemberDescription
+from client.group_admin import PartitionLag
 from client.lifecycle import AsyncClient
 from client.offsets import list_offsets
 from client.types import OffsetAndTimestamp
@@ -65,9 +73,13 @@ __all__ = [
     "ClusterDescription",
     "CreatedTopic",
     "EpochEntry",
+    "GroupDescription",
+    "GroupListing",
     "LeaderElection",
+    "MemberDescription",
     "NewTopic",
     "PartitionDescription",
+    "PartitionLag",
     "ReplicaBatch",
     "ReplicaLogDescription",
     "TopicDescription",
@@ -82,7 +94,7 @@ _SPEC_TIMESTAMPS: dict[object, int] = {
 }
 
 
-class AsyncAdmin(Diagnostics, AsyncClient):
+class AsyncAdmin(Diagnostics, GroupAdmin, AsyncClient):
     """Administrative operations. Use `async with AsyncAdmin(...) as admin:` or
     `await start()` / `await close()`."""
 

@@ -32,8 +32,11 @@ from typing import TypeVar
 from client.admin import AsyncAdmin
 from client.admin import ClusterDescription
 from client.admin import CreatedTopic
+from client.admin import GroupDescription
+from client.admin import GroupListing
 from client.admin import LeaderElection
 from client.admin import NewTopic
+from client.admin import PartitionLag
 from client.admin import ReplicaLogDescription
 from client.admin import TopicDescription
 from client.consumer import AsyncConsumer
@@ -465,3 +468,31 @@ class Admin(_SyncClient):
     def describe_replica_log(self, *args: Any, **kwargs: Any) -> ReplicaLogDescription:
         """One replica's batches and epoch cache (see AsyncAdmin.describe_replica_log)."""
         return self._run(self._client.describe_replica_log(*args, **kwargs))
+
+    # Consumer groups (see client/group_admin.py).
+
+    def list_groups(self) -> list[GroupListing]:
+        """Every group of every coordinator."""
+        return self._run(self._client.list_groups())
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """A group's state, generation and members with their assignments."""
+        return self._run(self._client.describe_group(group_id))
+
+    def list_group_offsets(self, group_id: str) -> dict[TopicPartition, OffsetAndMetadata]:
+        """The group's committed offsets with their leader epochs."""
+        return self._run(self._client.list_group_offsets(group_id))
+
+    def group_lag(self, group_id: str, topics: Iterable[str] = ()) -> list[PartitionLag]:
+        """Committed offset, log end, lag and owner per partition."""
+        return self._run(self._client.group_lag(group_id, topics))
+
+    def alter_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, OffsetAndMetadata]
+    ) -> None:
+        """Reset an empty group's committed offsets."""
+        self._run(self._client.alter_group_offsets(group_id, offsets))
+
+    def delete_groups(self, group_ids: Iterable[str]) -> None:
+        """Delete empty groups with their offsets."""
+        self._run(self._client.delete_groups(group_ids))

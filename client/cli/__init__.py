@@ -3,6 +3,7 @@
     minibroker dev                      a local cluster in the foreground
     minibroker controller|broker ARGS   run a server (`python -m controller|broker ARGS`)
     minibroker topic create|list|describe|delete
+    minibroker group list|describe|reset-offsets|delete
     minibroker produce TOPIC            stdin lines -> records
     minibroker consume TOPIC            records -> stdout
     minibroker cluster                  brokers and controller
@@ -16,12 +17,13 @@ client's debug log. The servers are started as subprocesses by module name, neve
 imported.
 
 The commands by job: records.py (produce, consume), operations.py (cluster, topic,
-debug); the group, the servers and `dev` in root.py; what they share in plumbing.py. Importing this
-package registers every command.
+debug), groups.py (consumer groups); the command group, the servers and `dev` in
+root.py; what they share in plumbing.py. Importing this package registers every command.
 """
 
 from __future__ import annotations
 
+from client.cli import groups  # noqa: F401 (registers the commands)
 from client.cli import operations  # noqa: F401 (registers the commands)
 from client.cli import records  # noqa: F401 (registers the commands)
 from client.cli.plumbing import _parse_configs

@@ -8,6 +8,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from collections.abc import Mapping
 
 from client.consumer.partition_state import _COORDINATOR_MAX_BACKOFF_S
 from client.consumer.partition_state import _COORDINATOR_MOVED
@@ -31,6 +32,24 @@ from protocol.messages import OffsetCommitTopic
 from protocol.messages import OffsetFetchRequest
 from protocol.messages import OffsetFetchResponse
 from protocol.messages import OffsetFetchTopic
+
+
+def commit_topics(
+    offsets: Mapping[TopicPartition, OffsetAndMetadata | int],
+) -> list[OffsetCommitTopic]:
+    """OffsetCommit's topics for `offsets` (a bare offset: no leader epoch)."""
+    by_topic: dict[str, list[OffsetCommitPartition]] = defaultdict(list)
+    for tp, om in offsets.items():
+        om = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
+        by_topic[tp.topic].append(
+            OffsetCommitPartition(
+                partition_index=tp.partition,
+                committed_offset=om.offset,
+                committed_leader_epoch=om.leader_epoch,
+                committed_metadata=om.metadata,
+            )
+        )
+    return [OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()]
 
 
 class CommittedOffsets:
@@ -126,17 +145,6 @@ class CommittedOffsets:
             }
         if not offsets:
             return
-        by_topic: dict[str, list[OffsetCommitPartition]] = defaultdict(list)
-        for tp, om in offsets.items():
-            om = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
-            by_topic[tp.topic].append(
-                OffsetCommitPartition(
-                    partition_index=tp.partition,
-                    committed_offset=om.offset,
-                    committed_leader_epoch=om.leader_epoch,
-                    committed_metadata=om.metadata,
-                )
-            )
         # A member commits in its generation: the coordinator refuses a zombie's.
         generation, member_id = self._group.commit_fields() if self._group else (-1, "")
         try:
@@ -145,7 +153,7 @@ class CommittedOffsets:
                     group_id=self._need_group(),
                     generation_id=generation,
                     member_id=member_id,
-                    topics=[OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
+                    topics=commit_topics(offsets),
                 ),
                 what="OffsetCommit",
                 timeout_ms=timeout_ms,
