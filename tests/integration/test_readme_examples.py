@@ -74,11 +74,13 @@ def test_readme_examples_run_as_written(cluster: Cluster) -> None:
         for block in readme_python_blocks()
         if not is_spark_example(block)
     ]
-    first, second, kafka, librdkafka = (out.splitlines() for out in outputs[:4])
+    first, second, group, kafka, librdkafka = (out.splitlines() for out in outputs[:5])
     assert first[0] == "0 0"  # offset 0 at leader epoch 0
     assert first[1] == "0 0 b'k' b'hello'"
     assert "OffsetAndMetadata(offset=1" in first[2] and "leader_epoch=0" in first[2]
     assert second == ["11 records"]
+    # A group of one: all of the partition, then revoked on leaving.
+    assert group == ["assigned [0]", "11 records", "revoked [0]"]
     # kafka-python through the Kafka listener: offset 0, then the record at epoch 0.
     assert kafka == ["0", "0 0 b'k' b'hi'"]
     assert librdkafka == ["0 0 b'k' b'hi'"]
