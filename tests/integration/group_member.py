@@ -7,6 +7,10 @@ reports on stdout, one JSON object a line:
     {"event": "assigned", "partitions": [0, 3]}        after every rebalance
     {"event": "delivered", "records": [[p, offset, value], ...]}   before its commit
     {"event": "closed"}                                 after a clean leave (SIGTERM)
+    {"event": "commit_failed", "reason": "..."}         a commit refused for good
+
+A commit that fails with a retriable error (the coordinator moved) is retried for up
+to COMMIT_RETRY_S, as an application would.
 
     python tests/integration/group_member.py CLIENT BOOTSTRAP TOPIC GROUP [SESSION_MS]
 """
@@ -19,11 +23,44 @@ import sys
 from typing import Any
 
 POLL_S = 0.2
+COMMIT_RETRY_S = 30.0
 stopping = False
 
 
 def report(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def commit_retrying(commit: Any, retriable: Any) -> None:
+    """commit() until it succeeds or fails for a reason retrying cannot fix."""
+    import time
+
+    deadline = time.monotonic() + COMMIT_RETRY_S
+    while True:
+        try:
+            commit()
+            return
+        except Exception as exc:
+            if not retriable(exc) or time.monotonic() > deadline:
+                report("commit_failed", reason=repr(exc))
+                return
+            time.sleep(0.1)
+
+
+async def commit_retrying_async(commit: Any, retriable: Any) -> None:
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + COMMIT_RETRY_S
+    while True:
+        try:
+            await commit()
+            return
+        except Exception as exc:
+            if not retriable(exc) or time.monotonic() > deadline:
+                report("commit_failed", reason=repr(exc))
+                return
+            await asyncio.sleep(0.1)
 
 
 def on_sigterm(_signum: int, _frame: Any) -> None:
@@ -62,9 +99,24 @@ def kafka_python(bootstrap: str, topic: str, group: str, session_ms: int) -> Non
         records = [[r.partition, r.offset, r.value.decode()] for rs in batches.values() for r in rs]
         if records:
             report("delivered", records=records)
-            consumer.commit()
+            commit_retrying(consumer.commit, lambda e: getattr(e, "retriable", False))
     consumer.close()  # commits, leaves the group
     report("closed")
+
+
+def librdkafka_retriable(exc: Exception) -> bool:
+    from confluent_kafka import KafkaError
+
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError):
+        return False
+    # Waiting for the coordinator, or a transport error while it moves.
+    return bool(error.retriable()) or error.code() in (
+        KafkaError._WAIT_COORD,
+        KafkaError._TRANSPORT,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    )
 
 
 def confluent(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
@@ -86,14 +138,19 @@ def confluent(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
         report("assigned", partitions=sorted(tp.partition for tp in partitions))
 
     def on_revoke(c: Any, partitions: Any) -> None:
+        # Commit what was consumed before the partitions go (a lost membership goes to
+        # on_lost instead: its generation is gone, nothing to commit to).
         if partitions:
             try:
                 c.commit(asynchronous=False)
-            except Exception as exc:  # nothing consumed since the last commit
+            except Exception as exc:  # nothing consumed since the last commit, or refused
                 if "NO_OFFSET" not in str(exc):
-                    raise
+                    report("commit_failed", reason=repr(exc))
 
-    consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke)
+    def on_lost(_consumer: Any, _partitions: Any) -> None:
+        pass
+
+    consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
     while not stopping:
         messages = consumer.consume(num_messages=500, timeout=POLL_S)
         records = []
@@ -103,9 +160,13 @@ def confluent(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
             records.append([m.partition(), m.offset(), m.value().decode()])
         if records:
             report("delivered", records=records)
-            consumer.commit(asynchronous=False)
+            commit_retrying(lambda: consumer.commit(asynchronous=False), librdkafka_retriable)
     consumer.close()  # leaves the group
     report("closed")
+
+
+def aiokafka_retriable(exc: Exception) -> bool:
+    return bool(getattr(exc, "retriable", False))
 
 
 def aiokafka(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
@@ -142,7 +203,9 @@ def aiokafka(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
             ]
             if records:
                 report("delivered", records=records)
-                await consumer.commit()
+                await commit_retrying_async(
+                    consumer.commit, lambda e: getattr(e, "retriable", False)
+                )
         await consumer.stop()  # leaves the group
         report("closed")
 
@@ -181,7 +244,8 @@ def minibroker(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
             ]
             if records:
                 report("delivered", records=records)
-                await consumer.commit()
+                # commit() retries what is retriable itself (default_api_timeout_ms)
+                await commit_retrying_async(consumer.commit, lambda e: False)
         await consumer.close()  # commits, leaves the group
         report("closed")
 

@@ -11,6 +11,7 @@ commit (at-least-once); none is skipped.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -218,6 +219,64 @@ async def leave_kill_join(cluster: Cluster, clients: list[str], group: str) -> N
         # At least once: only what the killed member was given may come again.
         assert twice <= killed, sorted(twice - killed)[:10]
     finally:
+        for m in everyone:
+            if m.alive:
+                m.kill()
+
+
+async def test_the_group_survives_its_coordinator_sigkilled_under_load(cluster: Cluster) -> None:
+    """The coordinator's broker is SIGKILLed while the members consume and a producer
+    writes: the leader of the group's `__consumer_offsets` partition moves, the new
+    coordinator loads the group and its commits from the log, the members find it and
+    go on (at most rejoining). Nothing acknowledged is missed and no committed offset
+    goes back."""
+    await create_topic(cluster)
+    clients = ["kafka-python", "minibroker", "confluent"]
+    everyone = [MemberProcess(c, cluster, "survivors", f"{c}-{i}") for i, c in enumerate(clients)]
+    sent: set[str] = set()
+    stop = asyncio.Event()
+
+    async def keep_producing() -> None:
+        async with AsyncProducer(native_bootstrap(cluster), acks="all") as producer:
+            i = 0
+            while not stop.is_set():
+                futures = [
+                    await producer.send(TOPIC, value=f"load-{i + k}".encode()) for k in range(20)
+                ]
+                for k, f in enumerate(futures):
+                    await f
+                    sent.add(f"load-{i + k}")
+                i += 20
+                await asyncio.sleep(0.05)
+
+    try:
+        wait_until(
+            "three members own six partitions", lambda: owned_exactly_once(everyone), everyone
+        )
+        producing = asyncio.create_task(keep_producing())
+        await asyncio.sleep(2)
+        async with AsyncAdmin(native_bootstrap(cluster)) as admin:
+            before = await admin.list_group_offsets("survivors")
+            coordinator = (await admin.describe_group("survivors")).coordinator
+        cluster.brokers[coordinator].kill()
+        await asyncio.sleep(6)
+        stop.set()
+        await producing
+        wait_until("every acknowledged record", lambda: set(delivered(everyone)) >= sent, everyone)
+        wait_until(
+            "three members own six partitions", lambda: owned_exactly_once(everyone), everyone
+        )
+        survivors = [b for n, b in cluster.brokers.items() if n != coordinator]
+        bootstrap = ",".join(f"{h}:{p}" for h, p in (b.address for b in survivors))
+        async with AsyncAdmin(bootstrap) as admin:
+            group = await admin.describe_group("survivors")
+            after = await admin.list_group_offsets("survivors")
+        assert group.coordinator != coordinator
+        assert group.state == "Stable" and len(group.members) == 3
+        assert all(after[tp].offset >= om.offset for tp, om in before.items()), (before, after)
+        assert set(delivered(everyone)) == sent
+    finally:
+        stop.set()
         for m in everyone:
             if m.alive:
                 m.kill()
