@@ -22,6 +22,7 @@ BENCHES = {
     "micro": "bench.micro",
     "broker-cpu": "bench.broker_cpu",
     "listener-cpu": "bench.listener_cpu",
+    "rebalance": "bench.rebalance",
 }
 # Options a bench name implies: produce-batch is the produce bench through
 # create_batch()/send_batch(), only the RF 3 acks=all cells the targets are about.

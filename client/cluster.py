@@ -319,8 +319,12 @@ class ClusterClient:
         self.metadata = ClusterMetadata(unsafe_accept_stale_metadata=unsafe_accept_stale_metadata)
         self._topics: set[str] = set()  # topics this client cares about
         self._conns: dict[int, BrokerConnection] = {}
+        # A group coordinator's own connection per broker (Kafka's consumer opens one
+        # too): a long-polled JoinGroup or a heartbeat never waits behind a Fetch's
+        # long poll on the data connection, whose answers come in order.
+        self._coordinator_conns: dict[int, BrokerConnection] = {}
         self._bootstrap_conns: dict[tuple[str, int], BrokerConnection] = {}
-        self._connecting: dict[int, asyncio.Lock] = {}
+        self._connecting: dict[tuple[int, int], asyncio.Lock] = {}
         self._refresh_lock = asyncio.Lock()
         self._refresh_task: asyncio.Task[None] | None = None
         self._stale_refreshes = 0
@@ -370,8 +374,13 @@ class ClusterClient:
         """Close every connection and background refresh."""
         self._closed = True
         await cancel_and_wait([self._refresh_task])
-        conns = list(self._conns.values()) + list(self._bootstrap_conns.values())
+        conns = [
+            *self._conns.values(),
+            *self._bootstrap_conns.values(),
+            *self._coordinator_conns.values(),
+        ]
         self._conns.clear()
+        self._coordinator_conns.clear()
         self._bootstrap_conns.clear()
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
 
@@ -521,15 +530,18 @@ class ClusterClient:
         *,
         timeout_ms: int | None = None,
         expect_response: bool = True,
+        coordinator: bool = False,
     ) -> Message | None:
-        """Send to one broker. Connection failures raise ConnectionFailedError (and
-        schedule a metadata refresh: the broker may be gone); no automatic retry."""
-        conn = await self._connection(node_id)
+        """Send to one broker (with `coordinator`, on its group-coordinator connection).
+        Connection failures raise ConnectionFailedError (and schedule a metadata
+        refresh: the broker may be gone); no automatic retry."""
+        conns = self._coordinator_conns if coordinator else self._conns
+        conn = await self._connection(node_id, conns)
         try:
             return await conn.send(request, timeout_ms=timeout_ms, expect_response=expect_response)
         except (ConnectionFailedError, RequestTimedOutError):
             if not conn.connected:
-                self._conns.pop(node_id, None)
+                conns.pop(node_id, None)
                 self.request_refresh()
             raise
 
@@ -583,13 +595,16 @@ class ClusterClient:
         order += [a for a in self.bootstrap_servers if a not in known]
         return order
 
-    async def _connection(self, node_id: int) -> BrokerConnection:
-        conn = self._conns.get(node_id)
+    async def _connection(
+        self, node_id: int, conns: dict[int, BrokerConnection] | None = None
+    ) -> BrokerConnection:
+        conns = self._conns if conns is None else conns
+        conn = conns.get(node_id)
         if conn is not None and conn.connected:
             return conn
-        lock = self._connecting.setdefault(node_id, asyncio.Lock())
+        lock = self._connecting.setdefault((node_id, id(conns)), asyncio.Lock())
         async with lock:
-            conn = self._conns.get(node_id)
+            conn = conns.get(node_id)
             if conn is not None and conn.connected:
                 return conn
             broker = self.metadata.broker(node_id)
@@ -603,7 +618,7 @@ class ClusterClient:
             except ConnectionFailedError:
                 self.request_refresh()
                 raise
-            self._conns[node_id] = conn
+            conns[node_id] = conn
             return conn
 
     async def _open(self, host: str, port: int, node_id: int) -> BrokerConnection:

@@ -83,7 +83,10 @@ class CommittedOffsets:
             try:
                 node = await self._find_coordinator(group, remaining_ms)
                 response = await self._cluster.send(
-                    node, request, timeout_ms=min(self.request_timeout_ms, remaining_ms)
+                    node,
+                    request,
+                    timeout_ms=min(self.request_timeout_ms, remaining_ms),
+                    coordinator=True,
                 )
                 assert response is not None
                 errors = _answer_errors(response, group)

@@ -232,7 +232,9 @@ class GroupMembership:
 
     async def _send(self, node: int, request: Any, wait_ms: int) -> Any:
         timeout = self.consumer.request_timeout_ms + wait_ms + _JOIN_SLACK_MS
-        return await self.consumer._cluster.send(node, request, timeout_ms=timeout)
+        return await self.consumer._cluster.send(
+            node, request, timeout_ms=timeout, coordinator=True
+        )
 
     def _check(self, code: ErrorCode, what: str) -> None:
         """Raise for an error answer: retriable ones are retried by _join_and_sync
@@ -331,7 +333,7 @@ class GroupMembership:
         try:
             node = await consumer._find_coordinator(self.group_id, consumer.request_timeout_ms)
             answer = await consumer._cluster.send(
-                node, request, timeout_ms=consumer.request_timeout_ms
+                node, request, timeout_ms=consumer.request_timeout_ms, coordinator=True
             )
         except MinibrokerError as exc:
             log.info("group %s: heartbeat failed: %s", self.group_id, exc)
@@ -363,6 +365,7 @@ class GroupMembership:
                 node,
                 LeaveGroupRequest(group_id=self.group_id, member_id=self.member_id),
                 timeout_ms=consumer.request_timeout_ms,
+                coordinator=True,
             )
             log.info("group %s: member %s left", self.group_id, self.member_id)
         except MinibrokerError as exc:

@@ -136,3 +136,13 @@ def test_listener_cpu_measures_both_protocols(tmp_path: Path) -> None:
         assert all(t > 0 for t in times)
         extra = times[2] + times[3] - times[0] - times[1]
         assert row["kafka_extra_us"] == pytest.approx(extra, abs=0.02)
+
+
+def test_rebalance_times_each_case(tmp_path: Path) -> None:
+    doc = run_bench("rebalance", tmp_path / "rebalance.json", "--members", "2", "--partitions", "4")
+    rows = {row["case"]: row for row in doc["results"]}
+    assert set(rows) == {"join", "leave", "kill", "first generation"}
+    for case in ("join", "leave", "kill"):
+        assert 0 < rows[case]["median_s"] <= rows[case]["max_s"] < 60
+    # A killed member is only noticed once its session (2 s with --quick) expires.
+    assert rows["kill"]["median_s"] >= 2.0 > rows["leave"]["median_s"]
