@@ -4,10 +4,15 @@ Kafka's consumer protocol format, the leader assigns with the protocol the coord
 chose, everyone syncs, a background task heartbeats, and a rebalance revokes and
 reassigns partitions with the listener's callbacks around it.
 
-- Eager rebalancing: before rejoining, every owned partition is revoked (its consumed
-  positions committed first with `commit_on_revoke`, then `on_partitions_revoked`);
-  a member that lost its membership (session expired, fenced) calls
-  `on_partitions_lost` instead and commits nothing, its generation being gone.
+- Eager rebalancing (range, roundrobin): before rejoining, every owned partition is
+  revoked (its consumed positions committed first with `commit_on_revoke`, then
+  `on_partitions_revoked`); a member that lost its membership (session expired,
+  fenced) calls `on_partitions_lost` instead and commits nothing, its generation being
+  gone. Cooperative rebalancing (KIP-429, when every assignor offered is cooperative:
+  cooperative-sticky): a member rejoins owning what it owns (told in its subscription
+  with its generation), revokes only what the new assignment no longer gives it, then
+  rejoins at once so that the next rebalance hands those partitions over;
+  `on_partitions_assigned` gets the partitions added.
 - Partitions assigned start from the group's committed offsets and their leader
   epochs, validated as after a seek (KIP-320), so truncation detection carries over.
 - `max_poll_interval_ms`: a member whose application stops calling poll() for longer
@@ -34,6 +39,7 @@ from client.errors import error_for
 from client.types import TopicPartition
 from protocol.errors import ErrorCode
 from protocol.kafka.consumer_protocol import Subscription
+from protocol.kafka.consumer_protocol import TopicPartitions
 from protocol.kafka.consumer_protocol import decode_assignment
 from protocol.kafka.consumer_protocol import decode_subscription
 from protocol.kafka.consumer_protocol import encode_assignment
@@ -112,6 +118,8 @@ class GroupMembership:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.max_poll_interval_ms = max_poll_interval_ms
         self.commit_on_revoke = commit_on_revoke
+        # KIP-429: cooperative when every assignor offered is (else eager, as Kafka's).
+        self.cooperative = all(a.cooperative for a in assignors)
         self.member_id = ""
         self.generation = -1
         self.leader = False
@@ -135,13 +143,22 @@ class GroupMembership:
                 raise error
         if not self.needs_rejoin:
             return
-        await self._revoke(self.owned)
+        if self.lost or not self.cooperative:
+            # Eager: everything goes before joining (a lost membership: as lost).
+            await self._revoke(self.owned)
         self._joining = True
         try:
             assigned = await self._join_and_sync()
         finally:
             self._joining = False
         self.needs_rejoin = self.lost = False
+        # Cooperative: what this member owned and was not given again goes now (a
+        # follow-up rebalance gives it to its new owner); it keeps the rest.
+        revoked = self.owned - assigned
+        added = assigned - self.owned
+        if revoked:
+            await self._revoke(revoked)
+            self.needs_rejoin = True
         self.owned = assigned
         self.consumer._apply_group_assignment(assigned)
         log.info(
@@ -151,13 +168,15 @@ class GroupMembership:
             self.member_id,
             sorted(assigned) or "nothing",
         )
-        await self._call("on_partitions_assigned", assigned)
+        await self._call("on_partitions_assigned", added)
         if self._heartbeat_task is None:
             self._heartbeat_task = asyncio.get_running_loop().create_task(
                 self._heartbeat(), name=f"heartbeat-{self.group_id}"
             )
 
     async def _revoke(self, partitions: set[TopicPartition]) -> None:
+        """Give up `partitions` (committing first with commit_on_revoke, unless the
+        membership was lost)."""
         if self.lost:
             await self._call("on_partitions_lost", partitions)
         elif partitions:
@@ -167,8 +186,8 @@ class GroupMembership:
                 except MinibrokerError as exc:
                     log.warning("group %s: commit on revoke failed: %s", self.group_id, exc)
             await self._call("on_partitions_revoked", partitions)
-        self.owned = set()
-        self.consumer._apply_group_assignment(set())
+        self.owned -= partitions
+        self.consumer._apply_group_assignment(self.owned)
 
     async def _call(self, method: str, partitions: set[TopicPartition]) -> None:
         if self.listener is None:
@@ -250,8 +269,16 @@ class GroupMembership:
         raise error_for(code, f"{what} of group {self.group_id}")
 
     def _join_request(self) -> JoinGroupRequest:
+        owned: dict[str, list[int]] = {}
+        for tp in sorted(self.owned):
+            owned.setdefault(tp.topic, []).append(tp.partition)
         subscription = encode_subscription(
-            Subscription(topics=sorted(self.topics), generation_id=self.generation)
+            Subscription(
+                topics=sorted(self.topics),
+                owned_partitions=[TopicPartitions(t, ps) for t, ps in owned.items()],
+                generation_id=self.generation,
+            ),
+            version=2,  # owned partitions with the generation they were owned in
         )
         return JoinGroupRequest(
             group_id=self.group_id,

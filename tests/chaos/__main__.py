@@ -128,6 +128,13 @@ def parser() -> argparse.ArgumentParser:
         help="whose producers and consumers: minibroker's, or librdkafka's (confluent-kafka) "
         "through the brokers' Kafka listeners",
     )
+    p.add_argument(
+        "--group",
+        action="store_true",
+        help="the consumers are members of one consumer group (subscribe, commits after "
+        "every poll); the checker adds group-overlap (a partition delivered to two members "
+        "of one generation)",
+    )
     p.add_argument("--producers", type=int, default=2)
     p.add_argument(
         "--in-flight",

@@ -31,7 +31,11 @@ a crafted history in test_checker.py that must fail it:
 - truncation-offset-mismatch: a consumer told of a log truncation (LogTruncationError)
   at an offset other than where what it had read stopped matching the final log;
 - unreported-truncation: a consumer that caught up with the end of the log still holds
-  records the final log does not have at those offsets, and was never told.
+  records the final log does not have at those offsets, and was never told;
+- group-overlap (consumer groups): one partition delivered to two members of one
+  generation (polls carry the member's generation and member id). A partition a
+  member was assigned starts at a `seek` to where it starts; one revoked from it is a
+  `revoke` event, after which what it held of that partition is no longer its.
 
 Indeterminate sends (`info`: timed out, or never completed) may or may not be in the
 log: never counted lost or unseen; if present, at one offset only (else duplicate).
@@ -96,6 +100,7 @@ ANOMALIES = (
     "replica-divergence",
     "truncation-offset-mismatch",
     "unreported-truncation",
+    "group-overlap",
 )
 # Data loss that unclean leader election (or acks=1 with followers) is allowed to cause
 # (KIP-101 appendix).
@@ -213,6 +218,8 @@ def check(
     final_index: dict[tuple[int, int], int] = {}  # (partition, offset) -> final-read op
     final_seen = False
     caught_up: set[int | str] = set()
+    # (generation, partition) -> member -> the first poll of it (consumer groups)
+    owners: dict[tuple[int, int], dict[str, Op]] = defaultdict(dict)
     nemesis: dict[str, int] = defaultdict(int)
     nemesis_concurrency = 0
 
@@ -245,8 +252,8 @@ def check(
             )
             sessions[session.number] = session
             continue
-        if op.f in ("seek", "truncation", "caught-up"):
-            if op.f != "caught-up" and not isinstance(op.offset, int):
+        if op.f in ("seek", "truncation", "caught-up", "revoke"):
+            if op.f in ("seek", "truncation") and not isinstance(op.offset, int):
                 raise ValueError(f"{op.f} event {op.index} has no integer offset: {op.offset!r}")
             polls_by_process[op.process].append(op)
             if op.f == "truncation":
@@ -289,6 +296,7 @@ def check(
                 s.ok_index = op.index
         elif op.f == "poll" and op.type == OK:
             polls_by_process[op.process].append(op)
+            _note_owner(op, owners)
     for op in open_ops.values():
         stats[f"{op.f}-pending"] += 1
 
@@ -466,6 +474,18 @@ def check(
     # ------------------------------------------------------------ consumers
     log_start = {p: min(offs) for p, offs in offsets_of.items() if offs}
     sorted_offsets = {p: sorted(offs) for p, offs in offsets_of.items()}
+    for (generation, partition), members in sorted(owners.items()):
+        if len(members) > 1:
+            an.add(
+                "group-overlap",
+                {
+                    "generation": generation,
+                    "partition": partition,
+                    "members": sorted(members),
+                    "processes": sorted(str(op.process) for op in members.values()),
+                    "ops": sorted(op.index for op in members.values()),
+                },
+            )
     for proc, process_ops in polls_by_process.items():
         _check_consumer(
             proc,
@@ -524,6 +544,16 @@ def check(
             "leader-only-acks": leader_only_acks,
         },
     }
+
+
+def _note_owner(op: Op, owners: dict[tuple[int, int], dict[str, Op]]) -> None:
+    """A group member's poll: the partitions it was delivered in its generation."""
+    extra = op.extra or {}
+    generation, member = extra.get("generation"), extra.get("member")
+    if generation is None or member is None or int(generation) < 0:
+        return
+    for p, *_ in op.values or ():
+        owners[(int(generation), p)].setdefault(str(member), op)
 
 
 def _retry_can_explain(
@@ -619,6 +649,13 @@ def _check_consumer(
         return None
 
     for i, op in enumerate(process_ops):
+        if op.f == "revoke":
+            # No longer this member's partition: what it read of it is not its to hold.
+            assert op.partition is not None
+            lineage[op.partition].clear()
+            last.pop(op.partition, None)
+            expect.pop(op.partition, None)
+            continue
         if op.f == "seek" or op.f == "truncation":
             p = op.partition
             assert p is not None and op.offset is not None

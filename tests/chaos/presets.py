@@ -72,6 +72,17 @@ def librdkafka(backend: str, seed: int, *, time_limit: float = 15.0) -> RunConfi
     return cfg
 
 
+def group(backend: str, seed: int, *, time_limit: float = 20.0) -> RunConfig:
+    """`compound` with the consumers as members of one consumer group (issue 16): three
+    members share three partitions while brokers (coordinators among them) are paused
+    and killed; on top of everything else, no partition is delivered to two members
+    of one generation."""
+    cfg = compound(backend, seed, time_limit=time_limit)
+    cfg.workload.group = True
+    cfg.workload.consumers = 3
+    return cfg
+
+
 def unclean_divergence(backend: str, seed: int, *, time_limit: float = 22.0) -> RunConfig:
     cfg = compound(backend, seed, time_limit=time_limit)
     cfg.faults = ["diverge"]

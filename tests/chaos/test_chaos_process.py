@@ -10,6 +10,9 @@
   sends).
 - `test_process_run_with_librdkafka_clients` (~30 s): the compound run with
   confluent-kafka's producers and consumers through the brokers' Kafka listeners.
+- `test_process_run_with_a_consumer_group` (~30 s): the compound run with the
+  consumers as members of one group (issue 16): no partition delivered to two members
+  of one generation, and everything acknowledged read by the group.
 - `test_process_run_unclean_divergence` (~25 s): RF=3, min.insync.replicas=1, unclean
   election on, the `diverge` fault: a leader alone takes writes, dies, an out-of-sync
   follower leads a new lineage. Acknowledged writes are lost by design (expected);
@@ -86,6 +89,24 @@ def test_process_run_with_librdkafka_clients(tmp_path: Path, chaos_options: Chao
     assert result["run"]["faults-applied"] >= 2, summary(result)
     # Every librdkafka producer session got a producer id (idempotent for real).
     assert stats["producer-sessions"] == stats["idempotent-sessions"] >= 2, summary(result)
+
+
+def test_process_run_with_a_consumer_group(tmp_path: Path, chaos_options: ChaosOptions) -> None:
+    cfg = presets.group("process", chaos_options.seed_or(15))
+    result = run_once(cfg, tmp_path, name="group")
+    print(summary(result))
+    assert_clean(result)
+    assert result["expected"] == {}, summary(result)
+    assert result["run"]["faults-applied"] >= 2, summary(result)
+    ops = load(tmp_path / "group" / "history.jsonl")
+    # The members really shared the partitions: several generations, every member
+    # assigned something at some point.
+    generations = {(op.extra or {}).get("generation") for op in ops if op.f == "poll"}
+    assert len(generations - {None, -1}) >= 2, generations
+    assigned = {
+        op.process for op in ops if op.f == "seek" and (op.extra or {}).get("why") == "assigned"
+    }
+    assert len(assigned) >= 2, assigned
 
 
 def test_process_run_unclean_divergence(tmp_path: Path, chaos_options: ChaosOptions) -> None:

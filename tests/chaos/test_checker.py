@@ -87,6 +87,24 @@ class H:
         self.add(process, OK, "seek", partition=partition, offset=offset)
         return self
 
+    def member_poll(
+        self, process: int, generation: int, member: str, *records: tuple[int, int, str]
+    ) -> H:
+        """A consumer-group member's poll, as group mode records it."""
+        self.add(process, INVOKE, "poll")
+        extra = {"generation": generation, "member": member}
+        self.add(process, OK, "poll", values=[(p, o, v, 0) for p, o, v in records], extra=extra)
+        return self
+
+    def assigned(self, process: int, generation: int, partition: int, offset: int) -> H:
+        extra = {"why": "assigned", "generation": generation}
+        self.add(process, OK, "seek", partition=partition, offset=offset, extra=extra)
+        return self
+
+    def revoke(self, process: int, partition: int) -> H:
+        self.add(process, OK, "revoke", partition=partition)
+        return self
+
     def truncation(self, process: int, partition: int, offset: int) -> H:
         # As the workload records it: the poll fails with LogTruncationError.
         self.add(process, INVOKE, "poll")
@@ -870,6 +888,46 @@ def test_unreported_truncation_needs_a_consumer_that_caught_up() -> None:
     assert any("did not catch up" in u for u in result["unchecked"])
 
 
+# ------------------------------------------------------------------ consumer groups
+
+
+def test_one_partition_delivered_to_two_members_of_a_generation_is_an_overlap() -> None:
+    h = H().send(0, "a", P0, 0).send(0, "b", P0, 1).send(0, "c", P0, 2)
+    h.assigned(10, 4, P0, 0).member_poll(10, 4, "m-1", (P0, 0, "a"))
+    h.assigned(11, 4, P0, 1).member_poll(11, 4, "m-2", (P0, 1, "b"), (P0, 2, "c"))
+    h.final({P0: ["a", "b", "c"]})
+    result = check(h.ops)
+    assert flagged(result) == {"group-overlap": 1}
+    (example,) = result["anomalies"]["group-overlap"]["examples"]
+    assert (example["generation"], example["partition"]) == (4, P0)
+    assert example["members"] == ["m-1", "m-2"]
+
+
+def test_a_partition_moving_between_generations_is_no_overlap() -> None:
+    """Generation 4's owner hands partition 0 over (commit on revoke); generation 5's
+    owner starts at the commit, past what the first read: no overlap, no skip."""
+    h = H().send(0, "a", P0, 0).send(0, "b", P0, 1).send(0, "c", P0, 2)
+    h.assigned(10, 4, P0, 0).member_poll(10, 4, "m-1", (P0, 0, "a"), (P0, 1, "b"))
+    h.revoke(10, P0)
+    h.assigned(11, 5, P0, 2).member_poll(11, 5, "m-2", (P0, 2, "c"))
+    # Given back to the first member later, at the second's commit: a seek, not a skip.
+    h.revoke(11, P0).assigned(10, 6, P0, 3)
+    h.final({P0: ["a", "b", "c"]})
+    assert flagged(check(h.ops)) == {}
+
+
+def test_a_revoked_partition_is_no_longer_the_members_to_be_told_of() -> None:
+    """A member that lost a partition before it was truncated is not expected to
+    report that truncation, even though it caught up on what it owns now."""
+    h = H().send(0, "a", P0, 0).send(0, "b", P1, 0)
+    h.assigned(10, 1, P0, 0).member_poll(10, 1, "m-1", (P0, 0, "lost"))
+    h.revoke(10, P0).assigned(10, 2, P1, 0).member_poll(10, 2, "m-1", (P1, 0, "b"))
+    h.caught_up(10, {P1: 1})
+    h.final({P0: ["a"], P1: ["b"]})
+    counts = flagged(check(h.ops))
+    assert "unreported-truncation" not in counts, counts
+
+
 # ------------------------------------------------------------------ every anomaly at once
 
 
@@ -885,6 +943,7 @@ def test_every_anomaly_kind_is_reachable_and_independent() -> None:
     h.poll(10, (P1, 4, "ghost"))  # unexpected-value
     h.seek(11, P0).poll(11, (P0, 1, "other"))  # inconsistent-offsets (and unexpected)
     h.truncation(10, P0, 0)  # nothing lost at 0: mismatch
+    h.member_poll(12, 3, "m-a", (P0, 0, "p0-0")).member_poll(13, 3, "m-b", (P0, 1, "p0-1"))
     h.final({P0: ["p0-0", "p0-1"], P1: ["dup", "fwd", "dup", "back", "ghost"]})
     replicas = replicas_of({P0: {1: SAME, 2: [[0, 3, 0, 1]]}}, {P0: 4})
     result = check(h.ops, replicas=replicas)

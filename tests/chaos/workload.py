@@ -22,6 +22,14 @@
   resumes there; an OffsetOutOfRangeError is recorded as a `seek` back to the log
   start. A consumer that fails for good is replaced by a new one (a new process,
   which seeks first).
+- Group mode (`group`): the consumers are instead members of one consumer group
+  (`subscribe`, issue 16), starting from the group's committed offsets (earliest when
+  none) and committing after every poll; each assignment is recorded as a `seek` of
+  each partition assigned to the position it starts from, and every poll carries the
+  member's generation and member id, so the checker can tell that no partition was
+  delivered to two members of one generation. A truncation is recorded from the
+  consumer's on_truncation callback (it resumes at the divergence itself). Catching up
+  is per member, over the partitions it owns.
 - Bounded: the producers stop after `max_sends` sends in all or `time_limit` seconds;
   then `catch_up()` lets each consumer poll until its position is exactly the end offset
   of every partition (recorded as `caught-up`), bounded too; then `final_read()` reads
@@ -64,6 +72,10 @@ from .librdkafka_clients import LibrdkafkaProducer
 
 C = TypeVar("C")
 CLIENTS = ("minibroker", "confluent")
+GROUP = "chaos-group"
+# Longer than a broker pause or kill takes to move the coordinator, so that members
+# mostly ride those out; a member is rarely expired.
+MEMBER_SESSION_MS = 10_000
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +113,8 @@ class WorkloadConfig:
     # (confluent-kafka, through the brokers' Kafka listeners). The final reads and the
     # end offsets are minibroker's either way.
     client: str = "minibroker"
+    # Consumers as members of one group (subscribe) instead of each reading everything.
+    group: bool = False
 
     @property
     def producer_processes(self) -> int:
@@ -121,6 +135,11 @@ class WorkloadConfig:
         out: list[str] = []
         if self.client not in CLIENTS:
             out.append(f"client {self.client!r}: use one of {', '.join(CLIENTS)}")
+        if self.group and self.client != "minibroker":
+            out.append(
+                "--group with --client confluent: group mode drives minibroker's consumers "
+                "only so far; use --client minibroker"
+            )
         if self.acks not in ("all", "1", "0"):
             out.append(f"acks {self.acks!r}: use 0, 1 or all")
         if self.acks == "0":
@@ -408,6 +427,8 @@ class Workload:
 
     async def _new_consumer(self, process: int) -> Any:
         cfg = self.config
+        if cfg.group:
+            return await self._new_member(process)
         if cfg.client == "confluent":
             librdkafka = LibrdkafkaConsumer(
                 self.kafka_bootstrap,
@@ -425,6 +446,64 @@ class Workload:
         )
         await self._started(consumer, consumer.close)
         return self._assigned_from_the_beginning(consumer, process)
+
+    async def _new_member(self, process: int) -> AsyncConsumer:
+        cfg = self.config
+        history = self.history
+
+        def truncated(tp: TopicPartition, position: int, where: Any) -> None:
+            history.record(
+                process,
+                INFO,
+                "truncation",
+                partition=tp.partition,
+                offset=int(where.offset),
+                extra={"position": position, "leader_epoch": where.leader_epoch},
+            )
+
+        consumer = AsyncConsumer(
+            self.bootstrap,
+            client_id=f"chaos-member-{process}",
+            group_id=GROUP,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=200,
+            request_timeout_ms=cfg.request_timeout_ms,
+            retry_backoff_ms=100,
+            session_timeout_ms=MEMBER_SESSION_MS,
+            heartbeat_interval_ms=MEMBER_SESSION_MS // 6,
+            on_truncation=truncated,
+        )
+        await self._started(consumer, consumer.close)
+
+        class RecordAssignments:
+            async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+                # Where each partition starts (the committed offset, or the log start):
+                # a seek for the checker, tagged with the generation.
+                generation, member = _membership(consumer)
+                for tp in sorted(assigned):
+                    position = await consumer.position(tp)
+                    history.record(
+                        process,
+                        OK,
+                        "seek",
+                        partition=tp.partition,
+                        offset=position,
+                        extra={"why": "assigned", "generation": generation, "member": member},
+                    )
+
+            def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+                generation, member = _membership(consumer)
+                for tp in sorted(revoked):
+                    history.record(
+                        process,
+                        OK,
+                        "revoke",
+                        partition=tp.partition,
+                        extra={"generation": generation, "member": member},
+                    )
+
+        consumer.subscribe([cfg.topic], listener=RecordAssignments())
+        return consumer
 
     def _assigned_from_the_beginning(self, consumer: Any, process: int) -> Any:
         consumer.assign(self.tps)
@@ -447,7 +526,10 @@ class Workload:
                         await asyncio.sleep(0.5)
                         continue
                 if self._targets is not None and await self._caught_up(consumer):
-                    self.history.record(process, OK, "caught-up", ends=dict(self._targets))
+                    ends = {
+                        tp.partition: self._targets[tp.partition] for tp in self._mine(consumer)
+                    }
+                    self.history.record(process, OK, "caught-up", ends=ends)
                     self.caught_up.add(process)
                     return
                 replace = await self._poll_once(consumer, process)
@@ -459,11 +541,15 @@ class Workload:
             if consumer is not None:
                 await _close(consumer)
 
+    def _mine(self, consumer: AsyncConsumer) -> list[TopicPartition]:
+        """The partitions a consumer answers for: all, or in a group what it owns."""
+        return sorted(consumer.assignment()) if self.config.group else self.tps
+
     async def _caught_up(self, consumer: AsyncConsumer) -> bool:
         assert self._targets is not None
         try:
             async with asyncio.timeout(self.config.request_timeout_ms / 1000):
-                for tp in self.tps:
+                for tp in self._mine(consumer):
                     if await consumer.position(tp) != self._targets[tp.partition]:
                         return False
         except (MinibrokerError, TimeoutError):
@@ -521,7 +607,18 @@ class Workload:
             for tp, records in sorted(batch.items())
             for r in records
         ]
-        self.history.record(process, OK, "poll", values=values)
+        if not cfg.group:
+            self.history.record(process, OK, "poll", values=values)
+            return False
+        generation, member = _membership(consumer)
+        self.history.record(
+            process, OK, "poll", values=values, extra={"generation": generation, "member": member}
+        )
+        if values:
+            try:
+                await consumer.commit()
+            except MinibrokerError as exc:  # refused (a rebalance) or unreachable
+                log.info("member %d: commit failed: %s", process, exc)
         return False
 
     # -------------------------------------------------------------- end of run
@@ -663,6 +760,12 @@ class _ProducerSlot:
         if self.producer is not None:
             producer, self.producer = self.producer, None
             await _close(producer)
+
+
+def _membership(consumer: AsyncConsumer) -> tuple[int, str]:
+    """(generation, member id) of a group member now."""
+    group = consumer._group
+    return (group.generation, group.member_id) if group is not None else (-1, "")
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

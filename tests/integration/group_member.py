@@ -12,7 +12,11 @@ reports on stdout, one JSON object a line:
 A commit that fails with a retriable error (the coordinator moved) is retried for up
 to COMMIT_RETRY_S, as an application would.
 
-    python tests/integration/group_member.py CLIENT BOOTSTRAP TOPIC GROUP [SESSION_MS]
+    python tests/integration/group_member.py CLIENT BOOTSTRAP TOPIC GROUP [SESSION_MS
+        [ASSIGNOR]]
+
+ASSIGNOR "cooperative-sticky" makes every client rebalance cooperatively (KIP-429);
+without it, each client's default assignors (eager).
 """
 
 from __future__ import annotations
@@ -29,6 +33,21 @@ stopping = False
 
 def report(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
+
+
+owned: set[int] = set()  # this member's partitions, as its callbacks told them
+
+
+def gained(partitions: Any) -> None:
+    """Partitions assigned (all of them with an eager assignor, only the new ones with
+    a cooperative one): the whole assignment is reported."""
+    owned.update(tp.partition for tp in partitions)
+    report("assigned", partitions=sorted(owned))
+
+
+def lost(partitions: Any) -> None:
+    owned.difference_update(tp.partition for tp in partitions)
+    report("assigned", partitions=sorted(owned))
 
 
 def commit_retrying(commit: Any, retriable: Any) -> None:
@@ -68,7 +87,7 @@ def on_sigterm(_signum: int, _frame: Any) -> None:
     stopping = True
 
 
-def kafka_python(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
+def kafka_python(bootstrap: str, topic: str, group: str, session_ms: int, assignor: str) -> None:
     from kafka import ConsumerRebalanceListener
     from kafka import KafkaConsumer
 
@@ -84,14 +103,18 @@ def kafka_python(bootstrap: str, topic: str, group: str, session_ms: int) -> Non
         auto_offset_reset="earliest",
         session_timeout_ms=session_ms,
         heartbeat_interval_ms=max(100, session_ms // 6),
+        **kafka_python_assignors(assignor),
     )
 
     class ReportAssignment(ConsumerRebalanceListener):  # type: ignore[misc]
         def on_partitions_revoked(self, revoked: Any) -> None:
-            pass
+            lost(revoked)
 
         def on_partitions_assigned(self, assigned: Any) -> None:
-            report("assigned", partitions=sorted(tp.partition for tp in assigned))
+            gained(assigned)
+
+        def on_partitions_lost(self, partitions: Any) -> None:
+            lost(partitions)
 
     consumer.subscribe([topic], listener=ReportAssignment())
     while not stopping:
@@ -102,6 +125,14 @@ def kafka_python(bootstrap: str, topic: str, group: str, session_ms: int) -> Non
             commit_retrying(consumer.commit, lambda e: getattr(e, "retriable", False))
     consumer.close()  # commits, leaves the group
     report("closed")
+
+
+def kafka_python_assignors(assignor: str) -> dict[str, Any]:
+    if assignor != "cooperative-sticky":
+        return {}
+    from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+
+    return {"partition_assignment_strategy": (CooperativeStickyAssignor,)}
 
 
 def librdkafka_retriable(exc: Exception) -> bool:
@@ -119,7 +150,7 @@ def librdkafka_retriable(exc: Exception) -> bool:
     )
 
 
-def confluent(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
+def confluent(bootstrap: str, topic: str, group: str, session_ms: int, assignor: str) -> None:
     from confluent_kafka import Consumer
 
     consumer = Consumer(
@@ -131,11 +162,12 @@ def confluent(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
             "auto.offset.reset": "earliest",
             "session.timeout.ms": session_ms,
             "heartbeat.interval.ms": max(100, session_ms // 6),
+            **({"partition.assignment.strategy": assignor} if assignor else {}),
         }
     )
 
     def on_assign(_consumer: Any, partitions: Any) -> None:
-        report("assigned", partitions=sorted(tp.partition for tp in partitions))
+        gained(partitions)
 
     def on_revoke(c: Any, partitions: Any) -> None:
         # Commit what was consumed before the partitions go (a lost membership goes to
@@ -146,9 +178,10 @@ def confluent(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
             except Exception as exc:  # nothing consumed since the last commit, or refused
                 if "NO_OFFSET" not in str(exc):
                     report("commit_failed", reason=repr(exc))
+        lost(partitions)
 
-    def on_lost(_consumer: Any, _partitions: Any) -> None:
-        pass
+    def on_lost(_consumer: Any, partitions: Any) -> None:
+        lost(partitions)
 
     consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
     while not stopping:
@@ -169,7 +202,7 @@ def aiokafka_retriable(exc: Exception) -> bool:
     return bool(getattr(exc, "retriable", False))
 
 
-def aiokafka(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
+def aiokafka(bootstrap: str, topic: str, group: str, session_ms: int, assignor: str) -> None:
     import asyncio
 
     from aiokafka import AIOKafkaConsumer
@@ -190,9 +223,10 @@ def aiokafka(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
             async def on_partitions_revoked(self, revoked: Any) -> None:
                 if revoked:
                     await consumer.commit()
+                lost(revoked)
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
-                report("assigned", partitions=sorted(tp.partition for tp in assigned))
+                gained(assigned)
 
         await consumer.start()
         consumer.subscribe([topic], listener=CommitOnRevoke())
@@ -212,17 +246,20 @@ def aiokafka(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
     asyncio.run(run())
 
 
-def minibroker(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
+def minibroker(bootstrap: str, topic: str, group: str, session_ms: int, assignor: str) -> None:
     import asyncio
 
     from client import AsyncConsumer
 
     class ReportAssignment:
         def on_partitions_revoked(self, revoked: Any) -> None:
-            pass
+            lost(revoked)
 
         def on_partitions_assigned(self, assigned: Any) -> None:
-            report("assigned", partitions=sorted(tp.partition for tp in assigned))
+            gained(assigned)
+
+        def on_partitions_lost(self, partitions: Any) -> None:
+            lost(partitions)
 
     async def run() -> None:
         # commit_on_revoke (the default) commits the consumed positions before a
@@ -234,6 +271,7 @@ def minibroker(bootstrap: str, topic: str, group: str, session_ms: int) -> None:
             auto_offset_reset="earliest",
             session_timeout_ms=session_ms,
             heartbeat_interval_ms=max(100, session_ms // 6),
+            **({"partition_assignment_strategy": [assignor]} if assignor else {}),
         )
         await consumer.start()
         consumer.subscribe([topic], listener=ReportAssignment())
@@ -263,4 +301,5 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, on_sigterm)
     client, bootstrap, topic, group = sys.argv[1:5]
     session = int(sys.argv[5]) if len(sys.argv) > 5 else 6_000
-    CLIENTS[client](bootstrap, topic, group, session)
+    assignor = sys.argv[6] if len(sys.argv) > 6 else ""
+    CLIENTS[client](bootstrap, topic, group, session, assignor)

@@ -57,14 +57,25 @@ def cluster(cluster: Cluster) -> Iterator[Cluster]:
 class MemberProcess:
     """A group member process and what it reported."""
 
-    def __init__(self, client: str, cluster: Cluster, group: str, name: str) -> None:
+    def __init__(
+        self, client: str, cluster: Cluster, group: str, name: str, assignor: str = ""
+    ) -> None:
         self.name = name
         # minibroker's consumer speaks the native protocol, the others Kafka's.
         bootstrap = (
             native_bootstrap(cluster) if client == "minibroker" else cluster.kafka_bootstrap()
         )
         self.proc = subprocess.Popen(
-            [sys.executable, str(MEMBER), client, bootstrap, TOPIC, group, str(SESSION_MS)],
+            [
+                sys.executable,
+                str(MEMBER),
+                client,
+                bootstrap,
+                TOPIC,
+                group,
+                str(SESSION_MS),
+                assignor,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -172,12 +183,29 @@ async def test_a_minibroker_consumer_and_kafka_python_consumers_share_a_group(
     await leave_kill_join(cluster, ["minibroker", "kafka-python", "minibroker"], "native-mixed")
 
 
-async def leave_kill_join(cluster: Cluster, clients: list[str], group: str) -> None:
+async def test_a_cooperative_group_of_three_clients(cluster: Cluster) -> None:
+    """KIP-429 across clients: minibroker's, kafka-python's and librdkafka's
+    cooperative-sticky assignors; members keep their partitions through a rebalance and
+    hand over only what moves, in two rounds."""
+    clients = ["minibroker", "kafka-python", "confluent"]
+    await leave_kill_join(cluster, clients, "cooperative", assignor="cooperative-sticky")
+
+
+async def test_a_cooperative_group_of_minibroker_consumers(cluster: Cluster) -> None:
+    clients = ["minibroker"] * 3
+    await leave_kill_join(cluster, clients, "cooperative-mb", assignor="cooperative-sticky")
+
+
+async def leave_kill_join(
+    cluster: Cluster, clients: list[str], group: str, assignor: str = ""
+) -> None:
     """Three members (of `clients`) own six partitions; one leaves, one is SIGKILLed,
     one joins (of the first client); records produced after each step are all
     delivered, twice only if the killed member had them."""
     await create_topic(cluster)
-    everyone = [MemberProcess(c, cluster, group, f"{c}-{i}") for i, c in enumerate(clients)]
+    everyone = [
+        MemberProcess(c, cluster, group, f"{c}-{i}", assignor) for i, c in enumerate(clients)
+    ]
     try:
         wait_until(
             "three members own six partitions", lambda: owned_exactly_once(everyone), everyone
@@ -205,7 +233,7 @@ async def leave_kill_join(cluster: Cluster, clients: list[str], group: str) -> N
         wait_until("the third records", lambda: set(delivered(everyone)) >= sent, everyone)
 
         # A member joins: partitions are split again.
-        newcomer = MemberProcess(clients[0], cluster, group, f"{clients[0]}-3")
+        newcomer = MemberProcess(clients[0], cluster, group, f"{clients[0]}-3", assignor)
         everyone.append(newcomer)
         live = [everyone[2], newcomer]
         wait_until("two members own six partitions", lambda: owned_exactly_once(live), everyone)

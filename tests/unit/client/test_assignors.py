@@ -61,3 +61,67 @@ def test_every_partition_goes_to_exactly_one_subscribed_member(name: str, member
 def test_an_unknown_assignor_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match="'range', 'roundrobin'"):
         assignor("sticky")
+
+
+# ------------------------------------------------------------------ cooperative sticky
+
+
+def owning(topics: list[str], generation: int, **owned: list[int]) -> Subscription:
+    from protocol.kafka.consumer_protocol import TopicPartitions
+
+    return Subscription(
+        topics,
+        owned_partitions=[TopicPartitions(t, ps) for t, ps in owned.items()],
+        generation_id=generation,
+    )
+
+
+def test_cooperative_sticky_balances_a_fresh_group() -> None:
+    subscriptions = {m: Subscription(["t"]) for m in ("a", "b", "c")}
+    got = assignor("cooperative-sticky").assign(subscriptions, {"t": 7})
+    sizes = sorted(len(flat(a)) for a in got.values())
+    assert sizes == [2, 2, 3]
+    assert sorted(p for a in got.values() for p in flat(a)) == sorted(f"tp{i}" for i in range(7))
+
+
+def test_cooperative_sticky_keeps_owners_and_moves_in_two_rounds() -> None:
+    """KIP-429: members keep what they own; what must move to the newcomer is first
+    only taken away (its owner revokes it), then given in the follow-up rebalance."""
+    sticky = assignor("cooperative-sticky")
+    first = sticky.assign(
+        {
+            "a": owning(["t"], 3, t=[0, 1, 2]),
+            "b": owning(["t"], 3, t=[3, 4, 5]),
+            "c": Subscription(["t"]),  # the newcomer
+        },
+        {"t": 6},
+    )
+    assert flat(first["a"]) == ["tp0", "tp1"] and flat(first["b"]) == ["tp3", "tp4"]
+    assert flat(first["c"]) == []  # tp2 and tp5 still owned by a and b: not yet
+    second = sticky.assign(
+        {
+            "a": owning(["t"], 4, t=[0, 1]),
+            "b": owning(["t"], 4, t=[3, 4]),
+            "c": owning(["t"], 4),
+        },
+        {"t": 6},
+    )
+    assert (flat(second["a"]), flat(second["b"])) == (["tp0", "tp1"], ["tp3", "tp4"])
+    assert flat(second["c"]) == ["tp2", "tp5"]
+
+
+def test_cooperative_sticky_ignores_stale_and_conflicting_claims() -> None:
+    """A claim from an older generation loses to a newer one; two claims of one
+    generation are both ignored (neither is known to own it)."""
+    got = assignor("cooperative-sticky").assign(
+        {
+            "old": owning(["t"], 2, t=[0, 1]),
+            "new": owning(["t"], 5, t=[0]),
+            "x": owning(["t"], 5, t=[1]),
+            "y": owning(["t"], 5, t=[1]),
+        },
+        {"t": 4},
+    )
+    assert "tp0" in flat(got["new"])  # the newer claim wins
+    owned = [p for a in got.values() for p in flat(a)]
+    assert sorted(owned) == sorted(set(owned))  # nothing twice
