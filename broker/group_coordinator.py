@@ -638,7 +638,9 @@ class GroupCoordinator:
         if shard is None:
             return answer(err)
         group = shard.groups.get(req.group_id)
-        err = self.membership.commit_allowed(group, req.generation_id, req.member_id)
+        err = self.membership.commit_allowed(
+            group, req.generation_id, req.member_id, req.group_instance_id
+        )
         if err != ErrorCode.NONE:
             return answer(err)
         if group is None:  # a consumer outside any group: its offsets make an empty group

@@ -79,6 +79,8 @@ class Group:
     # Member ids handed out by MEMBER_ID_REQUIRED (JoinGroup v4+), not joined yet:
     # member id -> the loop time by which it must join with it.
     pending: dict[str, float] = field(default_factory=dict)
+    # Static membership (KIP-345): group.instance.id -> the member id that holds it.
+    static: dict[str, str] = field(default_factory=dict)
     state_timestamp_ms: int = 0
     # The join phase's timer (initial delay or rebalance timeout) and sessions' timer.
     join_timer: asyncio.TimerHandle | None = None
@@ -120,6 +122,22 @@ class Group:
     def all_joined(self) -> bool:
         """Every member rejoined and no handed-out member id is still to come."""
         return not self.pending and all(m.awaiting_join is not None for m in self.members.values())
+
+    def fenced(self, instance_id: str | None, member_id: str) -> bool:
+        """A request naming a static member id that another member id now holds."""
+        return instance_id is not None and self.static.get(instance_id) != member_id
+
+    def replace_static(self, old: Member, new_id: str) -> Member:
+        """The static member `old` comes back as `new_id` (KIP-345): the same place in
+        the group, the same assignment; the old id is fenced from now on."""
+        assert old.group_instance_id is not None, "only a static member is replaced"
+        previous = old.member_id
+        self.members = {new_id if v is old else k: v for k, v in self.members.items()}
+        old.member_id = new_id
+        self.static[old.group_instance_id] = new_id
+        if self.leader == previous:
+            self.leader = new_id
+        return old
 
     def max_rebalance_timeout_ms(self) -> int:
         return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)

@@ -89,6 +89,10 @@ class Membership:
             return _join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE, req.member_id)
         if not group.supports(req.protocol_type, protocols):
             return _join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, req.member_id)
+        if not req.member_id and req.group_instance_id is not None:
+            return await self._join_static(group, ctx, req, protocols)
+        if req.member_id and group.fenced(req.group_instance_id, req.member_id):
+            return _join_error(ErrorCode.FENCED_INSTANCE_ID, req.member_id)
         if not req.member_id:
             if len(group.members) + len(group.pending) >= self.settings.max_size:
                 return _join_error(ErrorCode.GROUP_MAX_SIZE_REACHED, "")
@@ -102,15 +106,60 @@ class Membership:
             return await self._add_member(group, self._member(member_id, ctx, req, protocols))
         if group.pending.pop(req.member_id, None) is not None:
             return await self._add_member(group, self._member(req.member_id, ctx, req, protocols))
-        return await self._rejoin(group, req, protocols)
+        return await self._rejoin(group, req.member_id, req, protocols)
+
+    async def _join_static(
+        self,
+        group: Group,
+        ctx: RequestContext,
+        req: JoinGroupRequest,
+        protocols: list[tuple[str, bytes]],
+    ) -> JoinGroupResponse:
+        """KIP-345: a member with a group.instance.id joins without MEMBER_ID_REQUIRED;
+        one that comes back (a restart) takes its old place under a new member id, the
+        old id fenced, and in a Stable group with the same protocols no rebalance
+        happens: it gets its previous assignment back."""
+        instance = req.group_instance_id
+        assert instance is not None
+        new_id = f"{instance}-{uuid.uuid4()}"
+        current = group.static.get(instance)
+        member = group.members.get(current) if current is not None else None
+        if member is None:
+            if len(group.members) + len(group.pending) >= self.settings.max_size:
+                return _join_error(ErrorCode.GROUP_MAX_SIZE_REACHED, "")
+            group.static[instance] = new_id
+            return await self._add_member(group, self._member(new_id, ctx, req, protocols))
+        _answer_waiters(member, ErrorCode.FENCED_INSTANCE_ID)
+        log.info(
+            "group %s: static member %s is back as %s (was %s)",
+            group.group_id,
+            instance,
+            new_id,
+            member.member_id,
+        )
+        # Its subscription bytes differ after a restart (it owns nothing yet): what
+        # matters is that it still supports the generation's protocol, as Kafka checks.
+        keeps = group.protocol_name in {name for name, _ in protocols}
+        group.replace_static(member, new_id)
+        member.client_id, member.client_host = ctx.client_id or "", ctx.peer
+        if group.state is GroupState.STABLE and keeps:
+            member.protocols = protocols
+            self._heard_from(member)
+            self._persist_in_background(group)  # the new id, for a coordinator that loads it
+            return self._join_answer(group, member)
+        return await self._rejoin(group, new_id, req, protocols)
 
     async def _rejoin(
-        self, group: Group, req: JoinGroupRequest, protocols: list[tuple[str, bytes]]
+        self,
+        group: Group,
+        member_id: str,
+        req: JoinGroupRequest,
+        protocols: list[tuple[str, bytes]],
     ) -> JoinGroupResponse:
         """A JoinGroup from a member of the group."""
-        member = group.members.get(req.member_id)
+        member = group.members.get(member_id)
         if member is None:
-            return _join_error(ErrorCode.UNKNOWN_MEMBER_ID, req.member_id)
+            return _join_error(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
         unchanged = member.protocols == protocols
         if group.state is GroupState.COMPLETING_REBALANCE and unchanged:
             # Its JoinGroup answer was lost: the same generation again.
@@ -294,7 +343,7 @@ class Membership:
     # ------------------------------------------------------------------ SyncGroup
 
     async def sync(self, group: Group | None, req: SyncGroupRequest) -> SyncGroupResponse:
-        member, error = self._known(group, req.member_id, req.generation_id)
+        member, error = self._known(group, req.member_id, req.generation_id, req.group_instance_id)
         if member is None or group is None:
             return SyncGroupResponse(error_code=error)
         if group.state is GroupState.PREPARING_REBALANCE:
@@ -342,7 +391,7 @@ class Membership:
     # ------------------------------------------------------------------ Heartbeat, leave
 
     def heartbeat(self, group: Group | None, req: HeartbeatRequest) -> HeartbeatResponse:
-        member, error = self._known(group, req.member_id, req.generation_id)
+        member, error = self._known(group, req.member_id, req.generation_id, req.group_instance_id)
         if member is None or group is None:
             return HeartbeatResponse(error_code=error)
         self._heard_from(member)
@@ -393,24 +442,25 @@ class Membership:
     @staticmethod
     def _drop_member(group: Group, member: Member, error: ErrorCode) -> None:
         del group.members[member.member_id]
+        instance = member.group_instance_id
+        if instance is not None and group.static.get(instance) == member.member_id:
+            del group.static[instance]
         if group.leader == member.member_id:
             group.leader = next(iter(group.members), None)
-        if member.awaiting_join is not None and not member.awaiting_join.done():
-            member.awaiting_join.set_result(_join_error(error, member.member_id))
-        if member.awaiting_sync is not None and not member.awaiting_sync.done():
-            member.awaiting_sync.set_result(SyncGroupResponse(error_code=error))
-        member.awaiting_join = member.awaiting_sync = None
+        _answer_waiters(member, error)
 
     # ------------------------------------------------------------------ checks
 
     def _known(
-        self, group: Group | None, member_id: str, generation: int
+        self, group: Group | None, member_id: str, generation: int, instance_id: str | None
     ) -> tuple[Member | None, ErrorCode]:
         """The member a SyncGroup or Heartbeat is from, or why it is refused."""
         if group is None or group.state is GroupState.EMPTY:
             return None, ErrorCode.UNKNOWN_MEMBER_ID
         if group.state is GroupState.DEAD:
             return None, ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if group.fenced(instance_id, member_id):
+            return None, ErrorCode.FENCED_INSTANCE_ID
         member = group.members.get(member_id)
         if member is None:
             return None, ErrorCode.UNKNOWN_MEMBER_ID
@@ -418,7 +468,9 @@ class Membership:
             return None, ErrorCode.ILLEGAL_GENERATION
         return member, ErrorCode.NONE
 
-    def commit_allowed(self, group: Group | None, generation: int, member_id: str) -> ErrorCode:
+    def commit_allowed(
+        self, group: Group | None, generation: int, member_id: str, instance_id: str | None = None
+    ) -> ErrorCode:
         """Kafka's OffsetCommit checks: a consumer outside any group (generation -1, no
         member id) commits to a group without members; a member commits in its own
         generation only (a zombie left behind by a rebalance gets ILLEGAL_GENERATION),
@@ -427,6 +479,8 @@ class Membership:
             return ErrorCode.NONE if generation < 0 else ErrorCode.ILLEGAL_GENERATION
         if group.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if group.fenced(instance_id, member_id):
+            return ErrorCode.FENCED_INSTANCE_ID
         if generation < 0 and not member_id and group.state is GroupState.EMPTY:
             return ErrorCode.NONE
         if group.state is GroupState.COMPLETING_REBALANCE:
@@ -456,12 +510,9 @@ class Membership:
         `error` (NOT_COORDINATOR: the members find the new coordinator and rejoin)."""
         self._cancel_timer(group)
         for member in list(group.members.values()):
-            if member.awaiting_join is not None and not member.awaiting_join.done():
-                member.awaiting_join.set_result(_join_error(error, member.member_id))
-            if member.awaiting_sync is not None and not member.awaiting_sync.done():
-                member.awaiting_sync.set_result(SyncGroupResponse(error_code=error))
-            member.awaiting_join = member.awaiting_sync = None
-        group.transition(GroupState.DEAD, self.now_ms())
+            _answer_waiters(member, error)
+        if group.state is not GroupState.DEAD:
+            group.transition(GroupState.DEAD, self.now_ms())
 
     def loaded(self, group: Group) -> None:
         """A group read from the log: its members get a fresh session (the coordinator
@@ -469,6 +520,17 @@ class Membership:
         now = self._time()
         for member in group.members.values():
             member.session_deadline = now + member.session_timeout_ms / 1000
+            if member.group_instance_id is not None:
+                group.static[member.group_instance_id] = member.member_id
+
+
+def _answer_waiters(member: Member, error: ErrorCode) -> None:
+    """The member's waiting JoinGroup and SyncGroup are answered `error`."""
+    if member.awaiting_join is not None and not member.awaiting_join.done():
+        member.awaiting_join.set_result(_join_error(error, member.member_id))
+    if member.awaiting_sync is not None and not member.awaiting_sync.done():
+        member.awaiting_sync.set_result(SyncGroupResponse(error_code=error))
+    member.awaiting_join = member.awaiting_sync = None
 
 
 def _rebalance_timeout(req: JoinGroupRequest) -> int:

@@ -86,6 +86,7 @@ class AsyncConsumer(
         max_poll_interval_ms: int = 300_000,
         partition_assignment_strategy: Sequence[str | Assignor] = ("range", "roundrobin"),
         commit_on_revoke: bool = True,
+        group_instance_id: str | None = None,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
@@ -106,6 +107,7 @@ class AsyncConsumer(
             assignor(a) if isinstance(a, str) else a for a in partition_assignment_strategy
         ]
         self.commit_on_revoke = commit_on_revoke
+        self.group_instance_id = group_instance_id  # static membership (KIP-345)
         self._group: GroupMembership | None = None
         self._background_tasks: set[asyncio.Task[None]] = set()
         self.fetch_max_wait_ms = fetch_max_wait_ms

@@ -149,13 +149,15 @@ class CommittedOffsets:
         if not offsets:
             return
         # A member commits in its generation: the coordinator refuses a zombie's.
-        generation, member_id = self._group.commit_fields() if self._group else (-1, "")
+        fields = self._group.commit_fields() if self._group else (-1, "", None)
+        generation, member_id, instance_id = fields
         try:
             response = await self._coordinator_call(
                 OffsetCommitRequest(
                     group_id=self._need_group(),
                     generation_id=generation,
                     member_id=member_id,
+                    group_instance_id=instance_id,
                     topics=commit_topics(offsets),
                 ),
                 what="OffsetCommit",

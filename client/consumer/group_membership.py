@@ -101,6 +101,7 @@ class GroupMembership:
         heartbeat_interval_ms: int,
         max_poll_interval_ms: int,
         commit_on_revoke: bool,
+        group_instance_id: str | None = None,
     ) -> None:
         if not assignors:
             raise ValueError("partition_assignment_strategy needs at least one assignor")
@@ -118,6 +119,7 @@ class GroupMembership:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.max_poll_interval_ms = max_poll_interval_ms
         self.commit_on_revoke = commit_on_revoke
+        self.group_instance_id = group_instance_id
         # KIP-429: cooperative when every assignor offered is (else eager, as Kafka's).
         self.cooperative = all(a.cooperative for a in assignors)
         self.member_id = ""
@@ -285,6 +287,7 @@ class GroupMembership:
             session_timeout_ms=self.session_timeout_ms,
             rebalance_timeout_ms=self.max_poll_interval_ms,
             member_id=self.member_id,
+            group_instance_id=self.group_instance_id,
             protocol_type="consumer",
             protocols=[
                 JoinGroupRequestProtocol(name=a.name, metadata=subscription) for a in self.assignors
@@ -296,6 +299,7 @@ class GroupMembership:
             group_id=self.group_id,
             generation_id=self.generation,
             member_id=self.member_id,
+            group_instance_id=self.group_instance_id,
             assignments=[
                 SyncGroupRequestAssignment(member_id=m, assignment=a) for m, a in plan.items()
             ],
@@ -355,7 +359,10 @@ class GroupMembership:
     async def _beat(self) -> None:
         consumer = self.consumer
         request = HeartbeatRequest(
-            group_id=self.group_id, generation_id=self.generation, member_id=self.member_id
+            group_id=self.group_id,
+            generation_id=self.generation,
+            member_id=self.member_id,
+            group_instance_id=self.group_instance_id,
         )
         try:
             node = await consumer._find_coordinator(self.group_id, consumer.request_timeout_ms)
@@ -400,20 +407,24 @@ class GroupMembership:
         self.member_id, self.generation = "", -1
 
     async def close(self) -> None:
-        """Revoke (committing first with commit_on_revoke) and leave the group."""
+        """Revoke (committing first with commit_on_revoke) and leave the group; a static
+        member (group_instance_id) does not leave: back within its session timeout, it
+        gets its partitions again without a rebalance (KIP-345)."""
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
             await asyncio.gather(self._heartbeat_task, return_exceptions=True)
             self._heartbeat_task = None
         if not self.needs_rejoin or self.lost:
             await self._revoke(self.owned)
-        await self._leave()
+        if self.group_instance_id is None:
+            await self._leave()
         self.needs_rejoin = True
 
-    def commit_fields(self) -> tuple[int, str]:
-        """(generation, member id) a commit carries: the current generation's, or -1 and
-        "" when not a member (the coordinator then refuses it if the group is active)."""
-        return self.generation, self.member_id
+    def commit_fields(self) -> tuple[int, str, str | None]:
+        """(generation, member id, group instance id) a commit carries: the current
+        generation's, or -1 and "" when not a member (the coordinator then refuses it
+        if the group is active)."""
+        return self.generation, self.member_id, self.group_instance_id
 
     def commit_failed(self, code: ErrorCode) -> None:
         """A commit was refused because the membership is gone: rejoin."""

@@ -57,6 +57,7 @@ class SubscriptionState:
                     heartbeat_interval_ms=self.heartbeat_interval_ms,
                     max_poll_interval_ms=self.max_poll_interval_ms,
                     commit_on_revoke=self.commit_on_revoke,
+                    group_instance_id=self.group_instance_id,
                 )
             else:
                 self._group.topics, self._group.listener = names, listener

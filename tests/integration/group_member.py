@@ -13,10 +13,11 @@ A commit that fails with a retriable error (the coordinator moved) is retried fo
 to COMMIT_RETRY_S, as an application would.
 
     python tests/integration/group_member.py CLIENT BOOTSTRAP TOPIC GROUP [SESSION_MS
-        [ASSIGNOR]]
+        [ASSIGNOR [INSTANCE_ID]]]
 
 ASSIGNOR "cooperative-sticky" makes every client rebalance cooperatively (KIP-429);
-without it, each client's default assignors (eager).
+without it, each client's default assignors (eager). INSTANCE_ID makes a minibroker
+member static (group_instance_id, KIP-345).
 """
 
 from __future__ import annotations
@@ -246,7 +247,9 @@ def aiokafka(bootstrap: str, topic: str, group: str, session_ms: int, assignor: 
     asyncio.run(run())
 
 
-def minibroker(bootstrap: str, topic: str, group: str, session_ms: int, assignor: str) -> None:
+def minibroker(
+    bootstrap: str, topic: str, group: str, session_ms: int, assignor: str, instance: str = ""
+) -> None:
     import asyncio
 
     from client import AsyncConsumer
@@ -272,6 +275,7 @@ def minibroker(bootstrap: str, topic: str, group: str, session_ms: int, assignor
             session_timeout_ms=session_ms,
             heartbeat_interval_ms=max(100, session_ms // 6),
             **({"partition_assignment_strategy": [assignor]} if assignor else {}),
+            group_instance_id=instance or None,
         )
         await consumer.start()
         consumer.subscribe([topic], listener=ReportAssignment())
@@ -284,7 +288,7 @@ def minibroker(bootstrap: str, topic: str, group: str, session_ms: int, assignor
                 report("delivered", records=records)
                 # commit() retries what is retriable itself (default_api_timeout_ms)
                 await commit_retrying_async(consumer.commit, lambda e: False)
-        await consumer.close()  # commits, leaves the group
+        await consumer.close()  # commits, leaves the group (a static member stays)
         report("closed")
 
     asyncio.run(run())
@@ -302,4 +306,7 @@ if __name__ == "__main__":
     client, bootstrap, topic, group = sys.argv[1:5]
     session = int(sys.argv[5]) if len(sys.argv) > 5 else 6_000
     assignor = sys.argv[6] if len(sys.argv) > 6 else ""
-    CLIENTS[client](bootstrap, topic, group, session, assignor)
+    if len(sys.argv) > 7:
+        minibroker(bootstrap, topic, group, session, assignor, sys.argv[7])
+    else:
+        CLIENTS[client](bootstrap, topic, group, session, assignor)

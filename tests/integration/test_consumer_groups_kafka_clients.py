@@ -58,7 +58,13 @@ class MemberProcess:
     """A group member process and what it reported."""
 
     def __init__(
-        self, client: str, cluster: Cluster, group: str, name: str, assignor: str = ""
+        self,
+        client: str,
+        cluster: Cluster,
+        group: str,
+        name: str,
+        assignor: str = "",
+        instance: str = "",
     ) -> None:
         self.name = name
         # minibroker's consumer speaks the native protocol, the others Kafka's.
@@ -75,6 +81,7 @@ class MemberProcess:
                 group,
                 str(SESSION_MS),
                 assignor,
+                *([instance] if instance else []),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -82,6 +89,7 @@ class MemberProcess:
             env={**os.environ, "PYTHONPATH": str(MEMBER.parents[2])},
         )
         self.partitions: set[int] | None = None  # the last assignment reported
+        self.assignments = 0  # how many times it reported one
         self.delivered: list[tuple[int, int, str]] = []
         self.closed = False
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -93,6 +101,7 @@ class MemberProcess:
             event: dict[str, Any] = json.loads(line)
             if event["event"] == "assigned":
                 self.partitions = set(event["partitions"])
+                self.assignments += 1
             elif event["event"] == "delivered":
                 self.delivered += [tuple(r) for r in event["records"]]  # type: ignore[misc]
             elif event["event"] == "closed":
@@ -305,6 +314,40 @@ async def test_the_group_survives_its_coordinator_sigkilled_under_load(cluster: 
         assert set(delivered(everyone)) == sent
     finally:
         stop.set()
+        for m in everyone:
+            if m.alive:
+                m.kill()
+
+
+async def test_a_static_member_restarts_and_keeps_its_partitions(cluster: Cluster) -> None:
+    """KIP-345 with minibroker's consumer: a member with a group_instance_id does not
+    leave on close; restarted within its session it gets its partitions back, and the
+    other member sees no rebalance at all."""
+    await create_topic(cluster)
+    first, other = (
+        MemberProcess("minibroker", cluster, "static", f"static-{i}", instance=f"instance-{i}")
+        for i in range(2)
+    )
+    everyone = [first, other]
+    try:
+        wait_until("two members own six partitions", lambda: owned_exactly_once(everyone), everyone)
+        sent = await produce(cluster, "before", 200)
+        wait_until("the first records", lambda: set(delivered(everyone)) >= sent, everyone)
+        mine, seen_by_other = first.partitions, other.assignments
+        first.stop()  # commits; no LeaveGroup
+        again = MemberProcess("minibroker", cluster, "static", "static-0b", instance="instance-0")
+        everyone.append(again)
+        live = [again, other]
+        wait_until(
+            "the restarted member owns its partitions", lambda: owned_exactly_once(live), everyone
+        )
+        assert again.partitions == mine
+        assert other.assignments == seen_by_other, "the other member went through a rebalance"
+        sent |= await produce(cluster, "after", 200)
+        wait_until("the second records", lambda: set(delivered(everyone)) >= sent, everyone)
+        counts = delivered(everyone)
+        assert [v for v, n in counts.items() if n > 1] == [], "delivered twice across the restart"
+    finally:
         for m in everyone:
             if m.alive:
                 m.kill()

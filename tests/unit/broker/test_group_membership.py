@@ -78,6 +78,7 @@ def join_request(member_id: str, subscription: bytes = b"sub", **kw: Any) -> Joi
         session_timeout_ms=kw.get("session", SESSION_MS),
         rebalance_timeout_ms=kw.get("rebalance", REBALANCE_MS),
         member_id=member_id,
+        group_instance_id=kw.get("instance"),
         protocol_type="consumer",
         protocols=kw.get(
             "protocols", [JoinGroupRequestProtocol(name="range", metadata=subscription)]
@@ -322,4 +323,46 @@ async def test_joins_that_cannot_be_served_are_refused(harness: Harness) -> None
     assert clash.error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
     unknown = await c.join_group(ctx("e"), join_request("not-a-member"))
     assert unknown.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    c.close()
+
+
+async def test_a_static_member_restarts_without_a_rebalance(harness: Harness) -> None:
+    """KIP-345: a member with a group.instance.id that comes back (a restart, a new
+    member id) takes its old place and assignment in the same generation; the id it
+    had before is fenced."""
+    c = await coordinator_of(harness)
+    first = await c.join_group(ctx("a"), join_request("", instance="inst-a"))
+    a = first.member_id  # a static member needs no MEMBER_ID_REQUIRED round
+    assert (first.error_code, first.generation_id) == (0, 1) and a.startswith("inst-a-")
+    await sync(c, a, 1, {a: b"a-parts"})
+    b = await new_member_id(c, "b")
+    b_join = join(c, b)
+    await asyncio.sleep(0.05)
+    a_join = asyncio.create_task(c.join_group(ctx("a"), join_request(a, instance="inst-a")))
+    a_answer, _ = await asyncio.gather(a_join, b_join)
+    generation = a_answer.generation_id
+    await asyncio.gather(sync(c, a, generation, {a: b"p0", b: b"p1"}), sync(c, b, generation))
+
+    back = await c.join_group(ctx("a"), join_request("", instance="inst-a"))
+    assert back.error_code == ErrorCode.NONE and back.generation_id == generation
+    assert back.member_id != a and back.leader == back.member_id  # it led, it leads
+    assert await state(c) == ("Stable", generation, sorted([back.member_id, b]))
+    resumed = await c.sync_group(
+        ctx("a"),
+        SyncGroupRequest(
+            group_id=GROUP,
+            generation_id=generation,
+            member_id=back.member_id,
+            group_instance_id="inst-a",
+        ),
+    )
+    assert resumed.assignment == b"p0"
+    zombie = await c.heartbeat(
+        ctx("a"),
+        HeartbeatRequest(
+            group_id=GROUP, generation_id=generation, member_id=a, group_instance_id="inst-a"
+        ),
+    )
+    assert zombie.error_code == ErrorCode.FENCED_INSTANCE_ID
+    assert (await heartbeat(c, b, generation)).error_code == ErrorCode.NONE  # no rebalance
     c.close()
