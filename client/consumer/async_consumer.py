@@ -193,7 +193,7 @@ class AsyncConsumer(
         limit = max_records or self.max_poll_records
         deadline = time.monotonic() + timeout_ms / 1000
         if self._group is not None:
-            await self._group.poll()
+            await self._group.poll(max(0.0, deadline - time.monotonic()))
         while True:
             await self._ensure_metadata()
             await self._update_positions(

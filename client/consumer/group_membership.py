@@ -129,30 +129,37 @@ class GroupMembership:
         self.needs_rejoin = True
         self.lost = False  # the membership ended under us: revoke as lost, commit nothing
         self._last_poll = time.monotonic()
-        self._joining = False
+        self._join_task: asyncio.Task[set[TopicPartition]] | None = None
         self._heartbeat_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ from poll()
 
-    async def poll(self) -> None:
-        """Called by every poll(): (re)join when needed; notes that the application
-        is polling (max_poll_interval_ms)."""
+    async def poll(self, timeout_s: float) -> None:
+        """Called by every poll(): (re)join when needed, waiting for the join at most
+        `timeout_s` (a join takes as long as the group's rebalance: it goes on in the
+        background and a later poll() takes its result, as Kafka's poll(timeout) is
+        bounded); notes that the application is polling (max_poll_interval_ms). The
+        listener's callbacks run here, inside poll()."""
         self._last_poll = time.monotonic()
         if self._heartbeat_task is not None and self._heartbeat_task.done():
             error = self._heartbeat_task.exception()
             self._heartbeat_task = None
             if error is not None:
                 raise error
-        if not self.needs_rejoin:
-            return
-        if self.lost or not self.cooperative:
-            # Eager: everything goes before joining (a lost membership: as lost).
-            await self._revoke(self.owned)
-        self._joining = True
-        try:
-            assigned = await self._join_and_sync()
-        finally:
-            self._joining = False
+        if self._join_task is None:
+            if not self.needs_rejoin:
+                return
+            if self.lost or not self.cooperative:
+                # Eager: everything goes before joining (a lost membership: as lost).
+                await self._revoke(self.owned)
+            self._join_task = asyncio.get_running_loop().create_task(
+                self._join_and_sync(), name=f"join-{self.group_id}"
+            )
+        done, _ = await asyncio.wait({self._join_task}, timeout=max(0.0, timeout_s))
+        if not done:
+            return  # still joining: this poll() returns without records
+        task, self._join_task = self._join_task, None
+        assigned = task.result()  # the join's error, if it failed
         self.needs_rejoin = self.lost = False
         # Cooperative: what this member owned and was not given again goes now (a
         # follow-up rebalance gives it to its new owner); it keeps the rest.
@@ -242,6 +249,7 @@ class GroupMembership:
             except MinibrokerError as exc:
                 if not exc.retriable:
                     raise
+                consumer._coordinator = None  # unreachable or moved: look it up again
                 if time.monotonic() + backoff > deadline:
                     raise KafkaTimeoutError(
                         f"group {self.group_id}: could not join within "
@@ -339,7 +347,7 @@ class GroupMembership:
         interval = self.heartbeat_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
-            if self._joining or self.needs_rejoin:
+            if self._join_task is not None or self.needs_rejoin:
                 continue
             idle_ms = (time.monotonic() - self._last_poll) * 1000
             if idle_ms > self.max_poll_interval_ms:
@@ -410,10 +418,11 @@ class GroupMembership:
         """Revoke (committing first with commit_on_revoke) and leave the group; a static
         member (group_instance_id) does not leave: back within its session timeout, it
         gets its partitions again without a rebalance (KIP-345)."""
-        if self._heartbeat_task is not None:
-            self._heartbeat_task.cancel()
-            await asyncio.gather(self._heartbeat_task, return_exceptions=True)
-            self._heartbeat_task = None
+        for task in (self._heartbeat_task, self._join_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._heartbeat_task = self._join_task = None
         if not self.needs_rejoin or self.lost:
             await self._revoke(self.owned)
         if self.group_instance_id is None:

@@ -80,6 +80,12 @@ def group(backend: str, seed: int, *, time_limit: float = 20.0) -> RunConfig:
     cfg = compound(backend, seed, time_limit=time_limit)
     cfg.workload.group = True
     cfg.workload.consumers = 3
+    # Each generation forms as soon as its members joined: in a 20 s run with faults
+    # every second or two, a 3 s initial delay would leave few generations to check.
+    cfg.cluster.broker_env["MINIBROKER_GROUP_INITIAL_REBALANCE_DELAY_MS"] = "0"
+    # Faults a little sparser than `compound`: a JoinGroup sent to a paused coordinator
+    # waits out its rebalance timeout, and a group must form now and then to be checked.
+    cfg.fault_interval = (1.5, 3.0)
     return cfg
 
 

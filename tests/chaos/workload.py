@@ -29,7 +29,8 @@
   member's generation and member id, so the checker can tell that no partition was
   delivered to two members of one generation. A truncation is recorded from the
   consumer's on_truncation callback (it resumes at the divergence itself). Catching up
-  is per member, over the partitions it owns.
+  is per member, over the partitions it owns. Members are replaced (closed: commit,
+  leave; a new process joins) every `member_churn_s`, staggered, until catch-up.
 - Bounded: the producers stop after `max_sends` sends in all or `time_limit` seconds;
   then `catch_up()` lets each consumer poll until its position is exactly the end offset
   of every partition (recorded as `caught-up`), bounded too; then `final_read()` reads
@@ -73,9 +74,11 @@ from .librdkafka_clients import LibrdkafkaProducer
 C = TypeVar("C")
 CLIENTS = ("minibroker", "confluent")
 GROUP = "chaos-group"
-# Longer than a broker pause or kill takes to move the coordinator, so that members
-# mostly ride those out; a member is rarely expired.
-MEMBER_SESSION_MS = 10_000
+# A member's session, and its rebalance timeout (max_poll_interval_ms): short, so that
+# a generation still waiting for a member that left before a coordinator failover
+# (the new coordinator loaded it from the log) forms again within the run.
+MEMBER_SESSION_MS = 6_000  # the brokers' group.min.session.timeout.ms
+MEMBER_REBALANCE_TIMEOUT_MS = 10_000
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +116,11 @@ class WorkloadConfig:
     # (confluent-kafka, through the brokers' Kafka listeners). The final reads and the
     # end offsets are minibroker's either way.
     client: str = "minibroker"
-    # Consumers as members of one group (subscribe) instead of each reading everything.
+    # Consumers as members of one group (subscribe) instead of each reading everything;
+    # each member leaves and a new one joins every `member_churn_s` (staggered), so the
+    # group rebalances under the faults as well as because of them.
     group: bool = False
+    member_churn_s: float = 6.0
 
     @property
     def producer_processes(self) -> int:
@@ -218,6 +224,10 @@ class Workload:
                         if len(desc.partitions) == cfg.partitions and all(
                             p.leader >= 0 for p in desc.partitions
                         ):
+                            if cfg.group:
+                                # The group's coordinator (and __consumer_offsets) up
+                                # before the faults start, as on a cluster in service.
+                                await admin.describe_group(GROUP)
                             return
                     except MinibrokerError as exc:
                         log.info("waiting for topic %s: %s", cfg.topic, exc)
@@ -471,6 +481,7 @@ class Workload:
             retry_backoff_ms=100,
             session_timeout_ms=MEMBER_SESSION_MS,
             heartbeat_interval_ms=MEMBER_SESSION_MS // 6,
+            max_poll_interval_ms=MEMBER_REBALANCE_TIMEOUT_MS,
             on_truncation=truncated,
         )
         await self._started(consumer, consumer.close)
@@ -516,8 +527,17 @@ class Workload:
         cfg = self.config
         process = cfg.producer_processes + worker
         consumer: AsyncConsumer | None = None
+        churn = cfg.member_churn_s if cfg.group else 0.0
+        # Staggered: the members do not all leave at once.
+        replace_at = time.monotonic() + churn * (1 + worker / max(1, cfg.consumers))
         try:
             while not self._stop_consumers.is_set():
+                churning = churn and self._targets is None and time.monotonic() >= replace_at
+                if consumer is not None and churning:
+                    await _close(consumer)  # commits, leaves: the group rebalances
+                    consumer = None
+                    process += cfg.stride
+                    replace_at = time.monotonic() + churn
                 if consumer is None:
                     try:
                         consumer = await self._new_consumer(process)
@@ -547,6 +567,9 @@ class Workload:
 
     async def _caught_up(self, consumer: AsyncConsumer) -> bool:
         assert self._targets is not None
+        group = consumer._group
+        if self.config.group and (group is None or group.needs_rejoin or not group.owned):
+            return False  # a member between generations has caught up with nothing
         try:
             async with asyncio.timeout(self.config.request_timeout_ms / 1000):
                 for tp in self._mine(consumer):
