@@ -316,6 +316,28 @@ class Membership:
             member.session_deadline = now + member.session_timeout_ms / 1000
             if future is not None and not future.done():
                 future.set_result(self._join_answer(group, member))
+        # The assignment must come within the rebalance timeout (Kafka's pending-sync
+        # bound): a leader that never sends it, while heartbeating, cannot hold the
+        # generation and its members' SyncGroups forever.
+        group.join_timer = asyncio.get_running_loop().call_at(
+            now + group.max_rebalance_timeout_ms() / 1000,
+            self._sync_timer_fired,
+            group,
+            group.generation,
+        )
+
+    def _sync_timer_fired(self, group: Group, generation: int) -> None:
+        group.join_timer = None
+        if group.state is not GroupState.COMPLETING_REBALANCE or group.generation != generation:
+            return
+        for member in [m for m in group.members.values() if m.awaiting_sync is None]:
+            log.info(
+                "group %s: member %s removed: no SyncGroup within the rebalance timeout",
+                group.group_id,
+                member.member_id,
+            )
+            self._drop_member(group, member, ErrorCode.UNKNOWN_MEMBER_ID)
+        self._prepare_rebalance(group, "the generation's assignment did not come in time")
 
     def _join_answer(self, group: Group, member: Member) -> JoinGroupResponse:
         assert group.protocol_name is not None
@@ -371,6 +393,7 @@ class Membership:
             self._answer_syncs(group, SyncGroupResponse(error_code=error))
             self._prepare_rebalance(group, f"storing the assignment failed ({error.name})")
             return
+        self._cancel_timer(group)  # the assignment came in time
         for member_id, member in group.members.items():
             member.assignment = assignments.get(member_id, b"")
         group.transition(GroupState.STABLE, self.now_ms())

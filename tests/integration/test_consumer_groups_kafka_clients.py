@@ -30,6 +30,7 @@ import pytest
 from cluster import Cluster
 
 from client import AsyncAdmin
+from client import AsyncConsumer
 from client import AsyncProducer
 from client import NewTopic
 from tests.integration.test_kafka_listener import native_bootstrap
@@ -356,3 +357,62 @@ async def test_a_static_member_restarts_and_keeps_its_partitions(cluster: Cluste
         for m in everyone:
             if m.alive:
                 m.kill()
+
+
+async def test_a_member_that_stops_polling_leaves_and_rejoins_when_it_polls(
+    cluster: Cluster,
+) -> None:
+    """max_poll_interval_ms: an application stuck between polls gives its partitions
+    up (its heartbeat task leaves the group), so the group goes on; its next poll()
+    rejoins, its partitions reported lost (nothing committed for a generation gone)."""
+    await create_topic(cluster)
+    events: list[tuple[str, str, list[int]]] = []
+
+    class Listener:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_partitions_assigned(self, partitions: set[Any]) -> None:
+            events.append((self.name, "assigned", sorted(p.partition for p in partitions)))
+
+        def on_partitions_revoked(self, partitions: set[Any]) -> None:
+            events.append((self.name, "revoked", sorted(p.partition for p in partitions)))
+
+        def on_partitions_lost(self, partitions: set[Any]) -> None:
+            events.append((self.name, "lost", sorted(p.partition for p in partitions)))
+
+    def member(name: str) -> AsyncConsumer:
+        return AsyncConsumer(
+            native_bootstrap(cluster),
+            group_id="slow",
+            client_id=name,
+            session_timeout_ms=6_000,
+            heartbeat_interval_ms=300,
+            max_poll_interval_ms=2_000,
+        )
+
+    async with member("slow") as slow, member("busy") as busy:
+        slow.subscribe([TOPIC], listener=Listener("slow"))
+        busy.subscribe([TOPIC], listener=Listener("busy"))
+        async with asyncio.timeout(30):
+            while len(slow.assignment()) + len(busy.assignment()) < PARTITIONS or not (
+                slow.assignment() and busy.assignment()
+            ):
+                await asyncio.gather(slow.poll(timeout_ms=200), busy.poll(timeout_ms=200))
+        # `slow` stops polling for longer than max_poll_interval_ms; `busy` goes on.
+        async with asyncio.timeout(30):
+            while len(busy.assignment()) < PARTITIONS:
+                await busy.poll(timeout_ms=200)
+        assert ("slow", "lost", []) not in events
+
+        # Back: slow's next poll reports what it held as lost, then it rejoins.
+        def rejoined() -> bool:
+            kinds = [kind for name, kind, _ in events if name == "slow"]
+            return "lost" in kinds and kinds[-1] == "assigned" and kinds.index("lost") > 0
+
+        async with asyncio.timeout(30):
+            while not (rejoined() and slow.assignment() and busy.assignment()):
+                await asyncio.gather(slow.poll(timeout_ms=200), busy.poll(timeout_ms=200))
+        lost = [e for e in events if e[0] == "slow" and e[1] == "lost"]
+        assert lost[0][2], events  # what it held when it left
+        assert len(slow.assignment()) + len(busy.assignment()) == PARTITIONS

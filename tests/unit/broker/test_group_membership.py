@@ -366,3 +366,27 @@ async def test_a_static_member_restarts_without_a_rebalance(harness: Harness) ->
     assert zombie.error_code == ErrorCode.FENCED_INSTANCE_ID
     assert (await heartbeat(c, b, generation)).error_code == ErrorCode.NONE  # no rebalance
     c.close()
+
+
+async def test_a_leader_that_never_assigns_is_removed_after_the_rebalance_timeout(
+    harness: Harness,
+) -> None:
+    """Every wait is bounded: a leader that joins and heartbeats but never sends its
+    SyncGroup cannot hold the generation; the follower waiting in SyncGroup is told to
+    rejoin, and the group goes on without the leader."""
+    c = await coordinator_of(harness)
+    a = await new_member_id(c, "a")
+    a_join = join(c, a, rebalance=300)
+    b = await new_member_id(c, "b")
+    b_join = join(c, b, rebalance=300)
+    a_answer, _ = await asyncio.gather(a_join, b_join)
+    generation = a_answer.generation_id
+    leader = a_answer.leader
+    follower = b if leader == a else a
+    waiting = asyncio.create_task(sync(c, follower, generation))
+    answer = await asyncio.wait_for(waiting, 5)  # no assignment ever comes
+    assert answer.error_code == ErrorCode.REBALANCE_IN_PROGRESS
+    assert (await heartbeat(c, leader, generation)).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    again = await join(c, follower)
+    assert again.generation_id > generation and [m.member_id for m in again.members] == [follower]
+    c.close()
