@@ -93,6 +93,7 @@ class MemberProcess:
         self.assignments = 0  # how many times it reported one
         self.delivered: list[tuple[int, int, str]] = []
         self.closed = False
+        self.commit_failures: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -107,6 +108,8 @@ class MemberProcess:
                 self.delivered += [tuple(r) for r in event["records"]]  # type: ignore[misc]
             elif event["event"] == "closed":
                 self.closed = True
+            elif event["event"] == "commit_failed":
+                self.commit_failures.append(event["reason"])
 
     @property
     def alive(self) -> bool:
@@ -416,3 +419,38 @@ async def test_a_member_that_stops_polling_leaves_and_rejoins_when_it_polls(
         lost = [e for e in events if e[0] == "slow" and e[1] == "lost"]
         assert lost[0][2], events  # what it held when it left
         assert len(slow.assignment()) + len(busy.assignment()) == PARTITIONS
+
+
+async def test_a_paused_zombie_cannot_commit_over_the_new_owner(cluster: Cluster) -> None:
+    """A member SIGSTOPped past its session is removed; the other takes its partitions,
+    reads and commits. Resumed, the zombie must not move the group's offsets back:
+    minibroker's consumer learns from its first heartbeat that its membership is gone
+    (its partitions lost, nothing committed) and rejoins; had it committed first, the
+    coordinator would have refused it (tests/unit/broker/test_group_membership.py,
+    test_a_zombie_cannot_commit)."""
+    await create_topic(cluster)
+    zombie, owner = (MemberProcess("minibroker", cluster, "fenced", f"m-{i}") for i in range(2))
+    everyone = [zombie, owner]
+    try:
+        wait_until("two members own six partitions", lambda: owned_exactly_once(everyone), everyone)
+        zombie.proc.send_signal(signal.SIGSTOP)
+        wait_until("the owner has everything", lambda: owned_exactly_once([owner]), everyone)
+        sent = await produce(cluster, "while-paused", 300)
+        wait_until("the owner read it all", lambda: set(delivered([owner])) >= sent, everyone)
+        async with AsyncAdmin(native_bootstrap(cluster)) as admin:
+            ahead = await admin.list_group_offsets("fenced")
+        assert sum(om.offset for om in ahead.values()) == 300
+        zombie.proc.send_signal(signal.SIGCONT)
+        wait_until("two members again", lambda: owned_exactly_once(everyone), everyone)
+        async with AsyncAdmin(native_bootstrap(cluster)) as admin:
+            after = await admin.list_group_offsets("fenced")
+        assert all(after[tp].offset >= om.offset for tp, om in ahead.items()), (ahead, after)
+        # Whatever the zombie did in between, nothing it committed was taken.
+        assert all("while-paused" not in v for _, _, v in zombie.delivered) or all(
+            "UnknownMemberId" in f or "IllegalGeneration" in f for f in zombie.commit_failures
+        )
+    finally:
+        for m in everyone:
+            if m.alive:
+                m.proc.send_signal(signal.SIGCONT)
+                m.kill()
