@@ -567,9 +567,10 @@ class Workload:
 
     async def _caught_up(self, consumer: AsyncConsumer) -> bool:
         assert self._targets is not None
-        group = consumer._group
-        if self.config.group and (group is None or group.needs_rejoin or not group.owned):
-            return False  # a member between generations has caught up with nothing
+        if self.config.group:
+            group = consumer._group
+            if group is None or group.needs_rejoin or not group.owned:
+                return False  # a member between generations has caught up with nothing
         try:
             async with asyncio.timeout(self.config.request_timeout_ms / 1000):
                 for tp in self._mine(consumer):
