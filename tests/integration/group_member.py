@@ -83,6 +83,16 @@ async def commit_retrying_async(commit: Any, retriable: Any) -> None:
             await asyncio.sleep(0.1)
 
 
+async def consume_until_stopped(poll: Any, commit: Any, retriable: Any) -> None:
+    """An asyncio client's loop: poll, report what was delivered, commit it."""
+    while not stopping:
+        batches = await poll()
+        records = [[r.partition, r.offset, r.value.decode()] for rs in batches.values() for r in rs]
+        if records:
+            report("delivered", records=records)
+            await commit_retrying_async(commit, retriable)
+
+
 def on_sigterm(_signum: int, _frame: Any) -> None:
     global stopping
     stopping = True
@@ -231,16 +241,8 @@ def aiokafka(bootstrap: str, topic: str, group: str, session_ms: int, assignor: 
 
         await consumer.start()
         consumer.subscribe([topic], listener=CommitOnRevoke())
-        while not stopping:
-            batches = await consumer.getmany(timeout_ms=int(POLL_S * 1000))
-            records = [
-                [r.partition, r.offset, r.value.decode()] for rs in batches.values() for r in rs
-            ]
-            if records:
-                report("delivered", records=records)
-                await commit_retrying_async(
-                    consumer.commit, lambda e: getattr(e, "retriable", False)
-                )
+        poll = lambda: consumer.getmany(timeout_ms=int(POLL_S * 1000))  # noqa: E731
+        await consume_until_stopped(poll, consumer.commit, aiokafka_retriable)
         await consumer.stop()  # leaves the group
         report("closed")
 
@@ -279,15 +281,9 @@ def minibroker(
         )
         await consumer.start()
         consumer.subscribe([topic], listener=ReportAssignment())
-        while not stopping:
-            batches = await consumer.poll(timeout_ms=int(POLL_S * 1000))
-            records = [
-                [r.partition, r.offset, r.value.decode()] for rs in batches.values() for r in rs
-            ]
-            if records:
-                report("delivered", records=records)
-                # commit() retries what is retriable itself (default_api_timeout_ms)
-                await commit_retrying_async(consumer.commit, lambda e: False)
+        poll = lambda: consumer.poll(timeout_ms=int(POLL_S * 1000))  # noqa: E731
+        # commit() retries what is retriable itself (default_api_timeout_ms)
+        await consume_until_stopped(poll, consumer.commit, lambda e: False)
         await consumer.close()  # commits, leaves the group (a static member stays)
         report("closed")
 
