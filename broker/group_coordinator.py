@@ -63,7 +63,7 @@ from broker.groups.records import OffsetKey
 from broker.groups.records import OffsetValue
 from broker.groups.records import encode_key
 from broker.groups.records import encode_value
-from broker.groups.shard_cache import OffsetCache
+from broker.groups.shard_cache import ShardCache
 from broker.groups.shard_cache import load_cache
 from broker.metadata_image import MetadataImage
 from broker.partition import MIN_INSYNC_REPLICAS
@@ -155,7 +155,7 @@ class _Shard:
 
     index: int
     leader_epoch: int
-    cache: OffsetCache | None = None  # None while loading
+    cache: ShardCache | None = None  # None while loading
     groups: dict[str, Group] = field(default_factory=dict)
     failed: bool = False
     task: asyncio.Task[None] | None = None
@@ -303,8 +303,9 @@ class GroupCoordinator:
     async def _check_sessions(self) -> None:
         while self._shards:
             for shard in list(self._shards.values()):
-                if shard.cache is not None:
+                if (cache := shard.cache) is not None:
                     self.membership.expire_sessions(shard.groups)
+                    self.membership.forget_unformed(shard.groups, cache.holds)
             await asyncio.sleep(SESSION_CHECK_S)
 
     def close(self) -> None:

@@ -83,12 +83,16 @@ class Membership:
         if group is None:
             if req.member_id:
                 return _join_error(ErrorCode.UNKNOWN_MEMBER_ID, req.member_id)
-            group = groups[req.group_id] = Group(req.group_id)
+            group = Group(req.group_id)
             group.state_timestamp_ms = self.now_ms()
         if group.state is GroupState.DEAD:
             return _join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE, req.member_id)
         if not group.supports(req.protocol_type, protocols):
             return _join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, req.member_id)
+        # Only a join that passed the checks creates a group (a refused one leaves
+        # nothing behind); one that never forms a generation is forgotten again by
+        # forget_unformed once its member ids expire.
+        groups.setdefault(req.group_id, group)
         if not req.member_id and req.group_instance_id is not None:
             return await self._join_static(group, ctx, req, protocols)
         if req.member_id and group.fenced(req.group_instance_id, req.member_id):
@@ -454,6 +458,21 @@ class Membership:
                         member.session_timeout_ms,
                     )
                     self._remove_member(group, member)
+
+    @staticmethod
+    def forget_unformed(groups: dict[str, Group], stored: Callable[[str], bool]) -> None:
+        """Drop the groups that hold nothing: no member, no member id handed out, never
+        a generation, nothing `stored` (committed offsets): what JoinGroups with new
+        group ids that were never followed up leave, so that they cannot pile up."""
+        for group_id, group in list(groups.items()):
+            if (
+                group.state is GroupState.EMPTY
+                and group.generation == 0
+                and not group.members
+                and not group.pending
+                and not stored(group_id)
+            ):
+                del groups[group_id]
 
     def _remove_member(self, group: Group, member: Member) -> None:
         self._drop_member(group, member, ErrorCode.UNKNOWN_MEMBER_ID)

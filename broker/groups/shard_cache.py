@@ -42,7 +42,7 @@ class CommittedOffset:
 
 
 @dataclass
-class OffsetCache:
+class ShardCache:
     """Committed offsets and group metadata of the groups of one partition."""
 
     groups: dict[str, dict[tuple[str, int], CommittedOffset]] = field(default_factory=dict)
@@ -77,6 +77,10 @@ class OffsetCache:
     def get(self, group: str, topic: str, partition: int) -> CommittedOffset | None:
         offsets = self.groups.get(group)
         return offsets.get((topic, partition)) if offsets is not None else None
+
+    def holds(self, group: str) -> bool:
+        """Whether anything of `group` is stored: committed offsets or metadata."""
+        return group in self.groups or group in self.metadata
 
     def delete_group(self, group: str) -> None:
         self.groups.pop(group, None)
@@ -116,11 +120,11 @@ class OffsetCache:
         return groups
 
 
-async def load_cache(log_: Log, end_offset: int, *, name: str) -> OffsetCache:
+async def load_cache(log_: Log, end_offset: int, *, name: str) -> ShardCache:
     """Read `log_` from its start up to `end_offset` (exclusive) into a cache,
     LOAD_CHUNK_BYTES at a time, yielding to the loop between chunks. A batch that
     cannot be decoded is skipped with an ERROR line."""
-    cache = OffsetCache()
+    cache = ShardCache()
     offset = log_.log_start_offset
     while offset < end_offset:
         data = log_.read(offset, LOAD_CHUNK_BYTES, max_offset=end_offset)

@@ -20,7 +20,7 @@ from broker.groups.records import OffsetKey
 from broker.groups.records import OffsetValue
 from broker.groups.records import decode_commit
 from broker.groups.records import encode_commit
-from broker.groups.shard_cache import OffsetCache
+from broker.groups.shard_cache import ShardCache
 from broker.groups.shard_cache import load_cache
 from broker.storage.log import Log
 from broker.storage.log import LogConfig
@@ -100,7 +100,7 @@ def test_decode_tombstone_and_other_versions() -> None:
 
 
 def test_cache_keeps_the_latest_by_log_offset() -> None:
-    cache = OffsetCache()
+    cache = ShardCache()
     k = OffsetKey(1, "g", "t", 0)
     cache.apply(k, OffsetValue(1, 20, 2, None, 0), log_offset=5)
     cache.apply(k, OffsetValue(1, 10, 1, None, 0), log_offset=3)  # older reply, later

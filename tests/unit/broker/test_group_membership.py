@@ -9,7 +9,9 @@ Each scenario names the invariant it protects:
 - a commit is accepted only from a member of the current generation (a zombie left
   behind is fenced), or from a consumer outside any group when the group has no members;
 - a group survives its coordinator moving: reloaded from the log at its generation;
-- only an empty group is deleted, with its committed offsets.
+- only an empty group is deleted, with its committed offsets;
+- JoinGroups that never form a group (refused, or a member id never used) leave nothing
+  behind: a flood of new group ids cannot grow the coordinator's memory.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ async def coordinator_of(h: Harness, **settings: Any) -> GroupCoordinator:
 
 def join_request(member_id: str, subscription: bytes = b"sub", **kw: Any) -> JoinGroupRequest:
     return JoinGroupRequest(
-        group_id=GROUP,
+        group_id=kw.get("group", GROUP),
         session_timeout_ms=kw.get("session", SESSION_MS),
         rebalance_timeout_ms=kw.get("rebalance", REBALANCE_MS),
         member_id=member_id,
@@ -323,6 +325,33 @@ async def test_joins_that_cannot_be_served_are_refused(harness: Harness) -> None
     assert clash.error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
     unknown = await c.join_group(ctx("e"), join_request("not-a-member"))
     assert unknown.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    c.close()
+
+
+async def test_joins_that_never_form_a_group_leave_nothing_behind(harness: Harness) -> None:
+    """A client sending JoinGroups with ever new group ids (refused ones, and first
+    joins whose member id it never uses) must not grow the coordinator: a refused join
+    creates no group, an unused member id expires with its session timeout and its
+    group, holding nothing, is forgotten. A group with committed offsets is kept."""
+    c = await coordinator_of(harness)
+    index = partition_for(GROUP, 3)
+    ids = [g for g in (f"flood-{i}" for i in range(2_000)) if partition_for(g, 3) == index]
+    groups = c._shards[index].groups
+    for g in ids[:100]:  # no protocol in common with anything: refused
+        refused = await c.join_group(ctx("x"), join_request("", group=g, protocols=[]))
+        assert refused.error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+    assert groups.keys().isdisjoint(ids), "a refused JoinGroup created its group"
+    for g in ids[100:]:  # a member id handed out, never used
+        first = await c.join_group(ctx("x"), join_request("", group=g))
+        assert first.error_code == ErrorCode.MEMBER_ID_REQUIRED
+    listed = await c.list_groups(ctx("admin"), ListGroupsRequest())
+    assert {g.group_id for g in listed.groups} >= set(ids[100:])
+    simple = commit("", -1, 5)  # a consumer outside any group commits: offsets stored
+    assert (await c.offset_commit(ctx("s"), simple)).topics[0].partitions[0].error_code == 0
+    await _until(lambda: groups.keys().isdisjoint(ids), timeout=5 * SESSION_MS / 1000)
+    listed = await c.list_groups(ctx("admin"), ListGroupsRequest())
+    assert [(g.group_id, g.group_state) for g in listed.groups] == [(GROUP, "Empty")]
+    assert await committed(c) == 5
     c.close()
 
 
