@@ -1,7 +1,6 @@
-"""What the follower fetcher keeps per partition and the rule it truncates by: the
-fetch state (phase, offset, last fetched epoch, failures), and Kafka's
-`getOffsetTruncationState` (the largest common epoch between a follower and its
-leader), pure so the simulation and the unit tests can call it directly."""
+"""What the follower fetcher keeps per partition: the fetch state (phase, offset,
+last fetched epoch, failures). The rule it truncates by (Kafka's
+`getOffsetTruncationState`) is `offset_truncation_state` in runtime/epoch_lineage.py."""
 
 from __future__ import annotations
 
@@ -9,13 +8,10 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from typing import NamedTuple
 from typing import Protocol
 
 from broker.partition import Partition
 from broker.partition import Role
-from broker.storage.epoch_cache import UNDEFINED_EPOCH
-from broker.storage.epoch_cache import UNDEFINED_EPOCH_OFFSET
 from protocol.messages import Message
 
 if TYPE_CHECKING:
@@ -36,45 +32,6 @@ MAX_TRUNCATION_ROUNDS = 1000
 
 # A source with nothing to do re-checks at least this often.
 IDLE_WAKE_S = 1.0
-
-
-class TruncationState(NamedTuple):
-    """Where to truncate, and whether the reconciliation is complete (False: ask the
-    leader again with our new latest epoch)."""
-
-    offset: int
-    completed: bool
-
-
-def offset_truncation_state(
-    leader_epoch: int,
-    leader_end_offset: int,
-    *,
-    follower_end_offset_for: Callable[[int], tuple[int, int]],
-    follower_leo: int,
-    fetch_offset: int,
-) -> TruncationState:
-    """Kafka's AbstractFetcherThread.getOffsetTruncationState, case for case.
-
-    (`leader_epoch`, `leader_end_offset`) is the leader's OffsetsForLeaderEpoch answer
-    (or a Fetch diverging_epoch); `follower_end_offset_for(epoch)` is our own epoch
-    cache's answer to the same question: (largest epoch <= it, its end offset)."""
-    if leader_end_offset == UNDEFINED_EPOCH_OFFSET:
-        # The leader cannot say: keep our log and fetch from where we are.
-        return TruncationState(fetch_offset, True)
-    if leader_epoch == UNDEFINED_EPOCH:
-        # An answer without an epoch: its end offset is all we have.
-        return TruncationState(min(leader_end_offset, follower_leo), True)
-    follower_epoch, follower_end = follower_end_offset_for(leader_epoch)
-    if follower_end == UNDEFINED_EPOCH_OFFSET:
-        # We know no epoch <= the leader's (we were not tracking then): the leader's
-        # end offset it is.
-        return TruncationState(min(leader_end_offset, follower_leo), True)
-    if follower_epoch != leader_epoch:
-        # We do not have the epoch the leader answered with: cut our epochs above it
-        # and ask again with the largest epoch below it that we have.
-        return TruncationState(min(follower_end, follower_leo), False)
-    return TruncationState(min(follower_end, leader_end_offset, follower_leo), True)
 
 
 class Phase(enum.Enum):

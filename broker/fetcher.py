@@ -56,7 +56,6 @@ from broker.fetch_state import ClientFactory
 from broker.fetch_state import PartitionFetchState
 from broker.fetch_state import Phase
 from broker.fetch_state import TopicPartition
-from broker.fetch_state import offset_truncation_state
 from broker.follower_truncation import FollowerTruncation
 from broker.partition import Partition
 from broker.partition import Role
@@ -70,6 +69,7 @@ from protocol.messages import FetchPartitionResponse
 from protocol.messages import FetchRequest
 from protocol.messages import FetchResponse
 from protocol.messages import FetchTopic
+from runtime.epoch_lineage import offset_truncation_state
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig

@@ -15,7 +15,6 @@ from broker.storage.errors import StorageError
 from protocol.api import DEBUGGING_REPLICA_ID
 from protocol.api import EARLIEST_TIMESTAMP
 from protocol.api import LATEST_TIMESTAMP
-from protocol.api import NO_EPOCH
 from protocol.errors import ErrorCode
 from protocol.messages import EpochEndOffset
 from protocol.messages import EpochEndOffsetResult
@@ -34,6 +33,8 @@ from protocol.messages import OffsetForLeaderEpochRequest
 from protocol.messages import OffsetForLeaderEpochResponse
 from protocol.messages import OffsetForLeaderPartition
 from protocol.messages import OffsetForLeaderTopicResult
+from runtime.epoch_lineage import OUT_OF_RANGE
+from runtime.epoch_lineage import diverging_epoch
 
 
 class ReadPath:
@@ -140,18 +141,26 @@ class ReadPath:
             r.error_code = err
             return r, None
         leo = p.log_end_offset
-        if fp.last_fetched_epoch != NO_EPOCH and fp.last_fetched_epoch >= 0:
-            # Kafka's order (Partition.readRecords): an epoch we cannot place, or an
-            # offset below our log start, is out of range whatever the epochs say.
-            epoch, end_offset = p.log.epoch_cache.end_offset_for(fp.last_fetched_epoch, leo)
-            if epoch == NO_EPOCH or end_offset < 0 or fp.fetch_offset < p.log_start_offset:
-                r.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
-                return r, None
-            if epoch < fp.last_fetched_epoch or end_offset < fp.fetch_offset:
-                # KIP-320/595: the fetcher's log diverges from ours; it truncates to
-                # this point (or reports LogTruncation) before fetching again.
-                r.diverging_epoch = EpochEndOffset(epoch=epoch, end_offset=end_offset)
-                return r, None
+        # Kafka's order (Partition.readRecords): an epoch we cannot place, or an offset
+        # below our log start, is out of range whatever the epochs say. A fetch without
+        # a last fetched epoch (NO_EPOCH) has nothing to check here.
+        diverging = diverging_epoch(
+            p.log.epoch_cache.lineage,
+            p.log_start_offset,
+            leo,
+            fp.last_fetched_epoch,
+            fp.fetch_offset,
+        )
+        if diverging == OUT_OF_RANGE:
+            r.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+            return r, None
+        if diverging is not None:
+            # KIP-320/595: the fetcher's log diverges from ours; it truncates to this
+            # point (or reports LogTruncation) before fetching again.
+            r.diverging_epoch = EpochEndOffset(
+                epoch=diverging.epoch, end_offset=diverging.end_offset
+            )
+            return r, None
         if not p.log_start_offset <= fp.fetch_offset <= leo:
             r.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
             return r, None

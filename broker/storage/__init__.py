@@ -5,7 +5,8 @@ Modules, one job each (the owner of an on-disk format documents it at its top):
 - segment.py          a segment: `.log` file of record batches
 - offset_index.py     its `.index` (offset -> position)
 - time_index.py       its `.timeindex` (timestamp -> offset)
-- epoch_cache.py      `leader-epoch-checkpoint` and the leader epoch rules (KIP-101)
+- epoch_cache.py      `leader-epoch-checkpoint` and the leader epoch cache (KIP-101;
+                      its rules: runtime/epoch_lineage.py)
 - log_loader.py       loading and crash recovery of a partition directory
 - log.py              the log of one partition replica: append, read, truncate, retention
 - checkpoints.py      broker-wide offset checkpoint files

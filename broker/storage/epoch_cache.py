@@ -22,28 +22,29 @@ from the partition leader epoch stamped in every batch header.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
 
 from broker.storage.checkpoints import CheckpointFile
-from protocol.invariants import InvariantError
+from runtime.epoch_lineage import UNDEFINED_EPOCH
+from runtime.epoch_lineage import UNDEFINED_EPOCH_OFFSET
+from runtime.epoch_lineage import EpochEntry
+from runtime.epoch_lineage import EpochLineage
 
 logger = logging.getLogger(__name__)
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
-UNDEFINED_EPOCH = -1
-UNDEFINED_EPOCH_OFFSET = -1
 
-
-class EpochEntry(NamedTuple):
-    """Leader `epoch` wrote its first batch at `start_offset`."""
-
-    epoch: int
-    start_offset: int
+# Re-exported: the broker's modules and tests import them from here.
+__all__ = [
+    "LEADER_EPOCH_CHECKPOINT",
+    "UNDEFINED_EPOCH",
+    "UNDEFINED_EPOCH_OFFSET",
+    "EpochEntry",
+    "LeaderEpochCheckpointFile",
+    "LeaderEpochFileCache",
+]
 
 
 class LeaderEpochCheckpointFile:
@@ -91,8 +92,9 @@ class LeaderEpochCheckpointFile:
 class LeaderEpochFileCache:
     """In-memory (epoch -> start offset) entries of one replica, persisted on change.
 
-    The rules are those of Kafka's LeaderEpochFileCache. Not thread-safe: it is used
-    from the event-loop thread only.
+    The rules are those of Kafka's LeaderEpochFileCache, kept once in
+    runtime/epoch_lineage.py (`EpochLineage`); this class adds the checkpoint file and
+    the log lines. Not thread-safe: it is used from the event-loop thread only.
     """
 
     def __init__(
@@ -103,9 +105,8 @@ class LeaderEpochFileCache:
         name: str = "",
     ) -> None:
         self._checkpoint = checkpoint
-        self._entries: list[EpochEntry] = list(entries)
         self._name = name or str(checkpoint.path.parent.name)
-        self._check_invariants()
+        self._lineage = EpochLineage(entries)
 
     @classmethod
     def load(cls, path: Path, *, name: str = "") -> LeaderEpochFileCache:
@@ -121,23 +122,29 @@ class LeaderEpochFileCache:
         return self._checkpoint.path
 
     @property
+    def lineage(self) -> EpochLineage:
+        """The entries' rules, to read (e.g. `diverging_epoch`); change them through
+        this cache, which writes the checkpoint."""
+        return self._lineage
+
+    @property
     def entries(self) -> list[EpochEntry]:
-        return list(self._entries)
+        return self._lineage.entries
 
     @property
     def latest_entry(self) -> EpochEntry | None:
-        return self._entries[-1] if self._entries else None
+        return self._lineage.latest_entry
 
     @property
     def earliest_entry(self) -> EpochEntry | None:
-        return self._entries[0] if self._entries else None
+        return self._lineage.earliest_entry
 
     @property
     def latest_epoch(self) -> int:
-        return self._entries[-1].epoch if self._entries else UNDEFINED_EPOCH
+        return self._lineage.latest_epoch
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._lineage)
 
     def assign(self, epoch: int, start_offset: int) -> bool:
         """Record that `epoch` starts at `start_offset`; returns whether anything changed.
@@ -146,57 +153,30 @@ class LeaderEpochFileCache:
         offset. Otherwise every entry that would break monotonicity (epoch >= the new
         epoch, or start offset >= the new start offset) is removed first.
         """
-        if epoch < 0 or start_offset < 0:
-            raise ValueError(f"invalid leader epoch entry (epoch={epoch}, start={start_offset})")
-        latest = self.latest_entry
-        if latest is not None and latest.epoch == epoch and start_offset >= latest.start_offset:
+        removed = self._lineage.assign(epoch, start_offset)
+        if removed is None:
             return False
-        new = EpochEntry(epoch, start_offset)
-        removed: list[EpochEntry] = []
-        while self._entries and (
-            self._entries[-1].epoch >= epoch or self._entries[-1].start_offset >= start_offset
-        ):
-            removed.append(self._entries.pop())
         if removed:
-            removed.reverse()
             # Same start offset: the removed epoch wrote nothing, only its claim goes.
             wrote_nothing = len(removed) == 1 and removed[0].start_offset == start_offset
             logger.warning(
                 "[LeaderEpochCache %s] new entry %s removed conflicting entries %s%s",
                 self._name,
-                _fmt(new),
+                _fmt(EpochEntry(epoch, start_offset)),
                 ", ".join(_fmt(e) for e in removed),
                 " (which had no data)" if wrote_nothing else "",
             )
-        self._entries.append(new)
         self._changed()
         return True
 
     def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]:
-        """(epoch, end offset) for OffsetsForLeaderEpoch, exactly as Kafka answers.
-
-        The epoch is the largest known epoch <= the requested one; the end offset is
-        the start offset of the first larger epoch, or the log end offset when the
-        requested epoch is the latest. (-1, -1) when nothing can be said.
-        """
-        if requested_epoch == UNDEFINED_EPOCH:
-            return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
-        if self._entries and requested_epoch == self._entries[-1].epoch:
-            return requested_epoch, log_end_offset
-        higher = bisect.bisect_right(self._entries, requested_epoch, key=_epoch_of)
-        if higher == len(self._entries):
-            return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
-        higher_start = self._entries[higher].start_offset
-        if higher == 0:
-            # Older than anything known: the data before `higher_start` is gone, so the
-            # follower may keep nothing past it.
-            return requested_epoch, higher_start
-        return self._entries[higher - 1].epoch, higher_start
+        """(epoch, end offset) for OffsetsForLeaderEpoch, exactly as Kafka answers
+        (EpochLineage.end_offset_for)."""
+        return self._lineage.end_offset_for(requested_epoch, log_end_offset)
 
     def epoch_for_offset(self, offset: int) -> int | None:
         """The epoch that wrote `offset`, or None when it lies before the first entry."""
-        index = bisect.bisect_right(self._entries, offset, key=_start_of)
-        return self._entries[index - 1].epoch if index else None
+        return self._lineage.epoch_for_offset(offset)
 
     def learn_from_leader(self, epoch: int, base_offset: int, log_end_offset: int) -> None:
         """A follower's batch of `epoch` at `base_offset` is about to land at the log
@@ -210,15 +190,13 @@ class LeaderEpochFileCache:
 
     def truncate_from_end(self, end_offset: int) -> None:
         """Remove the entries whose start offset is >= end_offset (log truncated there)."""
-        if end_offset < 0 or not self._entries or self._entries[-1].start_offset < end_offset:
+        removed = self._lineage.truncate_from_end(end_offset)
+        if not removed:
             return
-        removed = []
-        while self._entries and self._entries[-1].start_offset >= end_offset:
-            removed.append(self._entries.pop())
         logger.info(
             "[LeaderEpochCache %s] removed %s after truncating to end offset %d",
             self._name,
-            ", ".join(_fmt(e) for e in reversed(removed)),
+            ", ".join(_fmt(e) for e in removed),
             end_offset,
         )
         self._changed()
@@ -227,13 +205,10 @@ class LeaderEpochFileCache:
         """Drop entries wholly below the new log start; the entry covering it is kept
         with its start moved up to `start_offset`. truncate_from_start(6) keeps (e, 6).
         """
-        index = bisect.bisect_right(self._entries, start_offset, key=_start_of)
-        if index == 0:
+        if not self._lineage.truncate_from_start(start_offset):
             return
-        covering = EpochEntry(self._entries[index - 1].epoch, start_offset)
-        if index == 1 and self._entries[0] == covering:
-            return
-        self._entries[:index] = [covering]
+        covering = self._lineage.earliest_entry
+        assert covering is not None  # the entry covering start_offset
         logger.debug(
             "[LeaderEpochCache %s] truncated to start offset %d, first entry now %s",
             self._name,
@@ -244,12 +219,12 @@ class LeaderEpochFileCache:
 
     def clear(self) -> None:
         """Remove every entry (the log was truncated fully)."""
-        self._entries.clear()
+        self._lineage.clear()
         self._changed()
 
     def flush(self) -> None:
         """Write the checkpoint file now (the cache writes it itself on every change)."""
-        self._checkpoint.write(self._entries)
+        self._checkpoint.write(self._lineage.entries)
 
     def _changed(self) -> None:
         self._check_invariants()
@@ -257,21 +232,7 @@ class LeaderEpochFileCache:
 
     def _check_invariants(self) -> None:
         # Kept under python -O (item 7 of issue 14): epochs never decrease.
-        for prev, entry in itertools.pairwise(self._entries):
-            if entry.epoch <= prev.epoch:
-                raise InvariantError(f"epochs must strictly increase: {self._entries}")
-            if entry.start_offset < prev.start_offset:
-                raise InvariantError(f"start offsets must not decrease: {self._entries}")
-        if not all(e.epoch >= 0 and e.start_offset >= 0 for e in self._entries):
-            raise InvariantError(f"negative epoch or start offset: {self._entries}")
-
-
-def _epoch_of(entry: EpochEntry) -> int:
-    return entry.epoch
-
-
-def _start_of(entry: EpochEntry) -> int:
-    return entry.start_offset
+        self._lineage.check_invariants()
 
 
 def _fmt(entry: EpochEntry) -> str:

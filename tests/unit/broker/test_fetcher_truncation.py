@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.fetch_state import TruncationState
-from broker.fetch_state import offset_truncation_state
 from broker.storage.epoch_cache import EpochEntry
 from broker.storage.epoch_cache import LeaderEpochFileCache
+from runtime.epoch_lineage import TruncationState
+from runtime.epoch_lineage import offset_truncation_state
 
 
 def cache(tmp_path: Path, name: str, *entries: tuple[int, int]) -> LeaderEpochFileCache:

@@ -39,7 +39,7 @@ refused("index offsets", lambda: index.append(10, 200))
 
 cache = LeaderEpochFileCache.load(d / "leader-epoch-checkpoint")
 cache.assign(3, 0)
-cache._entries.append(EpochEntry(2, 5))  # a decreasing epoch, however it got there
+cache.lineage._entries.append(EpochEntry(2, 5))  # a decreasing epoch, however it got there
 refused("epoch cache", cache._check_invariants)
 """
 
