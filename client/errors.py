@@ -552,6 +552,19 @@ class ThrottlingQuotaExceededError(BrokerResponseError):
     error_code = ErrorCode.THROTTLING_QUOTA_EXCEEDED
 
 
+class InconsistentVoterSetError(BrokerResponseError):
+    """A controller named a voter that is not in the quorum's voter set (check
+    --quorum-voters: every controller must be given the same list)."""
+
+    error_code = ErrorCode.INCONSISTENT_VOTER_SET
+
+
+class SnapshotNotFoundError(BrokerResponseError):
+    """The metadata snapshot asked for is no longer the quorum leader's latest."""
+
+    error_code = ErrorCode.SNAPSHOT_NOT_FOUND
+
+
 class InvalidUpdateVersionError(BrokerResponseError):
     """The partition epoch in the request is stale."""
 

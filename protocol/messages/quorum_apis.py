@@ -1,0 +1,140 @@
+"""The controller quorum's APIs (KIP-595 and KIP-630, Kafka's KRaft): the metadata log
+replicated between controllers with leader epochs.
+
+Field names follow Kafka's VoteRequest, BeginQuorumEpochRequest, EndQuorumEpochRequest,
+FetchRequest (as KRaft uses it), FetchSnapshotRequest and DescribeQuorumRequest, with
+one partition (the metadata log) instead of topic lists. Every request carries the
+cluster id: a controller of another cluster is refused (INCONSISTENT_CLUSTER_ID).
+"""
+
+from __future__ import annotations
+
+from protocol.messages.client_apis import Message
+from protocol.metadata_records import MetadataRecord
+
+__all__ = [
+    "BeginQuorumEpochRequest",
+    "BeginQuorumEpochResponse",
+    "EndQuorumEpochRequest",
+    "EndQuorumEpochResponse",
+    "FetchSnapshotRequest",
+    "FetchSnapshotResponse",
+    "QuorumEntry",
+    "QuorumFetchRequest",
+    "QuorumFetchResponse",
+    "SnapshotId",
+    "VoteRequest",
+    "VoteResponse",
+]
+
+
+class QuorumEntry(Message, kw_only=True):
+    """One entry of the metadata log: its offset, the quorum epoch of the leader that
+    appended it, and the record. `record` None is a leader-change marker: the entry a
+    new leader appends first, so that it commits something of its own epoch (Raft's
+    rule: a leader commits only entries of its epoch; KRaft's LeaderChangeMessage)."""
+
+    offset: int
+    epoch: int
+    record: MetadataRecord | None = None
+
+
+class SnapshotId(Message, kw_only=True):
+    """A snapshot of the applied metadata holds every entry below `end_offset`, the
+    last of which has quorum epoch `epoch`."""
+
+    end_offset: int = -1
+    epoch: int = -1
+
+
+class VoteRequest(Message, kw_only=True):
+    cluster_id: str = ""
+    candidate_id: int
+    candidate_epoch: int  # the epoch the candidate stands in (current + 1 for a pre-vote)
+    last_offset_epoch: int  # epoch of the candidate's last entry
+    last_offset: int  # the candidate's log end offset
+    # KIP-996: a pre-vote changes nothing at the voter; it asks whether a real vote
+    # could win (the voter has no live leader and the candidate's log is up to date).
+    pre_vote: bool = False
+
+
+class VoteResponse(Message, kw_only=True):
+    error_code: int = 0
+    voter_id: int = -1
+    leader_id: int = -1  # the leader the voter knows in `leader_epoch`, -1 if none
+    leader_epoch: int = -1  # the voter's current epoch
+    vote_granted: bool = False
+
+
+class BeginQuorumEpochRequest(Message, kw_only=True):
+    """Sent by a new leader to every voter: stop electing, fetch from me."""
+
+    cluster_id: str = ""
+    leader_id: int
+    leader_epoch: int
+
+
+class BeginQuorumEpochResponse(Message, kw_only=True):
+    error_code: int = 0
+    leader_id: int = -1
+    leader_epoch: int = -1
+
+
+class EndQuorumEpochRequest(Message, kw_only=True):
+    """Sent by a leader that resigns (graceful shutdown): elect a successor now, the
+    `preferred_successors` (most caught up first) before the others."""
+
+    cluster_id: str = ""
+    leader_id: int
+    leader_epoch: int
+    preferred_successors: list[int] = []
+
+
+class EndQuorumEpochResponse(Message, kw_only=True):
+    error_code: int = 0
+    leader_id: int = -1
+    leader_epoch: int = -1
+
+
+class QuorumFetchRequest(Message, kw_only=True):
+    """A voter reads the metadata log from the leader (KRaft's Fetch). The leader
+    counts `fetch_offset` as replicated to the voter: a voter sends it only once every
+    entry below it is durable on its disk."""
+
+    cluster_id: str = ""
+    replica_id: int
+    current_leader_epoch: int
+    fetch_offset: int
+    last_fetched_epoch: int = -1  # epoch of the entry at fetch_offset - 1
+    max_wait_ms: int = 0
+    max_entries: int = 10_000
+
+
+class QuorumFetchResponse(Message, kw_only=True):
+    error_code: int = 0
+    leader_id: int = -1
+    leader_epoch: int = -1
+    high_watermark: int = -1
+    log_start_offset: int = 0
+    # The fetcher's log diverges: truncate to the largest common epoch and fetch again.
+    diverging_epoch: int = -1
+    diverging_end_offset: int = -1
+    # The fetch offset is below the leader's log start: fetch this snapshot first.
+    snapshot_id: SnapshotId | None = None
+    entries: list[QuorumEntry] = []
+
+
+class FetchSnapshotRequest(Message, kw_only=True):
+    cluster_id: str = ""
+    replica_id: int
+    current_leader_epoch: int
+    snapshot_id: SnapshotId
+
+
+class FetchSnapshotResponse(Message, kw_only=True):
+    error_code: int = 0
+    leader_id: int = -1
+    leader_epoch: int = -1
+    snapshot_id: SnapshotId | None = None
+    # The applied metadata as of the snapshot, as records (the controller's image).
+    records: list[MetadataRecord] = []
