@@ -7,7 +7,10 @@ On-disk format (all integers big-endian), in the controller's data directory:
 
         int32   length    bytes of payload (1 .. 64 MiB)
         uint32  crc       CRC-32C (Castagnoli) of payload
-        bytes   payload   MessagePack of protocol.messages.MetadataEntry {offset, record}
+        bytes   payload   MessagePack of protocol.messages.MetadataEntry
+                          {offset, record, epoch}: `epoch` is the controller quorum's
+                          epoch when its leader appended the entry, absent (read as
+                          -1, "before the quorum") in logs written before issue 17
 
     Offsets are dense: the first entry of a file has the offset in its name and each
     next entry the previous one plus one; a file continues where the previous one
@@ -20,10 +23,18 @@ On-disk format (all integers big-endian), in the controller's data directory:
 
         bytes[8] magic    b"MBSNAP01"
         uint32   crc      CRC-32C of payload
-        bytes    payload  MessagePack of SnapshotFile {last_offset, records}
+        bytes    payload  MessagePack of SnapshotFile {last_offset, records, epoch}
+
+    (`epoch`: the quorum epoch of the entry at `last_offset`; snapshots written before
+    the controller quorum have none and read as -1, as their log entries do.)
 
     Written atomically (``.tmp``, fsync, rename, fsync directory); then the log files
     it covers and older snapshots are deleted.
+
+A quorum follower whose log diverges from its leader's cuts it (`truncate`: the
+file holding the offset is cut at that entry, later files deleted, then fsync), and
+one too far behind replaces it with the leader's snapshot (`install`: the snapshot is
+written first, then every log file goes and a new one starts after it).
 
 Recovery (`MetadataLog.open`): load the newest snapshot, then replay the log entries
 after it. A damaged *tail* of the last log file (a partial entry, or a bad entry
@@ -44,6 +55,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from typing import Any
 
 import crc32c
 import msgspec
@@ -73,6 +85,7 @@ _TMP_RE = re.compile(r"^snapshot-\d{20}\.msgpack\.tmp$")
 class SnapshotFile(msgspec.Struct, kw_only=True):
     last_offset: int
     records: list[MetadataRecord]
+    epoch: int = -1
 
 
 _entry_encoder = msgspec.msgpack.Encoder()
@@ -93,8 +106,10 @@ def encode_entry(entry: MetadataEntry) -> bytes:
     return ENTRY_HEADER.pack(len(payload), crc32c.crc32c(payload)) + payload
 
 
-def encode_snapshot(last_offset: int, records: list[MetadataRecord]) -> bytes:
-    payload = _entry_encoder.encode(SnapshotFile(last_offset=last_offset, records=records))
+def encode_snapshot(last_offset: int, records: list[MetadataRecord], epoch: int = -1) -> bytes:
+    payload = _entry_encoder.encode(
+        SnapshotFile(last_offset=last_offset, records=records, epoch=epoch)
+    )
     return SNAPSHOT_MAGIC + _SNAPSHOT_HEADER.pack(crc32c.crc32c(payload)) + payload
 
 
@@ -168,6 +183,7 @@ class Recovered:
 
     snapshot_offset: int = -1
     snapshot_records: list[MetadataRecord] = field(default_factory=list)
+    snapshot_epoch: int = -1
     entries: list[MetadataEntry] = field(default_factory=list)
     truncated_bytes: int = 0
 
@@ -185,6 +201,7 @@ def _load_newest_snapshot(directory: Path, snapshots: list[int], recovered: Reco
         )
     recovered.snapshot_offset = newest
     recovered.snapshot_records = list(snap.records)
+    recovered.snapshot_epoch = snap.epoch
     for old in snapshots[:-1]:
         (directory / snapshot_file_name(old)).unlink()
 
@@ -410,7 +427,9 @@ class MetadataLog:
         with contextlib.suppress(OSError):
             fsync_directory(directory)
 
-    async def write_snapshot(self, last_offset: int, records: list[MetadataRecord]) -> None:
+    async def write_snapshot(
+        self, last_offset: int, records: list[MetadataRecord], epoch: int = -1
+    ) -> None:
         """Write the image as of `last_offset` (which must be the last appended offset),
         start a new log file and delete what the snapshot covers. Raises OSError when
         the snapshot could not be written (the log is intact: a later one retries)."""
@@ -418,11 +437,91 @@ class MetadataLog:
             last_offset == self._next_offset - 1,
             f"snapshot at {last_offset} but the log ends at {self._next_offset - 1}",
         )
-        data = encode_snapshot(last_offset, records)
+        data = encode_snapshot(last_offset, records, epoch)
         # One hop for the whole sequence, in the log's one thread: a snapshot and the
         # appends around it never interleave (runtime/fileio.py off_loop says why not
         # aiofiles).
         await off_loop(self._executor, self._snapshot_sync, last_offset, data)
+
+    # ------------------------------------------------------------------ quorum follower
+
+    def _log_files(self) -> list[int]:
+        return sorted(
+            int(m.group(1)) for n in os.listdir(self.directory) if (m := _LOG_RE.match(n))
+        )
+
+    def _truncate_sync(self, offset: int) -> None:
+        directory = self.directory
+        files = self._log_files()
+        holding = max((f for f in files if f <= offset), default=None)
+        invariant(holding is not None, f"truncation to {offset} before the first log file")
+        assert holding is not None
+        for first in files:
+            if first > holding:
+                (directory / log_file_name(first)).unlink()
+        path = directory / log_file_name(holding)
+        data = path.read_bytes()
+        pos, cursor = 0, holding
+        while cursor < offset:
+            parsed = _parse_at(data, pos)
+            invariant(isinstance(parsed, _Parsed), f"{path}: no entry {cursor} to truncate after")
+            assert isinstance(parsed, _Parsed)
+            pos, cursor = parsed.end, cursor + 1
+        os.truncate(path, pos)
+        if holding != self._active_first:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = self._open_append(path)
+            self._active_first = holding
+        os.fsync(self._fd)
+        fsync_directory(directory)
+
+    async def truncate(self, offset: int) -> None:
+        """Drop the entries at `offset` and after (a quorum follower's diverging
+        suffix, never committed), durably, in order with the appends."""
+        if offset >= self._next_offset:
+            return
+        await self._off_loop_or_fail("truncate", self._truncate_sync, offset)
+        self._next_offset = offset
+
+    def _install_sync(self, last_offset: int, data: bytes) -> None:
+        directory = self.directory
+        atomic_write(directory / snapshot_file_name(last_offset), data)
+        new_first = last_offset + 1
+        new_fd = self._open_append(directory / log_file_name(new_first))
+        old_fd, self._fd = self._fd, new_fd
+        self._active_first = new_first
+        with contextlib.suppress(OSError):
+            os.close(old_fd)
+        for name in os.listdir(directory):
+            m = _LOG_RE.match(name) or _SNAPSHOT_RE.match(name)
+            if m is None:
+                continue
+            is_log = name.startswith("metadata-")
+            if (is_log and int(m.group(1)) != new_first) or (
+                not is_log and int(m.group(1)) != last_offset
+            ):
+                (directory / name).unlink()
+        fsync_directory(directory)
+
+    async def install(self, last_offset: int, records: list[MetadataRecord], epoch: int) -> None:
+        """Replace the whole log with a snapshot fetched from the quorum leader (as of
+        `last_offset`): the snapshot is durable before any entry is deleted."""
+        data = encode_snapshot(last_offset, records, epoch)
+        await self._off_loop_or_fail("install a snapshot in", self._install_sync, last_offset, data)
+        self._next_offset = last_offset + 1
+
+    async def _off_loop_or_fail(self, what: str, fn: Any, *args: Any) -> None:
+        if self._failed is not None:
+            raise MetadataLogWriteError(self._failed)
+        try:
+            await off_loop(self._executor, fn, *args)
+        except OSError as exc:
+            self._failed = (
+                f"cannot {what} the metadata log in {self.directory}: {exc.strerror or exc}; "
+                "check the disk, then restart"
+            )
+            raise MetadataLogWriteError(self._failed) from exc
 
     def close(self) -> None:
         """Sync and close. Appends were fsynced already; this is belt and braces."""

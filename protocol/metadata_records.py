@@ -74,6 +74,16 @@ class ProducerIdsRecord(msgspec.Struct, kw_only=True, tag="producer_ids"):
     next_producer_id: int
 
 
+class LeaderChangeRecord(msgspec.Struct, kw_only=True, tag="leader_change"):
+    """The first entry a newly elected controller quorum leader appends (KRaft's
+    LeaderChangeMessage): committing it commits everything before it (a leader commits
+    only through an entry of its own epoch). Changes nothing in the image."""
+
+    leader_id: int
+    leader_epoch: int
+    voters: list[int] = []
+
+
 MetadataRecord = (
     RegisterBrokerRecord
     | FenceBrokerRecord
@@ -82,4 +92,5 @@ MetadataRecord = (
     | RemoveTopicRecord
     | PartitionRecord
     | ProducerIdsRecord
+    | LeaderChangeRecord
 )

@@ -48,6 +48,7 @@ import msgspec
 from protocol.invariants import invariant
 from protocol.metadata_records import NO_LEADER
 from protocol.metadata_records import FenceBrokerRecord
+from protocol.metadata_records import LeaderChangeRecord
 from protocol.metadata_records import ListenerInfo
 from protocol.metadata_records import MetadataRecord
 from protocol.metadata_records import PartitionRecord
@@ -254,6 +255,8 @@ class MetadataImage(Generic[P]):
                 ),
             )
             self._set(self.producer_ids, "last", record)
+        elif isinstance(record, LeaderChangeRecord):
+            pass  # the quorum's own entry: nothing of the cluster changes
         else:
             log.warning("unknown metadata record %s ignored", type(record).__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import field
 from typing import Any
 
 from protocol.invariants import InvariantError
-from protocol.messages.quorum_apis import QuorumEntry
+from protocol.messages.cluster_apis import MetadataEntry
 from protocol.messages.quorum_apis import SnapshotId
 from runtime.epoch_lineage import EpochEntry
 from runtime.epoch_lineage import EpochLineage
@@ -36,9 +36,9 @@ class Snapshot:
 
 
 class QuorumLog:
-    def __init__(self, snapshot: Snapshot | None = None, entries: list[QuorumEntry] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, snapshot: Snapshot | None = None, entries: list[MetadataEntry] = ()) -> None:  # type: ignore[assignment]
         self.snapshot = snapshot or Snapshot()
-        self.entries: list[QuorumEntry] = []
+        self.entries: list[MetadataEntry] = []
         self.lineage = EpochLineage()
         if self.snapshot.end_offset > 0:
             self.lineage.assign(max(self.snapshot.epoch, 0), self.snapshot.end_offset)
@@ -69,14 +69,14 @@ class QuorumLog:
             return self.snapshot.epoch
         return self.entry(offset).epoch
 
-    def entry(self, offset: int) -> QuorumEntry:
+    def entry(self, offset: int) -> MetadataEntry:
         if not self.start_offset <= offset < self.end_offset:
             raise InvariantError(
                 f"offset {offset} outside the log [{self.start_offset}, {self.end_offset})"
             )
         return self.entries[offset - self.start_offset]
 
-    def read(self, offset: int, max_entries: int) -> list[QuorumEntry]:
+    def read(self, offset: int, max_entries: int) -> list[MetadataEntry]:
         i = offset - self.start_offset
         return self.entries[i : i + max_entries]
 
@@ -85,7 +85,7 @@ class QuorumLog:
 
     # ------------------------------------------------------------------ changes
 
-    def append(self, entries: list[QuorumEntry]) -> None:
+    def append(self, entries: list[MetadataEntry]) -> None:
         """Entries continuing the log (dense offsets, epochs never going back)."""
         for e in entries:
             if e.offset != self.end_offset:

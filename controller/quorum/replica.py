@@ -43,18 +43,19 @@ from controller.quorum.quorum_log import Snapshot
 from protocol.errors import ErrorCode
 from protocol.invariants import InvariantError
 from protocol.messages.client_apis import Message
+from protocol.messages.cluster_apis import MetadataEntry
 from protocol.messages.quorum_apis import BeginQuorumEpochRequest
 from protocol.messages.quorum_apis import BeginQuorumEpochResponse
 from protocol.messages.quorum_apis import EndQuorumEpochRequest
 from protocol.messages.quorum_apis import EndQuorumEpochResponse
 from protocol.messages.quorum_apis import FetchSnapshotRequest
 from protocol.messages.quorum_apis import FetchSnapshotResponse
-from protocol.messages.quorum_apis import QuorumEntry
 from protocol.messages.quorum_apis import QuorumFetchRequest
 from protocol.messages.quorum_apis import QuorumFetchResponse
 from protocol.messages.quorum_apis import SnapshotId
 from protocol.messages.quorum_apis import VoteRequest
 from protocol.messages.quorum_apis import VoteResponse
+from protocol.metadata_records import LeaderChangeRecord
 from runtime.epoch_lineage import OUT_OF_RANGE
 from runtime.epoch_lineage import UNDEFINED_EPOCH
 from runtime.epoch_lineage import diverging_epoch
@@ -309,7 +310,12 @@ class QuorumReplica:
             p.last_fetch_ms = now  # check-quorum counts from the election
         self._begin_sent_ms = {}
         # The first entry of every epoch: committing it commits what came before.
-        self.log.append([QuorumEntry(offset=self.log.end_offset, epoch=self.epoch, record=None)])
+        change = LeaderChangeRecord(
+            leader_id=self.node_id, leader_epoch=self.epoch, voters=list(self.voters)
+        )
+        self.log.append(
+            [MetadataEntry(offset=self.log.end_offset, epoch=self.epoch, record=change)]
+        )
         log.info(
             "quorum: leader in epoch %d (log end %d, high watermark %d)",
             self.epoch,
@@ -362,7 +368,7 @@ class QuorumReplica:
         start = self.log.end_offset
         self.log.append(
             [
-                QuorumEntry(offset=start + i, epoch=self.epoch, record=r)
+                MetadataEntry(offset=start + i, epoch=self.epoch, record=r)
                 for i, r in enumerate(records)
             ]
         )

@@ -164,6 +164,10 @@ class BrokerHeartbeatResponse(Message, kw_only=True):
 class MetadataEntry(Message, kw_only=True):
     offset: int
     record: MetadataRecord
+    # The controller quorum's epoch when its leader appended the entry (issue 17);
+    # -1 in logs a single controller wrote before the quorum (the quorum reads those
+    # as its epoch 0).
+    epoch: int = -1
 
 
 class FetchMetadataRequest(Message, kw_only=True):

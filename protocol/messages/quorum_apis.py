@@ -10,6 +10,7 @@ cluster id: a controller of another cluster is refused (INCONSISTENT_CLUSTER_ID)
 from __future__ import annotations
 
 from protocol.messages.client_apis import Message
+from protocol.messages.cluster_apis import MetadataEntry
 from protocol.metadata_records import MetadataRecord
 
 __all__ = [
@@ -19,24 +20,12 @@ __all__ = [
     "EndQuorumEpochResponse",
     "FetchSnapshotRequest",
     "FetchSnapshotResponse",
-    "QuorumEntry",
     "QuorumFetchRequest",
     "QuorumFetchResponse",
     "SnapshotId",
     "VoteRequest",
     "VoteResponse",
 ]
-
-
-class QuorumEntry(Message, kw_only=True):
-    """One entry of the metadata log: its offset, the quorum epoch of the leader that
-    appended it, and the record. `record` None is a leader-change marker: the entry a
-    new leader appends first, so that it commits something of its own epoch (Raft's
-    rule: a leader commits only entries of its epoch; KRaft's LeaderChangeMessage)."""
-
-    offset: int
-    epoch: int
-    record: MetadataRecord | None = None
 
 
 class SnapshotId(Message, kw_only=True):
@@ -121,7 +110,7 @@ class QuorumFetchResponse(Message, kw_only=True):
     diverging_end_offset: int = -1
     # The fetch offset is below the leader's log start: fetch this snapshot first.
     snapshot_id: SnapshotId | None = None
-    entries: list[QuorumEntry] = []
+    entries: list[MetadataEntry] = []
 
 
 class FetchSnapshotRequest(Message, kw_only=True):

@@ -44,7 +44,7 @@ from controller.quorum.replica import QuorumSettings
 from controller.quorum.replica import QuorumState
 from controller.quorum.replica import Role
 from protocol.messages.client_apis import Message
-from protocol.messages.quorum_apis import QuorumEntry
+from protocol.messages.cluster_apis import MetadataEntry
 from protocol.messages.quorum_apis import VoteResponse
 
 SETTINGS = QuorumSettings(
@@ -74,8 +74,8 @@ class Disk:
     last written (survives SIGKILL) and as last flushed (survives a power cut)."""
 
     state: QuorumState = field(default_factory=QuorumState)
-    written: tuple[Snapshot, tuple[QuorumEntry, ...]] = (Snapshot(), ())
-    flushed: tuple[Snapshot, tuple[QuorumEntry, ...]] = (Snapshot(), ())
+    written: tuple[Snapshot, tuple[MetadataEntry, ...]] = (Snapshot(), ())
+    flushed: tuple[Snapshot, tuple[MetadataEntry, ...]] = (Snapshot(), ())
 
 
 @dataclass

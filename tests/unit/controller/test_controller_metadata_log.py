@@ -15,6 +15,7 @@ from controller.metadata_log import encode_entry
 from controller.metadata_log import log_file_name
 from controller.metadata_log import snapshot_file_name
 from protocol.messages import MetadataEntry
+from protocol.metadata_records import FenceBrokerRecord
 from protocol.metadata_records import ListenerInfo
 from protocol.metadata_records import PartitionRecord
 from protocol.metadata_records import RegisterBrokerRecord
@@ -245,3 +246,80 @@ async def test_append_failure_is_reported(tmp_path: Path) -> None:
     with pytest.raises(MetadataLogWriteError):
         await mlog.append(entries(0, 1))
     mlog.close()
+
+
+# ------------------------------------------------------------------ format contract
+
+# The exact bytes a single controller wrote before the quorum (commit 8e5136c): a log
+# file with entries 2 and 3, and the snapshot as of offset 1. Entries had no epoch.
+FIXTURE_LOG = bytes.fromhex(
+    "0000005e52da1cc482a66f666673657402a67265636f726484a474797065a5746f706963a46e616d65a174"
+    "a8746f7069635f6964b641414141414141414141414141414141414141414141a7636f6e6669677381ac72"
+    "6574656e74696f6e2e6d73a4313030300000003c77133db282a66f666673657403a67265636f726483a4"
+    "74797065ac66656e63655f62726f6b6572a962726f6b65725f696401ac62726f6b65725f65706f636807"
+)
+FIXTURE_SNAPSHOT = bytes.fromhex(
+    "4d42534e41503031c0e3c8db82ab6c6173745f6f666673657401a77265636f7264739184a474797065a5"
+    "746f706963a46e616d65a173a8746f7069635f6964b642424242424242424242424242424242424242424242"
+    "a7636f6e6669677380"
+)
+
+
+async def test_a_log_written_before_the_quorum_opens_with_no_epoch(tmp_path: Path) -> None:
+    """Upgrade path: the data dir of a single controller of an earlier build opens, its
+    entries and snapshot with no quorum epoch (-1), and appends continue after them."""
+    (tmp_path / snapshot_file_name(1)).write_bytes(FIXTURE_SNAPSHOT)
+    (tmp_path / log_file_name(2)).write_bytes(FIXTURE_LOG)
+    mlog, recovered = MetadataLog.open(tmp_path)
+    assert recovered.snapshot_offset == 1 and recovered.snapshot_epoch == -1
+    assert recovered.snapshot_records == [TopicRecord(name="s", topic_id="B" * 22)]
+    assert recovered.entries == [
+        MetadataEntry(
+            offset=2,
+            record=TopicRecord(name="t", topic_id="A" * 22, configs={"retention.ms": "1000"}),
+            epoch=-1,
+        ),
+        MetadataEntry(offset=3, record=FenceBrokerRecord(broker_id=1, broker_epoch=7), epoch=-1),
+    ]
+    await mlog.append([MetadataEntry(offset=4, record=register(4).record, epoch=3)])
+    mlog.close()
+    _, again = MetadataLog.open(tmp_path)
+    assert [(e.offset, e.epoch) for e in again.entries] == [(2, -1), (3, -1), (4, 3)]
+
+
+# ------------------------------------------------------------------ quorum follower
+
+
+async def test_truncate_cuts_the_diverging_suffix_across_files(tmp_path: Path) -> None:
+    """A follower truncates to the largest common epoch: entries at and after the
+    offset go (here across a snapshot's file roll), durably; appends continue there."""
+    await write_log(tmp_path, [3])
+    mlog, _ = MetadataLog.open(tmp_path)
+    await mlog.write_snapshot(2, [], epoch=1)  # a new file starts at 3
+    await mlog.append(entries(3, 4))  # 3..6
+    await mlog.truncate(5)
+    assert mlog.next_offset == 5
+    await mlog.append([register(5, broker_id=50)])
+    await mlog.truncate(3)  # the whole active file's content
+    await mlog.append([register(3, broker_id=30)])
+    mlog.close()
+    reopened, recovered = MetadataLog.open(tmp_path)
+    assert recovered.snapshot_offset == 2 and recovered.snapshot_epoch == 1
+    assert recovered.entries == [register(3, broker_id=30)]
+    assert reopened.next_offset == 4
+    reopened.close()
+
+
+async def test_install_replaces_the_whole_log_with_the_leaders_snapshot(tmp_path: Path) -> None:
+    await write_log(tmp_path, [4])
+    mlog, _ = MetadataLog.open(tmp_path)
+    await mlog.install(9, [TopicRecord(name="x", topic_id="C" * 22)], epoch=5)
+    assert mlog.next_offset == 10
+    await mlog.append([register(10)])
+    mlog.close()
+    names = sorted(os.listdir(tmp_path))
+    assert names == [log_file_name(10), snapshot_file_name(9)]
+    _, recovered = MetadataLog.open(tmp_path)
+    assert (recovered.snapshot_offset, recovered.snapshot_epoch) == (9, 5)
+    assert recovered.snapshot_records == [TopicRecord(name="x", topic_id="C" * 22)]
+    assert recovered.entries == [register(10)]

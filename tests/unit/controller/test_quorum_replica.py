@@ -27,11 +27,12 @@ from controller.quorum.replica import QuorumSettings
 from controller.quorum.replica import QuorumState
 from controller.quorum.replica import Role
 from protocol.errors import ErrorCode
+from protocol.messages.cluster_apis import MetadataEntry
 from protocol.messages.quorum_apis import BeginQuorumEpochRequest
-from protocol.messages.quorum_apis import QuorumEntry
 from protocol.messages.quorum_apis import QuorumFetchRequest
 from protocol.messages.quorum_apis import VoteRequest
 from protocol.messages.quorum_apis import VoteResponse
+from protocol.metadata_records import LeaderChangeRecord
 
 VOTERS = (1, 2, 3)
 CLUSTER = "c1"
@@ -42,7 +43,7 @@ def voter(
     node: int,
     directory: Path,
     *,
-    entries: list[QuorumEntry] = (),  # type: ignore[assignment]
+    entries: list[MetadataEntry] = (),  # type: ignore[assignment]
     save: Callable[[QuorumState], None] | None = None,
 ) -> QuorumReplica:
     """A voter whose quorum state lives in a real quorum-state file in `directory`."""
@@ -125,7 +126,10 @@ def test_a_leader_commits_only_through_an_entry_of_its_own_epoch(tmp_path: Path)
     also has. A majority has it, but an entry of an earlier epoch on a majority can
     still be replaced by a later leader, so it commits only once the leader's own
     first entry (epoch 3) is on a majority too."""
-    old = [QuorumEntry(offset=0, epoch=1, record=None), QuorumEntry(offset=1, epoch=2, record=None)]
+    old = [
+        MetadataEntry(offset=0, epoch=1, record=LeaderChangeRecord(leader_id=2, leader_epoch=1)),
+        MetadataEntry(offset=1, epoch=2, record=LeaderChangeRecord(leader_id=3, leader_epoch=2)),
+    ]
     QuorumStateFile(tmp_path).write(QuorumState(epoch=2, voted_for=-1, leader_id=-1))
     leader = voter(1, tmp_path, entries=old)
     elect(leader, 1.0)

@@ -40,6 +40,7 @@ METADATA_RECORD_TYPES = [
     mr.RemoveTopicRecord,
     mr.PartitionRecord,
     mr.ProducerIdsRecord,
+    mr.LeaderChangeRecord,
 ]
 ROUND_TRIP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 client_ids = st.none() | st.text(max_size=20)
@@ -185,6 +186,7 @@ def test_metadata_record_tags_are_distinct_and_on_the_wire() -> None:
     assert raw == {
         "offset": 5,
         "record": {"type": "fence_broker", "broker_id": 1, "broker_epoch": 3},
+        "epoch": -1,  # the controller quorum's epoch (issue 17): none given
     }
 
 
