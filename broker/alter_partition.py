@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from dataclasses import field
 
 from broker.answers import MatchedAnswers
-from broker.rpc import RpcError
 from protocol.errors import ErrorCode
 from protocol.messages import AlterPartitionPartition
 from protocol.messages import AlterPartitionPartitionResult
@@ -34,6 +33,7 @@ from protocol.messages import AlterPartitionRequest
 from protocol.messages import AlterPartitionResponse
 from protocol.messages import AlterPartitionTopic
 from protocol.messages import BrokerState
+from runtime.peer_rpc import RpcError
 from runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)

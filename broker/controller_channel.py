@@ -34,9 +34,6 @@ import msgspec
 from broker.config import BrokerConfig
 from broker.faults import NO_FAULTS
 from broker.faults import Faults
-from broker.rpc import RpcClient
-from broker.rpc import RpcError
-from broker.rpc import RpcErrorResponse
 from protocol.errors import ErrorCode
 from protocol.fault_plan import CONTROLLER_PEER_ID
 from protocol.messages import AllocateProducerIdsRequest
@@ -51,6 +48,9 @@ from protocol.messages import FetchMetadataRequest
 from protocol.messages import FetchMetadataResponse
 from protocol.messages import Listener
 from protocol.messages import Message
+from runtime.peer_rpc import RpcClient
+from runtime.peer_rpc import RpcError
+from runtime.peer_rpc import RpcErrorResponse
 
 log = logging.getLogger(__name__)
 

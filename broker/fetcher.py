@@ -59,8 +59,6 @@ from broker.fetch_state import TopicPartition
 from broker.follower_truncation import FollowerTruncation
 from broker.partition import Partition
 from broker.partition import Role
-from broker.rpc import RpcClient
-from broker.rpc import RpcError
 from broker.storage.errors import InvalidAppendError
 from broker.storage.errors import StorageError
 from protocol.errors import ErrorCode
@@ -70,6 +68,8 @@ from protocol.messages import FetchRequest
 from protocol.messages import FetchResponse
 from protocol.messages import FetchTopic
 from runtime.epoch_lineage import offset_truncation_state
+from runtime.peer_rpc import RpcClient
+from runtime.peer_rpc import RpcError
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig

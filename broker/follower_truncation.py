@@ -15,7 +15,6 @@ from broker.answers import MatchedAnswers
 from broker.fetch_state import MAX_TRUNCATION_ROUNDS
 from broker.fetch_state import PartitionFetchState
 from broker.fetch_state import Phase
-from broker.rpc import RpcError
 from broker.storage.epoch_cache import UNDEFINED_EPOCH
 from protocol.api import LATEST_TIMESTAMP
 from protocol.errors import ErrorCode
@@ -29,6 +28,7 @@ from protocol.messages import OffsetForLeaderEpochResponse
 from protocol.messages import OffsetForLeaderPartition
 from protocol.messages import OffsetForLeaderTopic
 from runtime.epoch_lineage import offset_truncation_state
+from runtime.peer_rpc import RpcError
 
 # The fetcher's logger: these lines are the fetcher's story.
 log = logging.getLogger("broker.fetcher")

@@ -70,8 +70,6 @@ from broker.partition import MIN_INSYNC_REPLICAS
 from broker.partition import Partition
 from broker.partition import Role
 from broker.replica_manager import ReplicaManager
-from broker.rpc import RpcError
-from broker.rpc import RpcErrorResponse
 from broker.storage.errors import StorageError
 from protocol.errors import ErrorCode
 from protocol.messages import CreatableTopic
@@ -109,6 +107,8 @@ from protocol.messages import SyncGroupRequest
 from protocol.messages import SyncGroupResponse
 from protocol.metadata_records import NO_LEADER
 from protocol.record_batch import BatchBuilder
+from runtime.peer_rpc import RpcError
+from runtime.peer_rpc import RpcErrorResponse
 from runtime.server import RequestContext
 
 log = logging.getLogger(__name__)

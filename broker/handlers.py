@@ -29,8 +29,6 @@ from broker.partition import Role
 from broker.producer_ids import ProducerIdManager
 from broker.producer_ids import ProducerIdUnavailableError
 from broker.replica_manager import ReplicaManager
-from broker.rpc import RpcError
-from broker.rpc import RpcErrorResponse
 from broker.storage.errors import StorageError
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
@@ -72,6 +70,8 @@ from protocol.messages import ReplicaBatchInfo
 from protocol.messages import StrayReplica
 from runtime.metadata_answers import describe_cluster_response
 from runtime.metadata_answers import metadata_response
+from runtime.peer_rpc import RpcError
+from runtime.peer_rpc import RpcErrorResponse
 from runtime.server import Handler
 from runtime.server import RequestContext
 

@@ -23,10 +23,10 @@ import logging
 from collections.abc import Awaitable
 from collections.abc import Callable
 
-from broker.rpc import RpcError
 from protocol.errors import ErrorCode
 from protocol.invariants import invariant
 from protocol.messages import AllocateProducerIdsResponse
+from runtime.peer_rpc import RpcError
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,10 @@ that broker, controller and client all need above the sans-I/O `protocol` packag
 - meta_properties.py  `meta.properties`, the identity of a data directory.
 - rpc.py          the one pipelined request/response connection (bounded in flight,
                   a timed-out request closes it, write backpressure), under the
-                  broker's reconnecting RpcClient and the client's BrokerConnection.
+                  reconnecting RpcClient and the client's BrokerConnection.
+- peer_rpc.py     the reconnecting client for one peer (RpcClient, the Rpc* errors):
+                  a broker's controller channel and follower fetches, a
+                  controller's quorum peers.
 - server.py       the one server loop: listeners, connection bounds, dispatch.
 - metadata_image.py, metadata_answers.py  the one replay of metadata records and the
                   one builder of Metadata / DescribeCluster answers.

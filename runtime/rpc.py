@@ -1,7 +1,7 @@
 """One outgoing request/response connection: the asyncio glue around the sans-I/O
-`protocol.connection.ClientConnection`, shared by the broker's RPC client
-(broker/rpc.py: follower fetches, the controller channel) and the client library's
-BrokerConnection (client/connection.py).
+`protocol.connection.ClientConnection`, shared by the peer RPC client
+(runtime/peer_rpc.py: follower fetches, the controller channel, quorum peers) and
+the client library's BrokerConnection (client/connection.py).
 
 The rules, the same for both:
 
@@ -18,7 +18,7 @@ The rules, the same for both:
   waits until it drains;
 - a request sent without expecting an answer (Produce acks=0) returns once written.
 
-A connection is used once: after it closes, open a new one (broker/rpc.py reconnects
+A connection is used once: after it closes, open a new one (runtime/peer_rpc.py reconnects
 with a backoff; the client library's metadata layer opens a new one). What differs
 between the users is only which exceptions they raise: an `RpcFailures` turns each
 failure into the caller's error type.

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from broker_harness import Harness
 
-from broker.rpc import RpcConnectionError
 from protocol.errors import ErrorCode
 from protocol.messages import AlterPartitionPartitionResult
 from protocol.messages import AlterPartitionRequest
@@ -33,6 +32,7 @@ from protocol.metadata_records import RegisterBrokerRecord
 from protocol.metadata_records import TopicRecord
 from protocol.record_batch import encode_batch
 from protocol.record_batch import iter_headers
+from runtime.peer_rpc import RpcConnectionError
 
 FAST = {
     "replica_fetch_wait_max_ms": 50,

@@ -1,6 +1,6 @@
 """Test-only fault controls of the broker: TestFaults itself, what the listener
-(network.py) and the outgoing connection (rpc.py) do with its decisions over real
-sockets, and the flags that turn them on."""
+(network.py) and the outgoing connection (runtime/peer_rpc.py) do with its decisions
+over real sockets, and the flags that turn them on."""
 
 from __future__ import annotations
 
@@ -21,9 +21,6 @@ from broker.faults import DROP_RESPONSE
 from broker.faults import NO_FAULTS
 from broker.faults import PROCEED
 from broker.faults import TestFaults
-from broker.rpc import RpcClient
-from broker.rpc import RpcConnectionError
-from broker.rpc import RpcTimeoutError
 from broker.server import Broker
 from broker.server import StartupError
 from broker.server import check_test_switches
@@ -37,6 +34,9 @@ from protocol.messages import FetchRequest
 from protocol.messages import Message
 from protocol.messages import MetadataRequest
 from protocol.messages import MetadataResponse
+from runtime.peer_rpc import RpcClient
+from runtime.peer_rpc import RpcConnectionError
+from runtime.peer_rpc import RpcTimeoutError
 from runtime.server import ListenerServer
 from runtime.server import RequestContext
 

@@ -19,12 +19,12 @@ from broker.isr import ineligibility
 from broker.isr import isr_with_epochs
 from broker.isr import out_of_sync_replicas
 from broker.metadata_image import BrokerInfo
-from broker.rpc import RpcConnectionError
 from protocol.errors import ErrorCode
 from protocol.messages import AlterPartitionPartitionResult
 from protocol.messages import AlterPartitionResponse
 from protocol.messages import AlterPartitionTopicResult
 from protocol.messages import BrokerState
+from runtime.peer_rpc import RpcConnectionError
 
 # ---------------------------------------------------------------------- pure rules
 

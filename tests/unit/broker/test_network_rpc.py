@@ -1,4 +1,5 @@
-"""The server glue (network.py) and the outgoing connection (rpc.py) over real sockets."""
+"""The server glue (network.py) and the outgoing connection (runtime/peer_rpc.py) over
+real sockets."""
 
 from __future__ import annotations
 
@@ -7,10 +8,6 @@ import struct
 
 import pytest
 
-from broker.rpc import RpcClient
-from broker.rpc import RpcConnectionError
-from broker.rpc import RpcErrorResponse
-from broker.rpc import RpcTimeoutError
 from protocol.api import ApiKey
 from protocol.connection import ClientConnection
 from protocol.connection_limits import ConnectionLimits
@@ -25,6 +22,10 @@ from protocol.messages import DescribeClusterRequest
 from protocol.messages import Message
 from protocol.messages import MetadataRequest
 from protocol.messages import MetadataResponse
+from runtime.peer_rpc import RpcClient
+from runtime.peer_rpc import RpcConnectionError
+from runtime.peer_rpc import RpcErrorResponse
+from runtime.peer_rpc import RpcTimeoutError
 from runtime.server import ListenerServer
 from runtime.server import RequestContext
 

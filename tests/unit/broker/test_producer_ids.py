@@ -9,9 +9,9 @@ import pytest
 
 from broker.producer_ids import ProducerIdManager
 from broker.producer_ids import ProducerIdUnavailableError
-from broker.rpc import RpcConnectionError
 from protocol.errors import ErrorCode
 from protocol.messages import AllocateProducerIdsResponse
+from runtime.peer_rpc import RpcConnectionError
 
 
 async def test_ids_come_from_blocks_fetched_once() -> None:

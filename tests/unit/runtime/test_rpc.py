@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from broker.rpc import RPC_FAILURES
-from broker.rpc import RpcConnectionError
-from broker.rpc import RpcTimeoutError
 from protocol.messages import MetadataRequest
+from runtime.peer_rpc import RPC_FAILURES
+from runtime.peer_rpc import RpcConnectionError
+from runtime.peer_rpc import RpcTimeoutError
 from runtime.rpc import PipelinedConnection
 
 # The broker's failures (its Rpc* errors); the client library's are client/connection.py's.

@@ -1,13 +1,14 @@
-"""Outgoing RPC from a broker: a reconnecting client for one peer (the controller, a
-leader) over `runtime.rpc.PipelinedConnection` (the connection the client library uses
-too: pipelining with a bounded number in flight, a timed-out request closes the
+"""Outgoing RPC between processes: a reconnecting client for one peer (a broker's
+controller channel and follower fetches, a controller's quorum peers) over
+`runtime.rpc.PipelinedConnection` (the connection the client library uses too:
+pipelining with a bounded number in flight, a timed-out request closes the
 connection, a dropped connection fails every pending request, write backpressure).
 
-What is the broker's own:
+What this client adds:
 - reconnect on the next request, no sooner than a bounded exponential backoff (with
   jitter) after the last failure;
 - `request_with_retry` retries connection failures and timeouts until a deadline;
-- test faults (broker/faults.py) act before a request is written; their waits count
+- test faults (runtime/faults.py) act before a request is written; their waits count
   against the request timeout, and `peer_id` (the destination's node id, or
   CONTROLLER_PEER_ID) is what fault rules match;
 - the error types: RpcConnectionError, RpcTimeoutError, and RpcErrorResponse for a
@@ -23,20 +24,23 @@ import logging
 import random
 import time
 
-from broker.faults import DROP_RESPONSE
-from broker.faults import NO_FAULTS
-from broker.faults import Faults
-from broker.faults import InjectedDrop
 from protocol.errors import ErrorCode
 from protocol.invariants import invariant
 from protocol.messages import API_BY_REQUEST_TYPE
 from protocol.messages import Message
+from runtime.faults import DROP_RESPONSE
+from runtime.faults import Faults
+from runtime.faults import InjectedDrop
 from runtime.rpc import PipelinedConnection
 
 log = logging.getLogger(__name__)
 
 INITIAL_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0
+
+# The default: no test faults. A process passes its own (the broker's, the
+# controller's); only `before_send` is used here, so the process name is moot.
+NO_FAULTS = Faults()
 
 
 class RpcError(Exception):
@@ -61,7 +65,8 @@ class RpcErrorResponse(RpcError):
 
 
 class _BrokerFailures:
-    """The broker's exception for each failure of an outgoing connection."""
+    """The exception for each failure of an outgoing peer connection (brokers and
+    controllers alike)."""
 
     def connection(self, message: str, *, reason: str | None = None) -> Exception:
         return RpcConnectionError(message)
@@ -73,7 +78,7 @@ class _BrokerFailures:
         return RpcErrorResponse(error, message)
 
 
-RPC_FAILURES = _BrokerFailures()  # the broker's outgoing connections raise Rpc* errors
+RPC_FAILURES = _BrokerFailures()  # outgoing peer connections raise Rpc* errors
 
 
 class RpcClient:
