@@ -1,7 +1,8 @@
 """The controller's test-only fault controls: the shared runtime (runtime/faults.py,
-the rules in protocol/fault_plan.py). The controller only answers, so only "in"
-rules ever match here; a held request is not inside the metadata writer, so the rest
-of the cluster goes on while it waits.
+the rules in protocol/fault_plan.py). A controller answers brokers and clients ("in"
+rules) and sends only to the other quorum voters ("out" rules, on the quorum's
+requests); a held request is not inside the metadata writer, so the rest of the
+cluster goes on while it waits.
 """
 
 from __future__ import annotations

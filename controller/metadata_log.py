@@ -47,6 +47,7 @@ acknowledged metadata is lost: the controller refuses to start and says so.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -401,6 +402,12 @@ class MetadataLog:
         atomic_write(directory / snapshot_file_name(last_offset), data)
         # The snapshot is durable; from here on a failure only delays the clean-up.
         new_first = last_offset + 1
+        if new_first < self._next_offset:
+            # A quorum voter's snapshot of what is committed, with entries after it in
+            # the log: no new file; the files it wholly covers go (recovery skips the
+            # covered entries of the file that straddles it).
+            self._drop_covered_sync(last_offset)
+            return
         try:
             new_fd = self._open_append(directory / log_file_name(new_first))
         except OSError as exc:
@@ -427,14 +434,28 @@ class MetadataLog:
         with contextlib.suppress(OSError):
             fsync_directory(directory)
 
+    def _drop_covered_sync(self, last_offset: int) -> None:
+        directory = self.directory
+        files = self._log_files()
+        for first, following in itertools.pairwise(files):
+            if following <= last_offset + 1:
+                (directory / log_file_name(first)).unlink()
+        for name in os.listdir(directory):
+            m = _SNAPSHOT_RE.match(name)
+            if m is not None and int(m.group(1)) < last_offset:
+                (directory / name).unlink()
+        with contextlib.suppress(OSError):
+            fsync_directory(directory)
+
     async def write_snapshot(
         self, last_offset: int, records: list[MetadataRecord], epoch: int = -1
     ) -> None:
-        """Write the image as of `last_offset` (which must be the last appended offset),
-        start a new log file and delete what the snapshot covers. Raises OSError when
-        the snapshot could not be written (the log is intact: a later one retries)."""
+        """Write the image as of `last_offset` (at most the last appended offset: a
+        quorum voter snapshots what is committed), start a new log file when it is the
+        last, and delete what the snapshot covers. Raises OSError when the snapshot
+        could not be written (the log is intact: a later one retries)."""
         invariant(
-            last_offset == self._next_offset - 1,
+            last_offset <= self._next_offset - 1,
             f"snapshot at {last_offset} but the log ends at {self._next_offset - 1}",
         )
         data = encode_snapshot(last_offset, records, epoch)

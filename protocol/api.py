@@ -27,7 +27,12 @@ class ApiKey(IntEnum):
     DELETE_GROUPS = 42
     DESCRIBE_LOG_DIRS = 35
     ELECT_LEADERS = 43
+    VOTE = 52
+    BEGIN_QUORUM_EPOCH = 53
+    END_QUORUM_EPOCH = 54
+    DESCRIBE_QUORUM = 55
     ALTER_PARTITION = 56
+    FETCH_SNAPSHOT = 59
     DESCRIBE_CLUSTER = 60
     ALLOCATE_PRODUCER_IDS = 67
     BROKER_REGISTRATION = 62
@@ -39,6 +44,9 @@ class ApiKey(IntEnum):
     FAULT_CONTROL = 1001
     # Read-only view of one replica's log: batches and epoch cache (tests, chaos checker).
     DESCRIBE_REPLICA_LOG = 1002
+    # A controller quorum voter reads the metadata log from the leader (KRaft uses
+    # Fetch on its __cluster_metadata topic; ours has its own body).
+    QUORUM_FETCH = 1003
 
 
 def api_name(api_key: int) -> str:

@@ -15,8 +15,9 @@ incoming requests (the server, `before_answer`):
   request held for HOLD_TIMEOUT_S, or beyond MAX_HELD parked requests, is dropped.
   The key use (KIP-903): hold broker A's AlterPartition at the controller while
   broker B is wiped and re-registers, then release it and watch it refused.
-outgoing requests (the broker's rpc.py, `before_send`; the wait counts against the
-request timeout; the controller only answers, so only "in" rules match there):
+outgoing requests (runtime/peer_rpc.py, `before_send`; the wait counts against the
+request timeout; a controller sends only to the other quorum voters, so "out" rules
+match there only for quorum requests):
 - delay: sleep, then send;
 - drop: not sent; the caller gets a connection error (InjectedDrop -> RpcConnectionError);
 - drop_response: sent, the answer is discarded and the connection closed;
@@ -53,7 +54,7 @@ DROP_RESPONSE = "drop_response"
 
 
 class InjectedDrop(ConnectionError):
-    """An outgoing request lost to a test fault (rpc.py turns it into RpcConnectionError)."""
+    """An outgoing request lost to a test fault (peer_rpc.py turns it into RpcConnectionError)."""
 
 
 class Faults:

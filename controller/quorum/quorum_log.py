@@ -2,8 +2,10 @@
 (what every entry below the log start added up to), the entries after it, and their
 epoch lineage (runtime/epoch_lineage.py, the rules the brokers' partition logs use).
 
-Sans-I/O: nothing here touches a file. What is durable is tracked by `flushed_end`:
-the driver writes the log's changes to disk and reports each fsync with `flushed(end)`;
+Sans-I/O: nothing here touches a file. Every change is also noted in `journal`
+(("append", entries), ("truncate", offset), ("install", snapshot), ("compact",
+snapshot)), which the driver replays on the disk's log in order. What is durable is
+tracked by `flushed_end`: the driver reports each completed write with `flushed(point)`;
 a voter fetches (and so tells the leader what it holds) only up to what is durable, and
 the leader counts itself only that far.
 """
@@ -15,7 +17,7 @@ from dataclasses import field
 from typing import Any
 
 from protocol.invariants import InvariantError
-from protocol.messages.cluster_apis import MetadataEntry
+from protocol.messages.quorum_apis import MetadataEntry
 from protocol.messages.quorum_apis import SnapshotId
 from runtime.epoch_lineage import EpochEntry
 from runtime.epoch_lineage import EpochLineage
@@ -38,11 +40,13 @@ class Snapshot:
 class QuorumLog:
     def __init__(self, snapshot: Snapshot | None = None, entries: list[MetadataEntry] = ()) -> None:  # type: ignore[assignment]
         self.snapshot = snapshot or Snapshot()
+        self.journal: list[tuple[str, Any]] = []
         self.entries: list[MetadataEntry] = []
         self.lineage = EpochLineage()
         if self.snapshot.end_offset > 0:
             self.lineage.assign(max(self.snapshot.epoch, 0), self.snapshot.end_offset)
         self.append(list(entries))
+        self.journal.clear()  # read back from the disk: nothing to write
         self.flushed_end = self.end_offset  # what was read back from disk is durable
         self._rewrites = 0  # truncations and installs: a flush started before one is stale
 
@@ -94,6 +98,8 @@ class QuorumLog:
                 raise InvariantError(f"entry of epoch {e.epoch} after epoch {self.last_epoch}")
             self.lineage.assign(e.epoch, e.offset)
             self.entries.append(e)
+        if entries:
+            self.journal.append(("append", list(entries)))
 
     def truncate_to(self, offset: int) -> None:
         """Drop the entries at `offset` and after (a diverging suffix)."""
@@ -105,6 +111,7 @@ class QuorumLog:
         self.lineage.truncate_from_end(offset)
         self.flushed_end = min(self.flushed_end, offset)
         self._rewrites += 1
+        self.journal.append(("truncate", offset))
 
     def compact(self, snapshot: Snapshot) -> None:
         """The applied state as of `snapshot.end_offset` (within the log) replaces the
@@ -118,6 +125,7 @@ class QuorumLog:
             raise InvariantError(f"snapshot at {end} says epoch {snapshot.epoch}")
         del self.entries[: end - self.start_offset]
         self.snapshot = snapshot
+        self.journal.append(("compact", snapshot))
         if end > 0:
             self.lineage.truncate_from_start(end)
             if not len(self.lineage):
@@ -132,6 +140,7 @@ class QuorumLog:
             self.lineage.assign(max(snapshot.epoch, 0), snapshot.end_offset)
         self.flushed_end = 0  # nothing of it is durable until the driver says so
         self._rewrites += 1
+        self.journal.append(("install", snapshot))
 
     def flush_point(self) -> tuple[int, int]:
         """What a flush that starts now will make durable; hand it to `flushed`."""

@@ -9,9 +9,9 @@ never re-encoded per record. It is typed `memoryview` so that decoding does not 
 it: the field is a view into the received frame (which the frame decoder hands over
 and never reuses). Any bytes-like value may be given when building a message.
 
-Three modules (client_apis.py, group_apis.py, cluster_apis.py, which also holds the
-registry); every
-name is importable from `protocol.messages` as before.
+Four modules (client_apis.py, group_apis.py, quorum_apis.py: the controller quorum's,
+and cluster_apis.py, which also holds the registry); every name is importable from
+`protocol.messages` as before.
 """
 
 from __future__ import annotations
@@ -19,8 +19,15 @@ from __future__ import annotations
 from protocol.messages import client_apis
 from protocol.messages import cluster_apis
 from protocol.messages import group_apis
+from protocol.messages import quorum_apis
 from protocol.messages.client_apis import *  # noqa: F403
 from protocol.messages.cluster_apis import *  # noqa: F403
 from protocol.messages.group_apis import *  # noqa: F403
+from protocol.messages.quorum_apis import *  # noqa: F403
 
-__all__ = [*client_apis.__all__, *cluster_apis.__all__, *group_apis.__all__]
+__all__ = [
+    *client_apis.__all__,
+    *cluster_apis.__all__,
+    *group_apis.__all__,
+    *quorum_apis.__all__,
+]

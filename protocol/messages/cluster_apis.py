@@ -12,8 +12,9 @@ from protocol.api import ELECTION_UNCLEAN
 from protocol.api import ApiKey
 from protocol.messages import client_apis as c
 from protocol.messages import group_apis as g
+from protocol.messages import quorum_apis as q
 from protocol.messages.client_apis import Message
-from protocol.metadata_records import MetadataRecord
+from protocol.messages.quorum_apis import MetadataEntry
 
 __all__ = [
     "API_BY_REQUEST_TYPE",
@@ -60,7 +61,6 @@ __all__ = [
     "FetchMetadataRequest",
     "FetchMetadataResponse",
     "Listener",
-    "MetadataEntry",
     "ReplicaBatchInfo",
     "StrayReplica",
 ]
@@ -159,15 +159,6 @@ class BrokerHeartbeatResponse(Message, kw_only=True):
     is_caught_up: bool = False
     is_fenced: bool = True
     should_shut_down: bool = False
-
-
-class MetadataEntry(Message, kw_only=True):
-    offset: int
-    record: MetadataRecord
-    # The controller quorum's epoch when its leader appended the entry (issue 17);
-    # -1 in logs a single controller wrote before the quorum (the quorum reads those
-    # as its epoch 0).
-    epoch: int = -1
 
 
 class FetchMetadataRequest(Message, kw_only=True):
@@ -478,6 +469,12 @@ API_SPECS: dict[int, ApiSpec] = {
         ),
         ApiSpec(ApiKey.DESCRIBE_LOG_DIRS, DescribeLogDirsRequest, DescribeLogDirsResponse),
         ApiSpec(ApiKey.ELECT_LEADERS, ElectLeadersRequest, ElectLeadersResponse),
+        ApiSpec(ApiKey.VOTE, q.VoteRequest, q.VoteResponse),
+        ApiSpec(ApiKey.BEGIN_QUORUM_EPOCH, q.BeginQuorumEpochRequest, q.BeginQuorumEpochResponse),
+        ApiSpec(ApiKey.END_QUORUM_EPOCH, q.EndQuorumEpochRequest, q.EndQuorumEpochResponse),
+        ApiSpec(ApiKey.DESCRIBE_QUORUM, q.DescribeQuorumRequest, q.DescribeQuorumResponse),
+        ApiSpec(ApiKey.FETCH_SNAPSHOT, q.FetchSnapshotRequest, q.FetchSnapshotResponse),
+        ApiSpec(ApiKey.QUORUM_FETCH, q.QuorumFetchRequest, q.QuorumFetchResponse),
     )
 }
 

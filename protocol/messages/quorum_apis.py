@@ -10,22 +10,36 @@ cluster id: a controller of another cluster is refused (INCONSISTENT_CLUSTER_ID)
 from __future__ import annotations
 
 from protocol.messages.client_apis import Message
-from protocol.messages.cluster_apis import MetadataEntry
 from protocol.metadata_records import MetadataRecord
 
 __all__ = [
     "BeginQuorumEpochRequest",
     "BeginQuorumEpochResponse",
+    "DescribeQuorumRequest",
+    "DescribeQuorumResponse",
     "EndQuorumEpochRequest",
     "EndQuorumEpochResponse",
     "FetchSnapshotRequest",
     "FetchSnapshotResponse",
+    "MetadataEntry",
     "QuorumFetchRequest",
     "QuorumFetchResponse",
+    "QuorumVoterState",
     "SnapshotId",
     "VoteRequest",
     "VoteResponse",
 ]
+
+
+class MetadataEntry(Message, kw_only=True):
+    """One entry of the metadata log: on the controllers' disks, between the quorum's
+    voters (QuorumFetch) and to the brokers that follow it (FetchMetadata)."""
+
+    offset: int
+    record: MetadataRecord
+    # The controller quorum's epoch when its leader appended the entry (issue 17);
+    # -1 in logs a single controller wrote before the quorum.
+    epoch: int = -1
 
 
 class SnapshotId(Message, kw_only=True):
@@ -127,3 +141,25 @@ class FetchSnapshotResponse(Message, kw_only=True):
     snapshot_id: SnapshotId | None = None
     # The applied metadata as of the snapshot, as records (the controller's image).
     records: list[MetadataRecord] = []
+
+
+class DescribeQuorumRequest(Message, kw_only=True):
+    """Kafka's DescribeQuorum (kafka-metadata-quorum describe): any controller answers
+    with what it knows; the leader knows every voter's progress."""
+
+
+class QuorumVoterState(Message, kw_only=True):
+    replica_id: int
+    log_end_offset: int = -1  # durable on the voter, as the leader last heard
+    last_fetch_ms_ago: int = -1  # -1: never heard from in this epoch
+
+
+class DescribeQuorumResponse(Message, kw_only=True):
+    error_code: int = 0
+    node_id: int = -1  # the controller that answered
+    role: str = ""
+    leader_id: int = -1
+    leader_epoch: int = -1
+    high_watermark: int = -1
+    log_end_offset: int = -1
+    voters: list[QuorumVoterState] = []

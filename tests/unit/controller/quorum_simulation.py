@@ -44,7 +44,7 @@ from controller.quorum.replica import QuorumSettings
 from controller.quorum.replica import QuorumState
 from controller.quorum.replica import Role
 from protocol.messages.client_apis import Message
-from protocol.messages.cluster_apis import MetadataEntry
+from protocol.messages.quorum_apis import MetadataEntry
 from protocol.messages.quorum_apis import VoteResponse
 
 SETTINGS = QuorumSettings(
@@ -252,6 +252,7 @@ class Simulation:
         if node.flushing or log.flushed_end >= log.end_offset:
             return
         node.flushing = True
+        log.journal.clear()  # the simulated disk takes whole images, not the journal
         point = log.flush_point()
         image = (log.snapshot, tuple(log.entries))
         node.disk.written = image  # written to the page cache now

@@ -27,8 +27,8 @@ from controller.quorum.replica import QuorumSettings
 from controller.quorum.replica import QuorumState
 from controller.quorum.replica import Role
 from protocol.errors import ErrorCode
-from protocol.messages.cluster_apis import MetadataEntry
 from protocol.messages.quorum_apis import BeginQuorumEpochRequest
+from protocol.messages.quorum_apis import MetadataEntry
 from protocol.messages.quorum_apis import QuorumFetchRequest
 from protocol.messages.quorum_apis import VoteRequest
 from protocol.messages.quorum_apis import VoteResponse

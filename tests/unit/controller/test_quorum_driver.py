@@ -1,0 +1,250 @@
+"""Three controller quorum voters on real sockets (loopback) and real data directories,
+each a listener, a QuorumDriver and a metadata log, in one process:
+
+- a leader is elected and what it appends is committed on every voter's disk;
+- the leader is killed (no resignation, as SIGKILL): the others elect a new one within
+  the fetch timeout and an election round or two (the 2 s target is measured by
+  `python -m bench failover --target controller`), and what was committed is in the
+  new leader's log;
+- the old leader comes back, follows, and catches up (its diverging uncommitted tail,
+  if any, truncated);
+- a leader that stops gracefully hands over at once (EndQuorumEpoch);
+- a voter whose disk was lost comes back empty, catches up from the others (snapshot
+  and log) and only then votes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.metadata_log import MetadataLog
+from controller.quorum.driver import QuorumDriver
+from controller.quorum.quorum_log import Snapshot
+from controller.quorum.quorum_state import QuorumStateFile
+from controller.quorum.replica import QuorumSettings
+from controller.quorum.replica import Role
+from protocol.api import ApiKey
+from protocol.messages import Message
+from protocol.metadata_records import LeaderChangeRecord
+from protocol.metadata_records import TopicRecord
+from runtime.faults import Faults
+from runtime.server import ListenerServer
+from runtime.server import RequestContext
+
+pytestmark = pytest.mark.timeout(120)
+
+QUORUM_APIS = (
+    ApiKey.VOTE,
+    ApiKey.BEGIN_QUORUM_EPOCH,
+    ApiKey.END_QUORUM_EPOCH,
+    ApiKey.DESCRIBE_QUORUM,
+    ApiKey.FETCH_SNAPSHOT,
+    ApiKey.QUORUM_FETCH,
+)
+SETTINGS = QuorumSettings()  # the defaults: the failover bound is theirs
+
+
+class Voter:
+    def __init__(self, node_id: int, directory: Path) -> None:
+        self.node_id = node_id
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.driver: QuorumDriver | None = None
+        self.log: MetadataLog | None = None
+        self.server: ListenerServer | None = None
+        self.port = 0
+
+    async def bind(self) -> int:
+        async def serve(ctx: RequestContext, body: Message) -> Message:
+            assert self.driver is not None
+            return await self.driver.handle(-1, body)
+
+        self.server = ListenerServer(
+            f"controller-{self.node_id}",
+            "127.0.0.1",
+            self.port,
+            dict.fromkeys((int(a) for a in QUORUM_APIS), serve),
+            role="controller",
+        )
+        self.port = await self.server.bind()
+        return self.port
+
+    async def start(self, voters: dict[int, tuple[str, int]], *, may_vote: bool = True) -> None:
+        if self.server is None:
+            await self.bind()
+        assert self.server is not None
+        self.log, recovered = MetadataLog.open(self.directory)
+        self.driver = QuorumDriver(
+            node_id=self.node_id,
+            voters=voters,
+            cluster_id="test-cluster",
+            metadata_log=self.log,
+            recovered=recovered,
+            state_file=QuorumStateFile(self.directory),
+            settings=SETTINGS,
+            faults=Faults("controller"),
+            may_vote=may_vote,
+        )
+        self.driver.start()
+        await self.server.start_serving()
+
+    async def crash(self) -> None:
+        """As a SIGKILL: no goodbye, connections dropped, what was written stays."""
+        assert self.driver is not None and self.server is not None and self.log is not None
+        await self.server.close()
+        await self.driver.stop(resign=False)
+        self.log.close()
+        self.server = self.driver = self.log = None
+
+    async def stop(self) -> None:
+        if self.driver is None:
+            return
+        assert self.server is not None and self.log is not None
+        await self.driver.stop(resign=True)
+        await self.server.close()
+        self.log.close()
+        self.server = self.driver = self.log = None
+
+
+async def cluster(tmp_path: Path) -> tuple[list[Voter], dict[int, tuple[str, int]]]:
+    voters = [Voter(n, tmp_path / f"c{n}") for n in (1, 2, 3)]
+    addresses = {v.node_id: ("127.0.0.1", await v.bind()) for v in voters}
+    for v in voters:
+        await v.start(addresses)
+    return voters, addresses
+
+
+async def leader_of(voters: list[Voter], timeout: float = 10.0, exclude: int = -1) -> Voter:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for v in voters:
+            if v.driver is not None and v.node_id != exclude and v.driver.replica.is_leader:
+                return v
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no leader within {timeout}s")
+
+
+async def commit(leader: Voter, names: list[str]) -> int:
+    assert leader.driver is not None
+    end = leader.driver.append([TopicRecord(name=n, topic_id=n.ljust(22, "x")) for n in names])
+    await leader.driver.wait_committed(end, timeout_s=10)
+    return end
+
+
+async def all_at(voters: list[Voter], hw: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(v.driver is not None and v.driver.replica.high_watermark < hw for v in voters):
+        assert time.monotonic() < deadline, [
+            (v.node_id, v.driver.replica.high_watermark) for v in voters if v.driver
+        ]
+        await asyncio.sleep(0.01)
+
+
+def topics_on_disk(v: Voter) -> list[str]:
+    """What the voter's data directory holds, read back as at a restart."""
+    _, recovered = MetadataLog.open(v.directory)
+    records = list(recovered.snapshot_records) + [e.record for e in recovered.entries]
+    return [r.name for r in records if isinstance(r, TopicRecord)]
+
+
+async def test_a_leader_is_elected_and_commits_on_every_disk(tmp_path: Path) -> None:
+    voters, _ = await cluster(tmp_path)
+    try:
+        leader = await leader_of(voters)
+        end = await commit(leader, ["a", "b", "c"])
+        await all_at(voters, end)
+        for v in voters:
+            assert v.driver is not None
+            committed = v.driver.committed_entries(0, 100)
+            assert isinstance(committed[0].record, LeaderChangeRecord)
+            assert [e.record.name for e in committed[1:]] == ["a", "b", "c"]  # type: ignore[union-attr]
+        described = leader.driver.describe()  # type: ignore[union-attr]
+        assert (described.role, described.leader_id) == ("leader", leader.node_id)
+        assert {s.replica_id: s.log_end_offset for s in described.voters} == dict.fromkeys(
+            (1, 2, 3), end
+        )
+    finally:
+        for v in voters:
+            await v.stop()
+    for v in voters:
+        assert topics_on_disk(v) == ["a", "b", "c"]
+
+
+async def test_a_killed_leader_is_replaced_and_catches_up(tmp_path: Path) -> None:
+    voters, addresses = await cluster(tmp_path)
+    try:
+        old = await leader_of(voters)
+        old_epoch = old.driver.replica.epoch  # type: ignore[union-attr]
+        await commit(old, ["before"])
+        killed_at = time.monotonic()
+        await old.crash()
+        new = await leader_of(voters, timeout=5.0, exclude=old.node_id)
+        failover = time.monotonic() - killed_at
+        # Detection (fetch timeout), then at most two election rounds and a backoff.
+        bound = (
+            SETTINGS.fetch_timeout_ms
+            + 4 * SETTINGS.election_timeout_ms
+            + SETTINGS.election_backoff_max_ms
+        ) / 1000
+        assert failover <= bound, f"new leader after {failover:.2f}s (bound {bound:.1f}s)"
+        assert new.driver is not None and new.driver.replica.epoch > old_epoch
+        end = await commit(new, ["after"])
+        await old.start(addresses)  # back from the dead: follows, catches up
+        await all_at(voters, end)
+        assert old.driver is not None and old.driver.replica.role is Role.FOLLOWER
+        names = [
+            e.record.name
+            for e in old.driver.committed_entries(0, 100)  # type: ignore[union-attr]
+            if isinstance(e.record, TopicRecord)
+        ]
+        assert names == ["before", "after"]
+    finally:
+        for v in voters:
+            await v.stop()
+
+
+async def test_a_leader_that_stops_gracefully_hands_over_at_once(tmp_path: Path) -> None:
+    voters, _ = await cluster(tmp_path)
+    try:
+        old = await leader_of(voters)
+        await commit(old, ["x"])
+        stopped_at = time.monotonic()
+        await old.stop()
+        await leader_of(voters, timeout=5.0, exclude=old.node_id)
+        # EndQuorumEpoch: no waiting out the fetch timeout.
+        assert time.monotonic() - stopped_at < SETTINGS.fetch_timeout_ms / 1000
+    finally:
+        for v in voters:
+            await v.stop()
+
+
+async def test_a_voter_that_lost_its_disk_catches_up_before_voting(tmp_path: Path) -> None:
+    voters, addresses = await cluster(tmp_path)
+    try:
+        leader = await leader_of(voters)
+        end = await commit(leader, [f"t{i}" for i in range(20)])
+        await all_at(voters, end)
+        # The leader snapshots what is committed: the lost voter gets it by FetchSnapshot.
+        assert leader.driver is not None
+        replica = leader.driver.replica
+        hw = replica.high_watermark
+        records = tuple(e.record for e in leader.driver.committed_entries(0, hw))
+        replica.compact(Snapshot(hw, replica.log.epoch_at(hw - 1), records))
+        leader.driver._after()
+        lost = next(v for v in voters if v is not leader)
+        await lost.crash()
+        for path in lost.directory.iterdir():
+            path.unlink()  # the volume is gone
+        await lost.start(addresses, may_vote=False)
+        end = await commit(leader, ["later"])
+        await all_at(voters, end)
+        assert lost.driver is not None and lost.driver.replica.may_vote
+        names = topics_on_disk(lost)
+        assert names == [f"t{i}" for i in range(20)] + ["later"]
+    finally:
+        for v in voters:
+            await v.stop()
