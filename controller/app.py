@@ -21,6 +21,7 @@ from controller.errors import ControllerError
 from controller.errors import CorruptMetadataError
 from controller.errors import DataDirError
 from controller.errors import InvariantViolation
+from controller.faults import faults_for
 from controller.handlers import ControllerHandlers
 from controller.liveness import BrokerSessions
 from controller.meta_properties import META_PROPERTIES
@@ -30,6 +31,12 @@ from controller.meta_properties import prepare_data_dir
 from controller.metadata_log import MetadataLog
 from controller.metadata_log import Recovered
 from controller.metadata_writer import MetadataWriter
+from controller.quorum.driver import NotLeaderError
+from controller.quorum.driver import QuorumDriver
+from controller.quorum.quorum_state import QuorumStateFile
+from controller.quorum.replica import QuorumSettings
+from controller.quorum.replica import Role
+from controller.quorum.replicated_log import ReplicatedMetadataLog
 from controller.server import ControllerServer
 from controller.state import MetadataImage
 
@@ -58,14 +65,18 @@ def _has_metadata(config: ControllerConfig) -> bool:
     return False
 
 
-def recover(config: ControllerConfig) -> tuple[MetadataLog, MetadataImage, Recovered]:
-    """Open the metadata log and rebuild the image (raises CorruptMetadataError)."""
+def recover(
+    config: ControllerConfig, *, entries: bool = True
+) -> tuple[MetadataLog, MetadataImage, Recovered]:
+    """Open the metadata log and rebuild the image (raises CorruptMetadataError).
+    `entries` False: the snapshot only (a voter of a larger quorum applies entries as
+    they are known to be committed)."""
     metadata_log, recovered = MetadataLog.open(config.data_dir)
     image = MetadataImage()
     try:
         if recovered.snapshot_offset >= 0:
             image.load_snapshot(recovered.snapshot_offset, recovered.snapshot_records)
-        for entry in recovered.entries:
+        for entry in recovered.entries if entries else ():
             image.apply(entry.offset, entry.record)
     except InvariantViolation as exc:
         metadata_log.close()
@@ -87,6 +98,8 @@ class ControllerProcess:
         self.server: ControllerServer | None = None
         self.writer: MetadataWriter | None = None
         self.handlers: ControllerHandlers | None = None
+        self.driver: QuorumDriver | None = None
+        self.sessions: BrokerSessions | None = None
         self._liveness: asyncio.Task[None] | None = None
 
     def _on_fatal(self, message: str) -> None:
@@ -101,33 +114,71 @@ class ControllerProcess:
             try:
                 # No identity yet: this start formats a new cluster id.
                 new_cluster = not (config.data_dir / META_PROPERTIES).exists()
+                if len(config.voters) > 1 and new_cluster and not config.cluster_id:
+                    raise DataDirError(
+                        f"a quorum of {len(config.voters)} controllers needs --cluster-id, the "
+                        "same on every one of them (any string of letters, digits, - and _)"
+                    )
                 meta = load_or_create(
-                    config.data_dir, config.node_id, has_metadata=_has_metadata(config)
+                    config.data_dir,
+                    config.node_id,
+                    has_metadata=_has_metadata(config),
+                    cluster_id=config.cluster_id,
                 )
-                metadata_log, image, recovered = recover(config)
+                state_file = QuorumStateFile(config.data_dir)
+                had_state = state_file.exists()
+                single = len(config.voters) == 1
+                metadata_log, image, recovered = recover(config, entries=single)
             except OSError as exc:
                 raise DataDirError(
                     f"cannot use data dir {config.data_dir}: {exc}; check the disk and the "
                     "permissions of --data-dir"
                 ) from None
+            self.sessions = BrokerSessions(config.session_timeout_s)
+            faults = faults_for(
+                config.node_id,
+                enabled=config.enable_test_faults,
+                protections_off=config.protections_off,
+            )
+            self.driver = QuorumDriver(
+                node_id=config.node_id,
+                voters=config.voters,
+                cluster_id=meta.cluster_id,
+                metadata_log=metadata_log,
+                recovered=recovered,
+                state_file=state_file,
+                settings=QuorumSettings(
+                    fetch_timeout_ms=config.quorum_fetch_timeout_ms,
+                    election_timeout_ms=config.quorum_election_timeout_ms,
+                    election_backoff_max_ms=config.quorum_election_timeout_ms,
+                ),
+                faults=faults,
+                # A voter of a larger quorum without its quorum state (a first start,
+                # or a lost disk) votes only once it knows which it is (driver.py).
+                may_vote=single or had_state,
+                on_committed=self._on_committed,
+                on_role=self._on_role,
+                on_fatal=self._on_fatal,
+            )
             self.writer = MetadataWriter(
-                metadata_log,
+                ReplicatedMetadataLog(self.driver, metadata_log),
                 image,
                 snapshot_every=config.snapshot_every,
                 max_waiters=config.max_metadata_waiters,
-                retained=recovered.entries,
+                retained=recovered.entries if single else [],
                 snapshot_offset=recovered.snapshot_offset,
                 on_fatal=self._on_fatal,
             )
-            sessions = BrokerSessions(config.session_timeout_s)
-            # Restarted: every unfenced broker gets a fresh session.
-            sessions.touch_all(
-                (b.broker_id, b.broker_epoch) for b in image.brokers.values() if not b.fenced
-            )
             self.handlers = ControllerHandlers(
-                config, self.writer, sessions, meta.cluster_id, new_cluster=new_cluster
+                config,
+                self.writer,
+                self.sessions,
+                meta.cluster_id,
+                new_cluster=new_cluster,
+                faults=faults,
             )
-            self.server = ControllerServer(config, self.handlers)
+            self.server = ControllerServer(config, self.handlers, self.driver)
+            self.driver.start()
             try:
                 host, port = await self.server.start()
             except OSError as exc:
@@ -158,23 +209,58 @@ class ControllerProcess:
         )
         return host, port
 
+    def _on_committed(self, high_watermark: int) -> None:
+        if self.writer is not None:
+            self.writer.apply_committed()
+
+    def _on_role(self, role: Role, epoch: int, leader_id: int) -> None:
+        if role is Role.LEADER:
+            assert self.writer is not None and self.sessions is not None
+            # KRaft's rule: a new active controller gives every live broker a full
+            # session (their heartbeats went to the old one), so none is fenced for it.
+            self.sessions.touch_all(
+                (b.broker_id, b.broker_epoch)
+                for b in self.writer.image.brokers.values()
+                if not b.fenced
+            )
+            log.info(
+                "controller %d is the active controller (quorum epoch %d)",
+                self.config.node_id,
+                epoch,
+            )
+        else:
+            log.info(
+                "controller %d is a %s in quorum epoch %d (leader %s)",
+                self.config.node_id,
+                role.value,
+                epoch,
+                leader_id if leader_id >= 0 else "unknown",
+            )
+
     async def _liveness_loop(self) -> None:
-        assert self.handlers is not None
+        assert self.handlers is not None and self.driver is not None
         # A few checks per session timeout, one timer for all brokers. Each check notes
         # the time: a long gap between two is a controller stall (liveness.py).
         interval = self.handlers.sessions.check_interval_s
         while True:
             await asyncio.sleep(interval)
+            if not self.driver.replica.is_leader:
+                self.handlers.sessions.observe()  # a follower's clock, no fencing
+                continue
             try:
                 await self.handlers.fence_expired_brokers()
             except asyncio.CancelledError:
                 raise
+            except NotLeaderError:
+                continue  # leadership moved during the check
             except ControllerError:
                 return  # the writer failed and asked the process to stop
             except Exception:
                 log.exception("fencing expired brokers failed")
 
     async def _release(self) -> None:
+        if self.driver is not None:
+            await self.driver.stop(resign=True)
         if self.writer is not None:
             await self.writer.close()
             self.writer = None

@@ -58,6 +58,29 @@ def parse_listen(value: str, *, option: str = "--listen") -> tuple[str, int]:
     return parse_host_port(value, option=option, allow_port_zero=True)
 
 
+def parse_quorum_voters(
+    value: str, *, option: str = "--quorum-voters"
+) -> dict[int, tuple[str, int]]:
+    """`ID@HOST:PORT,...` (KRaft's controller.quorum.voters); empty: this controller
+    alone."""
+    voters: dict[int, tuple[str, int]] = {}
+    for part in (p.strip() for p in value.split(",") if p.strip()):
+        node, sep, address = part.partition("@")
+        if not sep or not node.isdigit():
+            raise ConfigError(
+                f"{option}: {part!r} is not ID@HOST:PORT (e.g. 1@127.0.0.1:9093,2@...,3@...)"
+            )
+        if int(node) in voters:
+            raise ConfigError(f"{option}: controller {node} is listed twice")
+        voters[int(node)] = parse_host_port(address, option=option)
+    if len(voters) % 2 == 0 and voters:
+        raise ConfigError(
+            f"{option}: {len(voters)} voters; use an odd number (1, 3 or 5): an even one "
+            "tolerates no more failures than the odd number below it"
+        )
+    return voters
+
+
 # One flag, two fields: `--listen HOST:PORT` fills listen_host and listen_port.
 LISTEN = Setting(
     name="listen",
@@ -130,6 +153,35 @@ class ControllerConfig:
     max_pending_bytes_per_connection: int = pending_bytes_setting(
         "controller", held="requests in service, answers not yet taken"
     )
+    quorum_voters: dict[int, tuple[str, int]] = setting(
+        "",
+        parse=parse_quorum_voters,
+        shown_default="this controller alone",
+        doc="The controller quorum: ID@HOST:PORT of every voter, this one included, the "
+        "same list on each (controller.quorum.voters). One leader (the active controller) "
+        "at a time; a majority must be up.",
+    )
+    cluster_id: str = setting(
+        "",
+        kind="text",
+        shown_default="made up by a single controller",
+        doc="The cluster id an empty data dir is formatted with; every voter of a quorum "
+        "must be given the same one (a single controller makes one up). A data dir of "
+        "another cluster is refused.",
+    )
+    quorum_fetch_timeout_ms: int = setting(
+        1000,
+        minimum=100,
+        doc="A voter that has not heard from the quorum leader for this long stands for "
+        "election; a leader not heard from by a majority for this long steps down "
+        "(controller.quorum.fetch.timeout.ms).",
+    )
+    quorum_election_timeout_ms: int = setting(
+        500,
+        minimum=50,
+        doc="An election round lasts a random time between this and twice this "
+        "(controller.quorum.election.timeout.ms).",
+    )
     log_level: str = setting(
         "INFO",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -177,6 +229,10 @@ class ControllerConfig:
                 self.connection_limits()
             except ValueError as exc:
                 found.append(str(exc))
+        if self.quorum_voters and self.node_id not in self.quorum_voters:
+            found.append(
+                f"--quorum-voters does not list this controller's --node-id {self.node_id}"
+            )
         refused = refusal(self)
         if refused:
             found.append(refused)
@@ -196,6 +252,11 @@ class ControllerConfig:
     def protections_off(self) -> tuple[str, ...]:
         """The unsafe switches that are on, by flag name."""
         return unsafe_switches_on(self)
+
+    @property
+    def voters(self) -> dict[int, tuple[str, int]]:
+        """The quorum's voters: --quorum-voters, or this controller alone."""
+        return self.quorum_voters or {self.node_id: (self.listen_host, self.listen_port)}
 
     @property
     def session_timeout_s(self) -> float:

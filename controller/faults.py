@@ -12,7 +12,15 @@ from runtime.faults import DROP
 from runtime.faults import DROP_RESPONSE
 from runtime.faults import PROCEED
 
-__all__ = ["DROP", "DROP_RESPONSE", "NO_FAULTS", "PROCEED", "Faults", "TestFaults"]
+__all__ = [
+    "DROP",
+    "DROP_RESPONSE",
+    "NO_FAULTS",
+    "PROCEED",
+    "Faults",
+    "TestFaults",
+    "faults_for",
+]
 
 LISTENER = "controller"
 
@@ -48,3 +56,10 @@ class TestFaults(Faults, faults.TestFaults):
 
 
 NO_FAULTS = Faults()
+
+
+def faults_for(node_id: int, *, enabled: bool, protections_off: tuple[str, ...]) -> Faults:
+    """The controller's faults: test faults only with --enable-test-faults."""
+    if enabled:
+        return TestFaults(node_id=node_id, protections_off=protections_off)
+    return NO_FAULTS

@@ -27,9 +27,8 @@ from controller.cluster_membership import ClusterMembership
 from controller.config import ControllerConfig
 from controller.context import ControllerContext
 from controller.context import ControllerPart
-from controller.faults import NO_FAULTS
 from controller.faults import Faults
-from controller.faults import TestFaults
+from controller.faults import faults_for
 from controller.liveness import BrokerSessions
 from controller.metadata_service import MetadataService
 from controller.metadata_writer import MetadataWriter
@@ -93,10 +92,10 @@ class ControllerHandlers(ControllerPart):
     ) -> None:
         """`new_cluster`: this start formatted `cluster_id` on an empty data dir."""
         if faults is None:
-            faults = (
-                TestFaults(node_id=config.node_id, protections_off=config.protections_off)
-                if config.enable_test_faults
-                else NO_FAULTS
+            faults = faults_for(
+                config.node_id,
+                enabled=config.enable_test_faults,
+                protections_off=config.protections_off,
             )
         super().__init__(
             ControllerContext(

@@ -88,12 +88,15 @@ def prepare_data_dir(data_dir: Path) -> None:
         )
 
 
-def load_or_create(data_dir: Path, node_id: int, *, has_metadata: bool) -> MetaProperties:
+def load_or_create(
+    data_dir: Path, node_id: int, *, has_metadata: bool, cluster_id: str = ""
+) -> MetaProperties:
     """Read the identity, or create it on a fresh directory.
 
     `has_metadata` says whether a metadata log or snapshot is present: then a missing
     identity file means damage (a new cluster id would orphan every broker), not a
-    first start."""
+    first start. `cluster_id` (--cluster-id): what a fresh directory is formatted with
+    (one is made up when empty), and what an existing one must hold."""
     path = data_dir / META_PROPERTIES
     try:
         props = MetaProperties.read(data_dir)
@@ -108,12 +111,17 @@ def load_or_create(data_dir: Path, node_id: int, *, has_metadata: bool) -> MetaP
                 "start with --node-id "
                 f"{props.node_id} or use another --data-dir"
             )
+        if cluster_id and props.cluster_id != cluster_id:
+            raise DataDirError(
+                f"{path} belongs to cluster {props.cluster_id}, not --cluster-id {cluster_id}; "
+                "give the cluster id it was formatted with, or use another --data-dir"
+            )
         return props
     if has_metadata:
         raise DataDirError(
             f"{path} is missing but {data_dir} holds a metadata log; restore meta.properties "
             "(its cluster.id must match the brokers') or start from an empty --data-dir"
         )
-    props = MetaProperties(cluster_id=new_uuid_string(), node_id=node_id)
+    props = MetaProperties(cluster_id=cluster_id or new_uuid_string(), node_id=node_id)
     props.write(data_dir)
     return props

@@ -464,6 +464,20 @@ class MetadataLog:
         # aiofiles).
         await off_loop(self._executor, self._snapshot_sync, last_offset, data)
 
+    # ------------------------------------------------------------------ as the writer's log
+
+    async def wait_writable(self) -> None:
+        """A local log is always writable (the quorum's answer: replicated_log.py)."""
+
+    def committed_entries(self, start: int, limit: int) -> list[MetadataEntry]:
+        """Nothing arrives from elsewhere: what the writer appends is committed when
+        `append` returns, and it applies it itself."""
+        return []
+
+    def installed_snapshot(self, next_offset: int) -> tuple[int, list[MetadataRecord]] | None:
+        """Never: only a quorum follower has snapshots installed from a leader."""
+        return None
+
     # ------------------------------------------------------------------ quorum follower
 
     def _log_files(self) -> list[int]:

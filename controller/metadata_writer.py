@@ -77,6 +77,10 @@ class MetadataWriter:
         async with self._lock:
             if self.failed is not None:
                 raise MetadataLogWriteError(self.failed)
+            # A quorum leader decides on the whole committed log (NotLeaderError on a
+            # controller that is not the leader).
+            await self.log.wait_writable()
+            self.apply_committed()
             records, result = build(self.image)
             if records:
                 await self._append(records)
@@ -94,15 +98,54 @@ class MetadataWriter:
             if self.on_fatal is not None:
                 self.on_fatal(str(exc))
             raise
-        for entry in entries:
+        await self._apply(entries)
+
+    async def _apply(self, entries: list[MetadataEntry]) -> None:
+        self._apply_sync(entries)
+        if self._since_snapshot >= self.snapshot_every:
+            await self._snapshot()
+
+    def _apply_sync(self, entries: list[MetadataEntry]) -> None:
+        """Apply committed entries to the image (those it does not have yet: a quorum
+        voter may have been handed them already by `apply_committed`)."""
+        fresh = [e for e in entries if e.offset > self.image.last_offset]
+        if not fresh:
+            return
+        for entry in fresh:
             self.image.apply(entry.offset, entry.record)
-        self._retained.extend(entries)
-        self._since_snapshot += len(entries)
+        self._retained.extend(fresh)
+        self._since_snapshot += len(fresh)
         # Wake every long-poll: a new event for the next round of waiters.
         self._appended.set()
         self._appended = asyncio.Event()
-        if self._since_snapshot >= self.snapshot_every:
-            await self._snapshot()
+
+    def apply_committed(self) -> None:
+        """Bring the image up to what the log has committed (a quorum voter's entries
+        committed by the leader; a snapshot installed from it). Synchronous: the image
+        never shows half of a change."""
+        installed = self.log.installed_snapshot(self.image.next_offset)
+        if installed is not None:
+            last_offset, records = installed
+            image = MetadataImage()
+            image.load_snapshot(last_offset, records)
+            self.image = image
+            self._retained.clear()
+            self._snapshot_offset = last_offset
+            self._since_snapshot = 0
+            log.info("metadata image replaced by the leader's snapshot at offset %d", last_offset)
+        while entries := self.log.committed_entries(self.image.next_offset, 10_000):
+            self._apply_sync(entries)
+        if self._since_snapshot >= self.snapshot_every and not self._lock.locked():
+            self._snapshot_soon()
+
+    def _snapshot_soon(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._snapshot_under_lock())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _snapshot_under_lock(self) -> None:
+        async with self._lock:
+            if self._since_snapshot >= self.snapshot_every:
+                await self._snapshot()
 
     async def _snapshot(self) -> None:
         last = self.image.last_offset

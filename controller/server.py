@@ -4,15 +4,21 @@ controller's table of APIs (controller/handlers.py).
 
 Controller specifics: slots kept for brokers and no idle deadline for their
 connections (controller/config.py's connection limits); a handler whose metadata log
-write failed answers KAFKA_STORAGE_ERROR instead of UNKNOWN_SERVER_ERROR.
+write failed answers KAFKA_STORAGE_ERROR instead of UNKNOWN_SERVER_ERROR; the quorum's
+APIs go to the quorum driver; a controller that is not the quorum leader answers
+NOT_CONTROLLER, naming the leader, to everything that only the active controller does.
 """
 
 from __future__ import annotations
 
+from controller.config import BROKER_API_KEYS
 from controller.config import ControllerConfig
 from controller.errors import MetadataLogWriteError
 from controller.faults import LISTENER
 from controller.handlers import ControllerHandlers
+from controller.quorum.driver import NotLeaderError
+from controller.quorum.driver import QuorumDriver
+from protocol.api import ApiKey
 from protocol.connection_limits import ConnectionTable
 from protocol.errors import ErrorCode
 from protocol.messages import Message
@@ -20,35 +26,68 @@ from runtime.server import Handler
 from runtime.server import ListenerServer
 from runtime.server import RequestContext
 
+# What only the active controller (the quorum leader) answers is exactly what brokers
+# send it: every change, their heartbeats (sessions live there) and the metadata feed.
+LEADER_ONLY_APIS = BROKER_API_KEYS
+QUORUM_APIS = frozenset(
+    int(key)
+    for key in (
+        ApiKey.VOTE,
+        ApiKey.BEGIN_QUORUM_EPOCH,
+        ApiKey.END_QUORUM_EPOCH,
+        ApiKey.DESCRIBE_QUORUM,
+        ApiKey.FETCH_SNAPSHOT,
+        ApiKey.QUORUM_FETCH,
+    )
+)
 
-def _storage_error(exc: Exception) -> tuple[ErrorCode, str] | None:
+
+def _error_answer(exc: Exception) -> tuple[ErrorCode, str] | None:
     if isinstance(exc, MetadataLogWriteError):
         return ErrorCode.KAFKA_STORAGE_ERROR, str(exc)
+    if isinstance(exc, NotLeaderError):
+        return ErrorCode.NOT_CONTROLLER, str(exc)
+    if isinstance(exc, TimeoutError):
+        return ErrorCode.REQUEST_TIMED_OUT, "the change was not committed in time; retry"
     return None
 
 
-def _dispatch(handlers: ControllerHandlers, api: int) -> Handler:
+def _dispatch(handlers: ControllerHandlers, quorum: QuorumDriver, api: int) -> Handler:
     """The controller's handlers take the request body only; looked up per request, so
     the table stays the one place that says who answers an API."""
+    leader_only = api in LEADER_ONLY_APIS
 
     async def serve(ctx: RequestContext, body: Message) -> Message:
+        if leader_only and not quorum.replica.is_leader:
+            raise quorum.not_leader()
         return await handlers.handlers[api](body)
 
     return serve
 
 
+def _quorum(quorum: QuorumDriver) -> Handler:
+    async def serve(ctx: RequestContext, body: Message) -> Message:
+        return await quorum.handle(-1, body)
+
+    return serve
+
+
 class ControllerServer:
-    def __init__(self, config: ControllerConfig, handlers: ControllerHandlers) -> None:
+    def __init__(
+        self, config: ControllerConfig, handlers: ControllerHandlers, quorum: QuorumDriver
+    ) -> None:
         self.config = config
         self.handlers = handlers
+        served = {api: _dispatch(handlers, quorum, api) for api in handlers.handlers}
+        served.update(dict.fromkeys(QUORUM_APIS, _quorum(quorum)))
         self.listener = ListenerServer(
             LISTENER,
             config.listen_host,
             config.listen_port,
-            {api: _dispatch(handlers, api) for api in handlers.handlers},
+            served,
             table=ConnectionTable(config.connection_limits()),
             faults=handlers.faults,
-            error_answer=_storage_error,
+            error_answer=_error_answer,
             role="controller",
         )
         self.table = self.listener.table

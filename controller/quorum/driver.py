@@ -60,8 +60,13 @@ class NotLeaderError(Exception):
     """This controller is not (or no longer) the quorum leader: the write's outcome is
     unknown, the caller answers NOT_CONTROLLER with the leader it knows."""
 
-    def __init__(self, leader_id: int, epoch: int) -> None:
-        super().__init__(f"not the quorum leader (leader {leader_id}, epoch {epoch})")
+    def __init__(self, leader_id: int, epoch: int, address: tuple[str, int] | None = None) -> None:
+        where = (
+            f"controller {leader_id} at {address[0]}:{address[1]} is"
+            if leader_id >= 0 and address is not None
+            else "no active controller is known yet"
+        )
+        super().__init__(f"not the active controller; {where} (quorum epoch {epoch})")
         self.leader_id = leader_id
         self.epoch = epoch
 
@@ -97,12 +102,15 @@ class QuorumDriver:
         may_vote: bool = True,
         on_committed: Callable[[int], None] = lambda hw: None,
         on_role: Callable[[Role, int, int], None] = lambda role, epoch, leader: None,
+        on_fatal: Callable[[str], None] = lambda message: None,
     ) -> None:
         self.node_id = node_id
         self.metadata_log = metadata_log
         self.state_file = state_file
         self.on_committed = on_committed
         self.on_role = on_role
+        self.on_fatal = on_fatal
+        self.voters = dict(voters)
         loop = asyncio.get_running_loop()
         self.replica = QuorumReplica(
             node_id,
@@ -149,9 +157,47 @@ class QuorumDriver:
     # ------------------------------------------------------------------ life
 
     def start(self) -> None:
+        self.replica.tick(self._now())  # a quorum of one is its leader from here on
         self._spawn(self._ticker(), "quorum-tick")
         self._spawn(self._disk_writer(), "quorum-disk")
+        if not self.replica.may_vote:
+            self._spawn(self._first_start_or_lost_disk(), "quorum-bootstrap")
         self._after()
+
+    async def _first_start_or_lost_disk(self) -> None:
+        """A voter without its quorum state is either one of a new quorum's voters on
+        their first start, or a voter that lost its disk. It asks the others: when a
+        majority (itself included) answers and every log and epoch is empty, the quorum
+        is new and it may vote; when any answer shows a log or an epoch, the cluster
+        exists, and it votes only once it has caught up (replica.py). A lost disk is
+        never taken for a new quorum: what was committed is on a majority, and any
+        majority that answers includes one of them."""
+        replica = self.replica
+        while not replica.may_vote and replica.epoch == 0 and replica.log.end_offset == 0:
+            answers = await asyncio.gather(
+                *(
+                    peer.request(DescribeQuorumRequest(), timeout_s=1.0)
+                    for peer in self.peers.values()
+                ),
+                return_exceptions=True,
+            )
+            described = [a for a in answers if isinstance(a, DescribeQuorumResponse)]
+            if any(a.leader_epoch > 0 or a.log_end_offset > 0 for a in described):
+                log.warning(
+                    "quorum: this controller has no quorum state but the others have a log: "
+                    "its disk was lost; it catches up from them before it votes again"
+                )
+                return
+            if 1 + len(described) >= replica.majority:
+                log.info(
+                    "quorum: a new quorum (%d of %d voters answered, all empty): voting",
+                    1 + len(described),
+                    len(replica.voters),
+                )
+                replica.may_vote = True
+                self._after()
+                return
+            await asyncio.sleep(0.2)
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = self._loop.create_task(coro, name=name)
@@ -184,6 +230,10 @@ class QuorumDriver:
             self._after()
 
     # ------------------------------------------------------------------ after every event
+
+    def wake(self) -> None:
+        """The voter was changed from outside (a snapshot taken): act on it now."""
+        self._after()
 
     def _after(self) -> None:
         if self._stopped:
@@ -306,6 +356,7 @@ class QuorumDriver:
                 self.failed = f"the metadata log could not be written: {exc}"
                 log.error("quorum: %s; this controller stops", self.failed)
                 self._fail_waiters()
+                self.on_fatal(self.failed)
                 return
             self.replica.flushed(point, self._now())
             self._after()
@@ -326,6 +377,12 @@ class QuorumDriver:
             raise ValueError(f"unknown journal entry {op}")
 
     # ------------------------------------------------------------------ the application
+
+    def not_leader(self) -> NotLeaderError:
+        """The error a request only the leader answers gets here, naming the leader."""
+        replica = self.replica
+        leader = replica.node_id if replica.is_leader else replica.leader_id
+        return NotLeaderError(leader, replica.epoch, self.voters.get(leader))
 
     def append(self, records: list[MetadataRecord]) -> int:
         """Append as the leader; the offset after the last record (commit point)."""

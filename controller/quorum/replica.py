@@ -162,6 +162,9 @@ class QuorumReplica:
             self._become_unattached(now)
         if len(self.voters) == 1:
             self._deadline = now  # a quorum of one elects itself at its first tick
+            # ... and everything on its disk was committed (it was the only copy that
+            # had to be durable).
+            self.high_watermark = log.end_offset
 
     # ------------------------------------------------------------------ views
 

@@ -27,7 +27,7 @@ from controller.quorum.quorum_log import Snapshot
 from controller.quorum.quorum_state import QuorumStateFile
 from controller.quorum.replica import QuorumSettings
 from controller.quorum.replica import Role
-from protocol.api import ApiKey
+from controller.server import QUORUM_APIS
 from protocol.messages import Message
 from protocol.metadata_records import LeaderChangeRecord
 from protocol.metadata_records import TopicRecord
@@ -37,14 +37,6 @@ from runtime.server import RequestContext
 
 pytestmark = pytest.mark.timeout(120)
 
-QUORUM_APIS = (
-    ApiKey.VOTE,
-    ApiKey.BEGIN_QUORUM_EPOCH,
-    ApiKey.END_QUORUM_EPOCH,
-    ApiKey.DESCRIBE_QUORUM,
-    ApiKey.FETCH_SNAPSHOT,
-    ApiKey.QUORUM_FETCH,
-)
 SETTINGS = QuorumSettings()  # the defaults: the failover bound is theirs
 
 
@@ -67,7 +59,7 @@ class Voter:
             f"controller-{self.node_id}",
             "127.0.0.1",
             self.port,
-            dict.fromkeys((int(a) for a in QUORUM_APIS), serve),
+            dict.fromkeys(QUORUM_APIS, serve),
             role="controller",
         )
         self.port = await self.server.bind()
