@@ -51,6 +51,16 @@ _LISTENER_RE = re.compile(
 )
 
 
+def parse_controllers(value: str, *, option: str = "--controller") -> tuple[tuple[str, int], ...]:
+    """`HOST:PORT[,HOST:PORT...]`: controllers to ask for the active one."""
+    addresses = tuple(
+        parse_host_port(part, option=option) for part in value.split(",") if part.strip()
+    )
+    if not addresses:
+        raise ConfigError(f"{option}: give at least one HOST:PORT of a controller")
+    return addresses
+
+
 @dataclass(frozen=True)
 class ListenerSpec:
     name: str
@@ -119,8 +129,12 @@ class BrokerConfig:
         "and tools) instead of minibroker's; not the first listener: brokers replicate "
         "over it.",
     )
-    controller: tuple[str, int] = setting(
-        "127.0.0.1:9093", parse=parse_host_port, doc="HOST:PORT of the controller."
+    controller: tuple[tuple[str, int], ...] = setting(
+        "127.0.0.1:9093",
+        parse=parse_controllers,
+        doc="HOST:PORT of the controller, or of any of the quorum's controllers "
+        "(comma-separated): the broker finds the active one and follows it across "
+        "failovers.",
     )
     # None: ./minibroker-data/broker-<node id> (filled in by __post_init__).
     data_dir: Path = setting(

@@ -48,7 +48,8 @@ from protocol.messages import FetchMetadataRequest
 from protocol.messages import FetchMetadataResponse
 from protocol.messages import Listener
 from protocol.messages import Message
-from runtime.peer_rpc import RpcClient
+from runtime.active_controller import ActiveController
+from runtime.active_controller import ControllerClient
 from runtime.peer_rpc import RpcError
 from runtime.peer_rpc import RpcErrorResponse
 
@@ -86,15 +87,14 @@ class ControllerChannel:
         self.config = config
         self.node_id = config.node_id
         self.incarnation_id = incarnation_id
-        host, port = config.controller
         timeout_s = config.request_timeout_ms / 1000
+        # Which controller of the quorum is active: shared by the three connections.
+        self.active = ActiveController(config.controller, client_id=f"broker-{self.node_id}")
 
-        def client(purpose: str) -> RpcClient:
-            return RpcClient(
-                host,
-                port,
-                name="controller",
-                client_id=f"broker-{self.node_id}-{purpose}",
+        def client(purpose: str) -> ControllerClient:
+            return ControllerClient(
+                self.active,
+                purpose=purpose,
                 request_timeout_s=timeout_s,
                 connect_timeout_s=min(5.0, timeout_s),
                 faults=faults,
@@ -130,7 +130,7 @@ class ControllerChannel:
 
     @property
     def controller_address(self) -> str:
-        host, port = self.config.controller
+        host, port = self.active.address
         return f"{host}:{port}"
 
     # ------------------------------------------------------------------ registration

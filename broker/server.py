@@ -264,7 +264,7 @@ class Broker:
             raise StartupError(
                 f"cluster id mismatch: {self.config.data_dir} belongs to cluster "
                 f"{self._meta.cluster_id} but the controller at "
-                f"{self.config.controller[0]}:{self.config.controller[1]} serves cluster "
+                f"{self.channel.controller_address} serves cluster "
                 f"{cluster_id}; point --controller at the right cluster or use an empty "
                 "--data-dir"
             )

@@ -194,6 +194,9 @@ class ControllerProcess:
         except BaseException:
             await self._release()
             raise
+        if len(config.voters) == 1:
+            # A quorum of one: DescribeQuorum names the address actually bound.
+            self.driver.voters[config.node_id] = (host, port)
         self._liveness = asyncio.create_task(self._liveness_loop())
         listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         log.info(

@@ -23,6 +23,8 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Awaitable
+from collections.abc import Callable
 
 from protocol.errors import ErrorCode
 from protocol.invariants import invariant
@@ -79,6 +81,19 @@ class _BrokerFailures:
 
 
 RPC_FAILURES = _BrokerFailures()  # outgoing peer connections raise Rpc* errors
+
+
+async def retry_until(deadline: float, send: Callable[[], Awaitable[Message]]) -> Message:
+    """`send()`, retried on connection failures and timeouts until `deadline`
+    (time.monotonic()); the last error is raised once it has passed."""
+    while True:
+        try:
+            return await send()
+        except (RpcConnectionError, RpcTimeoutError):
+            if time.monotonic() >= deadline:
+                raise
+            # A reconnect sleeps out its backoff; avoid a hot loop anyway.
+            await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 
 class RpcClient:
@@ -162,14 +177,7 @@ class RpcClient:
     ) -> Message:
         """`request`, retrying connection failures and timeouts until `deadline`
         (time.monotonic()); the last error is raised once it has passed."""
-        while True:
-            try:
-                return await self.request(body, timeout_s=timeout_s)
-            except (RpcConnectionError, RpcTimeoutError):
-                if time.monotonic() >= deadline:
-                    raise
-                # _ensure_connected sleeps out the backoff; avoid a hot loop anyway.
-                await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        return await retry_until(deadline, lambda: self.request(body, timeout_s=timeout_s))
 
     async def close(self) -> None:
         self._closed = True

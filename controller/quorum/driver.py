@@ -310,22 +310,15 @@ class QuorumDriver:
         progress = replica.progress()
         voters = []
         for v in replica.voters:
+            host, port = self.voters.get(v, ("", -1))
+            state = QuorumVoterState(replica_id=v, host=host, port=port)
             if v == replica.node_id:
-                voters.append(
-                    QuorumVoterState(
-                        replica_id=v, log_end_offset=replica.log.flushed_end, last_fetch_ms_ago=0
-                    )
-                )
-            elif v in progress:
+                state.log_end_offset, state.last_fetch_ms_ago = replica.log.flushed_end, 0
+            elif v in progress and progress[v].end_offset >= 0:
                 p = progress[v]
-                ago = int(now - p.last_fetch_ms) if p.end_offset >= 0 else -1
-                voters.append(
-                    QuorumVoterState(
-                        replica_id=v, log_end_offset=p.end_offset, last_fetch_ms_ago=ago
-                    )
-                )
-            else:
-                voters.append(QuorumVoterState(replica_id=v))
+                state.log_end_offset = p.end_offset
+                state.last_fetch_ms_ago = int(now - p.last_fetch_ms)
+            voters.append(state)
         return DescribeQuorumResponse(
             node_id=replica.node_id,
             role=replica.role.value,

@@ -152,6 +152,9 @@ class QuorumVoterState(Message, kw_only=True):
     replica_id: int
     log_end_offset: int = -1  # durable on the voter, as the leader last heard
     last_fetch_ms_ago: int = -1  # -1: never heard from in this epoch
+    # Where the voter listens (--quorum-voters): brokers find the active one by it.
+    host: str = ""
+    port: int = -1
 
 
 class DescribeQuorumResponse(Message, kw_only=True):

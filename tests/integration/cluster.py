@@ -238,6 +238,9 @@ class Cluster:
         self.root = root
         self.controller: ControllerProcess | None = None
         self.brokers: dict[int, BrokerProcess] = {}
+        # Brokers' --controller when the controllers are not this cluster's own (a
+        # quorum started by the test): HOST:PORT,...
+        self.controller_bootstrap: str | None = None
 
     def start_controller(self, *extra: str, session_timeout_ms: int = 3000) -> ControllerProcess:
         port = self.controller.port if self.controller is not None else 0
@@ -267,7 +270,10 @@ class Cluster:
         self, node_id: int, port: int, *extra: str, kafka_port: int | None = None
     ) -> list[str]:
         """A broker's command line; with `kafka_port`, a Kafka listener KAFKA too."""
-        assert self.controller is not None, "start the controller first"
+        controllers = self.controller_bootstrap
+        if controllers is None:
+            assert self.controller is not None, "start the controller first"
+            controllers = self.controller.address
         kafka = [] if kafka_port is None else [f"KAFKA://127.0.0.1:{kafka_port}"]
         return [
             sys.executable,
@@ -279,7 +285,7 @@ class Cluster:
             ",".join([f"PLAINTEXT://127.0.0.1:{port}", *kafka]),
             *(["--kafka-listeners", "KAFKA"] if kafka else []),
             "--controller",
-            self.controller.address,
+            controllers,
             "--data-dir",
             str(self.root / f"broker-{node_id}"),
             "--heartbeat-interval-ms",

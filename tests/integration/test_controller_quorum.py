@@ -9,7 +9,10 @@
 - SIGSTOP of the active controller (a zombie): the others elect a new one; resumed, the
   zombie learns the new epoch and answers NOT_CONTROLLER (fenced by epoch);
 - a controller whose data directory is lost comes back empty, catches up from the
-  others and the quorum keeps every committed change.
+  others and the quorum keeps every committed change;
+- brokers given every controller's address follow the active one: after its SIGKILL
+  they stay registered and unfenced, topics are created through them (forwarded to the
+  new active controller) and produce goes on.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from client.admin import AsyncAdmin
+from client.errors import MinibrokerError
+from client.producer import AsyncProducer
 from protocol.errors import ErrorCode
 from protocol.messages import BrokerRegistrationRequest
 from protocol.messages import BrokerRegistrationResponse
@@ -34,6 +40,7 @@ from protocol.messages import DescribeQuorumResponse
 from protocol.messages import Listener
 from protocol.messages import MetadataRequest
 from protocol.messages import MetadataResponse
+from tests.integration.cluster import Cluster
 from tests.integration.test_controller_process import START_TIMEOUT_S
 from tests.integration.test_controller_process import Client
 from tests.integration.test_controller_process import ControllerProc
@@ -271,3 +278,43 @@ async def test_a_controller_that_lost_its_disk_catches_up(quorum) -> None:  # ty
     await create_topic(leader, "later")
     for m in quorum.values():
         await eventually(f"{m.node_id} has it", lambda m=m: _has(m, "later"))
+
+
+async def test_brokers_follow_the_active_controller(quorum, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    c = Cluster(tmp_path / "brokers")
+    c.root.mkdir()
+    c.controller_bootstrap = ",".join(f"127.0.0.1:{m.port}" for m in quorum.values())
+    try:
+        for n in (1, 2):
+            c.start_broker(n)
+        servers = [f"{b.host}:{b.port}" for b in c.brokers.values()]
+        async with (
+            AsyncAdmin(servers) as admin,
+            AsyncProducer(servers, linger_ms=0, acks="all", retry_backoff_ms=50) as producer,
+        ):
+            await admin.create_topic("before", 2, 2)
+            for i in range(10):
+                await producer.send_and_wait("before", b"b%d" % i, partition=i % 2)
+            old, _ = await active(quorum)
+            old.kill9()
+            await active(quorum, other_than=old.node_id)
+            deadline = time.monotonic() + 30
+            while True:  # forwarded by a broker to whichever controller is active
+                try:
+                    await admin.create_topic("after", 2, 2)
+                    break
+                except MinibrokerError:
+                    assert time.monotonic() < deadline, "no topic created after the failover"
+                    await asyncio.sleep(0.2)
+            for i in range(10):
+                await producer.send_and_wait("after", b"a%d" % i, partition=i % 2)
+                await producer.send_and_wait("before", b"c%d" % i, partition=i % 2)
+            described = await admin.describe_cluster()
+            assert sorted((b.node_id, b.is_fenced) for b in described.brokers) == [
+                (1, False),
+                (2, False),
+            ]
+        for b in c.brokers.values():
+            assert "the active controller is controller" in b.log_text()
+    finally:
+        c.stop_all()

@@ -17,7 +17,7 @@ def test_defaults(captured: list[BrokerConfig]) -> None:
     config = captured[0]
     assert config.node_id == 3
     assert str(config.listeners[0]) == "PLAINTEXT://127.0.0.1:9092"
-    assert config.controller == ("127.0.0.1", 9093)
+    assert config.controller == (("127.0.0.1", 9093),)
     assert config.data_dir == Path("minibroker-data/broker-3")
     assert (config.heartbeat_interval_ms, config.segment_bytes, config.retention_ms) == (
         500,
@@ -41,7 +41,7 @@ def test_precedence(captured: list[BrokerConfig], tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     config = captured[0]
     assert config.node_id == 7  # TOML
-    assert config.controller == ("h", 1)  # TOML
+    assert config.controller == (("h", 1),)  # TOML
     assert config.heartbeat_interval_ms == 222  # env over TOML
     assert config.retention_ms == 7  # flag over env
 

@@ -129,7 +129,7 @@ class FakeController:
 def make_channel(port: int, offset: list[int]) -> ControllerChannel:
     config = BrokerConfig(
         node_id=1,
-        controller=("127.0.0.1", port),
+        controller=(("127.0.0.1", port),),
         data_dir=Path("/nonexistent"),
         heartbeat_interval_ms=20,
         metadata_max_wait_ms=50,

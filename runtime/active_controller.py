@@ -1,0 +1,187 @@
+"""Talking to the active controller of a quorum (issue 17), for a broker: any
+controller address bootstraps; DescribeQuorum says which voter leads and where every
+voter listens; a request that finds the controller gone, or a controller that is no
+longer (or not) the active one (NOT_CONTROLLER), looks the leader up again before it
+fails, so the next request goes to the new active controller. A single controller is a
+quorum of one: the same path.
+
+- `ActiveController`: what the channels of one process share, the leader's address
+  (one lookup at a time; a lookup asks each known controller at most once, bounded by
+  LOOKUP_TIMEOUT_S each);
+- `ControllerClient`: one reconnecting connection (runtime/peer_rpc.py) that follows
+  it, with RpcClient's `request` / `request_with_retry` / `close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from protocol.errors import ErrorCode
+from protocol.messages import DescribeQuorumRequest
+from protocol.messages import DescribeQuorumResponse
+from protocol.messages import Message
+from runtime.faults import Faults
+from runtime.peer_rpc import NO_FAULTS
+from runtime.peer_rpc import RpcClient
+from runtime.peer_rpc import RpcConnectionError
+from runtime.peer_rpc import RpcError
+from runtime.peer_rpc import RpcErrorResponse
+from runtime.peer_rpc import RpcTimeoutError
+from runtime.peer_rpc import retry_until
+
+log = logging.getLogger(__name__)
+
+LOOKUP_TIMEOUT_S = 1.0
+# Controllers remembered from DescribeQuorum answers, at most (bounded like any list).
+MAX_KNOWN = 16
+
+Address = tuple[str, int]
+
+
+class ActiveController:
+    def __init__(self, bootstrap: Sequence[Address], *, client_id: str) -> None:
+        if not bootstrap:
+            raise ValueError("at least one controller address is needed")
+        self.known: list[Address] = list(dict.fromkeys(bootstrap))
+        self.address: Address = self.known[0]
+        self.leader_id = -1
+        self.client_id = client_id
+        self._lock = asyncio.Lock()
+
+    def describe(self) -> str:
+        host, port = self.address
+        who = f"controller {self.leader_id}" if self.leader_id >= 0 else "the controller"
+        return f"{who} at {host}:{port}"
+
+    async def look_up(self, failed: Address) -> None:
+        """The active controller is not (or no longer) at `failed`: ask the known
+        controllers which voter leads. Unchanged when none can say (an election is
+        under way; the caller retries)."""
+        async with self._lock:
+            if self.address != failed:
+                return  # another channel found the new one meanwhile
+            start = self.known.index(failed) + 1 if failed in self.known else 0
+            order = self.known[start:] + self.known[:start]
+            for address in order:
+                answer = await self._describe(address)
+                if answer is None:
+                    continue
+                for voter in answer.voters:
+                    if voter.port > 0 and len(self.known) < MAX_KNOWN:
+                        endpoint = (voter.host, voter.port)
+                        if endpoint not in self.known:
+                            self.known.append(endpoint)
+                leader = next(
+                    (v for v in answer.voters if v.replica_id == answer.leader_id and v.port > 0),
+                    None,
+                )
+                if leader is not None:
+                    self.address = (leader.host, leader.port)
+                    if answer.leader_id != self.leader_id:
+                        log.info(
+                            "the active controller is controller %d at %s:%d (quorum epoch %d)",
+                            answer.leader_id,
+                            leader.host,
+                            leader.port,
+                            answer.leader_epoch,
+                        )
+                    self.leader_id = answer.leader_id
+                    return
+
+    async def _describe(self, address: Address) -> DescribeQuorumResponse | None:
+        client = RpcClient(
+            address[0],
+            address[1],
+            name="controller",
+            client_id=self.client_id,
+            request_timeout_s=LOOKUP_TIMEOUT_S,
+            connect_timeout_s=LOOKUP_TIMEOUT_S,
+            max_in_flight=1,
+        )
+        try:
+            answer = await client.request(DescribeQuorumRequest())
+        except RpcError:
+            return None
+        finally:
+            await client.close()
+        return answer if isinstance(answer, DescribeQuorumResponse) else None
+
+
+class ControllerClient:
+    """A connection to whichever controller is active (see the module doc)."""
+
+    def __init__(
+        self,
+        active: ActiveController,
+        *,
+        purpose: str,
+        request_timeout_s: float,
+        connect_timeout_s: float,
+        faults: Faults = NO_FAULTS,
+        peer_id: int = -1,
+    ) -> None:
+        self.active = active
+        self.purpose = purpose
+        self.request_timeout_s = request_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._faults = faults
+        self._peer_id = peer_id
+        self._client: RpcClient | None = None
+        self._closed = False
+
+    def _current(self) -> RpcClient:
+        address = self.active.address
+        client = self._client
+        if client is None or (client.host, client.port) != address:
+            if client is not None:
+                # The old connection goes in the background: nothing waits on it.
+                task = asyncio.get_running_loop().create_task(client.close())
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            client = self._client = RpcClient(
+                address[0],
+                address[1],
+                name="controller",
+                client_id=f"{self.active.client_id}-{self.purpose}",
+                request_timeout_s=self.request_timeout_s,
+                connect_timeout_s=self.connect_timeout_s,
+                faults=self._faults,
+                peer_id=self._peer_id,
+            )
+        return client
+
+    async def request(self, body: Message, *, timeout_s: float | None = None) -> Message:
+        """One request to the active controller. On a lost controller or
+        NOT_CONTROLLER the leader is looked up again, then the error is raised (as
+        RpcConnectionError for NOT_CONTROLLER: the caller retries as after a lost
+        connection)."""
+        if self._closed:  # not retried: the process is stopping
+            raise RpcError(f"connection to {self.active.describe()} is closed")
+        client = self._current()
+        address = (client.host, client.port)
+        try:
+            return await client.request(body, timeout_s=timeout_s)
+        except RpcErrorResponse as exc:
+            if exc.error != ErrorCode.NOT_CONTROLLER:
+                raise
+            await self.active.look_up(address)
+            raise RpcConnectionError(f"{address[0]}:{address[1]}: {exc.message}") from None
+        except (RpcConnectionError, RpcTimeoutError):
+            await self.active.look_up(address)
+            raise
+
+    async def request_with_retry(
+        self, body: Message, *, deadline: float, timeout_s: float | None = None
+    ) -> Message:
+        """`request`, retried on a lost controller and NOT_CONTROLLER until
+        `deadline` (time.monotonic())."""
+        return await retry_until(deadline, lambda: self.request(body, timeout_s=timeout_s))
+
+    async def close(self) -> None:
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close()
