@@ -1,15 +1,18 @@
-"""`minibroker dev`: a local cluster (one controller, N brokers) in the foreground.
+"""`minibroker dev`: a local cluster (one controller or a quorum of 3 or 5, N brokers)
+in the foreground.
 
 Each server is a subprocess started by module name (`python -m controller`,
 `python -m broker`): the client never imports them. Ports: brokers on base_port,
 base_port+2, base_port+4, ...; the controller on base_port+1 unless given (so the
-defaults, 9092 and 9093, match `python -m broker` / `python -m controller`); each
+defaults, 9092 and 9093, match `python -m broker` / `python -m controller`), a quorum's
+controllers on controller-port, +2, +4 (9093, 9095, 9097); each
 broker's Kafka listener (Apache Kafka's protocol, for Kafka clients and tools) on
 kafka_base_port, kafka_base_port+2, ... (default base_port + 10000: 19092, 19094...).
 
 Layout under the data dir::
 
     controller/            the controller's metadata log (its --data-dir)
+    controller-<id>/       each controller's, with --controllers 3 or 5
     broker-<id>/           each broker's log dirs (its --data-dir)
     logs/controller.log    each child's stdout and stderr, appended across runs
     logs/broker-<id>.log
@@ -25,6 +28,7 @@ on Linux they also get SIGTERM if this process dies without cleaning up.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ctypes
 import fcntl
@@ -34,6 +38,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Awaitable
 from collections.abc import Callable
 from pathlib import Path
@@ -42,10 +47,9 @@ from typing import TextIO
 
 from client.connection import BrokerConnection
 from client.errors import MinibrokerError
-from protocol.messages import DescribeClusterRequest
-from protocol.messages import DescribeClusterResponse
 from protocol.messages import MetadataRequest
 from protocol.messages import MetadataResponse
+from runtime.active_controller import ActiveController
 
 CONTROLLER_ID = 0
 POLL_INTERVAL = 0.1
@@ -162,6 +166,7 @@ class DevCluster:
         *,
         data_dir: Path,
         brokers: int = 3,
+        controllers: int = 1,
         base_port: int = 9092,
         controller_port: int | None = None,
         kafka_base_port: int | None = None,
@@ -174,24 +179,33 @@ class DevCluster:
     ) -> None:
         if brokers < 1:
             raise DevClusterError("--brokers must be at least 1")
+        if controllers not in (1, 3, 5):
+            raise DevClusterError(
+                "--controllers must be 1, 3 or 5 (a quorum needs a majority up: an even "
+                "number tolerates no more failures than the odd number below it)"
+            )
         self.data_dir = data_dir.absolute()
         self.host = host
         self.broker_ports = broker_ports(base_port, brokers)
-        self.controller_port = base_port + 1 if controller_port is None else controller_port
+        first_controller = base_port + 1 if controller_port is None else controller_port
+        # Controllers on the odd ports between the brokers': 9093, 9095, 9097.
+        self.controller_ports = broker_ports(first_controller, controllers)
+        self.controller_port = first_controller
         kafka_base = base_port + KAFKA_PORT_OFFSET if kafka_base_port is None else kafka_base_port
         self.kafka_ports = broker_ports(kafka_base, brokers)
-        if self.controller_port in self.broker_ports:
+        if set(self.controller_ports) & set(self.broker_ports):
             raise DevClusterError(
-                f"--controller-port {self.controller_port} clashes with a broker port "
+                f"--controller-port {first_controller}: the controllers' ports "
+                f"({', '.join(map(str, self.controller_ports))}) clashes with a broker port "
                 f"({', '.join(map(str, self.broker_ports))})"
             )
-        if set(self.kafka_ports) & {self.controller_port, *self.broker_ports}:
+        if set(self.kafka_ports) & {*self.controller_ports, *self.broker_ports}:
             raise DevClusterError(
                 f"--kafka-base-port {kafka_base}: the Kafka listeners' ports "
                 f"({', '.join(map(str, self.kafka_ports))}) clash with the other ports"
             )
         if (
-            max([*self.broker_ports, *self.kafka_ports, self.controller_port]) > 65535
+            max([*self.broker_ports, *self.kafka_ports, *self.controller_ports]) > 65535
             or min(base_port, kafka_base) < 1
         ):
             raise DevClusterError("ports must be between 1 and 65535")
@@ -202,24 +216,7 @@ class DevCluster:
         self.err = err
         python = sys.executable
         logs = self.data_dir / "logs"
-        self.controller = _Child(
-            "controller",
-            CONTROLLER_ID,
-            [
-                python,
-                "-m",
-                "controller",
-                "--node-id",
-                str(CONTROLLER_ID),
-                "--listen",
-                f"{host}:{self.controller_port}",
-                "--data-dir",
-                str(self.data_dir / "controller"),
-                "--log-level",
-                log_level,
-            ],
-            logs / "controller.log",
-        )
+        self.controllers = self._controller_children(python, logs, log_level)
         self.brokers: list[_Child] = []
         for i, (port, kafka_port) in enumerate(
             zip(self.broker_ports, self.kafka_ports, strict=True)
@@ -240,7 +237,7 @@ class DevCluster:
                         "--kafka-listeners",
                         "KAFKA",
                         "--controller",
-                        f"{host}:{self.controller_port}",
+                        self.controller_addresses,
                         "--data-dir",
                         str(self.data_dir / f"broker-{node_id}"),
                         "--log-level",
@@ -253,9 +250,69 @@ class DevCluster:
         self._kill_now = False
         self._lock_file: IO[str] | None = None
 
+    def _controller_children(self, python: str, logs: Path, log_level: str) -> list[_Child]:
+        """One controller (node 0, in controller/), or a quorum of them (nodes 0..N-1,
+        in controller-<id>/, one cluster id for all: the one they were formatted
+        with, or a new one)."""
+        if len(self.controller_ports) == 1:
+            layout = [(CONTROLLER_ID, "controller", "controller", [])]
+        else:
+            voters = ",".join(
+                f"{i}@{self.host}:{port}" for i, port in enumerate(self.controller_ports)
+            )
+            cluster = ["--quorum-voters", voters, "--cluster-id", self._cluster_id()]
+            layout = [
+                (i, f"controller {i}", f"controller-{i}", cluster)
+                for i in range(len(self.controller_ports))
+            ]
+        return [
+            _Child(
+                name,
+                node_id,
+                [
+                    python,
+                    "-m",
+                    "controller",
+                    "--node-id",
+                    str(node_id),
+                    "--listen",
+                    f"{self.host}:{port}",
+                    "--data-dir",
+                    str(self.data_dir / directory),
+                    "--log-level",
+                    log_level,
+                    *quorum,
+                ],
+                logs / f"{directory}.log",
+            )
+            for (node_id, name, directory, quorum), port in zip(
+                layout, self.controller_ports, strict=True
+            )
+        ]
+
+    def _cluster_id(self) -> str:
+        """The quorum's cluster id: what its first controller was formatted with, or a
+        new one (22 characters of URL-safe base64, Kafka's form)."""
+        with contextlib.suppress(OSError):
+            for line in (
+                (self.data_dir / "controller-0" / "meta.properties").read_text().splitlines()
+            ):
+                key, _, value = line.partition("=")
+                if key.strip() == "cluster.id" and value.strip():
+                    return value.strip()
+        while True:
+            text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+            if not text.startswith("-"):
+                return text
+
+    @property
+    def controller_addresses(self) -> str:
+        """Every controller, as the brokers' --controller."""
+        return ",".join(f"{self.host}:{p}" for p in self.controller_ports)
+
     @property
     def children(self) -> list[_Child]:
-        return [self.controller, *self.brokers]
+        return [*self.controllers, *self.brokers]
 
     @property
     def bootstrap(self) -> str:
@@ -287,7 +344,7 @@ class DevCluster:
         try:
             busy = [
                 p
-                for p in [self.controller_port, *self.broker_ports, *self.kafka_ports]
+                for p in [*self.controller_ports, *self.broker_ports, *self.kafka_ports]
                 if not port_is_free(self.host, p)
             ]
             if busy:
@@ -303,8 +360,9 @@ class DevCluster:
             if self._stop.is_set():
                 return await self._shutdown(reason="interrupted during startup")
             self._say(
-                f"cluster ready in {time.monotonic() - started:.1f} s: controller "
-                f"{self.host}:{self.controller_port}, brokers "
+                f"cluster ready in {time.monotonic() - started:.1f} s: "
+                f"{'controller' if len(self.controllers) == 1 else 'controllers'} "
+                f"{self.controller_addresses}, brokers "
                 + ", ".join(
                     f"{b.node_id}={self.host}:{p}"
                     for b, p in zip(self.brokers, self.broker_ports, strict=True)
@@ -365,14 +423,20 @@ class DevCluster:
 
     async def _start_all(self) -> None:
         env = self._env()
-        self._say(
-            f"starting controller {CONTROLLER_ID} on {self.host}:{self.controller_port} "
-            f"(log: {self.controller.log_path})"
-        )
-        self.controller.start(env)
+        for controller, port in zip(self.controllers, self.controller_ports, strict=True):
+            self._say(
+                f"starting controller {controller.node_id} on {self.host}:{port} "
+                f"(log: {controller.log_path})"
+            )
+            controller.start(env)
         deadline = time.monotonic() + self.startup_timeout
         await self._wait_until(
-            self._controller_ready, deadline, [self.controller], "the controller to listen"
+            self._controller_ready,
+            deadline,
+            self.controllers,
+            "the controller to listen"
+            if len(self.controllers) == 1
+            else "the controllers to elect an active one",
         )
         if self._stop.is_set():
             return
@@ -430,8 +494,12 @@ class DevCluster:
             await conn.close()
 
     async def _controller_ready(self) -> bool:
-        response = await self._ask(self.controller_port, DescribeClusterRequest())
-        return isinstance(response, DescribeClusterResponse)
+        """An active controller (a quorum of one has one at once)."""
+        active = ActiveController(
+            [(self.host, p) for p in self.controller_ports], client_id="minibroker-dev"
+        )
+        await active.find()
+        return active.leader_id >= 0
 
     async def _brokers_ready(self) -> bool:
         expected = {b.node_id for b in self.brokers}
@@ -444,11 +512,30 @@ class DevCluster:
         return True
 
     async def _watch(self) -> _Child | None:
-        """Until a signal (None) or a child exits (that child)."""
+        """Until a signal (None) or a child exits (that child). In a quorum a dead
+        controller is reported and the cluster goes on while a majority of the
+        controllers runs (that is what a quorum is for)."""
+        reported: set[str] = set()
+        majority = len(self.controllers) // 2 + 1
         while not self._stop.is_set():
+            dead_controllers = [c for c in self.controllers if c.returncode is not None]
             for child in self.children:
-                if child.returncode is not None:
-                    return child
+                if child.returncode is None:
+                    continue
+                quorum_holds = len(self.controllers) - len(dead_controllers) >= majority
+                if child in self.controllers and len(self.controllers) > 1 and quorum_holds:
+                    if child.name not in reported:
+                        reported.add(child.name)
+                        code = child.returncode
+                        print(
+                            f"{child.name} exited ({describe_exit(code)}); "
+                            f"{len(self.controllers) - len(dead_controllers)} of "
+                            f"{len(self.controllers)} controllers run on (log: {child.log_path})",
+                            file=self.err,
+                            flush=True,
+                        )
+                    continue
+                return child
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.2):
                     await self._stop.wait()
@@ -467,7 +554,7 @@ class DevCluster:
         clean = not dead_before
         if not quiet:
             self._say(f"stopping ({reason}): brokers first, then the controller")
-        for group in (self.brokers, [self.controller]):
+        for group in (self.brokers, self.controllers):
             procs = [c for c in group if c.proc is not None]
             for child in procs:
                 child.signal(signal.SIGTERM)

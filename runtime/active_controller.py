@@ -39,6 +39,8 @@ LOOKUP_TIMEOUT_S = 1.0
 MAX_KNOWN = 16
 
 Address = tuple[str, int]
+# Listen-on-everything addresses: where a server listens, not where it can be reached.
+WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
 
 class ActiveController:
@@ -64,50 +66,79 @@ class ActiveController:
             if self.address != failed:
                 return  # another channel found the new one meanwhile
             start = self.known.index(failed) + 1 if failed in self.known else 0
-            order = self.known[start:] + self.known[:start]
-            for address in order:
-                answer = await self._describe(address)
-                if answer is None:
-                    continue
-                for voter in answer.voters:
-                    if voter.port > 0 and len(self.known) < MAX_KNOWN:
-                        endpoint = (voter.host, voter.port)
-                        if endpoint not in self.known:
-                            self.known.append(endpoint)
-                leader = next(
-                    (v for v in answer.voters if v.replica_id == answer.leader_id and v.port > 0),
-                    None,
-                )
-                if leader is not None:
-                    self.address = (leader.host, leader.port)
-                    if answer.leader_id != self.leader_id:
-                        log.info(
-                            "the active controller is controller %d at %s:%d (quorum epoch %d)",
-                            answer.leader_id,
-                            leader.host,
-                            leader.port,
-                            answer.leader_epoch,
-                        )
-                    self.leader_id = answer.leader_id
-                    return
+            await self._ask_in_turn(self.known[start:] + self.known[:start])
+
+    async def find(self) -> None:
+        """Ask the known controllers, in order, which voter is active (`leader_id`
+        stays -1 when none can say)."""
+        async with self._lock:
+            await self._ask_in_turn(list(self.known))
+
+    async def _ask_in_turn(self, order: list[Address]) -> None:
+        for address in order:
+            answer = await self._describe(address)
+            if answer is None:
+                continue
+            for voter in answer.voters:
+                if voter.port > 0 and voter.host not in WILDCARDS and len(self.known) < MAX_KNOWN:
+                    endpoint = (voter.host, voter.port)
+                    if endpoint not in self.known:
+                        self.known.append(endpoint)
+            endpoint = self._leader_endpoint(answer, address)
+            if endpoint is not None:
+                self.address = endpoint
+                if answer.leader_id != self.leader_id:
+                    log.info(
+                        "the active controller is controller %d at %s:%d (quorum epoch %d)",
+                        answer.leader_id,
+                        endpoint[0],
+                        endpoint[1],
+                        answer.leader_epoch,
+                    )
+                self.leader_id = answer.leader_id
+                return
+
+    @staticmethod
+    def _leader_endpoint(answer: DescribeQuorumResponse, asked: Address) -> Address | None:
+        """Where the leader listens. A controller that answers for itself is reached
+        where we asked it (it may listen on 0.0.0.0, an address no one can dial);
+        another voter at the address the quorum lists, unless that is a wildcard."""
+        if answer.leader_id < 0:
+            return None
+        if answer.leader_id == answer.node_id:
+            return asked
+        for v in answer.voters:
+            if v.replica_id == answer.leader_id and v.port > 0 and v.host not in WILDCARDS:
+                return v.host, v.port
+        return None
 
     async def _describe(self, address: Address) -> DescribeQuorumResponse | None:
-        client = RpcClient(
-            address[0],
-            address[1],
-            name="controller",
-            client_id=self.client_id,
-            request_timeout_s=LOOKUP_TIMEOUT_S,
-            connect_timeout_s=LOOKUP_TIMEOUT_S,
-            max_in_flight=1,
-        )
         try:
-            answer = await client.request(DescribeQuorumRequest())
+            return await describe_quorum_at(address, self.client_id, LOOKUP_TIMEOUT_S)
         except RpcError:
             return None
-        finally:
-            await client.close()
-        return answer if isinstance(answer, DescribeQuorumResponse) else None
+
+
+async def describe_quorum_at(
+    address: Address, client_id: str, timeout_s: float
+) -> DescribeQuorumResponse:
+    """One controller's DescribeQuorum answer (raises RpcError when it gives none)."""
+    client = RpcClient(
+        address[0],
+        address[1],
+        name="controller",
+        client_id=client_id,
+        request_timeout_s=timeout_s,
+        connect_timeout_s=timeout_s,
+        max_in_flight=1,
+    )
+    try:
+        answer = await client.request(DescribeQuorumRequest())
+    finally:
+        await client.close()
+    if not isinstance(answer, DescribeQuorumResponse):
+        raise RpcError(f"controller at {address[0]}:{address[1]} answered {answer!r}")
+    return answer
 
 
 class ControllerClient:

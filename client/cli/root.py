@@ -105,6 +105,14 @@ def broker(args: tuple[str, ...]) -> None:
     "--brokers", at_least=1, at_most=32, default=3, help="Number of brokers (node ids 1..N)."
 )
 @number_option(
+    "--controllers",
+    at_least=1,
+    at_most=5,
+    default=1,
+    help="Number of controllers: 1, or a quorum of 3 or 5 (node ids 0..N-1, on "
+    "controller-port, +2, +4...; any one may die, the others elect a new active one).",
+)
+@number_option(
     "--base-port",
     at_least=1,
     at_most=65535,
@@ -149,7 +157,8 @@ def broker(args: tuple[str, ...]) -> None:
     help="Log level of the servers (their logs go to DATA_DIR/logs/).",
 )
 def dev(log_level: str, **options: Any) -> None:
-    """Run a local cluster in the foreground: one controller and N brokers.
+    """Run a local cluster in the foreground: one controller (or a quorum of 3 or 5)
+    and N brokers.
 
     Prints the bootstrap address once every broker is up; Ctrl-C (or SIGTERM) stops
     the brokers, then the controller, and exits 0 when all stopped cleanly. If a

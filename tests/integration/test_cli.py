@@ -73,9 +73,9 @@ def pids_mentioning(text: str) -> set[int]:
 
 
 class DevProcess:
-    def __init__(self, data_dir: Path, brokers: int) -> None:
+    def __init__(self, data_dir: Path, brokers: int, *extra: str) -> None:
         self.data_dir = data_dir
-        self.base_port = free_base_port(brokers)
+        self.base_port = free_base_port(max(brokers, 3))
         self.proc = subprocess.Popen(
             [
                 *CLI,
@@ -86,6 +86,7 @@ class DevProcess:
                 str(brokers),
                 "--base-port",
                 str(self.base_port),
+                *extra,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -245,6 +246,51 @@ def test_dev_topic_produce_consume_and_ctrl_c(dev: DevProcess) -> None:
 
 
 # ------------------------------------------------------------------ no cluster needed
+
+
+@pytest.mark.slow
+def test_dev_with_a_quorum_of_three_controllers_survives_the_active_ones_death(
+    tmp_path: Path,
+) -> None:
+    """`minibroker dev --controllers 3`: the brokers follow the active controller; when
+    it is SIGKILLed, dev says so and runs on, the other two elect a new one, and topics
+    are created and records produced and consumed as before."""
+    dev = DevProcess(tmp_path / "quorum", 2, "--controllers", "3")
+    try:
+        bootstrap = dev.wait_for_bootstrap()
+        controllers = ",".join(f"127.0.0.1:{dev.base_port + 1 + 2 * i}" for i in range(3))
+        assert f"controllers {controllers}" in dev.output()
+        status = mb("metadata-quorum", "describe", "--controller", controllers)
+        assert status.returncode == 0, status.stderr
+        leader = int(status.stdout.split("LeaderId:")[1].split()[0])
+        assert "CurrentVoters:  [0,1,2]" in status.stdout
+        victims = pids_mentioning(str(dev.data_dir / f"controller-{leader}"))
+        assert len(victims) == 1, victims
+        os.kill(victims.pop(), signal.SIGKILL)
+
+        deadline = time.monotonic() + 60
+        while True:  # through a broker, forwarded to whichever controller is active
+            created = mb("topic", "create", "q", "-p", "2", "-r", "2", "-b", bootstrap)
+            if created.returncode == 0:
+                break
+            assert time.monotonic() < deadline, created.stderr
+            time.sleep(0.5)
+        assert dev.proc.poll() is None, dev.output()
+        assert f"controller {leader} exited (killed by SIGKILL); 2 of 3 controllers run on" in (
+            "".join(dev.stderr)
+        )
+        status = mb("metadata-quorum", "describe", "--controller", controllers)
+        assert status.returncode == 0, status.stderr
+        assert int(status.stdout.split("LeaderId:")[1].split()[0]) != leader
+        produced = mb("produce", "q", "-b", bootstrap, stdin="a\nb\nc\n")
+        assert produced.returncode == 0, produced.stderr
+        consumed = mb(
+            "consume", "q", "--from-beginning", "-n", "3", "--timeout-ms", "30000", "-b", bootstrap
+        )
+        assert sorted(consumed.stdout.split()) == ["a", "b", "c"], consumed.stderr
+    finally:
+        dev.stop()
+    assert "stopped, not cleanly" in dev.output()  # one controller was killed
 
 
 def test_dev_refuses_a_busy_port(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@
   zombie learns the new epoch and answers NOT_CONTROLLER (fenced by epoch);
 - a controller whose data directory is lost comes back empty, catches up from the
   others and the quorum keeps every committed change;
+- `minibroker metadata-quorum describe`, given one controller's address, names the
+  active controller and every voter's progress;
 - brokers given every controller's address follow the active one: after its SIGKILL
   they stay registered and unfenced, topics are created through them (forwarded to the
   new active controller) and produce goes on.
@@ -20,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -41,6 +45,7 @@ from protocol.messages import Listener
 from protocol.messages import MetadataRequest
 from protocol.messages import MetadataResponse
 from tests.integration.cluster import Cluster
+from tests.integration.test_controller_process import REPO
 from tests.integration.test_controller_process import START_TIMEOUT_S
 from tests.integration.test_controller_process import Client
 from tests.integration.test_controller_process import ControllerProc
@@ -318,3 +323,31 @@ async def test_brokers_follow_the_active_controller(quorum, tmp_path: Path) -> N
             assert "the active controller is controller" in b.log_text()
     finally:
         c.stop_all()
+
+
+async def test_metadata_quorum_describe_from_any_controller(quorum) -> None:  # type: ignore[no-untyped-def]
+    leader, epoch = await active(quorum)
+    follower = next(m for m in quorum.values() if m is not leader)
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "client.cli", "metadata-quorum", "describe", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    status = await asyncio.to_thread(cli, "--controller", f"127.0.0.1:{follower.port}")
+    assert f"LeaderId:       {leader.node_id}" in status
+    assert f"LeaderEpoch:    {epoch}" in status
+    assert "CurrentVoters:  [1,2,3]" in status
+    address = f"127.0.0.1:{follower.port}"
+    rows = (await asyncio.to_thread(cli, "--controller", address, "--replication")).splitlines()
+    assert rows[0].split() == ["NodeId", "Address", "LogEndOffset", "Lag", "LastFetch", "Status"]
+    by_node = {int(r.split()[0]): r.split() for r in rows[1:]}
+    assert sorted(by_node) == [1, 2, 3]
+    assert by_node[leader.node_id][-1] == "Leader"
+    assert {by_node[m.node_id][-1] for m in quorum.values() if m is not leader} == {"Follower"}
