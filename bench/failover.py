@@ -16,6 +16,15 @@ timeout (`--session-timeout-ms`, the controller's default 4000); brokers heartbe
 every 200 ms (tests/integration/cluster.py's setting). The producer retries with
 `retry_backoff_ms` 50 up to `retry_backoff_max_ms` 250, so its backoff adds at most
 about 0.25 s to a window.
+
+`--target controller` (issue 17): three controllers in a quorum. Each trial SIGKILLs
+the active controller ("controller": `failover_s` is from the signal to the first topic
+created through a broker afterwards, forwarded to the new active controller; target
+2 s) or the active controller and the partition's leader broker together
+("leader+controller": the produce window as above; the new active controller gives
+every broker a fresh session, then fences the dead one after the session timeout;
+target session timeout + 2 s). The killed servers are restarted and the quorum and
+the ISR are whole again before the next trial.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import itertools
 import signal
 import sys
 import time
+from collections.abc import Awaitable
+from collections.abc import Callable
 from typing import Any
 
 from bench.harness import BenchCluster
@@ -35,7 +46,9 @@ from bench.harness import report
 from bench.harness import run
 from bench.harness import wait_full_isr
 from client.admin import AsyncAdmin
+from client.errors import MinibrokerError
 from client.producer import AsyncProducer
+from client.quorum_admin import describe_quorum
 
 NAME = "failover"
 TOPIC = "bench-failover"
@@ -52,6 +65,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, help="trials per kind [3; 1 with --quick]")
     p.add_argument(
         "--session-timeout-ms", type=int, default=4000, help="controller session timeout [4000]"
+    )
+    p.add_argument(
+        "--target",
+        choices=("broker", "controller"),
+        default="broker",
+        help="what is killed: the partition's leader broker, or the active controller of "
+        "a 3-controller quorum (alone, and with the leader broker) [broker]",
     )
     return p
 
@@ -110,7 +130,7 @@ async def current_leader(admin: AsyncAdmin) -> int:
 
 
 async def trial(
-    cluster: BenchCluster, producer: SteadyProducer, admin: AsyncAdmin, kind: str
+    cluster: BenchCluster, producer: SteadyProducer, admin: AsyncAdmin, kind: str, n: int
 ) -> dict[str, Any]:
     await asyncio.sleep(STEADY_S)
     leader = await current_leader(admin)
@@ -162,34 +182,143 @@ def _resume_time(acks: list[float], t_signal: float) -> float:
     return max(gaps)[1]
 
 
+Trial = Callable[[BenchCluster, SteadyProducer, AsyncAdmin, str, int], Awaitable[dict[str, Any]]]
+
+
 async def run_trials(
-    cluster: BenchCluster, args: argparse.Namespace, progress: Progress
+    cluster: BenchCluster,
+    args: argparse.Namespace,
+    progress: Progress,
+    kinds: tuple[str, ...],
+    one: Trial,
+    measure: str,
 ) -> list[dict[str, Any]]:
+    """`args.trials` of each kind, one steady producer throughout."""
     await cluster.create_topic(TOPIC, partitions=1, replication_factor=3)
     rows = []
     async with AsyncAdmin(cluster.bootstrap) as admin:
         producer = SteadyProducer(cluster.bootstrap, args.rate)
         await producer.start()
         try:
-            for kind in ("SIGKILL", "SIGTERM"):
+            for kind in kinds:
                 for i in range(args.trials):
                     progress.update(f"{kind} trial {i + 1}")
-                    rows.append(await trial(cluster, producer, admin, kind))
-                    progress.step(f"{kind}: {rows[-1]['unavailable_s']:.3f} s")
+                    rows.append(await one(cluster, producer, admin, kind, i))
+                    progress.step(f"{kind}: {rows[-1][measure]:.3f} s")
         finally:
             await producer.stop()
     return rows
+
+
+async def _active_controller(cluster: BenchCluster) -> int:
+    voters = [("127.0.0.1", p.port) for p in cluster.cluster.quorum.values()]
+    return (await describe_quorum(voters)).leader_id
+
+
+async def _quorum_whole(cluster: BenchCluster, timeout_s: float = 60) -> None:
+    voters = [("127.0.0.1", p.port) for p in cluster.cluster.quorum.values()]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            q = await describe_quorum(voters)
+            if all(v.lag == 0 for v in q.voters):
+                return
+        except MinibrokerError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("the controller quorum did not catch up")
+        await asyncio.sleep(0.1)
+
+
+async def controller_trial(
+    cluster: BenchCluster, producer: SteadyProducer, admin: AsyncAdmin, kind: str, n: int
+) -> dict[str, Any]:
+    await asyncio.sleep(STEADY_S)
+    active = await _active_controller(cluster)
+    victims = [cluster.cluster.quorum[active]]
+    leader = -1
+    if kind == "leader+controller":
+        leader = await current_leader(admin)
+        victims.append(cluster.cluster.brokers[leader])
+    failures_before = producer.failures
+    t_signal = time.monotonic()
+    for proc in victims:
+        assert proc.popen is not None
+        proc.popen.send_signal(signal.SIGKILL)
+    deadline = t_signal + TRIAL_TIMEOUT_S
+    name = f"{TOPIC}-{kind.replace('+', '-')}-{n}"
+    while True:  # through a broker, forwarded to whichever controller is active
+        try:
+            await admin.create_topic(name, 1, 1)
+            break
+        except MinibrokerError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{kind}: no topic created in {TRIAL_TIMEOUT_S:.0f} s") from None
+            await asyncio.sleep(0.02)
+    failover = time.monotonic() - t_signal
+    row: dict[str, Any] = {"kind": kind, "failover_s": round(failover, 3), "unavailable_s": None}
+    if leader >= 0:
+        while True:
+            acks = producer.acks_since(t_signal)
+            if acks and acks[-1] - _resume_time(acks, t_signal) >= RESUMED_S:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{kind}: produce did not resume")
+            await asyncio.sleep(0.05)
+        window = producer.acks_since(t_signal - 0.5)
+        row["unavailable_s"] = round(max(b - a for a, b in itertools.pairwise(window)), 3)
+    row["failed_records"] = producer.failures - failures_before
+    for proc in victims:
+        await asyncio.to_thread(proc.wait_exit, 30)
+    await asyncio.to_thread(cluster.cluster.start_voter, active)
+    if leader >= 0:
+        await asyncio.to_thread(cluster.restart_broker, leader)
+        await wait_full_isr(admin, TOPIC, 3, timeout_s=60)
+    await _quorum_whole(cluster)
+    return row
+
+
+def controller_main(args: argparse.Namespace) -> int:
+    progress = Progress(2 * args.trials, NAME)
+    with BenchCluster(
+        3, session_timeout_ms=args.session_timeout_ms, keep_data=args.keep_data, controllers=3
+    ) as cluster:
+        kinds = ("controller", "leader+controller")
+        rows = run(run_trials(cluster, args, progress, kinds, controller_trial, "failover_s"))
+    session_s = args.session_timeout_ms / 1000
+    summary = []
+    for kind, measure, target in (
+        ("controller", "failover_s", 2.0),
+        ("leader+controller", "unavailable_s", session_s + 2),
+    ):
+        values = sorted(r[measure] for r in rows if r["kind"] == kind)
+        summary.append(
+            {
+                "kind": kind,
+                "measure": measure,
+                "trials": len(values),
+                "median_s": values[len(values) // 2],
+                "max_s": values[-1],
+                "target_s": target,
+            }
+        )
+    table = [[r["kind"], r["failover_s"], r["unavailable_s"], r["failed_records"]] for r in rows]
+    columns = ["killed", "topic created after s", "produce unavailable s", "failed"]
+    return report(NAME, args, progress, columns, table, rows, summary=summary, target="controller")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.trials is None:
         args.trials = 1 if args.quick else 3
+    if args.target == "controller":
+        return controller_main(args)
     progress = Progress(2 * args.trials, NAME)
     with BenchCluster(
         3, session_timeout_ms=args.session_timeout_ms, keep_data=args.keep_data
     ) as cluster:
-        rows = run(run_trials(cluster, args, progress))
+        kinds = ("SIGKILL", "SIGTERM")
+        rows = run(run_trials(cluster, args, progress, kinds, trial, "unavailable_s"))
     summary = []
     for kind in ("SIGKILL", "SIGTERM"):
         values = sorted(r["unavailable_s"] for r in rows if r["kind"] == kind)

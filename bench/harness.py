@@ -87,13 +87,16 @@ class BenchCluster:
         session_timeout_ms: int = 4000,
         keep_data: bool = False,
         kafka: bool = False,
+        controllers: int = 1,
     ) -> None:
-        """`kafka`: every broker has a Kafka listener too (`kafka_bootstrap`)."""
+        """`kafka`: every broker has a Kafka listener too (`kafka_bootstrap`);
+        `controllers` > 1: a controller quorum of that many (`cluster.quorum`)."""
         assert brokers >= 1, "a cluster needs a broker"
         self.kafka = kafka
         self.broker_count = brokers
         self.broker_args = list(broker_args)
         self.session_timeout_ms = session_timeout_ms
+        self.controllers = controllers
         self.keep_data = keep_data
         self.root = Path(tempfile.mkdtemp(prefix="minibroker-bench-"))
         self.cluster = Cluster(self.root)
@@ -103,7 +106,12 @@ class BenchCluster:
     def __enter__(self) -> BenchCluster:
         self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
-            self.cluster.start_controller(session_timeout_ms=self.session_timeout_ms)
+            if self.controllers > 1:
+                self.cluster.start_quorum(
+                    self.controllers, session_timeout_ms=self.session_timeout_ms
+                )
+            else:
+                self.cluster.start_controller(session_timeout_ms=self.session_timeout_ms)
             for node_id in range(1, self.broker_count + 1):
                 self.cluster.start_broker(node_id, *self.broker_args, wait=False, kafka=self.kafka)
             for proc in self.cluster.brokers.values():  # all start at once, then wait
@@ -125,7 +133,7 @@ class BenchCluster:
 
     def _kill_all(self) -> None:
         self._closing = True
-        procs = [*self.cluster.brokers.values()]
+        procs = [*self.cluster.brokers.values(), *self.cluster.quorum.values()]
         if self.cluster.controller is not None:
             procs.append(self.cluster.controller)
         for proc in procs:

@@ -146,6 +146,7 @@ class QuorumDriver:
         self._waiter_count = 0
         self._seen = (self.replica.role, self.replica.epoch, self.replica.leader_id)
         self._hw = self.replica.high_watermark
+        self._end = self.replica.log.end_offset
         self._loop = loop
         self._stopped = False
         self.failed: str | None = None
@@ -257,6 +258,10 @@ class QuorumDriver:
             self._release_waiters()
             self._changed.set()
             self.on_committed(self._hw)
+        if replica.log.end_offset != self._end:
+            # New entries (or a truncation): a follower's long poll answers now.
+            self._end = replica.log.end_offset
+            self._changed.set()
 
     async def _exchange(self, dst: int, request: Message) -> None:
         if isinstance(request, QuorumFetchRequest):

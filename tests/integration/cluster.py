@@ -238,9 +238,11 @@ class Cluster:
         self.root = root
         self.controller: ControllerProcess | None = None
         self.brokers: dict[int, BrokerProcess] = {}
-        # Brokers' --controller when the controllers are not this cluster's own (a
-        # quorum started by the test): HOST:PORT,...
+        # Brokers' --controller when it is not `controller`: a quorum (start_quorum),
+        # or controllers a test started itself. HOST:PORT,...
         self.controller_bootstrap: str | None = None
+        self.quorum: dict[int, ControllerProcess] = {}  # node id -> voter (start_quorum)
+        self._quorum_args: list[str] = []
 
     def start_controller(self, *extra: str, session_timeout_ms: int = 3000) -> ControllerProcess:
         port = self.controller.port if self.controller is not None else 0
@@ -264,6 +266,56 @@ class Cluster:
         self.controller = proc
         match = proc.wait_for(_CONTROLLER_READY)
         proc.host, proc.port = match[2], int(match[3])
+        return proc
+
+    def start_quorum(self, voters: int = 3, *extra: str, session_timeout_ms: int = 3000) -> None:
+        """A controller quorum of `voters` (node ids 0..N-1, in controller-<id>/); the
+        brokers started afterwards are given every voter's address."""
+        ports = {n: free_port() for n in range(voters)}
+        self._quorum_args = [
+            "--quorum-voters",
+            ",".join(f"{n}@127.0.0.1:{p}" for n, p in ports.items()),
+            "--cluster-id",
+            "test-quorum",
+            "--session-timeout-ms",
+            str(session_timeout_ms),
+            *extra,
+        ]
+        for n, port in ports.items():
+            self.quorum[n] = ControllerProcess(
+                name=f"controller-{n}", args=[], log_path=self.root / f"controller-{n}.log"
+            )
+            self.quorum[n].port = port
+        for n in ports:
+            self.start_voter(n, wait=False)
+        for proc in self.quorum.values():
+            proc.wait_for(_CONTROLLER_READY)
+        self.controller_bootstrap = ",".join(p.address for p in self.quorum.values())
+
+    def start_voter(self, node_id: int, *, wait: bool = True) -> ControllerProcess:
+        """(Re)start voter `node_id` of the quorum on its port and data dir."""
+        old = self.quorum[node_id]
+        proc = ControllerProcess(
+            name=old.name,
+            args=[
+                sys.executable,
+                "-m",
+                "controller",
+                "--node-id",
+                str(node_id),
+                "--listen",
+                old.address,
+                "--data-dir",
+                str(self.root / f"controller-{node_id}"),
+                *self._quorum_args,
+            ],
+            log_path=old.log_path,
+        )
+        proc.port = old.port
+        proc.start()
+        self.quorum[node_id] = proc
+        if wait:
+            proc.wait_for(_CONTROLLER_READY)
         return proc
 
     def broker_args(
@@ -336,6 +388,8 @@ class Cluster:
         groups = [[p.popen for p in self.brokers.values()]]
         if self.controller is not None:
             groups.append([self.controller.popen])
+        if self.quorum:
+            groups.append([p.popen for p in self.quorum.values()])
         stop_in_order(groups, STOP_TIMEOUT_S)
 
 

@@ -146,3 +146,16 @@ def test_rebalance_times_each_case(tmp_path: Path) -> None:
         assert 0 < rows[case]["median_s"] <= rows[case]["max_s"] < 60
     # A killed member is only noticed once its session (2 s with --quick) expires.
     assert rows["kill"]["median_s"] >= 2.0 > rows["leave"]["median_s"]
+
+
+def test_controller_failover_kills_the_active_controller(tmp_path: Path) -> None:
+    doc = run_bench(
+        "failover", tmp_path / "failover.json", "--target", "controller", "--rate", "200"
+    )
+    rows = {row["kind"]: row for row in doc["results"]}
+    assert set(rows) == {"controller", "leader+controller"}
+    assert 0 < rows["controller"]["failover_s"] < 60
+    assert rows["controller"]["unavailable_s"] is None  # produce is not measured alone
+    # The dead leader broker is fenced only after its session: produce waited for it.
+    assert 0 < rows["leader+controller"]["unavailable_s"] < 60
+    assert {s["kind"] for s in doc["summary"]} == {"controller", "leader+controller"}
