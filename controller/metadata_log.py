@@ -409,16 +409,12 @@ class MetadataLog:
             self._drop_covered_sync(last_offset)
             return
         try:
-            new_fd = self._open_append(directory / log_file_name(new_first))
+            self._switch_to(new_first)
         except OSError as exc:
             log.error(
                 "cannot start a new metadata log file after snapshot %d: %s", last_offset, exc
             )
             return
-        old_fd, self._fd = self._fd, new_fd
-        self._active_first = new_first
-        with contextlib.suppress(OSError):
-            os.close(old_fd)
         for name in os.listdir(directory):
             m = _LOG_RE.match(name) or _SNAPSHOT_RE.match(name)
             if m is None:
@@ -504,10 +500,7 @@ class MetadataLog:
             pos, cursor = parsed.end, cursor + 1
         os.truncate(path, pos)
         if holding != self._active_first:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = self._open_append(path)
-            self._active_first = holding
+            self._switch_to(holding)
         os.fsync(self._fd)
         fsync_directory(directory)
 
@@ -519,15 +512,20 @@ class MetadataLog:
         await self._off_loop_or_fail("truncate", self._truncate_sync, offset)
         self._next_offset = offset
 
+    def _switch_to(self, first_offset: int) -> None:
+        """Appends go to the file starting at `first_offset` from now on (created if
+        missing); the previous file is closed."""
+        new_fd = self._open_append(self.directory / log_file_name(first_offset))
+        old_fd, self._fd = self._fd, new_fd
+        self._active_first = first_offset
+        with contextlib.suppress(OSError):
+            os.close(old_fd)
+
     def _install_sync(self, last_offset: int, data: bytes) -> None:
         directory = self.directory
         atomic_write(directory / snapshot_file_name(last_offset), data)
         new_first = last_offset + 1
-        new_fd = self._open_append(directory / log_file_name(new_first))
-        old_fd, self._fd = self._fd, new_fd
-        self._active_first = new_first
-        with contextlib.suppress(OSError):
-            os.close(old_fd)
+        self._switch_to(new_first)
         for name in os.listdir(directory):
             m = _LOG_RE.match(name) or _SNAPSHOT_RE.match(name)
             if m is None:
