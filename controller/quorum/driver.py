@@ -272,7 +272,19 @@ class QuorumDriver:
             log.debug("quorum: %s to controller %d failed: %s", type(request).__name__, dst, exc)
             self.replica.request_failed(dst, request, self._now())
         else:
-            self.replica.handle_response(dst, request, response, self._now())
+            problem = self.replica.answer_problem(request, response)
+            if problem is None:
+                self.replica.handle_response(dst, request, response, self._now())
+            else:
+                log.error(
+                    "quorum: ignored the answer of controller %d at %s to %s: %s; is it a "
+                    "voter of this quorum, running this version?",
+                    dst,
+                    self.peers[dst].peer,
+                    type(request).__name__,
+                    problem,
+                )
+                self.replica.request_failed(dst, request, self._now())
         self._after()
 
     # ------------------------------------------------------------------ requests in

@@ -670,6 +670,67 @@ class QuorumReplica:
             self._fetching = False
             self._next_fetch_ms = now + self.settings.idle_fetch_backoff_ms
 
+    def answer_problem(self, request: Message, response: Message) -> str | None:
+        """Why a peer's answer to `request` cannot be true (None: it can). The driver
+        drops such an answer as if none had come: a peer that is not a voter of this
+        quorum, or a buggy one, must not stall or crash this one."""
+        leader = getattr(response, "leader_id", -1)
+        if leader != -1 and leader not in self.voters:
+            return f"it names controller {leader} as leader, not a voter ({sorted(self.voters)})"
+        if getattr(response, "error_code", 0) != 0:
+            return None
+        if isinstance(response, QuorumFetchResponse) and isinstance(request, QuorumFetchRequest):
+            return self._fetch_answer_problem(request, response)
+        if isinstance(response, FetchSnapshotResponse) and response.snapshot_id is not None:
+            sid = response.snapshot_id
+            if sid.end_offset < 0 or sid.epoch > response.leader_epoch:
+                return (
+                    f"snapshot at offset {sid.end_offset} of epoch {sid.epoch} from a leader of "
+                    f"epoch {response.leader_epoch}"
+                )
+        return None
+
+    def _fetch_answer_problem(
+        self, req: QuorumFetchRequest, resp: QuorumFetchResponse
+    ) -> str | None:
+        parts = [resp.entries != [], resp.snapshot_id is not None, self._diverges(resp)]
+        if sum(parts) > 1:
+            return "it sends entries, a snapshot or a divergence together (at most one)"
+        expected, epoch = req.fetch_offset, req.last_fetched_epoch
+        for e in resp.entries:
+            if e.offset != expected:
+                return f"entry at offset {e.offset} where {expected} continues the log"
+            if not epoch <= e.epoch <= resp.leader_epoch:
+                return (
+                    f"entry at offset {e.offset} of epoch {e.epoch}, outside {epoch}.."
+                    f"{resp.leader_epoch} (after the last fetched epoch, up to the leader's)"
+                )
+            expected, epoch = expected + 1, e.epoch
+        if self._diverges(resp) and req.fetch_offset == self.log.end_offset:
+            offset = self._divergence_offset(req, resp)
+            if offset < self.high_watermark:
+                return (
+                    f"diverging epoch {resp.diverging_epoch} at {resp.diverging_end_offset} "
+                    f"would truncate committed entries (to {offset}, high watermark "
+                    f"{self.high_watermark})"
+                )
+        return None
+
+    @staticmethod
+    def _diverges(resp: QuorumFetchResponse) -> bool:
+        return resp.diverging_epoch >= 0 or resp.diverging_end_offset >= 0
+
+    def _divergence_offset(self, req: QuorumFetchRequest, resp: QuorumFetchResponse) -> int:
+        """Where the brokers' rule (runtime/epoch_lineage.py) cuts our log."""
+        leo = self.log.end_offset
+        return offset_truncation_state(
+            resp.diverging_epoch,
+            resp.diverging_end_offset,
+            follower_end_offset_for=lambda e: self.log.lineage.end_offset_for(e, leo),
+            follower_leo=leo,
+            fetch_offset=req.fetch_offset,
+        ).offset
+
     def handle_response(self, dst: int, request: Message, response: Message, now: float) -> None:
         if isinstance(response, VoteResponse) and isinstance(request, VoteRequest):
             self._on_vote_response(dst, request, response, now)
@@ -733,16 +794,9 @@ class QuorumReplica:
                 )
             )
             return
-        if resp.diverging_epoch >= 0 or resp.diverging_end_offset >= 0:
-            leo = self.log.end_offset
-            decision = offset_truncation_state(
-                resp.diverging_epoch,
-                resp.diverging_end_offset,
-                follower_end_offset_for=lambda e: self.log.lineage.end_offset_for(e, leo),
-                follower_leo=leo,
-                fetch_offset=req.fetch_offset,
-            )
-            self._truncate(decision.offset, f"diverging epoch {resp.diverging_epoch} from {leader}")
+        if self._diverges(resp):
+            offset = self._divergence_offset(req, resp)
+            self._truncate(offset, f"diverging epoch {resp.diverging_epoch} from {leader}")
             self._maybe_fetch(now)
             return
         if resp.entries:

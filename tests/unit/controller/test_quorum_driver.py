@@ -28,7 +28,16 @@ from controller.quorum.quorum_state import QuorumStateFile
 from controller.quorum.replica import QuorumSettings
 from controller.quorum.replica import Role
 from controller.server import QUORUM_APIS
+from protocol.errors import ErrorCode
+from protocol.messages import BeginQuorumEpochResponse
+from protocol.messages import DescribeQuorumRequest
+from protocol.messages import DescribeQuorumResponse
 from protocol.messages import Message
+from protocol.messages import MetadataEntry
+from protocol.messages import QuorumFetchRequest
+from protocol.messages import QuorumFetchResponse
+from protocol.messages import VoteRequest
+from protocol.messages import VoteResponse
 from protocol.metadata_records import LeaderChangeRecord
 from protocol.metadata_records import TopicRecord
 from runtime.faults import Faults
@@ -240,3 +249,97 @@ async def test_a_voter_that_lost_its_disk_catches_up_before_voting(tmp_path: Pat
     finally:
         for v in voters:
             await v.stop()
+
+
+class LyingVoter:
+    """A peer on a real socket that claims to be voter 1 and leader of epoch 5, and
+    answers QuorumFetch with the `lies` in turn, then with one true entry."""
+
+    EPOCH = 5
+
+    def __init__(self, lies: list[dict[str, object]]) -> None:
+        self.lies = list(lies)
+        self.fetches = 0
+        self.server: ListenerServer | None = None
+
+    async def bind(self) -> int:
+        async def serve(ctx: RequestContext, body: Message) -> Message:
+            return self.answer(body)
+
+        self.server = ListenerServer(
+            "liar", "127.0.0.1", 0, dict.fromkeys(QUORUM_APIS, serve), role="controller"
+        )
+        port = await self.server.bind()
+        await self.server.start_serving()
+        return port
+
+    def answer(self, body: Message) -> Message:
+        if isinstance(body, DescribeQuorumRequest):
+            return DescribeQuorumResponse(node_id=1, leader_id=1, leader_epoch=self.EPOCH)
+        if isinstance(body, VoteRequest):  # "I lead epoch 5": the voter follows
+            return VoteResponse(voter_id=1, leader_id=1, leader_epoch=self.EPOCH)
+        if isinstance(body, QuorumFetchRequest):
+            self.fetches += 1
+            base = {"leader_id": 1, "leader_epoch": self.EPOCH, "high_watermark": 1}
+            if self.lies:
+                return QuorumFetchResponse(**{**base, **self.lies.pop(0)})  # type: ignore[arg-type]
+            if body.fetch_offset == 0:
+                return QuorumFetchResponse(**base, entries=[entry(0, self.EPOCH)])  # type: ignore[arg-type]
+            return QuorumFetchResponse(**base)  # type: ignore[arg-type]
+        return BeginQuorumEpochResponse(error_code=int(ErrorCode.INVALID_REQUEST))
+
+
+def entry(offset: int, epoch: int) -> MetadataEntry:
+    return MetadataEntry(
+        offset=offset, epoch=epoch, record=TopicRecord(name=f"t{offset}", topic_id="x" * 22)
+    )
+
+
+async def test_a_peer_that_lies_in_its_answers_is_ignored_not_obeyed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Invariant: a peer's answer that cannot be true (a leader that is no voter, fetched
+    entries that do not continue the log or outrun the leader's epoch, a divergence
+    below the high watermark) changes nothing: one ERROR line, the voter treats it as
+    no answer and goes on fetching. Without the check the gap and the divergence
+    raised inside the fetch task (an exception nobody saw) and the entry of epoch 9,
+    which no leader wrote, was committed."""
+    lies: list[dict[str, object]] = [
+        {"entries": [entry(7, 5)]},  # a gap: the log ends at 0
+        {"leader_id": 99},  # not a voter
+        {"entries": [entry(0, 9)]},  # an epoch past the leader's 5
+        {"entries": [entry(0, 5)], "diverging_epoch": 2, "diverging_end_offset": 0},
+    ]
+    liar = LyingVoter(lies)
+    liar_port = await liar.bind()
+    voter = Voter(0, tmp_path / "c0")
+    port = await voter.bind()
+    dead_port = await Voter(2, tmp_path / "c2").bind()  # bound, never served
+    try:
+        await voter.start(
+            {0: ("127.0.0.1", port), 1: ("127.0.0.1", liar_port), 2: ("127.0.0.1", dead_port)}
+        )
+        assert voter.driver is not None
+        replica = voter.driver.replica
+        deadline = time.monotonic() + 20
+        while replica.high_watermark < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert replica.high_watermark == 1, (replica.role, replica.epoch, liar.fetches)
+        assert (replica.leader_id, replica.epoch) == (1, LyingVoter.EPOCH)
+        assert [(e.offset, e.epoch) for e in replica.log.entries] == [(0, LyingVoter.EPOCH)]
+        ignored = [r.getMessage() for r in caplog.records if "ignored the answer" in r.getMessage()]
+        assert len(ignored) == 4, ignored
+        assert "continues the log" in ignored[0] and "not a voter" in ignored[1]
+        assert "outside" in ignored[2] and "at most one" in ignored[3]
+
+        # A divergence that would cut the committed entry at offset 0.
+        liar.lies.append({"diverging_epoch": 3, "diverging_end_offset": 0})
+        while len(liar.lies) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)
+        assert replica.high_watermark == 1 and replica.log.end_offset == 1
+        assert any("would truncate committed" in r.getMessage() for r in caplog.records)
+    finally:
+        await voter.stop()
+        assert liar.server is not None
+        await liar.server.close()
