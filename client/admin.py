@@ -23,6 +23,7 @@ from client.admin_diagnostics import DEFAULT_CONTROLLER_PORT
 from client.admin_diagnostics import DEFAULT_MAX_BATCHES
 from client.admin_diagnostics import Diagnostics
 from client.admin_diagnostics import parse_address
+from client.admin_diagnostics import parse_addresses
 from client.cluster import ClusterClient
 from client.descriptions import BrokerDescription
 from client.descriptions import ClusterDescription
@@ -84,6 +85,7 @@ __all__ = [
     "ReplicaLogDescription",
     "TopicDescription",
     "parse_address",
+    "parse_addresses",
     "topics_from_metadata",
 ]
 

@@ -1,11 +1,13 @@
 """The admin client's diagnostics: `health` / `cluster_health` (the verdict of
-client/health.py over a broker's view, or the controller's when its address is given,
-plus a probe of every live broker) and `describe_replica_log` (one broker's replica of
-one partition via DescribeReplicaLog, which brokers serve read-only)."""
+client/health.py over a broker's view, or the active controller's when the addresses of
+controllers are given, plus a probe of every live broker and of the controller quorum)
+and `describe_replica_log` (one broker's replica of one partition via
+DescribeReplicaLog, which brokers serve read-only)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from client.cluster import parse_bootstrap_servers
 from client.connection import BrokerConnection
@@ -29,6 +31,8 @@ from client.health import ClusterHealth
 from client.health import OfflineLogDirHealth
 from client.health import StrayReplicaHealth
 from client.health import evaluate_health
+from client.quorum_admin import QuorumCheck
+from client.quorum_admin import check_quorum
 from protocol.errors import ErrorCode
 from protocol.messages import DescribeClusterRequest
 from protocol.messages import DescribeClusterResponse
@@ -63,7 +67,25 @@ def parse_address(text: str, default_port: int | None = None) -> tuple[str, int]
         if default_port is None:
             raise ValueError(f"bad address {text!r}: expected HOST:PORT")
         stripped = f"{stripped}:{default_port}"
-    return parse_bootstrap_servers(stripped)[0]
+    return parse_bootstrap_servers(stripped, what="address")[0]
+
+
+def parse_addresses(text: str, default_port: int | None = None) -> list[tuple[str, int]]:
+    """HOST:PORT[,HOST:PORT...] (each as parse_address reads it), at least one."""
+    addresses = [parse_address(part, default_port) for part in text.split(",") if part.strip()]
+    if not addresses:
+        raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {text!r}")
+    return addresses
+
+
+def _reached(
+    quorum: QuorumCheck, view: tuple[ClusterDescription, list[TopicDescription]] | None
+) -> bool:
+    """A controller answered: the active one with its metadata, or (with none active:
+    no_active_controller says so) any voter."""
+    if quorum.quorum is None:
+        return False
+    return view is not None or quorum.leader_address is None
 
 
 class Diagnostics:
@@ -72,20 +94,32 @@ class Diagnostics:
     async def cluster_health(
         self,
         *,
-        controller: str | None = None,
+        controller: str | Sequence[tuple[str, int]] | None = None,
         probe_brokers: bool = True,
         probe_timeout_ms: int = 3_000,
     ) -> ClusterHealth:
         """The cluster's health (client/health.py), never raising for an unreachable
-        cluster: that is a verdict (no_broker_reachable, controller_unreachable).
+        cluster: that is a verdict (no_broker_reachable, controller_unreachable,
+        no_active_controller, controller_voters_down).
 
-        Asks a bootstrap broker (DescribeCluster, Metadata for all topics); with
-        `controller` (HOST:PORT) also the controller, whose answer is then the one
-        evaluated (a broker's image may lag it). With `probe_brokers`, every broker
-        the metadata says is live must answer DescribeLogDirs within `probe_timeout_ms`
-        (a killed broker stays unfenced until the controller's session timeout); the
-        answers also list the stray replicas each broker set aside.
-        Works on an admin that is not started: it tries to bootstrap first."""
+        Asks a bootstrap broker (DescribeCluster, Metadata for all topics). With
+        `controller` (HOST:PORT[,HOST:PORT...], any voters of the controller quorum;
+        port 9093 if left out) also the quorum: every voter is asked DescribeQuorum
+        within `probe_timeout_ms` and the active controller for every voter's progress
+        (client/quorum_admin.py), then the active controller for its metadata, which is
+        then the one evaluated (a broker's image may lag it). With `probe_brokers`,
+        every broker the metadata says is live must answer DescribeLogDirs within
+        `probe_timeout_ms` (a killed broker stays unfenced until the controller's
+        session timeout); the answers also list the stray replicas each broker set
+        aside. Works on an admin that is not started: it tries to bootstrap first.
+        Raises ValueError for a malformed `controller`."""
+        controllers: list[tuple[str, int]] = []
+        if isinstance(controller, str):
+            controllers = parse_addresses(controller, DEFAULT_CONTROLLER_PORT)
+        elif controller is not None:
+            controllers = list(controller)
+            if not controllers:
+                raise ValueError("controller: give at least one HOST:PORT (or None)")
         errors: list[str] = []
         broker_view: tuple[ClusterDescription, list[TopicDescription]] | None = None
         try:
@@ -100,22 +134,16 @@ class Diagnostics:
 
         controller_view: tuple[ClusterDescription, list[TopicDescription]] | None = None
         controller_address: str | None = None
+        quorum: QuorumCheck | None = None
         if controller is not None:
-            host, port = parse_address(controller, DEFAULT_CONTROLLER_PORT)
-            controller_address = f"{host}:{port}"
-            try:
-                dc, md = await self._ask_directly(
-                    host,
-                    port,
-                    [DescribeClusterRequest(), MetadataRequest(topics=None)],
-                    timeout_ms=min(self._request_timeout_ms, 10_000),
+            quorum = await check_quorum(controllers, probe_timeout_ms / 1000)
+            errors.extend(quorum.errors)
+            controller_address = ",".join(f"{h}:{p}" for h, p in controllers)
+            if quorum.leader_address is not None:
+                controller_address = "{}:{}".format(*quorum.leader_address)
+                controller_view = await self._controller_view(
+                    quorum.leader_address, controller_address, errors
                 )
-                assert isinstance(dc, DescribeClusterResponse)
-                assert isinstance(md, MetadataResponse)
-                controller_view = (_cluster_description(dc), topics_from_metadata(md))
-            except MinibrokerError as exc:
-                errors.append(f"controller {controller_address}: {short_reason(exc)}")
-
         view = controller_view or broker_view
         unreachable: list[int] = []
         strays: list[StrayReplicaHealth] = []
@@ -144,12 +172,31 @@ class Diagnostics:
             source=SOURCE_CONTROLLER if controller_view is not None else SOURCE_BROKER,
             brokers_reachable=broker_view is not None,
             controller_address=controller_address,
-            controller_reachable=None if controller is None else controller_view is not None,
+            controller_reachable=None if quorum is None else _reached(quorum, controller_view),
             unreachable_brokers=unreachable,
             errors=errors,
             stray_replicas=strays,
             offline_log_dirs=offline_dirs,
+            quorum=quorum.quorum if quorum is not None else None,
         )
+
+    async def _controller_view(
+        self, address: tuple[str, int], where: str, errors: list[str]
+    ) -> tuple[ClusterDescription, list[TopicDescription]] | None:
+        """The active controller's metadata (None, with the error noted, when it does
+        not answer)."""
+        try:
+            dc, md = await self._ask_directly(
+                *address,
+                [DescribeClusterRequest(), MetadataRequest(topics=None)],
+                timeout_ms=min(self._request_timeout_ms, 10_000),
+            )
+        except MinibrokerError as exc:
+            errors.append(f"controller {where}: {short_reason(exc)}")
+            return None
+        assert isinstance(dc, DescribeClusterResponse)
+        assert isinstance(md, MetadataResponse)
+        return _cluster_description(dc), topics_from_metadata(md)
 
     health = cluster_health  # the short name, as the CLI calls it
 

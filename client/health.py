@@ -20,10 +20,18 @@ DescribeLogDirs answer (KAFKA_STORAGE_ERROR and why); such a broker has asked th
 controller to fence it, so it is also among the brokers down. Fenced brokers are
 probed too, to learn this; one that does not answer is simply down.
 
+With --controller, the controller quorum (issue 17) is checked as
+`kafka-metadata-quorum describe --status` shows it: every voter is asked
+DescribeQuorum (client/quorum_admin.py gathers it into a QuorumHealth), and a voter
+is down when it does not answer, or when the active controller has not heard a fetch
+from it for STALE_FETCH_MS. A quorum of one (a single controller) is the same check.
+
 Reasons (stable names, scripts match on them):
 
     no_broker_reachable          no bootstrap broker answered
-    controller_unreachable       --controller was given and did not answer
+    controller_unreachable       --controller was given and none of them answered
+    no_active_controller         the controllers answer, but none is the quorum leader
+    controller_voters_down       a voter does not answer, or does not fetch from the leader
     no_controller                the metadata names no controller (-1)
     no_live_brokers              every registered broker is fenced, or none registered
     brokers_down                 some broker is fenced or does not answer
@@ -44,6 +52,8 @@ from client.descriptions import TopicDescription
 
 NO_BROKER_REACHABLE = "no_broker_reachable"
 CONTROLLER_UNREACHABLE = "controller_unreachable"
+NO_ACTIVE_CONTROLLER = "no_active_controller"
+CONTROLLER_VOTERS_DOWN = "controller_voters_down"
 NO_CONTROLLER = "no_controller"
 NO_LIVE_BROKERS = "no_live_brokers"
 BROKERS_DOWN = "brokers_down"
@@ -55,6 +65,8 @@ UNDER_REPLICATED_PARTITIONS = "under_replicated_partitions"
 REASONS = (
     NO_BROKER_REACHABLE,
     CONTROLLER_UNREACHABLE,
+    NO_ACTIVE_CONTROLLER,
+    CONTROLLER_VOTERS_DOWN,
     NO_CONTROLLER,
     NO_LIVE_BROKERS,
     BROKERS_DOWN,
@@ -66,6 +78,15 @@ REASONS = (
 SOURCE_CONTROLLER = "controller"
 SOURCE_BROKER = "broker"
 SOURCE_NONE = "none"
+
+# A follower the active controller has not heard a fetch from for this long is down.
+# A live follower fetches without a pause (the leader holds each long poll 0.4 s at
+# most), and after the quorum fetch timeout (--quorum-fetch-timeout-ms, 1 s by
+# default) without the leader it stands for election itself: three times that is far
+# past the gap of a healthy follower (a slow fsync, a busy event loop) and still shows
+# a stuck one within seconds. The leader steps down (check-quorum) only when a
+# majority is silent, so a minority can stay stuck unnoticed but for this.
+STALE_FETCH_MS = 3 * 1_000
 
 
 def _plain(value: Any) -> Any:
@@ -122,13 +143,70 @@ class OfflineLogDirHealth(NamedTuple):
     to_dict = _plain  # the --json form
 
 
+class VoterHealth(NamedTuple):
+    """One controller of the quorum: its own answer, and the active controller's
+    account of its progress (-1 where there is none)."""
+
+    node_id: int
+    address: str  # where it was asked; "-" when it is listed at a wildcard address only
+    answered: bool  # it answered DescribeQuorum itself
+    role: str  # what it says it is (leader, follower, candidate...); "" when silent
+    log_end_offset: int  # as the active controller last heard
+    lag: int  # entries behind the active controller's log end
+    last_fetch_ms_ago: int  # -1: not in this epoch (or there is no active controller)
+    down: bool  # see voter_is_down
+
+    def __str__(self) -> str:
+        return str(self.node_id)
+
+    to_dict = _plain  # the --json form
+
+
+class QuorumHealth(NamedTuple):
+    """The controller quorum, as its active controller (if any) describes it."""
+
+    leader_id: int  # the active controller; -1: none
+    leader_epoch: int
+    high_watermark: int
+    voters: tuple[VoterHealth, ...]
+    down_voters: tuple[int, ...]
+
+    to_dict = _plain  # the --json form
+
+
+def voter_is_down(
+    *, answered: bool, is_leader: bool, leader_known: bool, last_fetch_ms_ago: int
+) -> bool:
+    """Silent to DescribeQuorum, or (with an active controller to say) a follower it
+    has not heard from in this epoch or for longer than STALE_FETCH_MS."""
+    if not answered:
+        return True
+    if is_leader or not leader_known:
+        return False
+    return last_fetch_ms_ago < 0 or last_fetch_ms_ago > STALE_FETCH_MS
+
+
+def quorum_health(
+    leader_id: int, leader_epoch: int, high_watermark: int, voters: Iterable[VoterHealth]
+) -> QuorumHealth:
+    ordered = tuple(sorted(voters))
+    return QuorumHealth(
+        leader_id,
+        leader_epoch,
+        high_watermark,
+        ordered,
+        tuple(v.node_id for v in ordered if v.down),
+    )
+
+
 class ClusterHealth(NamedTuple):
     """The verdict and what it is based on.
 
     `source` says whose metadata was evaluated: the controller's (authoritative, when
     --controller answered), a broker's image (may lag the controller by a moment), or
     none (nothing answered). `controller_reachable` is None when the controller was
-    not asked: a broker's answer cannot tell whether the controller is up."""
+    not asked: a broker's answer cannot tell whether the controller is up. `quorum`
+    is None when it was not asked, or none of its controllers answered."""
 
     healthy: bool
     unhealthy_reasons: tuple[str, ...]
@@ -150,6 +228,7 @@ class ClusterHealth(NamedTuple):
     # Replica directories the probed brokers set aside as stray (not a reason).
     stray_replicas: tuple[StrayReplicaHealth, ...] = ()
     offline_log_dirs: tuple[OfflineLogDirHealth, ...] = ()
+    quorum: QuorumHealth | None = None
 
     @property
     def down_brokers(self) -> tuple[int, ...]:
@@ -164,6 +243,11 @@ class ClusterHealth(NamedTuple):
         d = self.to_dict()
         d.pop("metadata_offset")
         d.pop("errors")  # their wording carries timings and addresses
+        # Of the quorum, who leads and who is down: its offsets and fetch times move
+        # with every check.
+        quorum = d.pop("quorum")
+        if quorum is not None:
+            d["quorum"] = (quorum["leader_id"], quorum["down_voters"])
         return tuple(sorted((k, repr(v)) for k, v in d.items()))
 
 
@@ -188,17 +272,24 @@ def evaluate_health(
     errors: Iterable[str] = (),
     stray_replicas: Iterable[StrayReplicaHealth] = (),
     offline_log_dirs: Iterable[OfflineLogDirHealth] = (),
+    quorum: QuorumHealth | None = None,
 ) -> ClusterHealth:
     """The health verdict over one view of the cluster.
 
     `cluster` None: nothing answered (no broker, no controller). `brokers_reachable`
     False: no bootstrap broker answered (the view may still be the controller's).
-    `unreachable_brokers`: unfenced brokers that did not answer a probe."""
+    `unreachable_brokers`: unfenced brokers that did not answer a probe. `quorum`:
+    the controller quorum, when a controller of it answered."""
     reasons: set[str] = set()
     if not brokers_reachable:
         reasons.add(NO_BROKER_REACHABLE)
     if controller_reachable is False:
         reasons.add(CONTROLLER_UNREACHABLE)
+    if quorum is not None:
+        if quorum.leader_id < 0:
+            reasons.add(NO_ACTIVE_CONTROLLER)
+        if quorum.down_voters:
+            reasons.add(CONTROLLER_VOTERS_DOWN)
     all_ids: tuple[int, ...] = ()
     fenced: tuple[int, ...] = ()
     unreachable: tuple[int, ...] = ()
@@ -257,6 +348,7 @@ def evaluate_health(
         errors=tuple(errors),
         stray_replicas=tuple(sorted(stray_replicas)),
         offline_log_dirs=offline,
+        quorum=quorum,
     )
 
 
@@ -265,6 +357,41 @@ def evaluate_health(
 
 def _ids(ids: Iterable[object]) -> str:
     return "[" + " ".join(map(str, ids)) + "]"
+
+
+def _known(n: int, unit: str = "") -> str:
+    return f"{n}{unit}" if n >= 0 else "-"  # -1 stands for unknown
+
+
+def _voter_line(v: VoterHealth) -> str:
+    """`Voter 1 at 127.0.0.1:9093: follower, log end 57, lag 0, last fetch 12 ms ago`."""
+    state = v.role if v.answered else "no answer"
+    return (
+        f"Voter {v.node_id} at {v.address}: {state}{', DOWN' if v.down else ''}, "
+        f"log end {_known(v.log_end_offset)}, lag {_known(v.lag)}, "
+        f"last fetch {_known(v.last_fetch_ms_ago, ' ms ago')}"
+    )
+
+
+def _quorum_rows(health: ClusterHealth) -> list[tuple[str, str]]:
+    """The quorum in three rows (none when --controller was not given)."""
+    quorum = health.quorum
+    if quorum is None:
+        if health.controller_reachable is False:
+            return [("Quorum leader:", "unknown (no controller answered)")]
+        return []
+    if quorum.leader_id >= 0:
+        leader = (
+            f"{quorum.leader_id} (epoch {quorum.leader_epoch}, "
+            f"high watermark {quorum.high_watermark})"
+        )
+    else:
+        leader = f"none (epoch {quorum.leader_epoch}: no majority, or an election under way)"
+    return [
+        ("Quorum leader:", leader),
+        ("Quorum voters:", _ids(quorum.voters)),
+        ("Quorum voters down:", _ids(quorum.down_voters)),
+    ]
 
 
 def render_text(health: ClusterHealth) -> str:
@@ -284,12 +411,14 @@ def render_text(health: ClusterHealth) -> str:
     leaderless = health.leaderless_partitions
     under = health.under_replicated_partitions
     strays = health.stray_replicas
+    quorum = health.quorum
     rows = [
         ("Healthy:", str(health.healthy).lower()),
         ("Unhealthy reasons:", _ids(health.unhealthy_reasons)),
         ("Cluster ID:", health.cluster_id or "-"),
         ("Controller ID:", str(health.controller_id)),
         ("Controller reachable:", reachable),
+        *_quorum_rows(health),
         ("Metadata from:", source),
         ("All brokers:", _ids(health.brokers)),
         ("Live brokers:", _ids(health.live_brokers)),
@@ -305,6 +434,7 @@ def render_text(health: ClusterHealth) -> str:
     width = max(len(label) for label, _ in rows) + 2
     lines = ["CLUSTER HEALTH OVERVIEW", "======================="]
     lines += [label.ljust(width) + value for label, value in rows]
+    lines += [_voter_line(v) for v in (quorum.voters if quorum is not None else ())]
     lines += [f"Offline log dir {d}: {d.error}" for d in health.offline_log_dirs]
     lines += [f"Error: {e}" for e in health.errors]
     return "\n".join(lines)

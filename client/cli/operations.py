@@ -13,7 +13,6 @@ from typing import Any
 import click
 
 # ------------------------------------------------------------------ cluster and topics
-from client.admin import DEFAULT_CONTROLLER_PORT
 from client.admin import DEFAULT_MAX_BATCHES
 from client.admin import AsyncAdmin
 from client.admin import LeaderElection
@@ -23,6 +22,7 @@ from client.admin import TopicDescription
 from client.admin import parse_address
 from client.cli.plumbing import BOOTSTRAP_ENV
 from client.cli.plumbing import DEFAULT_BOOTSTRAP
+from client.cli.plumbing import _controller_addresses
 from client.cli.plumbing import _debug_option
 from client.cli.plumbing import _fail
 from client.cli.plumbing import _nodes
@@ -83,17 +83,11 @@ def cluster_cmd(ctx: click.Context, bootstrap: str | None) -> None:
     run(go)
 
 
-def _check_address(
-    _ctx: click.Context,
-    _param: click.Parameter,
-    value: str | None,
-    *,
-    default_port: int | None = DEFAULT_CONTROLLER_PORT,
-) -> str | None:
+def _check_address(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
     try:
-        parse_address(value, default_port)
+        parse_address(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     return value
@@ -102,15 +96,17 @@ def _check_address(
 @cluster_cmd.command("health")
 @click.option(
     "--controller",
-    "controller",
+    "controllers",
     default=None,
-    metavar="HOST:PORT",
+    metavar="HOST:PORT[,HOST:PORT...]",
     envvar="MINIBROKER_CONTROLLER",
-    callback=_check_address,
-    help="Also ask the controller (port 9093 if left out): its metadata is then the one "
-    "evaluated, and an unreachable controller makes the cluster unhealthy. Without it "
-    "the verdict rests on a broker's metadata image and the controller's reachability "
-    "is unknown.  [env MINIBROKER_CONTROLLER; default: do not ask the controller]",
+    callback=_controller_addresses,
+    help="Also ask the controller quorum, through any of its controllers (port 9093 if "
+    "left out; the others are found from them): every voter must answer, the active "
+    "controller's metadata is the one evaluated, and the report has a quorum section. "
+    "Without it the verdict rests on a broker's metadata image and the controller's "
+    "reachability is unknown.  [env MINIBROKER_CONTROLLER; default: do not ask the "
+    "controller]",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option(
@@ -157,7 +153,7 @@ def _check_address(
 )
 @client_command
 def cluster_health(
-    controller: str | None,
+    controllers: list[tuple[str, int]] | None,
     as_json: bool,
     watch: bool,
     exit_when_healthy: bool,
@@ -172,7 +168,11 @@ def cluster_health(
     \b
     Unhealthy reasons:
       no_broker_reachable          no bootstrap broker answered
-      controller_unreachable       --controller did not answer
+      controller_unreachable       no --controller answered
+      no_active_controller         the controllers answer, but none is the quorum
+                                   leader (no majority up, or an election under way)
+      controller_voters_down       a quorum voter does not answer, or the active
+                                   controller has not had a fetch from it for 3 s
       no_controller                the metadata names no controller
       no_live_brokers              no broker is registered and unfenced
       brokers_down                 a broker is fenced or does not answer
@@ -192,7 +192,7 @@ def cluster_health(
     code = run(
         _cluster_health,
         bootstrap,
-        controller,
+        controllers,
         as_json,
         watching,
         exit_when_healthy,
@@ -206,7 +206,7 @@ def cluster_health(
 
 async def _cluster_health(
     bootstrap: str,
-    controller: str | None,
+    controllers: list[tuple[str, int]] | None,
     as_json: bool,
     watching: bool,
     exit_when_healthy: bool,
@@ -227,7 +227,7 @@ async def _cluster_health(
     try:
         while True:
             health = await admin.cluster_health(
-                controller=controller,
+                controller=controllers,
                 probe_brokers=probe,
                 probe_timeout_ms=min(request_timeout_ms, 3_000),
             )
@@ -534,7 +534,7 @@ def debug_group() -> None:
     default=None,
     metavar="HOST:PORT",
     help="Ask the broker at this address instead (no bootstrap needed).",
-    callback=lambda _ctx, _param, value: _check_address(_ctx, _param, value, default_port=None),
+    callback=_check_address,
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (for tools).")
 @click.option(

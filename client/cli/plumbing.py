@@ -17,6 +17,8 @@ from typing import TypeVar
 import click
 import uvloop
 
+from client.admin_diagnostics import DEFAULT_CONTROLLER_PORT
+from client.admin_diagnostics import parse_addresses
 from client.errors import MinibrokerError
 
 T = TypeVar("T")
@@ -79,6 +81,19 @@ def _resolve_bootstrap(
         return value
     root = ctx.find_root().obj or {}
     return root.get("bootstrap") or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP
+
+
+def _controller_addresses(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> list[tuple[str, int]] | None:
+    """--controller HOST:PORT[,HOST:PORT...] (port 9093 if left out), checked before
+    anything runs: a malformed address is a usage error naming the option."""
+    if value is None:
+        return None
+    try:
+        return parse_addresses(value, DEFAULT_CONTROLLER_PORT)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def client_command(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from client.admin import DEFAULT_CONTROLLER_PORT
-from client.admin import parse_address
+from client.cli.plumbing import _controller_addresses
 from client.cli.plumbing import _debug_option
 from client.cli.plumbing import _table
 from client.cli.plumbing import run
@@ -15,13 +15,6 @@ from client.quorum_admin import QuorumDescription
 from client.quorum_admin import describe_quorum
 
 CONTROLLER_ENV = "MINIBROKER_CONTROLLER"
-
-
-def _controllers(ctx: click.Context, _param: click.Parameter, value: str) -> list[tuple[str, int]]:
-    try:
-        return [parse_address(part, DEFAULT_CONTROLLER_PORT) for part in value.split(",") if part]
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
 
 
 @cli.group("metadata-quorum")
@@ -36,7 +29,7 @@ def metadata_quorum_cmd() -> None:
     default="127.0.0.1:9093",
     show_default=True,
     envvar=CONTROLLER_ENV,
-    callback=_controllers,
+    callback=_controller_addresses,
     metavar="HOST:PORT[,HOST:PORT...]",
     help=f"Any controllers of the quorum (port {DEFAULT_CONTROLLER_PORT} if left out); the "
     f"active one is found from them.  [env {CONTROLLER_ENV}]",

@@ -3,7 +3,9 @@ user runs them (`python -m client.cli ...`): `cluster health` while healthy, aft
 broker is killed (unreachable at once, fenced after the controller's session
 timeout: its RF=1 partitions leaderless, the RF=3 partition under-replicated) and
 with the controller down; `topic describe --under-replicated / --unavailable`;
-`debug replica-log` on a leader, on a broker without the replica, on the controller."""
+`debug replica-log` on a leader, on a broker without the replica, on the controller;
+`cluster health --controller` on a quorum of three controllers: healthy, one voter
+SIGKILLed (down, the cluster still works), two (down, then no active controller)."""
 
 from __future__ import annotations
 
@@ -73,6 +75,9 @@ def test_health_describe_and_replica_log_through_a_broker_death(cluster: Cluster
     assert report["unhealthy_reasons"] == []
     assert report["source"] == "controller" and report["controller_reachable"] is True
     assert report["controller_id"] == 0
+    # A single controller is a quorum of one, its own leader.
+    assert report["quorum"]["leader_id"] == 0 and report["quorum"]["down_voters"] == []
+    assert [v["address"] for v in report["quorum"]["voters"]] == [controller.address]
     assert report["brokers"] == report["live_brokers"] == [1, 2, 3]
     assert (report["topic_count"], report["partition_count"]) == (2, 4)
     text = ok("cluster", "health", *via_broker)
@@ -177,7 +182,66 @@ def test_health_describe_and_replica_log_through_a_broker_death(cluster: Cluster
     code, report = health(*via_controller)
     assert code == 1 and report["controller_reachable"] is False, report
     assert report["unhealthy_reasons"][0] == "controller_unreachable"
-    assert report["source"] == "broker"
+    assert report["source"] == "broker" and report["quorum"] is None
     assert any(e.startswith(f"controller {controller.address}: ") for e in report["errors"])
     for b in brokers.values():
         b.kill()  # a controlled shutdown would wait for the dead controller
+
+
+def test_health_on_a_controller_quorum_through_voter_deaths(cluster: Cluster) -> None:
+    cluster.start_quorum(3, session_timeout_ms=SESSION_TIMEOUT_MS)
+    brokers = {i: cluster.start_broker(i) for i in (1, 2)}
+    bootstrap = ",".join(f"{b.host}:{b.port}" for b in brokers.values())
+    # Any voter finds the others; all of them are given below, as an operator would.
+    via_one = ("-b", bootstrap, "--controller", cluster.quorum[0].address)
+    via_all = ("-b", bootstrap, "--controller", str(cluster.controller_bootstrap))
+
+    # ---- healthy: the leader, its epoch, three voters that fetch.
+    ok("cluster", "health", "--exit-when-healthy", "--timeout", str(WAIT_S), *via_one)
+    code, report = health(*via_one)
+    assert code == 0 and report["unhealthy_reasons"] == [], report
+    quorum = report["quorum"]
+    leader = quorum["leader_id"]
+    assert leader in cluster.quorum and quorum["leader_epoch"] >= 1
+    assert report["controller_id"] == leader and report["source"] == "controller"
+    assert report["controller_address"] == cluster.quorum[leader].address
+    assert [(v["node_id"], v["address"]) for v in quorum["voters"]] == [
+        (n, p.address) for n, p in sorted(cluster.quorum.items())
+    ]
+    assert quorum["down_voters"] == [] and all(v["answered"] for v in quorum["voters"])
+    assert all(0 <= v["last_fetch_ms_ago"] < 3000 for v in quorum["voters"])
+
+    # ---- one follower SIGKILLed: down at once; the quorum (two of three) still works.
+    victim = next(n for n in sorted(cluster.quorum) if n != leader)
+    cluster.quorum[victim].kill()
+    code, report = health(*via_all)
+    assert code == 1 and report["unhealthy_reasons"] == ["controller_voters_down"], report
+    assert report["quorum"]["leader_id"] == leader
+    assert report["quorum"]["down_voters"] == [victim]
+    assert any(e.startswith(f"controller voter {victim} at ") for e in report["errors"])
+    ok("topic", "create", "after-one", "-p", "1", "-r", "2", "-b", bootstrap)
+    text = mb("cluster", "health", *via_all)
+    assert text.returncode == 1
+    lines = dict(line.split(":", 1) for line in text.stdout.splitlines() if ":" in line)
+    assert lines["Unhealthy reasons"].strip() == "[controller_voters_down]"
+    assert lines["Quorum leader"].strip().startswith(f"{leader} (epoch ")
+    assert lines["Quorum voters"].strip() == "[0 1 2]"
+    assert lines["Quorum voters down"].strip() == f"[{victim}]"
+    assert f"Voter {victim} at {cluster.quorum[victim].address}: no answer, DOWN" in text.stdout
+
+    # ---- the other follower too: no majority. Down at once; the leader steps down
+    # once it has heard from no majority for the fetch timeout (check-quorum, 1 s).
+    second = next(n for n in cluster.quorum if n not in (leader, victim))
+    cluster.quorum[second].kill()
+    code, report = health(*via_all)
+    assert code == 1 and "controller_voters_down" in report["unhealthy_reasons"], report
+    assert report["quorum"]["down_voters"] == sorted([victim, second])
+    code, report = wait_for_health(
+        via_all, lambda r: "no_active_controller" in r["unhealthy_reasons"]
+    )
+    assert code == 1
+    assert report["unhealthy_reasons"][:2] == ["no_active_controller", "controller_voters_down"]
+    assert report["quorum"]["leader_id"] == -1 and report["controller_reachable"] is True
+    assert report["source"] == "broker"  # no active controller to ask for metadata
+    for b in brokers.values():
+        b.kill()  # a controlled shutdown would wait for a controller

@@ -12,21 +12,28 @@ from client.admin import ClusterDescription
 from client.admin import PartitionDescription
 from client.admin import TopicDescription
 from client.admin import parse_address
+from client.admin import parse_addresses
 from client.admin import topics_from_metadata
 from client.health import BROKERS_DOWN
 from client.health import CONTROLLER_UNREACHABLE
+from client.health import CONTROLLER_VOTERS_DOWN
 from client.health import LEADERLESS_PARTITIONS
+from client.health import NO_ACTIVE_CONTROLLER
 from client.health import NO_BROKER_REACHABLE
 from client.health import NO_CONTROLLER
 from client.health import NO_LIVE_BROKERS
 from client.health import OFFLINE_LOG_DIRS
 from client.health import SOURCE_CONTROLLER
 from client.health import SOURCE_NONE
+from client.health import STALE_FETCH_MS
 from client.health import UNDER_REPLICATED_PARTITIONS
 from client.health import OfflineLogDirHealth
+from client.health import VoterHealth
 from client.health import evaluate_health
 from client.health import is_under_replicated
+from client.health import quorum_health
 from client.health import render_text
+from client.health import voter_is_down
 from protocol.errors import ErrorCode
 from protocol.messages import MetadataPartition
 from protocol.messages import MetadataResponse
@@ -233,6 +240,67 @@ def test_text_form_reads_like_rpk() -> None:
     assert lines["Under-replicated partitions (1)"] == "[t-0]"
     unknown = render_text(evaluate_health(cluster(), []))
     assert "Controller reachable:" in unknown and "unknown" in unknown
+
+
+def voter(node_id: int, *, answered: bool = True, last_fetch: int = 10, leader: int = 0):
+    down = voter_is_down(
+        answered=answered,
+        is_leader=node_id == leader,
+        leader_known=leader >= 0,
+        last_fetch_ms_ago=last_fetch,
+    )
+    role = ("leader" if node_id == leader else "follower") if answered else ""
+    return VoterHealth(node_id, f"c{node_id}:9093", answered, role, 57, 0, last_fetch, down)
+
+
+def test_a_voter_is_down_when_silent_or_not_fetching() -> None:
+    assert not voter(1).down and not voter(0, last_fetch=0).down
+    assert voter(1, answered=False).down  # its own silence, whatever the leader heard
+    assert voter(1, last_fetch=STALE_FETCH_MS + 1).down  # answers, but does not fetch
+    assert not voter(1, last_fetch=STALE_FETCH_MS).down
+    assert voter(1, last_fetch=-1).down  # not one fetch in this epoch
+    # No active controller: no one to say who fetches; only silence counts.
+    assert not voter(1, last_fetch=-1, leader=-1).down
+    assert voter(1, answered=False, leader=-1).down
+
+
+def test_quorum_reasons() -> None:
+    healthy = quorum_health(0, 4, 57, [voter(2), voter(0), voter(1)])
+    assert [v.node_id for v in healthy.voters] == [0, 1, 2] and healthy.down_voters == ()
+    h = evaluate_health(cluster(), HEALTHY_TOPICS, controller_reachable=True, quorum=healthy)
+    assert h.healthy and h.to_dict()["quorum"]["voters"][1]["role"] == "follower"
+    one_down = quorum_health(0, 4, 57, [voter(0), voter(1, answered=False), voter(2)])
+    h = evaluate_health(cluster(), HEALTHY_TOPICS, controller_reachable=True, quorum=one_down)
+    assert h.unhealthy_reasons == (CONTROLLER_VOTERS_DOWN,)
+    assert h.to_dict()["quorum"]["down_voters"] == [1]
+    leaderless = quorum_health(-1, 4, 57, [voter(n, leader=-1) for n in (0, 1)])
+    h = evaluate_health(cluster(), HEALTHY_TOPICS, controller_reachable=True, quorum=leaderless)
+    assert h.unhealthy_reasons == (NO_ACTIVE_CONTROLLER,)
+
+
+def test_quorum_in_the_text_and_the_watch_key() -> None:
+    q = quorum_health(0, 4, 57, [voter(0, last_fetch=0), voter(1, answered=False)])
+    h = evaluate_health(cluster(), HEALTHY_TOPICS, controller_reachable=True, quorum=q)
+    text = render_text(h)
+    assert "Quorum leader:" in text and "0 (epoch 4, high watermark 57)" in text
+    assert "Quorum voters down:" in text and text.count("Voter ") == 2
+    assert "Voter 1 at c1:9093: no answer, DOWN, log end 57, lag 0, last fetch 10 ms ago" in text
+    # --watch: fetch times and offsets move every check; the leader and the down set
+    # are the change worth a line.
+    moved = q._replace(high_watermark=99, voters=(q.voters[0]._replace(last_fetch_ms_ago=7),))
+    assert h.state_key() == h._replace(quorum=moved).state_key()
+    assert h.state_key() != h._replace(quorum=q._replace(down_voters=())).state_key()
+    assert h.state_key() != h._replace(quorum=q._replace(leader_id=1)).state_key()
+    unreachable = evaluate_health(cluster(), HEALTHY_TOPICS, controller_reachable=False)
+    assert "Quorum leader:" in render_text(unreachable)
+    assert "Quorum leader:" not in render_text(evaluate_health(cluster(), HEALTHY_TOPICS))
+
+
+def test_parse_addresses() -> None:
+    assert parse_addresses("a:1, b ,[::1]", 9093) == [("a", 1), ("b", 9093), ("::1", 9093)]
+    for bad in ("", " , ", "a:1,b:x", "a:1,::1:5"):
+        with pytest.raises(ValueError):
+            parse_addresses(bad, 9093)
 
 
 def test_parse_address() -> None:

@@ -33,6 +33,8 @@ from protocol.messages import DescribeClusterBroker
 from protocol.messages import DescribeClusterRequest
 from protocol.messages import DescribeClusterResponse
 from protocol.messages import DescribeLogDirsRequest
+from protocol.messages import DescribeQuorumRequest
+from protocol.messages import DescribeQuorumResponse
 from protocol.messages import DescribeReplicaLogRequest
 from protocol.messages import DescribeReplicaLogResponse
 from protocol.messages import EpochStartOffset
@@ -40,6 +42,7 @@ from protocol.messages import MetadataPartition
 from protocol.messages import MetadataRequest
 from protocol.messages import MetadataResponse
 from protocol.messages import MetadataTopic
+from protocol.messages import QuorumVoterState
 from protocol.messages import ReplicaBatchInfo
 from protocol.messages import StrayReplica
 
@@ -105,6 +108,20 @@ async def test_a_dead_unfenced_broker_and_a_fenced_one_are_down(broker: FakeBrok
 async def test_the_controller_view_wins_when_it_answers(broker: FakeBroker) -> None:
     controller = FakeBroker(node_id=0)
     await controller.start()
+    # A single controller: a quorum of one, its own leader (as controller/ answers).
+    controller.overrides[DescribeQuorumRequest] = lambda _r: DescribeQuorumResponse(
+        node_id=0,
+        role="leader",
+        leader_id=0,
+        leader_epoch=1,
+        high_watermark=9,
+        log_end_offset=9,
+        voters=[
+            QuorumVoterState(
+                replica_id=0, log_end_offset=9, last_fetch_ms_ago=0, host="0.0.0.0", port=1
+            )
+        ],
+    )
     controller.overrides[DescribeClusterRequest] = lambda _r: DescribeClusterResponse(
         cluster_id="fake",
         controller_id=0,
@@ -132,6 +149,11 @@ async def test_the_controller_view_wins_when_it_answers(broker: FakeBroker) -> N
         await controller.stop()
     assert h.source == SOURCE_CONTROLLER and h.controller_reachable is True
     assert (h.controller_id, h.metadata_offset) == (0, 9)
+    # Reached where it was asked, though it lists itself at a wildcard address.
+    assert h.controller_address == controller.address
+    assert h.quorum is not None and (h.quorum.leader_id, h.quorum.down_voters) == (0, ())
+    (voter,) = h.quorum.voters
+    assert (voter.address, voter.role, voter.lag) == (controller.address, "leader", 0)
     assert h.unhealthy_reasons == (LEADERLESS_PARTITIONS,)
     # Probed at the address the broker gave, not the controller's (unroutable) one.
     assert h.unreachable_brokers == ()

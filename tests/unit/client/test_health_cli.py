@@ -20,6 +20,8 @@ from client.admin import ReplicaBatch
 from client.admin import ReplicaLogDescription
 from client.admin import TopicDescription
 from client.cli import cli
+from client.health import REASONS
+from client.health import STALE_FETCH_MS
 from client.health import ClusterHealth
 from client.health import evaluate_health
 
@@ -106,10 +108,25 @@ def test_watch_gives_up_at_the_timeout(script: list[ClusterHealth]) -> None:
     assert json.loads(lines[0])["healthy"] is False and "time" in json.loads(lines[0])
 
 
-def test_health_checks_the_controller_address() -> None:
-    result = CliRunner().invoke(cli, ["cluster", "health", "--controller", "h:x"])
-    assert result.exit_code == 2
-    assert "port must be a number" in result.output
+def test_health_checks_the_controller_addresses() -> None:
+    for value, why in [
+        ("h:x", "bad address 'h:x': port must be a number"),
+        ("a:1,h:x", "bad address 'h:x': port must be a number"),
+        ("a:1,::1:5", "write an IPv6 address as [HOST]:PORT"),
+        (",", "expected HOST:PORT[,HOST:PORT...], got ','"),
+        ("a:70000", "bad address 'a:70000': expected HOST:PORT"),
+    ]:
+        result = CliRunner().invoke(cli, ["cluster", "health", "--controller", value])
+        assert result.exit_code == 2, value
+        assert "Invalid value for '--controller'" in result.output and why in result.output
+
+
+def test_health_help_names_every_reason() -> None:
+    text = invoke("cluster", "health", "--help").output
+    for reason in REASONS:
+        assert f"  {reason}  " in text, reason
+    assert f"for {STALE_FETCH_MS // 1000} s" in text  # the bound the code applies
+    assert "HOST:PORT[,HOST:PORT...]" in text
 
 
 def test_health_passes_the_controller(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,9 +139,9 @@ def test_health_passes_the_controller(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(AsyncAdmin, "cluster_health", cluster_health)
     monkeypatch.setenv("MINIBROKER_CONTROLLER", "c:9")
     assert invoke("cluster", "health", "--no-probe").exit_code == 0
-    assert invoke("cluster", "health", "--controller", "d").exit_code == 0
-    assert seen[0] == {"controller": "c:9", "probe_brokers": False, "probe_timeout_ms": 3000}
-    assert seen[1]["controller"] == "d"  # type: ignore[index]
+    assert invoke("cluster", "health", "--controller", "d,e:7").exit_code == 0
+    assert seen[0] == {"controller": [("c", 9)], "probe_brokers": False, "probe_timeout_ms": 3000}
+    assert seen[1]["controller"] == [("d", 9093), ("e", 7)]  # type: ignore[index]
 
 
 # ------------------------------------------------------------------ topic describe
