@@ -9,7 +9,7 @@ Options the checker could not judge are refused (exit 2) with what to do instead
 --idempotent with --acks 1, --acks 0, --min-insync above --rf, --rf above the brokers,
 only faults the backend cannot inject, diverge with --rf 1, guarded wipes with --rf 1.
 
-Each run writes history.jsonl, replicas.json, results.json, summary.txt (and the
+Each run writes history.jsonl, replicas.json, metadata.json, results.json, summary.txt (and the
 servers' logs when it is not valid) under --out/run-NNN-seed<S>/; the campaign writes
 --out/campaign.json. Exit code: 0 when no run is invalid, 1 when one is (or a run
 broke), 2 on bad arguments. With --strict, runs whose verdict is "unknown" (a check
@@ -169,6 +169,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="extra MINIBROKER_* setting for the controller (repeatable)",
     )
+    p.add_argument(
+        "--controllers",
+        type=int,
+        choices=(1, 3, 5),
+        default=None,
+        help="controllers: 1, or a quorum of 3 or 5 [docker: 3, as compose runs them; process: 1]",
+    )
     p.add_argument("--image", default="minibroker:latest", help="docker backend image")
     p.add_argument("--out", type=Path, default=Path("chaos-results"), help="results directory")
     p.add_argument("--keep-logs", action="store_true", help="keep server logs of valid runs")
@@ -203,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         guard_wipes=not args.unguarded_wipes,
         workload=_fields_from(WorkloadConfig, args, idempotent=idempotent),
         cluster=ClusterSettings(
-            broker_env=_env_pairs(args.broker_env), controller_env=_env_pairs(args.controller_env)
+            controllers=args.controllers or (3 if args.backend == "docker" else 1),
+            broker_env=_env_pairs(args.broker_env),
+            controller_env=_env_pairs(args.controller_env),
         ),
     )
     problems = cfg.problems()

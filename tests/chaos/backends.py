@@ -1,13 +1,15 @@
 """Where the cluster under test runs, and how faults reach it.
 
-Both backends run one controller (node "controller") and brokers "broker-1".."broker-N"
-(node ids 1..N) and offer the same operations to the nemesis: kill (SIGKILL), start,
+Both backends run the controllers (one, node "controller", or a quorum of 3 or 5,
+"controller-0".."controller-N-1" with node ids 0..N-1) and brokers "broker-1".."broker-N"
+(node ids 1..N), and offer the same operations to the nemesis: kill (SIGKILL), start,
 pause / resume (SIGSTOP / SIGCONT, or the cgroup freezer), isolate / reconnect (a
 network partition of one node from the others), wipe (kill, delete the node's data,
 start again: a disk lost, KIP-903).
 
 - DockerBackend: the repository's docker-compose.yml under a compose project of its
-  own (`minibroker-chaos-<seed>-<pid>`, so runs never collide), on free host ports.
+  own (`minibroker-chaos-<seed>-<pid>`, so runs never collide), on free host ports;
+  three controllers and three brokers, as the compose file has them.
   A partition is `docker network disconnect` (the node then reaches nobody, clients
   included) and `docker network connect` with its service alias back. Always torn
   down with `down -v` (in `down()`, and from atexit should the run die); the logs
@@ -17,6 +19,9 @@ start again: a disk lost, KIP-903).
   raises Unsupported (the nemesis logs the reason and records the fault as skipped).
   The children die with this process (PR_SET_PDEATHSIG), and `down()` (also from
   atexit) stops them.
+
+`copy_data(node, dest)` copies a node's data directory while it runs (the checker
+reads the controllers' metadata logs from such copies).
 """
 
 from __future__ import annotations
@@ -50,14 +55,16 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DEFAULT_IMAGE = "minibroker:latest"
-CONTROLLER = "controller"
+CONTROLLER = "controller"  # the node name of a single controller
+QUORUM_CLUSTER_ID = "minibroker-chaos"
 
 
 # Faults the process backend cannot inject, and why.
-PROCESS_UNSUPPORTED = {
-    "partition": "the process backend cannot partition the network (all nodes share "
-    "127.0.0.1); use --backend docker",
-}
+_NO_NETWORK = (
+    "the process backend cannot partition the network (all nodes share 127.0.0.1); use "
+    "--backend docker"
+)
+PROCESS_UNSUPPORTED = {"partition": _NO_NETWORK, "partition-controller": _NO_NETWORK}
 
 
 def unsupported_faults(backend: str, faults: list[str]) -> dict[str, str]:
@@ -83,6 +90,18 @@ def broker_id(node: str) -> int | None:
     return int(m[1]) if m else None
 
 
+def controller_name(node_id: int, controllers: int) -> str:
+    """ "controller" when it is the only one, else "controller-<id>"."""
+    return CONTROLLER if controllers == 1 else f"controller-{node_id}"
+
+
+def controller_id(node: str) -> int | None:
+    if node == CONTROLLER:
+        return 0
+    m = re.fullmatch(r"controller-(\d+)", node)
+    return int(m[1]) if m else None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -94,6 +113,7 @@ class ClusterSettings:
     """What the servers are started with (both backends)."""
 
     brokers: int = 3
+    controllers: int = 1  # 1, or a quorum of 3 or 5 (the docker backend: 3)
     session_timeout_ms: int = 3000
     heartbeat_interval_ms: int = 250
     replica_lag_time_max_ms: int = 5000
@@ -109,10 +129,18 @@ class Backend(ABC):
         self.settings = settings
         self.workdir = workdir
         self.broker_ids = list(range(1, settings.brokers + 1))
+        if settings.controllers not in (1, 3, 5):
+            raise ValueError(f"controllers: 1, 3 or 5, not {settings.controllers}")
+        self.controller_ids = list(range(settings.controllers))
+
+    @property
+    def controller_nodes(self) -> list[str]:
+        return [controller_name(i, len(self.controller_ids)) for i in self.controller_ids]
 
     @property
     def nodes(self) -> list[str]:
-        return [CONTROLLER, *(broker_name(i) for i in self.broker_ids)]
+        """Controllers first: brokers register with them."""
+        return [*self.controller_nodes, *(broker_name(i) for i in self.broker_ids)]
 
     @abstractmethod
     async def up(self) -> None:
@@ -132,6 +160,14 @@ class Backend(ABC):
     @abstractmethod
     def broker_addresses(self) -> dict[int, tuple[str, int]]:
         """node id -> (host, port) reachable from this process."""
+
+    @abstractmethod
+    def controller_addresses(self) -> dict[int, tuple[str, int]]:
+        """controller node id -> (host, port) reachable from this process."""
+
+    @abstractmethod
+    async def copy_data(self, node: str, dest: Path) -> None:
+        """Copy the node's data directory (as it is now) to `dest`."""
 
     @abstractmethod
     async def kill(self, node: str) -> None: ...
@@ -212,7 +248,7 @@ class ProcessBackend(Backend):
 
     def __init__(self, settings: ClusterSettings, workdir: Path) -> None:
         super().__init__(settings, workdir)
-        self.controller_port = free_port()
+        self.controller_ports = {i: free_port() for i in self.controller_ids}
         self.ports = {i: free_port() for i in self.broker_ids}
         self.kafka_ports = {i: free_port() for i in self.broker_ids}  # the Kafka listeners
         self.procs: dict[str, _Proc] = {}
@@ -227,23 +263,30 @@ class ProcessBackend(Backend):
         s = self.settings
         self.workdir.mkdir(parents=True, exist_ok=True)
         py = sys.executable
-        ctl_dir = self.workdir / "controller"
         ctl_env = {
             "MINIBROKER_SESSION_TIMEOUT_MS": str(s.session_timeout_ms),
             **s.controller_env,
         }
-        self.procs[CONTROLLER] = _Proc(
-            CONTROLLER,
-            [
-                *(py, "-m", "controller"),
-                *("--listen", f"127.0.0.1:{self.controller_port}"),
-                *("--data-dir", str(ctl_dir)),
-            ],
-            self.workdir / "controller.log",
-            ctl_dir,
-            _CONTROLLER_READY,
-        )
-        self._env = {CONTROLLER: ctl_env}
+        quorum: list[str] = []
+        if len(self.controller_ids) > 1:
+            voters = ",".join(f"{i}@127.0.0.1:{p}" for i, p in self.controller_ports.items())
+            quorum = ["--quorum-voters", voters, "--cluster-id", QUORUM_CLUSTER_ID]
+        for i, node in zip(self.controller_ids, self.controller_nodes, strict=True):
+            data = self.workdir / node
+            self.procs[node] = _Proc(
+                node,
+                [
+                    *(py, "-m", "controller", "--node-id", str(i)),
+                    *("--listen", f"127.0.0.1:{self.controller_ports[i]}"),
+                    *("--data-dir", str(data)),
+                    *quorum,
+                ],
+                self.workdir / f"{node}.log",
+                data,
+                _CONTROLLER_READY,
+            )
+            self._env[node] = ctl_env
+        controllers = ",".join(f"127.0.0.1:{p}" for p in self.controller_ports.values())
         for i in self.broker_ids:
             node = broker_name(i)
             data = self.workdir / node
@@ -257,7 +300,7 @@ class ProcessBackend(Backend):
                         f"KAFKA://127.0.0.1:{self.kafka_ports[i]}",
                     ),
                     *("--kafka-listeners", "KAFKA"),
-                    *("--controller", f"127.0.0.1:{self.controller_port}"),
+                    *("--controller", controllers),
                     *("--data-dir", str(data)),
                 ],
                 self.workdir / f"{node}.log",
@@ -297,9 +340,10 @@ class ProcessBackend(Backend):
 
     async def up(self) -> None:
         self._make()
-        ctl = self.procs[CONTROLLER]
-        self._spawn(ctl)
-        await self._wait_ready(ctl)
+        controllers = [self.procs[node] for node in self.controller_nodes]
+        for c in controllers:
+            self._spawn(c)
+        await asyncio.gather(*(self._wait_ready(c) for c in controllers))
         brokers = [self.procs[broker_name(i)] for i in self.broker_ids]
         for b in brokers:
             self._spawn(b)
@@ -313,6 +357,13 @@ class ProcessBackend(Backend):
 
     def broker_addresses(self) -> dict[int, tuple[str, int]]:
         return {i: ("127.0.0.1", self.ports[i]) for i in self.broker_ids}
+
+    def controller_addresses(self) -> dict[int, tuple[str, int]]:
+        return {i: ("127.0.0.1", p) for i, p in self.controller_ports.items()}
+
+    async def copy_data(self, node: str, dest: Path) -> None:
+        source = self.procs[node].data_dir
+        await asyncio.to_thread(shutil.copytree, source, dest, dirs_exist_ok=True)
 
     async def kill(self, node: str) -> None:
         proc = self.procs[node]
@@ -373,9 +424,11 @@ class ProcessBackend(Backend):
         if self._down:
             return
         self._down = True
-        groups = [[p.popen for n, p in self.procs.items() if n != CONTROLLER]]
-        if CONTROLLER in self.procs:
-            groups.append([self.procs[CONTROLLER].popen])
+        controllers = set(self.controller_nodes)
+        groups = [
+            [p.popen for n, p in self.procs.items() if n not in controllers],
+            [p.popen for n, p in self.procs.items() if n in controllers],
+        ]
         stop_in_order(groups, 15.0)
         atexit.unregister(self._down_sync)
 
@@ -437,8 +490,8 @@ class DockerBackend(Backend):
         compose_file: Path = COMPOSE_FILE,
     ) -> None:
         super().__init__(settings, workdir)
-        if settings.brokers != 3:
-            raise ValueError("docker-compose.yml has exactly three brokers")
+        if settings.brokers != 3 or settings.controllers != 3:
+            raise ValueError("docker-compose.yml has exactly three controllers and three brokers")
         compose = compose_command()
         if compose is None:
             raise BackendError("neither `docker compose` nor `docker-compose` is installed")
@@ -446,7 +499,7 @@ class DockerBackend(Backend):
         self.project = project_name(seed)
         self.image = image
         self.compose_file = compose_file
-        self.controller_port = free_port()
+        self.controller_ports = {i: free_port() for i in self.controller_ids}
         self.ports = {i: free_port() for i in self.broker_ids}
         self.kafka_ports = {i: free_port() for i in self.broker_ids}  # the Kafka listeners
         self.override = workdir / "compose.chaos.yml"
@@ -462,7 +515,7 @@ class DockerBackend(Backend):
         env = dict(os.environ)
         env.update(
             MINIBROKER_IMAGE=self.image,
-            CONTROLLER_PORT=str(self.controller_port),
+            **{f"CONTROLLER_{i}_PORT": str(p) for i, p in self.controller_ports.items()},
             **{f"BROKER_{i}_PORT": str(p) for i, p in self.ports.items()},
             **{f"BROKER_{i}_KAFKA_PORT": str(p) for i, p in self.kafka_ports.items()},
         )
@@ -506,7 +559,9 @@ class DockerBackend(Backend):
             "MINIBROKER_CONTROLLER_CONNECT_TIMEOUT_MS": "120000",
         }
         broker.update(s.broker_env)
-        services: dict[str, object] = {CONTROLLER: {"environment": controller}}
+        services: dict[str, object] = {
+            node: {"environment": controller} for node in self.controller_nodes
+        }
         for i in self.broker_ids:
             services[broker_name(i)] = {"environment": broker}
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -555,9 +610,9 @@ class DockerBackend(Backend):
         self._write_override()
         self._created = True
         log.info(
-            "docker: project %s, controller port %d, broker ports %s",
+            "docker: project %s, controller ports %s, broker ports %s",
             self.project,
-            self.controller_port,
+            self.controller_ports,
             self.ports,
         )
         await self._run(self._compose_args("up", "-d"), timeout=self.HEALTHY_TIMEOUT_S)
@@ -571,6 +626,14 @@ class DockerBackend(Backend):
 
     def broker_addresses(self) -> dict[int, tuple[str, int]]:
         return {i: ("127.0.0.1", self.ports[i]) for i in self.broker_ids}
+
+    def controller_addresses(self) -> dict[int, tuple[str, int]]:
+        return {i: ("127.0.0.1", p) for i, p in self.controller_ports.items()}
+
+    async def copy_data(self, node: str, dest: Path) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        cid = await self._container(node)
+        await self._run(["docker", "cp", f"{cid}:/var/lib/minibroker", str(dest)])
 
     async def kill(self, node: str) -> None:
         cid = await self._container(node)

@@ -37,6 +37,19 @@ a crafted history in test_checker.py that must fail it:
   member was assigned starts at a `seek` to where it starts; one revoked from it is a
   `revoke` event, after which what it held of that partition is no longer its.
 
+The controller quorum (issue 17), from the DescribeQuorum samples taken during the
+run (quorum_watch.py) and the voters' metadata logs read after it (`metadata`):
+
+- quorum-split-brain: two controllers that each answered as the leader of one epoch;
+- quorum-hw-regress: a leader whose high watermark went back within its epoch;
+- metadata-divergence: two voters whose entries at one offset below the committed
+  bound (the highest high watermark any leader reported) differ (epoch or bytes), or
+  a snapshot whose epoch is not that of the entry it ends at;
+- metadata-lost: a committed entry (below a high watermark a leader reported) that
+  fewer than a majority of the voters hold at the end (in their log or a snapshot),
+  or one replaced by an entry of a later epoch than the leader that reported it
+  committed.
+
 Indeterminate sends (`info`: timed out, or never completed) may or may not be in the
 log: never counted lost or unseen; if present, at one offset only (else duplicate).
 
@@ -87,6 +100,7 @@ from .history import OK
 from .history import PRODUCER_START
 from .history import SEEK_BEGINNING
 from .history import Op
+from .quorum_watch import QUORUM
 
 ANOMALIES = (
     "lost-write",
@@ -101,6 +115,10 @@ ANOMALIES = (
     "truncation-offset-mismatch",
     "unreported-truncation",
     "group-overlap",
+    "quorum-split-brain",
+    "quorum-hw-regress",
+    "metadata-divergence",
+    "metadata-lost",
 )
 # Data loss that unclean leader election (or acks=1 with followers) is allowed to cause
 # (KIP-101 appendix).
@@ -197,13 +215,15 @@ def check(
     ops: Iterable[Op],
     *,
     replicas: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
     unclean: bool = False,
     idempotent: bool = True,
     leader_only_acks: bool = False,
 ) -> dict[str, Any]:
     """Check a history; returns the JSON-able result (see the module doc). `idempotent`
     is what the run was told; each producer's own producer-start event decides how
-    its values are judged."""
+    its values are judged. `metadata` (quorum_watch.py): the voters' metadata logs;
+    None leaves the metadata check out (the quorum samples are still checked)."""
     ops = sorted(ops, key=lambda o: o.index)
     an = Anomalies()
     unchecked: list[str] = []
@@ -222,8 +242,12 @@ def check(
     owners: dict[tuple[int, int], dict[str, Op]] = defaultdict(dict)
     nemesis: dict[str, int] = defaultdict(int)
     nemesis_concurrency = 0
+    quorum_samples: list[Op] = []
 
     for op in ops:
+        if op.process == QUORUM:
+            quorum_samples.append(op)
+            continue
         if op.process == NEMESIS:
             if op.type != INVOKE:
                 nemesis[f"{op.f}:{'error' if op.error else op.type}"] += 1
@@ -502,6 +526,7 @@ def check(
 
     # ------------------------------------------------------------ replicas
     replica_stats = _check_replicas(replicas, an, unchecked)
+    quorum_stats = _check_quorum(quorum_samples, metadata, an, unchecked)
 
     # ------------------------------------------------------------ verdict
     failing = {k: n for k, n in an.counts.items() if n > 0}
@@ -527,6 +552,7 @@ def check(
     stats["producer-sessions"] = len(sessions)
     stats["idempotent-sessions"] = sum(1 for s in sessions.values() if s.idempotent)
     stats["replicas"] = replica_stats
+    stats["quorum"] = quorum_stats
     return {
         "valid": valid,
         "anomaly-types": sorted(failing),
@@ -784,6 +810,105 @@ def _check_replicas(
     return {"compared": True, "pairs": pairs, "batches": batches_compared}
 
 
+def _check_quorum(
+    samples: list[Op],
+    metadata: Mapping[str, Any] | None,
+    an: Anomalies,
+    unchecked: list[str],
+) -> dict[str, Any]:
+    """The controller quorum's rules (see the module doc)."""
+    leaders: dict[int, set[int]] = defaultdict(set)  # epoch -> who answered as its leader
+    hw_of: dict[tuple[int, int], tuple[int, int]] = {}  # (node, epoch) -> (hw, op index)
+    committed: list[tuple[int, int]] = []  # (leader epoch, high watermark) reported
+    answers = [(op.index, (op.extra or {}).get("voters", {})) for op in samples]
+    if metadata is not None:
+        answers.append((-1, metadata.get("final") or {}))  # -1: after the run
+    for index, voters in answers:
+        for node, state in sorted(_partition_key(voters).items()):
+            if state.get("role") != "leader":
+                continue
+            epoch, hw = int(state["leader_epoch"]), int(state["high_watermark"])
+            leaders[epoch].add(node)
+            committed.append((epoch, hw))
+            before = hw_of.get((node, epoch))
+            if before is not None and hw < before[0] and index >= 0:
+                an.add(
+                    "quorum-hw-regress",
+                    {
+                        "controller": node,
+                        "epoch": epoch,
+                        "ops": [before[1], index],
+                        "high-watermarks": [before[0], hw],
+                    },
+                )
+            hw_of[(node, epoch)] = (max(hw, before[0]) if before else hw, index)
+    for epoch, nodes in sorted(leaders.items()):
+        if len(nodes) > 1:
+            an.add("quorum-split-brain", {"epoch": epoch, "leaders": sorted(nodes)})
+    bound = max((hw for _, hw in committed), default=0)
+    stats: dict[str, Any] = {
+        "samples": len(samples),
+        "leader-epochs": len(leaders),
+        "committed": bound,
+        "compared": False,
+    }
+    if metadata is None:
+        return stats
+    if not metadata.get("available", False):
+        unchecked.append(f"metadata check unavailable: {metadata.get('reason') or '?'}")
+        return stats
+    for err in metadata.get("errors", []):
+        unchecked.append(f"metadata log missing: {err}")
+    if not committed:
+        unchecked.append("metadata check: no controller ever answered as the quorum leader")
+    logs = {
+        node: ({o: (e, crc) for o, e, crc in v["entries"]}, v.get("snapshot"))
+        for node, v in _partition_key(metadata.get("voters", {})).items()
+    }
+    # The lowest epoch whose leader reported each offset committed: an entry there of
+    # a later epoch replaced a committed one.
+    committed_in: list[int] = []
+    for epoch, hw in sorted(committed):
+        committed_in.extend([epoch] * max(0, hw - len(committed_in)))
+    majority = int(metadata.get("voter-count", len(logs))) // 2 + 1
+    for o in range(bound):
+        held = {node: entries[o] for node, (entries, snap) in logs.items() if o in entries}
+        covered = [node for node, (_, snap) in logs.items() if snap and o <= snap[0]]
+        if len(set(held.values())) > 1:
+            an.add(
+                "metadata-divergence",
+                {
+                    "offset": o,
+                    "entries": {str(n): list(v) for n, v in sorted(held.items())},
+                    "entry-format": "[epoch, crc]",
+                },
+            )
+        later = {str(n): v[0] for n, v in held.items() if v[0] > committed_in[o]}
+        if len(held) + len(set(covered) - set(held)) < majority or later:
+            an.add(
+                "metadata-lost",
+                {
+                    "offset": o,
+                    "committed-in-epoch": committed_in[o],
+                    "held-by": sorted(held),
+                    "in-snapshot-of": sorted(covered),
+                    "later-epoch-entries": later,
+                    "majority": majority,
+                },
+            )
+    for node, (_, snap) in sorted(logs.items()):
+        if not snap or snap[0] >= bound or snap[1] < 0:
+            continue
+        others = {n: entries[snap[0]][0] for n, (entries, _) in logs.items() if snap[0] in entries}
+        if any(e != snap[1] for e in others.values()):
+            an.add(
+                "metadata-divergence",
+                {"snapshot-of": node, "snapshot": list(snap), "entry-epochs": others},
+            )
+    stats.update(compared=True, voters=len(logs), majority=majority)
+    return stats
+
+
 # ------------------------------------------------------------------ presentation
 
 
@@ -840,6 +965,18 @@ def summary(result: Mapping[str, Any]) -> str:
             "nemesis: "
             + ", ".join(f"{k} x{v}" for k, v in sorted(nem.items()))
             + f"; at most {stats.get('nemesis-max-concurrent', 0)} fault(s) at once"
+        )
+    quorum = stats.get("quorum") or {}
+    if quorum.get("samples") or quorum.get("compared"):
+        lines.append(
+            f"controller quorum: {quorum.get('samples', 0)} samples, "
+            f"{quorum.get('leader-epochs', 0)} leader epoch(s), committed up to offset "
+            f"{quorum.get('committed', 0)}"
+            + (
+                f"; {quorum['voters']} voters' metadata logs compared"
+                if quorum.get("compared")
+                else ""
+            )
         )
     rep = stats.get("replicas") or {}
     if rep.get("compared"):

@@ -5,11 +5,18 @@ Faults (names for --faults):
 
     kill             SIGKILL a random broker; restart it after a while
     kill-leader      SIGKILL the leader of a random partition (asked with Metadata)
-    kill-controller  SIGKILL the controller; restart it after a while
+    kill-controller  SIGKILL a random controller (with a quorum, any voter, the active
+                     one included); restart it after a while
+    kill-active-controller
+                     SIGKILL the active controller, the quorum's leader (asked with
+                     DescribeQuorum); restart it after a while
     pause            SIGSTOP a random broker (docker pause); resume it after a while
-    pause-controller SIGSTOP the controller (a stall: a GC pause, a frozen VM); resume it
+    pause-controller SIGSTOP a random controller (a stall: a GC pause, a frozen VM; a
+                     paused quorum leader is a zombie that must be fenced); resume it
     partition        cut a random broker off the network (docker network disconnect);
                      connect it again after a while (docker backend only)
+    partition-controller
+                     the same for a random controller (docker backend only)
     wipe             SIGKILL a random broker, delete its data, start it (KIP-903); it
                      then recovers (catches up) for the fault's duration. An unguarded
                      wipe (data lost on purpose) can take a partition's last in-sync
@@ -27,7 +34,10 @@ history (`plan`): each fault's start time, its duration and a number that picks 
 target among the nodes eligible when it starts. Faults overlap: a new one starts while
 earlier ones still hold (wipe a broker, pause another while the first recovers, kill the
 controller...), at most `max_concurrent` at once, at most `max_faults` in all, each for
-at most the longest duration, and never two on one node. Wipes are guarded (unless
+at most the longest duration, and never two on one node. Faults on controllers take
+at most a minority of a quorum at once (one of three, two of five), so the cluster
+keeps an active controller to fail over to; a single controller is simply taken.
+Wipes are guarded (unless
 `guard_wipes` is off, to lose data on purpose): a broker is wiped only when every
 partition it hosts has another in-sync replica not under a fault, and no earlier wiped
 broker is still out of an ISR, so every acknowledged write keeps a copy. What the
@@ -58,13 +68,15 @@ from client import AsyncAdmin
 from client.admin import PartitionDescription
 from client.errors import MinibrokerError
 from client.types import TopicPartition
+from runtime.active_controller import describe_quorum_at
+from runtime.peer_rpc import RpcError
 
-from .backends import CONTROLLER
 from .backends import Backend
 from .backends import BackendError
 from .backends import Unsupported
 from .backends import broker_id
 from .backends import broker_name
+from .backends import controller_name
 from .history import INFO
 from .history import INVOKE
 from .history import NEMESIS
@@ -76,23 +88,33 @@ FAULTS = (
     "kill",
     "kill-leader",
     "kill-controller",
+    "kill-active-controller",
     "pause",
     "pause-controller",
     "partition",
+    "partition-controller",
     "wipe",
     "diverge",
 )
+CONTROLLER_FAULTS = frozenset(
+    {"kill-controller", "kill-active-controller", "pause-controller", "partition-controller"}
+)
+# What the backend does for each fault that is one action on one node.
+_ACTION = {
+    "kill": "kill",
+    "kill-leader": "kill",
+    "kill-controller": "kill",
+    "kill-active-controller": "kill",
+    "pause": "pause",
+    "pause-controller": "pause",
+    "partition": "isolate",
+    "partition-controller": "isolate",
+    "wipe": "wipe",
+}
 # Faults that run with no other fault active (they use every broker).
 EXCLUSIVE = frozenset({"diverge"})
 # A fault and how it is undone.
-_RECOVERY = {
-    "kill": "start",
-    "kill-leader": "start",
-    "kill-controller": "start",
-    "pause": "resume",
-    "pause-controller": "resume",
-    "partition": "reconnect",
-}
+_RECOVERY = {"kill": "start", "pause": "resume", "isolate": "reconnect"}
 
 
 def parse_faults(text: str) -> list[str]:
@@ -283,16 +305,7 @@ class Nemesis:
                 return
             op = self.history.record(NEMESIS, INVOKE, fault, value=target)
             try:
-                if fault in ("kill", "kill-leader", "kill-controller"):
-                    await self.backend.kill(target)
-                elif fault in ("pause", "pause-controller"):
-                    await self.backend.pause(target)
-                elif fault == "partition":
-                    await self.backend.isolate(target)
-                elif fault == "wipe":
-                    await self.backend.wipe(target)
-                else:
-                    raise AssertionError(fault)
+                await getattr(self.backend, _ACTION[fault])(target)
             except (Unsupported, BackendError, OSError) as exc:
                 log.warning("nemesis: %s %s failed: %s", fault, target, exc)
                 self.history.record(NEMESIS, INFO, fault, value=target, error=str(exc)[:500])
@@ -338,7 +351,7 @@ class Nemesis:
         )
 
     async def _recover(self, fault: str, target: str) -> None:
-        action = _RECOVERY.get(fault)
+        action = _RECOVERY.get(_ACTION.get(fault, ""))
         if action is not None:
             await self._act(action, target)
 
@@ -363,8 +376,9 @@ class Nemesis:
         free = [b for b in (broker_name(i) for i in self.backend.broker_ids) if b not in self._busy]
         why = "every eligible node is under another fault"
         candidates: list[str] = []
-        if fault in ("kill-controller", "pause-controller"):
-            candidates = [CONTROLLER] if CONTROLLER not in self._busy else []
+        if fault in CONTROLLER_FAULTS:
+            candidates, reason = await self._controller_targets(fault)
+            why = reason or why
         elif fault == "kill-leader":
             partition = int(entry.pick * self.config.partitions)
             leader = await self._leader_of(partition)
@@ -383,6 +397,38 @@ class Nemesis:
             self._record(fault, None, error=f"skipped: {why}")
             return None
         return candidates[min(int(entry.pick * len(candidates)), len(candidates) - 1)]
+
+    async def _controller_targets(self, fault: str) -> tuple[list[str], str | None]:
+        """The controllers `fault` may take now, or the reason there is none: a quorum
+        keeps a majority free of faults."""
+        nodes = self.backend.controller_nodes
+        taken = [n for n in nodes if n in self._busy]
+        if len(nodes) > 1 and len(taken) >= (len(nodes) - 1) // 2:
+            return [], f"a minority of the controllers is under faults already ({taken})"
+        free = [n for n in nodes if n not in self._busy]
+        if fault != "kill-active-controller" or len(nodes) == 1:
+            return free, None
+        active = await self._active_controller()
+        if active is None or active not in free:
+            return [], f"the active controller is unknown or busy ({active})"
+        return [active], None
+
+    async def _active_controller(self) -> str | None:
+        """The quorum leader's node per the controllers not under a fault."""
+        nodes = self.backend.controller_nodes
+        addresses = self.backend.controller_addresses()
+        for node_id, (host, port) in addresses.items():
+            node = controller_name(node_id, len(nodes))
+            if node in self._busy:
+                continue
+            try:
+                answer = await describe_quorum_at((host, port), "minibroker-chaos", 2.0)
+            except (RpcError, OSError) as exc:
+                log.info("nemesis: DescribeQuorum of %s failed: %s", node, exc)
+                continue
+            if answer.leader_id in addresses:
+                return controller_name(answer.leader_id, len(nodes))
+        return None
 
     async def _wipe_targets(self, free: list[str]) -> tuple[list[str], str | None]:
         """The brokers a wipe may take now, or the reason there is none."""

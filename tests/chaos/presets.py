@@ -6,7 +6,12 @@
   leaders and of the controller, broker pauses, controller stalls (pause-controller:
   it found the controller-stall data loss of issue 13), guarded wiped disks, and
   network partitions on docker. Nothing acknowledged may be lost, nothing may be
-  written twice.
+  written twice. On docker the cluster has the compose file's three controllers, and
+  the faults take the active one and partition controllers too.
+- `quorum`: `compound` with a quorum of three controllers (issue 17) and faults aimed
+  at it: SIGKILL of the active controller and of any voter, stalls of voters (a paused
+  leader is a zombie to fence), with broker kills and pauses around them; the
+  metadata check (no split brain, no committed metadata lost, voters' logs agree).
 - `unclean_divergence`: RF=3, min.insync.replicas=1, unclean election on, the
   `diverge` fault: a leader left alone takes writes, dies, and an out-of-sync follower
   leads a new lineage. Acknowledged writes are lost by design (expected); every
@@ -34,10 +39,20 @@ COMPOUND_FAULTS = {
         "kill",
         "kill-leader",
         "kill-controller",
+        "kill-active-controller",
         "wipe",
         "partition",
+        "partition-controller",
     ],
 }
+QUORUM_FAULTS = [
+    "kill-active-controller",
+    "kill-controller",
+    "pause-controller",
+    "kill",
+    "kill-leader",
+    "pause",
+]
 
 
 def compound(backend: str, seed: int, *, time_limit: float = 20.0) -> RunConfig:
@@ -60,8 +75,15 @@ def compound(backend: str, seed: int, *, time_limit: float = 20.0) -> RunConfig:
             consumers=2,
             time_limit=time_limit,
         ),
-        cluster=ClusterSettings(),
+        cluster=ClusterSettings(controllers=3 if backend == "docker" else 1),
     )
+
+
+def quorum(backend: str, seed: int, *, time_limit: float = 20.0) -> RunConfig:
+    cfg = compound(backend, seed, time_limit=time_limit)
+    cfg.cluster.controllers = 3
+    cfg.faults = QUORUM_FAULTS + (["partition-controller"] if backend == "docker" else [])
+    return cfg
 
 
 def librdkafka(backend: str, seed: int, *, time_limit: float = 15.0) -> RunConfig:

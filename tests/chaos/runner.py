@@ -7,6 +7,8 @@ replicas' logs, check. Everything lands in the run's directory:
     config.json     what was run (seed, faults, topic settings, backend)
     history.jsonl   every operation (history.py)
     replicas.json   every broker's replica of every partition (replicas.py)
+    metadata.json   every controller's metadata log, read after the run (quorum_watch.py;
+                    the history holds the quorum's DescribeQuorum samples)
     results.json    the checker's result (checker.py) plus run facts
     summary.txt     the short human summary
     client.log      this process's log (clients, nemesis)
@@ -36,6 +38,7 @@ from client.errors import MinibrokerError
 from tests.integration.cluster import run_command
 
 from . import checker
+from . import quorum_watch
 from . import replicas
 from .backends import Backend
 from .backends import ClusterSettings
@@ -81,6 +84,8 @@ class RunConfig:
             out.append(
                 f"--rf {wl.replication_factor}: the cluster has {self.cluster.brokers} brokers"
             )
+        if self.backend == "docker" and self.cluster.controllers != 3:
+            out.append(f"--controllers {self.cluster.controllers}: the compose cluster runs 3")
         if self.max_faults < 0 or self.max_concurrent_faults < 1:
             out.append("--max-faults must be >= 0 and --max-concurrent-faults >= 1")
         cannot = unsupported_faults(self.backend, self.faults)
@@ -151,7 +156,10 @@ async def wait_cluster_ready(
     return why
 
 
-async def _run(cfg: RunConfig, run_dir: Path, backend: Backend, facts: dict[str, Any]) -> dict:
+async def _run(
+    cfg: RunConfig, run_dir: Path, backend: Backend, facts: dict[str, Any]
+) -> tuple[dict, dict]:
+    """Returns the replicas' logs and the controllers' metadata logs."""
     wl = cfg.workload
     history = History(run_dir / "history.jsonl")
     try:
@@ -181,6 +189,9 @@ async def _run(cfg: RunConfig, run_dir: Path, backend: Backend, facts: dict[str,
             bootstrap,
         )
         stop = asyncio.Event()
+        watch = quorum_watch.QuorumWatch(history, backend.controller_addresses())
+        watch_stop = asyncio.Event()
+        watch_task = asyncio.get_running_loop().create_task(watch.run(watch_stop))
         t0 = time.monotonic()
         workload.start()
         nemesis_task = asyncio.get_running_loop().create_task(nemesis.run(stop))
@@ -188,11 +199,16 @@ async def _run(cfg: RunConfig, run_dir: Path, backend: Backend, facts: dict[str,
             await workload.wait_producers()
         finally:
             stop.set()
-            await nemesis_task  # heals
+            try:
+                await nemesis_task  # heals
+            finally:
+                watch_stop.set()
+                await watch_task
         facts["workload-s"] = round(time.monotonic() - t0, 1)
         facts["faults-applied"] = nemesis.applied
         facts["faults-skipped"] = nemesis.skipped
         facts["faults-max-concurrent"] = nemesis.max_concurrent_seen
+        facts["quorum-samples"] = watch.rounds
 
         not_ready = await wait_cluster_ready(bootstrap, backend.broker_ids, wl.topic)
         if not_ready is not None:
@@ -210,7 +226,9 @@ async def _run(cfg: RunConfig, run_dir: Path, backend: Backend, facts: dict[str,
         logs = await replicas.collect_converged(backend.broker_addresses(), wl.topic, wl.partitions)
         facts["replicas-converged"] = logs.get("converged")
         (run_dir / "replicas.json").write_text(json.dumps(logs, indent=1) + "\n")
-        return logs
+        metadata = await quorum_watch.collect_metadata(backend, run_dir / "metadata-copies")
+        (run_dir / "metadata.json").write_text(json.dumps(metadata, indent=1) + "\n")
+        return logs, metadata
     finally:
         history.close()
 
@@ -235,21 +253,23 @@ def run_once(cfg: RunConfig, out_dir: Path, *, name: str | None = None) -> dict[
     started = time.monotonic()
     error: str | None = None
     replica_logs: dict[str, Any] | None = None
+    metadata: dict[str, Any] = {"available": False, "reason": "the run ended before it"}
     backend = make_backend(cfg, run_dir)
 
-    async def main() -> dict[str, Any]:
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
         async with asyncio.timeout(cfg.workload.time_limit + SLACK_S):
             return await _run(cfg, run_dir, backend, facts)
 
     try:
         try:
-            replica_logs = asyncio.run(main())
+            replica_logs, metadata = asyncio.run(main())
         except Exception as exc:  # the run broke: keep everything and report it
             error = f"{type(exc).__name__}: {exc}"
             log.exception("chaos run %s failed", name)
         result = checker.check(
             _load_history(run_dir),
             replicas=replica_logs,
+            metadata=metadata,
             unclean=cfg.workload.unclean,
             idempotent=cfg.workload.idempotent,
             leader_only_acks=cfg.workload.leader_only_acks,
@@ -313,10 +333,17 @@ def recheck(run_dir: Path) -> dict[str, Any]:
     cfg = json.loads((run_dir / "config.json").read_text())
     rep_path = run_dir / "replicas.json"
     logs = json.loads(rep_path.read_text()) if rep_path.exists() else None
+    meta_path = run_dir / "metadata.json"
+    metadata = (
+        json.loads(meta_path.read_text())
+        if meta_path.exists()
+        else {"available": False, "reason": "no metadata.json (a run from before the check)"}
+    )
     wl = cfg["workload"]
     return checker.check(
         _load_history(run_dir),
         replicas=logs,
+        metadata=metadata,
         unclean=wl["unclean"],
         idempotent=wl.get("idempotent", False),
         leader_only_acks=wl.get("acks") == "1" and wl.get("replication_factor", 1) > 1,

@@ -13,6 +13,11 @@
 - `test_process_run_with_a_consumer_group` (~30 s): the compound run with the
   consumers as members of one group (issue 16): no partition delivered to two members
   of one generation, and everything acknowledged read by the group.
+- `test_process_run_with_a_controller_quorum` (~30 s): the compound run with a quorum
+  of three controllers (issue 17) while the nemesis kills the active controller, kills
+  and stalls voters, and kills and pauses brokers: nothing acknowledged lost, and the
+  metadata check (no two leaders of one epoch, high watermarks never going back, the
+  voters' metadata logs identical below the committed offset, nothing committed lost).
 - `test_process_run_unclean_divergence` (~25 s): RF=3, min.insync.replicas=1, unclean
   election on, the `diverge` fault: a leader alone takes writes, dies, an out-of-sync
   follower leads a new lineage. Acknowledged writes are lost by design (expected);
@@ -37,6 +42,7 @@ from .conftest import ChaosOptions
 from .history import NEMESIS
 from .history import PRODUCER_START
 from .history import load
+from .runner import RunConfig
 from .runner import run_once
 
 pytestmark = [pytest.mark.chaos_process, pytest.mark.timeout(900)]
@@ -53,6 +59,15 @@ def assert_clean(result: dict) -> None:
     assert result["valid"] is True, text
 
 
+def clean_run(cfg: RunConfig, tmp_path: Path, name: str) -> dict:
+    """Run `cfg`; it must be clean, with no duplicate even expected (idempotent)."""
+    result = run_once(cfg, tmp_path, name=name)
+    print(summary(result))
+    assert_clean(result)
+    assert result["expected"] == {}, summary(result)
+    return result
+
+
 def producer_starts(run_dir: Path) -> list[dict]:
     return [op.extra or {} for op in load(run_dir / "history.jsonl") if op.f == PRODUCER_START]
 
@@ -61,10 +76,7 @@ def test_process_run_compound(tmp_path: Path, chaos_options: ChaosOptions) -> No
     # Seed 15 draws 3 wiped disks, 2 controller stalls overlapping them (the issue 13
     # data loss), a broker pause and 2 leader kills.
     cfg = presets.compound("process", chaos_options.seed_or(15))
-    result = run_once(cfg, tmp_path, name="compound")
-    print(summary(result))
-    assert_clean(result)
-    assert result["expected"] == {}, summary(result)  # idempotent: no duplicate at all
+    result = clean_run(cfg, tmp_path, "compound")
     stats = result["stats"]
     # The instrument saw what it claims to test: overlapping faults, pipelined
     # producers, indeterminate sends (no acknowledgement within ack_timeout).
@@ -81,10 +93,7 @@ def test_process_run_with_librdkafka_clients(tmp_path: Path, chaos_options: Chao
     """Issue 15: Kafka's own client (librdkafka 2.16) through the Kafka listeners under
     the compound faults: nothing acknowledged lost, nothing written twice."""
     cfg = presets.librdkafka("process", chaos_options.seed_or(15))
-    result = run_once(cfg, tmp_path, name="librdkafka")
-    print(summary(result))
-    assert_clean(result)
-    assert result["expected"] == {}, summary(result)
+    result = clean_run(cfg, tmp_path, "librdkafka")
     stats = result["stats"]
     assert result["run"]["faults-applied"] >= 2, summary(result)
     # Every librdkafka producer session got a producer id (idempotent for real).
@@ -93,10 +102,7 @@ def test_process_run_with_librdkafka_clients(tmp_path: Path, chaos_options: Chao
 
 def test_process_run_with_a_consumer_group(tmp_path: Path, chaos_options: ChaosOptions) -> None:
     cfg = presets.group("process", chaos_options.seed_or(15))
-    result = run_once(cfg, tmp_path, name="group")
-    print(summary(result))
-    assert_clean(result)
-    assert result["expected"] == {}, summary(result)
+    result = clean_run(cfg, tmp_path, "group")
     assert result["run"]["faults-applied"] >= 2, summary(result)
     ops = load(tmp_path / "group" / "history.jsonl")
     # The members really shared the partitions: several generations, every member
@@ -107,6 +113,27 @@ def test_process_run_with_a_consumer_group(tmp_path: Path, chaos_options: ChaosO
         op.process for op in ops if op.f == "seek" and (op.extra or {}).get("why") == "assigned"
     }
     assert len(assigned) >= 2, assigned
+
+
+def test_process_run_with_a_controller_quorum(tmp_path: Path, chaos_options: ChaosOptions) -> None:
+    cfg = presets.quorum("process", chaos_options.seed_or(15))
+    result = clean_run(cfg, tmp_path, "quorum")
+    quorum = result["stats"]["quorum"]
+    assert quorum["compared"] and quorum["voters"] == 3, summary(result)
+    # The instrument saw failovers: the active controller killed while the quorum was
+    # sampled, and leaders of several epochs.
+    ops = load(tmp_path / "quorum" / "history.jsonl")
+    killed = [
+        op.value
+        for op in ops
+        if op.process == NEMESIS
+        and op.f == "kill-active-controller"
+        and op.type == "info"
+        and not op.error
+    ]
+    assert killed, summary(result)
+    assert quorum["leader-epochs"] >= 2 and quorum["samples"] >= 20, quorum
+    assert quorum["committed"] > 0, quorum
 
 
 def test_process_run_unclean_divergence(tmp_path: Path, chaos_options: ChaosOptions) -> None:

@@ -27,6 +27,7 @@ from .history import History
 from .history import Op
 from .history import dump
 from .history import load
+from .quorum_watch import QUORUM
 
 P0, P1 = 0, 1
 
@@ -946,7 +947,14 @@ def test_every_anomaly_kind_is_reachable_and_independent() -> None:
     h.member_poll(12, 3, "m-a", (P0, 0, "p0-0")).member_poll(13, 3, "m-b", (P0, 1, "p0-1"))
     h.final({P0: ["p0-0", "p0-1"], P1: ["dup", "fwd", "dup", "back", "ghost"]})
     replicas = replicas_of({P0: {1: SAME, 2: [[0, 3, 0, 1]]}}, {P0: 4})
-    result = check(h.ops, replicas=replicas)
+    quorum_sample(h, {0: ("leader", 2, 4, 4), 1: ("leader", 2, 4, 4)})  # split brain
+    quorum_sample(h, {1: ("leader", 2, 3, 4)})  # the high watermark going back
+    logs = metadata(
+        v0=voter_log(*AGREED[:3]),  # offset 3 only on voter 1: lost
+        v1=voter_log((0, 1, 10), (1, 1, 66), *AGREED[2:]),  # offset 1 differs
+        v2=voter_log(*AGREED[:3]),
+    )
+    result = check(h.ops, replicas=replicas, metadata=logs)
     counts = flagged(result)
     # Every kind the checker knows, so a new kind must be made reachable here too;
     # an unreported truncation needs a consumer that saw none (its own tests above).
@@ -1019,3 +1027,165 @@ def test_malformed_histories_are_refused() -> None:
     h.add(10, INFO, "truncation", partition=0, offset=[3, "", 1])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no integer offset"):
         check(h.ops)
+
+
+# ------------------------------------------------------------------ the controller quorum
+
+
+def quorum_sample(h: H, voters: dict[int, tuple[str, int, int, int]]) -> None:
+    """One DescribeQuorum round: voter -> (role, leader epoch, high watermark, log end)."""
+    h.add(
+        QUORUM,
+        INFO,
+        "quorum-sample",
+        extra={
+            "voters": {
+                str(v): {
+                    "role": role,
+                    "leader_id": v if role == "leader" else -1,
+                    "leader_epoch": epoch,
+                    "high_watermark": hw,
+                    "log_end_offset": end,
+                }
+                for v, (role, epoch, hw, end) in voters.items()
+            }
+        },
+    )
+
+
+def voter_log(*entries: tuple[int, int, int], snapshot: list[int] | None = None) -> dict:
+    return {"snapshot": snapshot, "entries": [list(e) for e in entries]}
+
+
+# Three voters that agree on offsets 0-3 (epochs 1, 1, 2, 2).
+AGREED = [(0, 1, 10), (1, 1, 11), (2, 2, 12), (3, 2, 13)]
+
+
+def quorum_history() -> H:
+    h = clean()
+    quorum_sample(h, {0: ("leader", 1, 2, 2), 1: ("follower", 1, 2, 2), 2: ("follower", 1, 1, 2)})
+    quorum_sample(h, {1: ("leader", 2, 4, 4), 2: ("follower", 2, 3, 4)})
+    return h
+
+
+def metadata(**voters: dict) -> dict:
+    return {
+        "available": True,
+        "reason": None,
+        "errors": [],
+        "voter-count": 3,
+        "voters": {k.removeprefix("v"): v for k, v in voters.items()},
+        "final": {},
+    }
+
+
+def test_a_quorum_that_agrees_and_keeps_what_it_committed_is_valid() -> None:
+    result = check(
+        quorum_history().ops,
+        replicas=CLEAN_REPLICAS,
+        metadata=metadata(
+            v0=voter_log(*AGREED),
+            v1=voter_log(*AGREED[2:], snapshot=[1, 1]),  # compacted below offset 2
+            v2=voter_log(*AGREED, (4, 2, 99)),  # an uncommitted tail: anything goes
+        ),
+    )
+    assert flagged(result) == {}, summary(result)
+    assert result["valid"] is True, summary(result)
+    quorum = result["stats"]["quorum"]
+    assert quorum == {
+        "samples": 2,
+        "leader-epochs": 2,
+        "committed": 4,
+        "compared": True,
+        "voters": 3,
+        "majority": 2,
+    }
+    assert "controller quorum: 2 samples, 2 leader epoch(s), committed up to offset 4" in (
+        summary(result)
+    )
+
+
+def test_two_leaders_of_one_epoch_are_a_split_brain() -> None:
+    """Rule quorum-split-brain (election safety: at most one leader per epoch)."""
+    h = quorum_history()
+    quorum_sample(h, {0: ("leader", 2, 4, 4), 1: ("leader", 2, 4, 4)})
+    result = check(h.ops, replicas=CLEAN_REPLICAS)
+    assert flagged(result) == {"quorum-split-brain": 1}
+    assert first(result, "quorum-split-brain") == {"epoch": 2, "leaders": [0, 1]}
+
+
+def test_a_leader_high_watermark_going_back_is_flagged() -> None:
+    """Rule quorum-hw-regress (the high watermark is monotonic)."""
+    h = quorum_history()
+    quorum_sample(h, {1: ("leader", 2, 3, 4)})
+    result = check(h.ops, replicas=CLEAN_REPLICAS)
+    assert flagged(result) == {"quorum-hw-regress": 1}
+    assert first(result, "quorum-hw-regress")["high-watermarks"] == [4, 3]
+
+
+def test_voters_that_differ_below_the_committed_offset_diverge() -> None:
+    """Rule metadata-divergence (log matching below the high watermark)."""
+    other = [(0, 1, 10), (1, 1, 66), (2, 2, 12), (3, 2, 13)]  # offset 1: other bytes
+    result = check(
+        quorum_history().ops,
+        replicas=CLEAN_REPLICAS,
+        metadata=metadata(v0=voter_log(*AGREED), v1=voter_log(*other), v2=voter_log(*AGREED)),
+    )
+    assert flagged(result) == {"metadata-divergence": 1}
+    assert first(result, "metadata-divergence")["offset"] == 1
+
+
+def test_a_snapshot_of_another_epoch_diverges() -> None:
+    """Rule metadata-divergence (a snapshot ends at an entry of its own epoch)."""
+    result = check(
+        quorum_history().ops,
+        replicas=CLEAN_REPLICAS,
+        metadata=metadata(
+            v0=voter_log(*AGREED),
+            v1=voter_log(*AGREED[3:], snapshot=[2, 1]),  # offset 2 is of epoch 2
+            v2=voter_log(*AGREED),
+        ),
+    )
+    assert flagged(result) == {"metadata-divergence": 1}
+    assert first(result, "metadata-divergence")["snapshot-of"] == 1
+
+
+def test_committed_metadata_on_a_minority_is_lost() -> None:
+    """Rule metadata-lost (a committed entry stays on a majority)."""
+    result = check(
+        quorum_history().ops,
+        replicas=CLEAN_REPLICAS,
+        metadata=metadata(
+            v0=voter_log(*AGREED[:3]), v1=voter_log(*AGREED), v2=voter_log(*AGREED[:3])
+        ),
+    )
+    assert flagged(result) == {"metadata-lost": 1}
+    lost = first(result, "metadata-lost")
+    assert (lost["offset"], lost["held-by"], lost["majority"]) == (3, [1], 2)
+
+
+def test_committed_metadata_replaced_by_a_later_epoch_is_lost() -> None:
+    """Rule metadata-lost (leader completeness): offsets 0-1 were reported committed
+    in epoch 1 and 2-3 in epoch 2; every voter now holds entries of epoch 3 from
+    offset 1 on (they agree, so only the epochs show it)."""
+    replaced = [(0, 1, 10), (1, 3, 77), (2, 3, 12), (3, 3, 13)]
+    result = check(
+        quorum_history().ops,
+        replicas=CLEAN_REPLICAS,
+        metadata=metadata(
+            v0=voter_log(*replaced), v1=voter_log(*replaced), v2=voter_log(*replaced)
+        ),
+    )
+    assert flagged(result) == {"metadata-lost": 3}  # offsets 1, 2 and 3
+    lost = first(result, "metadata-lost")
+    assert (lost["offset"], lost["committed-in-epoch"]) == (1, 1)
+    assert lost["later-epoch-entries"] == {"0": 3, "1": 3, "2": 3}
+
+
+def test_unreadable_metadata_logs_make_the_verdict_unknown() -> None:
+    unavailable = {"available": False, "reason": "no controller's metadata log could be read"}
+    result = check(quorum_history().ops, replicas=CLEAN_REPLICAS, metadata=unavailable)
+    assert result["valid"] == "unknown"
+    assert result["unchecked"] == [
+        "metadata check unavailable: no controller's metadata log could be read"
+    ]

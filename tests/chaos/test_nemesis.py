@@ -25,6 +25,7 @@ from .history import INFO
 from .history import INVOKE
 from .history import NEMESIS
 from .history import History
+from .nemesis import CONTROLLER_FAULTS
 from .nemesis import EXCLUSIVE
 from .nemesis import FAULTS
 from .nemesis import Nemesis
@@ -37,8 +38,10 @@ from .nemesis import plan
 class FakeBackend(Backend):
     name = "fake"
 
-    def __init__(self, *, partitions_supported: bool = True, fail_start: int = 0) -> None:
-        super().__init__(ClusterSettings(), Path("/nonexistent"))
+    def __init__(
+        self, *, partitions_supported: bool = True, fail_start: int = 0, controllers: int = 1
+    ) -> None:
+        super().__init__(ClusterSettings(controllers=controllers), Path("/nonexistent"))
         self.down_nodes: set[str] = set()
         self.paused: set[str] = set()
         self.isolated: set[str] = set()
@@ -77,6 +80,17 @@ class FakeBackend(Backend):
 
     def broker_addresses(self) -> dict[int, tuple[str, int]]:
         return {}
+
+    def controller_addresses(self) -> dict[int, tuple[str, int]]:
+        return {}
+
+    async def copy_data(self, node: str, dest: Path) -> None:
+        raise AssertionError("the nemesis never copies data")
+
+    def active_controller(self) -> str | None:
+        """The quorum's leader: the first controller up and running."""
+        bad = self.down_nodes | self.paused | self.isolated
+        return next((n for n in self.controller_nodes if n not in bad), None)
 
     def unsupported(self, fault: str) -> str | None:
         return None if self.partitions_supported or fault != "partition" else "no network here"
@@ -134,6 +148,10 @@ class FakeMetadataNemesis(Nemesis):
     async def _describe(self, via: list[int] | None = None) -> list[PartitionDescription] | None:
         assert isinstance(self.backend, FakeBackend)
         return self.backend.describe(self.config.partitions)
+
+    async def _active_controller(self) -> str | None:
+        assert isinstance(self.backend, FakeBackend)
+        return self.backend.active_controller()
 
 
 def nemesis(backend: Backend, seed: int, faults: list[str], **kw: object) -> Nemesis:
@@ -306,7 +324,7 @@ async def test_targets_match_the_fault() -> None:
     for f, target in actions(n):
         if target is None:
             continue  # skipped (its info says why) or heal
-        if f in ("kill-controller", "pause-controller"):
+        if f in CONTROLLER_FAULTS:
             assert target == CONTROLLER
         elif f in ("partition", "wipe", "kill-leader", "pause"):
             assert broker_id(target) in backend.broker_ids
@@ -400,3 +418,39 @@ def test_parse_faults() -> None:
     assert parse_faults("none") == [] and parse_faults("") == []
     with pytest.raises(ValueError, match="unknown fault"):
         parse_faults("kill,explode")
+
+
+async def test_controller_faults_keep_a_majority_of_the_quorum() -> None:
+    """Invariant: with a quorum of three, faults take one controller at a time (a
+    majority keeps running, so there is an active controller to fail over to), any
+    voter may be hit, and kill-active-controller takes the leader of the moment."""
+    backend = FakeBackend(controllers=3)
+    faults = ["kill-controller", "pause-controller", "kill-active-controller", "partition"]
+    n = nemesis(backend, 5, faults, max_faults=30, max_concurrent=3)
+    leader_when_killed: dict[str, list[str | None]] = {}
+    kill = backend.kill
+
+    async def kill_noting_the_leader(node: str) -> None:
+        leader_when_killed.setdefault(node, []).append(backend.active_controller())
+        await kill(node)
+
+    backend.kill = kill_noting_the_leader  # type: ignore[method-assign]
+    await n.run(asyncio.Event())
+    assert backend.healthy
+    targets = {v for f, v in actions(n) if f in CONTROLLER_FAULTS and v is not None}
+    assert targets <= set(backend.controller_nodes) and len(targets) >= 2, targets
+    under_fault: set[str] = set()
+    for op in n.history.ops:
+        if op.process != NEMESIS or op.type != INFO or op.value is None or op.error:
+            continue
+        if op.f in CONTROLLER_FAULTS:
+            under_fault.add(op.value)
+            assert len(under_fault) <= 1, (op.index, under_fault)
+        elif op.f in ("start", "resume", "reconnect"):
+            under_fault.discard(op.value)
+    skipped = [op.error for op in n.history.ops if op.f in CONTROLLER_FAULTS and op.error]
+    assert any("minority" in e for e in skipped), skipped
+    active_kills = [v for f, v in actions(n) if f == "kill-active-controller" and v]
+    assert active_kills, actions(n)
+    for node in active_kills:
+        assert node in leader_when_killed.get(node, []), (node, leader_when_killed)
