@@ -37,6 +37,15 @@ from runtime.settings import setting
 from runtime.settings import topic_defaults
 from runtime.settings import topic_setting
 from runtime.settings import unsafe_switch
+from runtime.tls import PLAINTEXT
+from runtime.tls import SECURITY_PROTOCOLS
+from runtime.tls import SSL
+from runtime.tls_settings import security_protocol_setting
+from runtime.tls_settings import ssl_cafile_setting
+from runtime.tls_settings import ssl_certfile_setting
+from runtime.tls_settings import ssl_client_auth_setting
+from runtime.tls_settings import ssl_keyfile_setting
+from runtime.tls_settings import ssl_problems
 
 __all__ = [
     "BrokerConfig",
@@ -105,6 +114,26 @@ def parse_listener_names(value: str, *, option: str = "--kafka-listeners") -> tu
     return names
 
 
+def parse_security_protocol_map(
+    value: str, *, option: str = "--listener-security-protocol-map"
+) -> dict[str, str]:
+    """Parse `NAME:PROTOCOL[,NAME:PROTOCOL...]` (listener.security.protocol.map)."""
+    out: dict[str, str] = {}
+    for raw in value.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        name, sep, protocol = item.partition(":")
+        name, protocol = name.strip().upper(), protocol.strip().upper()
+        if not sep or protocol not in SECURITY_PROTOCOLS or not name:
+            raise ConfigError(
+                f"{option}: {item!r} is not NAME:PROTOCOL with PROTOCOL one of "
+                f"{', '.join(SECURITY_PROTOCOLS)} (e.g. INTERNAL:SSL)"
+            )
+        out[name] = protocol
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class BrokerConfig:
     node_id: int = setting(minimum=0, doc="Broker id, >= 0.")
@@ -129,12 +158,27 @@ class BrokerConfig:
         "and tools) instead of minibroker's; not the first listener: brokers replicate "
         "over it.",
     )
+    listener_security_protocol_map: dict[str, str] = setting(
+        "",
+        parse=parse_security_protocol_map,
+        shown_default="a listener named SSL is SSL, the others PLAINTEXT",
+        doc="NAME:PROTOCOL per listener, PLAINTEXT or SSL (TLS 1.2+); brokers reach each "
+        "other over the first listener with its protocol (listener.security.protocol.map).",
+    )
+    ssl_certfile: Path | None = ssl_certfile_setting()
+    ssl_keyfile: Path | None = ssl_keyfile_setting()
+    ssl_cafile: Path | None = ssl_cafile_setting()
+    ssl_client_auth: str = ssl_client_auth_setting()
     controller: tuple[tuple[str, int], ...] = setting(
         "127.0.0.1:9093",
         parse=parse_controllers,
         doc="HOST:PORT of the controller, or of any of the quorum's controllers "
         "(comma-separated): the broker finds the active one and follows it across "
         "failovers.",
+    )
+    controller_security_protocol: str = security_protocol_setting(
+        "How this broker connects to the controllers: SSL when they listen with "
+        "--security-protocol SSL."
     )
     # None: ./minibroker-data/broker-<node id> (filled in by __post_init__).
     data_dir: Path = setting(
@@ -316,6 +360,18 @@ class BrokerConfig:
                 f"--kafka-listeners: {names[0]} is the first listener, which brokers "
                 "replicate over in minibroker's protocol; list a native listener first"
             )
+        not_listeners = sorted(set(self.listener_security_protocol_map) - set(names))
+        if not_listeners:
+            raise ConfigError(
+                f"--listener-security-protocol-map: {', '.join(not_listeners)} not among "
+                f"--listeners ({', '.join(names)})"
+            )
+        uses_ssl = SSL in {self.security_protocol(n) for n in names}
+        tls_problems = ssl_problems(
+            self, uses_ssl=uses_ssl or self.controller_security_protocol == SSL
+        )
+        if tls_problems:
+            raise ConfigError("; ".join(tls_problems))
         if self.advertised_listeners is not None:
             adv = {spec.name for spec in self.advertised_listeners}
             if set(names) != adv:
@@ -326,6 +382,17 @@ class BrokerConfig:
             for spec in self.advertised_listeners:
                 if not spec.host:
                     raise ConfigError(f"--advertised-listeners: {spec} needs a host")
+
+    @property
+    def inter_broker_protocol(self) -> str:
+        """Brokers replicate over the first listener, with its security protocol."""
+        return self.security_protocol(self.listeners[0].name)
+
+    def security_protocol(self, listener: str) -> str:
+        """PLAINTEXT or SSL: the map's, else Kafka's default (a listener named SSL)."""
+        return self.listener_security_protocol_map.get(
+            listener, SSL if listener == SSL else PLAINTEXT
+        )
 
     def log_config(self) -> LogConfig:
         """The broker-wide storage settings that a topic's configs override."""

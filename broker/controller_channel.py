@@ -52,6 +52,7 @@ from runtime.active_controller import ActiveController
 from runtime.active_controller import ControllerClient
 from runtime.peer_rpc import RpcError
 from runtime.peer_rpc import RpcErrorResponse
+from runtime.tls_settings import outgoing_tls
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,11 @@ class ControllerChannel:
         self.incarnation_id = incarnation_id
         timeout_s = config.request_timeout_ms / 1000
         # Which controller of the quorum is active: shared by the three connections.
-        self.active = ActiveController(config.controller, client_id=f"broker-{self.node_id}")
+        self.active = ActiveController(
+            config.controller,
+            client_id=f"broker-{self.node_id}",
+            tls=outgoing_tls(config, config.controller_security_protocol),
+        )
 
         def client(purpose: str) -> ControllerClient:
             return ControllerClient(

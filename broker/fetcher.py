@@ -70,6 +70,7 @@ from protocol.messages import FetchTopic
 from runtime.epoch_lineage import offset_truncation_state
 from runtime.peer_rpc import RpcClient
 from runtime.peer_rpc import RpcError
+from runtime.tls_settings import outgoing_tls
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig
@@ -135,6 +136,8 @@ class FetcherManager:
             connect_timeout_s=min(5.0, self.config.request_timeout_ms / 1000),
             faults=self.faults,
             peer_id=leader_id,
+            # Brokers replicate over the first listener, with its security protocol.
+            tls=outgoing_tls(self.config, self.config.inter_broker_protocol),
         )
 
     def _address(self, leader_id: int) -> tuple[str, int] | None:

@@ -63,6 +63,9 @@ from runtime.settings import refusal
 from runtime.settings import topic_defaults
 from runtime.settings import unsafe_switches_on
 from runtime.tasks import cancel_and_wait
+from runtime.tls import TlsConfigError
+from runtime.tls_settings import listener_tls
+from runtime.tls_settings import outgoing_tls
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +312,19 @@ class Broker:
         bound: dict[str, int] = {}
         # One table for all listeners: connection limits are per process, as Kafka's.
         table = ConnectionTable(self.config.connection_limits())
+        try:  # the contexts of the connections out, made now: a bad file stops the start
+            for protocol in (
+                self.config.inter_broker_protocol,
+                self.config.controller_security_protocol,
+            ):
+                outgoing_tls(self.config, protocol)
+        except TlsConfigError as exc:
+            raise StartupError(f"connections to brokers and controllers: {exc}") from None
         for spec in self.config.listeners:
+            try:
+                tls = listener_tls(self.config, self.config.security_protocol(spec.name))
+            except TlsConfigError as exc:
+                raise StartupError(f"listener {spec.name}: {exc}") from None
             server = ListenerServer(
                 spec.name,
                 spec.host,
@@ -319,6 +334,7 @@ class Broker:
                 response_reservation=self.replica_manager.fetch_reservation,
                 faults=self.faults,
                 codec=KAFKA if spec.name in self.config.kafka_listeners else NATIVE,
+                tls=tls,
             )
             try:
                 bound[spec.name] = await server.bind()

@@ -14,6 +14,7 @@ from client.errors import OffsetOutOfRangeError
 from client.errors import PossiblyWrittenError
 from client.errors import UnknownLeaderEpochError
 from client.producer import AsyncProducer
+from client.security import create_ssl_context
 from client.sync import Admin
 from client.sync import Consumer
 from client.sync import Producer
@@ -43,4 +44,5 @@ __all__ = [
     "RecordMetadata",
     "TopicPartition",
     "UnknownLeaderEpochError",
+    "create_ssl_context",
 ]

@@ -16,6 +16,7 @@ cache and batch headers, via DescribeReplicaLog, which brokers serve read-only).
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterable
 from collections.abc import Mapping
 
@@ -108,6 +109,8 @@ class AsyncAdmin(Diagnostics, GroupAdmin, AsyncClient):
         request_timeout_ms: int = 30_000,
         retry_backoff_ms: int = 100,
         bootstrap_retries: int = 3,
+        security_protocol: str = "PLAINTEXT",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._cluster = ClusterClient(
             bootstrap_servers,
@@ -115,6 +118,8 @@ class AsyncAdmin(Diagnostics, GroupAdmin, AsyncClient):
             request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,
             bootstrap_retries=bootstrap_retries,
+            security_protocol=security_protocol,
+            ssl_context=ssl_context,
         )
         self._request_timeout_ms = request_timeout_ms
         self._started = False

@@ -7,6 +7,7 @@ DescribeReplicaLog, which brokers serve read-only)."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Sequence
 
 from client.cluster import parse_bootstrap_servers
@@ -244,6 +245,7 @@ class Diagnostics:
                 [request],
                 timeout_ms=self._request_timeout_ms if timeout_ms is None else timeout_ms,
                 node_id=broker_id,
+                tls=self._cluster.tls,
             )
         except InvalidRequestError as exc:
             raise MinibrokerError(
@@ -289,9 +291,11 @@ class Diagnostics:
         *,
         timeout_ms: int,
         node_id: int = -1,
+        tls: ssl.SSLContext | None = None,
     ) -> list[Message]:
         """Requests over a connection of their own (the controller, or a broker the
-        metadata cache does not list), closed afterwards."""
+        metadata cache does not list), closed afterwards; `tls`: a broker's listener
+        is secured as the client's (ClusterClient.tls), a controller's is not yet."""
         conn = BrokerConnection(
             host,
             port,
@@ -299,6 +303,7 @@ class Diagnostics:
             client_id=self._cluster.client_id,
             request_timeout_ms=timeout_ms,
             connect_timeout_ms=timeout_ms,
+            tls=tls,
         )
         try:
             await conn.connect()
@@ -319,7 +324,12 @@ class Diagnostics:
         directories that answer an error: offline)."""
         try:
             (response,) = await self._ask_directly(
-                host, port, [DescribeLogDirsRequest()], timeout_ms=timeout_ms, node_id=node_id
+                host,
+                port,
+                [DescribeLogDirsRequest()],
+                timeout_ms=timeout_ms,
+                node_id=node_id,
+                tls=self._cluster.tls,
             )
         except (ConnectionFailedError, RequestTimedOutError) as exc:
             return short_reason(exc), [], []

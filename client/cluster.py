@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 import time
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -38,6 +39,7 @@ from client.errors import NoBrokersAvailableError
 from client.errors import RequestTimedOutError
 from client.errors import UnknownTopicOrPartitionError
 from client.errors import short_reason
+from client.security import connection_tls
 from client.types import TopicPartition
 from protocol.api import NO_EPOCH
 from protocol.errors import ErrorCode
@@ -307,9 +309,12 @@ class ClusterClient:
         max_stale_refreshes: int = 5,
         max_in_flight_requests_per_connection: int = 100,
         unsafe_accept_stale_metadata: bool = False,
+        security_protocol: str = "PLAINTEXT",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """`unsafe_accept_stale_metadata` is TEST-ONLY (KIP-232 rule off, see
-        ClusterMetadata)."""
+        ClusterMetadata). `security_protocol` / `ssl_context`: client/security.py."""
+        self.tls = connection_tls(security_protocol, ssl_context)
         self.bootstrap_servers = parse_bootstrap_servers(bootstrap_servers)
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
@@ -632,6 +637,7 @@ class ClusterClient:
             request_timeout_ms=self.request_timeout_ms,
             connect_timeout_ms=self.connect_timeout_ms,
             max_in_flight=self.max_in_flight,
+            tls=self.tls,
         )
         await conn.connect()
         return conn

@@ -11,6 +11,8 @@ BrokerResponseError, each naming the broker.
 
 from __future__ import annotations
 
+import ssl
+
 from client.errors import START_HINT
 from client.errors import ConnectionFailedError
 from client.errors import RequestTimedOutError
@@ -54,6 +56,7 @@ class BrokerConnection(PipelinedConnection):
         connect_timeout_ms: int = 10_000,
         max_in_flight: int = 100,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         where = f"{host}:{port}"
         peer = f"broker {node_id} at {where}" if node_id >= 0 else where
@@ -68,6 +71,7 @@ class BrokerConnection(PipelinedConnection):
             max_in_flight=max_in_flight,
             max_frame_size=max_frame_size,
             connect_hint=START_HINT,
+            tls=tls,
         )
         self.node_id = node_id
 

@@ -39,6 +39,9 @@ from controller.quorum.replica import Role
 from controller.quorum.replicated_log import ReplicatedMetadataLog
 from controller.server import ControllerServer
 from controller.state import MetadataImage
+from runtime.tls import TlsConfigError
+from runtime.tls_settings import listener_tls
+from runtime.tls_settings import outgoing_tls
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +137,11 @@ class ControllerProcess:
                     f"cannot use data dir {config.data_dir}: {exc}; check the disk and the "
                     "permissions of --data-dir"
                 ) from None
+            try:  # both made now: a file that cannot be used stops the start
+                listener_tls(config, config.security_protocol)
+                peer_tls = outgoing_tls(config, config.security_protocol)
+            except TlsConfigError as exc:
+                raise ControllerError(str(exc)) from None
             self.sessions = BrokerSessions(config.session_timeout_s)
             faults = faults_for(
                 config.node_id,
@@ -159,6 +167,7 @@ class ControllerProcess:
                 on_committed=self._on_committed,
                 on_role=self._on_role,
                 on_fatal=self._on_fatal,
+                tls=peer_tls,
             )
             self.writer = MetadataWriter(
                 ReplicatedMetadataLog(self.driver, metadata_log),

@@ -32,6 +32,13 @@ from runtime.settings import setting
 from runtime.settings import topic_setting
 from runtime.settings import unsafe_switch
 from runtime.settings import unsafe_switches_on
+from runtime.tls import SSL
+from runtime.tls_settings import security_protocol_setting
+from runtime.tls_settings import ssl_cafile_setting
+from runtime.tls_settings import ssl_certfile_setting
+from runtime.tls_settings import ssl_client_auth_setting
+from runtime.tls_settings import ssl_keyfile_setting
+from runtime.tls_settings import ssl_problems
 
 __all__ = ["BROKER_API_KEYS", "TEST_FAULTS_ENV", "ControllerConfig", "parse_listen"]
 
@@ -153,6 +160,14 @@ class ControllerConfig:
     max_pending_bytes_per_connection: int = pending_bytes_setting(
         "controller", held="requests in service, answers not yet taken"
     )
+    security_protocol: str = security_protocol_setting(
+        "Of --listen, PLAINTEXT or SSL (TLS 1.2+), and of the connections between the "
+        "quorum's controllers; brokers then need --controller-security-protocol SSL."
+    )
+    ssl_certfile: Path | None = ssl_certfile_setting()
+    ssl_keyfile: Path | None = ssl_keyfile_setting()
+    ssl_cafile: Path | None = ssl_cafile_setting()
+    ssl_client_auth: str = ssl_client_auth_setting()
     quorum_voters: dict[int, tuple[str, int]] = setting(
         "",
         parse=parse_quorum_voters,
@@ -233,6 +248,7 @@ class ControllerConfig:
             found.append(
                 f"--quorum-voters does not list this controller's --node-id {self.node_id}"
             )
+        found.extend(ssl_problems(self, uses_ssl=self.security_protocol == SSL))
         refused = refusal(self)
         if refused:
             found.append(refused)

@@ -25,6 +25,7 @@ from protocol.messages import Message
 from runtime.server import Handler
 from runtime.server import ListenerServer
 from runtime.server import RequestContext
+from runtime.tls_settings import listener_tls
 
 # What only the active controller (the quorum leader) answers is exactly what brokers
 # send it: every change, their heartbeats (sessions live there) and the metadata feed.
@@ -89,6 +90,7 @@ class ControllerServer:
             faults=handlers.faults,
             error_answer=_error_answer,
             role="controller",
+            tls=listener_tls(config, config.security_protocol),
         )
         self.table = self.listener.table
         self.address: tuple[str, int] | None = None

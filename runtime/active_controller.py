@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Sequence
 
 from protocol.errors import ErrorCode
@@ -44,9 +45,12 @@ WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
 
 class ActiveController:
-    def __init__(self, bootstrap: Sequence[Address], *, client_id: str) -> None:
+    def __init__(
+        self, bootstrap: Sequence[Address], *, client_id: str, tls: ssl.SSLContext | None = None
+    ) -> None:
         if not bootstrap:
             raise ValueError("at least one controller address is needed")
+        self.tls = tls  # the controllers listen with SSL: every connection to them is TLS
         self.known: list[Address] = list(dict.fromkeys(bootstrap))
         self.address: Address = self.known[0]
         self.leader_id = -1
@@ -114,13 +118,13 @@ class ActiveController:
 
     async def _describe(self, address: Address) -> DescribeQuorumResponse | None:
         try:
-            return await describe_quorum_at(address, self.client_id, LOOKUP_TIMEOUT_S)
+            return await describe_quorum_at(address, self.client_id, LOOKUP_TIMEOUT_S, tls=self.tls)
         except RpcError:
             return None
 
 
 async def describe_quorum_at(
-    address: Address, client_id: str, timeout_s: float
+    address: Address, client_id: str, timeout_s: float, *, tls: ssl.SSLContext | None = None
 ) -> DescribeQuorumResponse:
     """One controller's DescribeQuorum answer (raises RpcError when it gives none)."""
     client = RpcClient(
@@ -131,6 +135,7 @@ async def describe_quorum_at(
         request_timeout_s=timeout_s,
         connect_timeout_s=timeout_s,
         max_in_flight=1,
+        tls=tls,
     )
     try:
         answer = await client.request(DescribeQuorumRequest())
@@ -180,6 +185,7 @@ class ControllerClient:
                 connect_timeout_s=self.connect_timeout_s,
                 faults=self._faults,
                 peer_id=self._peer_id,
+                tls=self.active.tls,
             )
         return client
 

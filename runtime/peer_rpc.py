@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import time
 from collections.abc import Awaitable
 from collections.abc import Callable
@@ -111,6 +112,7 @@ class RpcClient:
         max_in_flight: int = 100,
         faults: Faults = NO_FAULTS,
         peer_id: int = -1,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -121,6 +123,7 @@ class RpcClient:
         self._max_in_flight = max_in_flight
         self._faults = faults
         self.peer_id = peer_id  # what test fault rules match (-1: unknown)
+        self._tls = tls
         self._connect_lock = asyncio.Lock()
         self._conn: PipelinedConnection | None = None
         self._backoff_s = 0.0
@@ -215,6 +218,7 @@ class RpcClient:
                 request_timeout_s=self.request_timeout_s,
                 connect_timeout_s=self.connect_timeout_s,
                 max_in_flight=self._max_in_flight,
+                tls=self._tls,
             )
             try:
                 await conn.connect()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from typing import NamedTuple
 from typing import Protocol
@@ -101,6 +102,7 @@ class PipelinedConnection:
         max_in_flight: int,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         connect_hint: str = "",
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
@@ -111,6 +113,7 @@ class PipelinedConnection:
         self.connect_timeout_s = connect_timeout_s
         self._failures = failures
         self._connect_hint = connect_hint  # appended to "cannot connect" messages
+        self._tls = tls  # None: plaintext (runtime/tls.py makes the contexts)
         self._protocol = ClientConnection(client_id, max_frame_size=max_frame_size)
         self._transport: asyncio.Transport | None = None
         self._pending: dict[int, _Pending] = {}
@@ -144,12 +147,25 @@ class PipelinedConnection:
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 transport, _ = await loop.create_connection(
-                    lambda: _Protocol(self), self.host, self.port
+                    lambda: _Protocol(self),
+                    self.host,
+                    self.port,
+                    ssl=self._tls,
+                    server_hostname=self.host if self._tls is not None else None,
+                    ssl_handshake_timeout=self.connect_timeout_s if self._tls else None,
                 )
         except TimeoutError:
             self._mark_closed()
             why = f"timed out after {int(self.connect_timeout_s * 1000)} ms"
             raise self._cannot_connect(why) from None
+        except ssl.SSLError as exc:
+            self._mark_closed()
+            why = f"TLS handshake failed: {exc}"
+            if isinstance(exc, ssl.SSLCertVerificationError):
+                why += " (is the server's certificate signed by the CA file given, for this host?)"
+            else:
+                why += " (does the server listen with SSL on this port?)"
+            raise self._cannot_connect(why) from exc
         except OSError as exc:
             self._mark_closed()
             raise self._cannot_connect(exc.strerror or str(exc) or type(exc).__name__) from exc

@@ -27,6 +27,12 @@ with a log line, and a handler that raises answers UNKNOWN_SERVER_ERROR (or what
 process's `error_answer` maps the exception to: the controller answers
 KAFKA_STORAGE_ERROR when its metadata log failed).
 
+TLS (a listener given an SSLContext, runtime/tls.py): every byte read goes through the
+connection's ServerTls and every answer out of it; a request is read only once the
+handshake is done, within HANDSHAKE_TIMEOUT_S of connecting. A handshake that fails (a
+plaintext client on a TLS port, say) closes the connection with one log line saying
+why. The peer's certificate, if it sent one, names the connection's principal.
+
 Test faults (runtime/faults.py, only with --enable-test-faults) act before a handler
 runs: they may delay or park the request, drop it (the connection is closed without
 an answer), or let it run and close the connection instead of answering.
@@ -38,6 +44,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import time
 from collections.abc import Awaitable
 from collections.abc import Callable
@@ -59,6 +66,11 @@ from protocol.messages import Message
 from runtime.faults import DROP
 from runtime.faults import DROP_RESPONSE
 from runtime.faults import Faults
+from runtime.tls import ANONYMOUS
+from runtime.tls import HANDSHAKE_TIMEOUT_S
+from runtime.tls import ServerTls
+from runtime.tls import handshake_failure
+from runtime.tls import principal_of
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +87,7 @@ class RequestContext:
     client_id: str | None
     api_version: int  # of the listener's protocol
     protocol: str = "native"  # the listener's wire protocol: "native" or "kafka"
+    principal: str = ANONYMOUS  # who the peer proved to be (a TLS client certificate)
 
 
 Handler = Callable[[RequestContext, Message], Awaitable[Message]]
@@ -99,6 +112,9 @@ class _Connection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
         self._closed = False
+        self._tls = ServerTls(server.tls) if server.tls is not None else None
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self.principal = ANONYMOUS
 
     # ------------------------------------------------------------ asyncio callbacks
 
@@ -132,10 +148,60 @@ class _Connection(asyncio.Protocol):
         high = min(WRITE_BUFFER_HIGH, server.table.limits.max_pending_bytes)
         self._transport.set_write_buffer_limits(high=high, low=min(WRITE_BUFFER_LOW, high // 4))
         self._server.connections.add(self)
+        if self._tls is not None:
+            self._handshake_timer = asyncio.get_running_loop().call_later(
+                HANDSHAKE_TIMEOUT_S, self._tls_failed, TimeoutError()
+            )
+
+    def _tls_failed(self, exc: BaseException) -> None:
+        if not self._closed:
+            # Rate-limited like every closure: a flood of plaintext clients is a line
+            # every 10 s with a count, not a line each.
+            reason = CloseReason(
+                "tls-handshake",
+                f"closing connection from {self._peer} on {self._server.name}: TLS "
+                f"handshake failed: {handshake_failure(exc)}",
+            )
+            self._server.log_event(reason, time.monotonic())
+        self.close()
+
+    def _from_tls(self, tls: ServerTls, data: bytes) -> bytes | None:
+        """The plaintext `data` carried (None: the connection was closed)."""
+        was_established = tls.established
+        try:
+            plaintext = tls.receive(data)
+        except ssl.SSLError as exc:
+            if was_established:
+                log.warning(
+                    "closing connection from %s on %s: bad TLS record: %s",
+                    self._peer,
+                    self._server.name,
+                    exc,
+                )
+                self.close()
+            else:
+                self._tls_failed(exc)
+            return None
+        out = tls.outgoing()
+        if out and self._transport is not None:
+            self._transport.write(out)  # handshake answers, alerts
+        if tls.established and not was_established:
+            if self._handshake_timer is not None:
+                self._handshake_timer.cancel()
+            self.principal = principal_of(tls.peer_certificate())
+        if tls.closed_by_peer:
+            self.close(graceful=True)  # our close_notify goes out first
+            return None
+        return plaintext
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
+        if self._tls is not None:
+            plaintext = self._from_tls(self._tls, data)
+            if not plaintext:
+                return
+            data = plaintext
         self._conn.receive_data(data, time.monotonic())
         self._process()
 
@@ -144,6 +210,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
         self._forget()
         for task in self._tasks:
             task.cancel()
@@ -224,7 +292,12 @@ class _Connection(asyncio.Protocol):
                     return
             handler = server.handlers[header.api_key]
             ctx = RequestContext(
-                server.name, self._peer, header.client_id, header.api_version, server.codec.name
+                server.name,
+                self._peer,
+                header.client_id,
+                header.api_version,
+                server.codec.name,
+                self.principal,
             )
             body = await handler(ctx, request.body)
             if fault == DROP_RESPONSE:
@@ -260,9 +333,15 @@ class _Connection(asyncio.Protocol):
         self._process()
 
     def _write(self, parts: list[Buffer]) -> None:
-        # Scatter-gather: a fetched file slice goes to the socket as it was read.
-        if parts and not self._closed and self._transport is not None:
+        if not parts or self._closed or self._transport is None:
+            return
+        if self._tls is None:
+            # Scatter-gather: a fetched file slice goes to the socket as it was read.
             self._transport.writelines(parts)
+            return
+        for part in parts:
+            self._tls.send(part)
+        self._transport.write(self._tls.outgoing())
 
     def _unsent(self) -> int:
         transport = self._transport
@@ -281,7 +360,10 @@ class _Connection(asyncio.Protocol):
             self._transport.resume_reading()
             self._conn.resume_clock(time.monotonic())
 
-    def close(self) -> None:
+    def close(self, *, graceful: bool = False) -> None:
+        """Drop the connection (`graceful`: after what is buffered has been sent)."""
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
         if self._closed:
             return
         self._closed = True
@@ -289,7 +371,10 @@ class _Connection(asyncio.Protocol):
         for task in self._tasks:
             task.cancel()
         if self._transport is not None:
-            self._transport.abort()
+            if graceful:
+                self._transport.close()
+            else:
+                self._transport.abort()
 
 
 class ListenerServer:
@@ -309,8 +394,10 @@ class ListenerServer:
         error_answer: ErrorAnswer | None = None,
         role: str = "broker",
         codec: WireCodec = NATIVE,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.name = name
+        self.tls = tls  # None: plaintext
         self.codec = codec  # the wire protocol this listener speaks
         self.host = host
         self.port = port

@@ -60,7 +60,7 @@ TEST_FAULTS_DOC = (
     "production."
 )
 
-Kind = Literal["int", "bool", "text", "choice", "path"]
+Kind = Literal["int", "bool", "text", "choice", "path", "file"]  # path: a directory
 # "setting": an ordinary setting; "test-faults": the switch that enables the test-only
 # ones; "unsafe": a test-only switch that turns a protection off.
 Role = Literal["setting", "test-faults", "unsafe"]
@@ -180,7 +180,7 @@ def _field(declared: Setting) -> Any:
     default = declared.default
     if default is MISSING:
         return dataclasses.field(metadata=metadata)
-    if declared.kind == "path" and isinstance(default, str):
+    if declared.kind in ("path", "file") and isinstance(default, str):
         return dataclasses.field(default=Path(default), metadata=metadata)
     if declared.parse is not None and isinstance(default, str):
         # A fresh parsed value per instance: it may be a list or a dict.
@@ -268,6 +268,8 @@ class Declared:
             attrs["type"] = click.Choice(s.choices, case_sensitive=False)
         elif s.kind == "path":
             attrs["type"] = click.Path(file_okay=False, path_type=Path)
+        elif s.kind == "file":
+            attrs["type"] = click.Path(dir_okay=False, path_type=Path)
         return click.option(self.flag, self.name, **attrs)
 
     def from_command_line(self, value: Any) -> dict[str, Any]:
@@ -288,7 +290,7 @@ class Declared:
     def problems(self, config: object) -> list[str]:
         """What is wrong with this setting's value in `config` (type, bounds, choices)."""
         s = self.setting
-        if len(self.fields) != 1 or s.kind in ("text", "path"):
+        if len(self.fields) != 1 or s.kind in ("text", "path", "file"):
             return []  # parsed values were checked by their parser
         value = getattr(config, self.fields[0])
         if s.kind == "bool":

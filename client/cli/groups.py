@@ -7,12 +7,12 @@ import datetime
 
 import click
 
-from client.admin import AsyncAdmin
 from client.admin import GroupDescription
 from client.admin import PartitionLag
 from client.cli.plumbing import _fail
 from client.cli.plumbing import _plural
 from client.cli.plumbing import _table
+from client.cli.plumbing import cli_admin
 from client.cli.plumbing import client_command
 from client.cli.plumbing import run
 from client.cli.root import cli
@@ -36,7 +36,7 @@ def group_list(bootstrap: str) -> None:
     """Every group, with its state and coordinator."""
 
     async def go() -> list[list[str]]:
-        async with AsyncAdmin(bootstrap, client_id=CLI_ID) as admin:
+        async with cli_admin(bootstrap, CLI_ID) as admin:
             groups = await admin.list_groups()
         return [[g.group_id, g.state, g.protocol_type or "-", str(g.coordinator)] for g in groups]
 
@@ -56,7 +56,7 @@ def group_describe(group: str, bootstrap: str) -> None:
     and the member it is assigned to."""
 
     async def go() -> tuple[GroupDescription, list[PartitionLag]]:
-        async with AsyncAdmin(bootstrap, client_id=CLI_ID) as admin:
+        async with cli_admin(bootstrap, CLI_ID) as admin:
             return await admin.describe_group(group), await admin.group_lag(group)
 
     description, lags = run(go)
@@ -163,7 +163,7 @@ def group_reset_offsets(
     wanted = _partitions(topics)
 
     async def go() -> list[tuple[TopicPartition, OffsetAndMetadata | None, OffsetAndMetadata]]:
-        async with AsyncAdmin(bootstrap, client_id=CLI_ID) as admin:
+        async with cli_admin(bootstrap, CLI_ID) as admin:
             described = await admin.describe_topics(sorted(wanted), include_offsets=False)
             partitions = [
                 TopicPartition(t.name, p.partition)
@@ -222,7 +222,7 @@ def group_delete(groups: tuple[str, ...], bootstrap: str) -> None:
     """Delete empty groups with their committed offsets."""
 
     async def go() -> None:
-        async with AsyncAdmin(bootstrap, client_id=CLI_ID) as admin:
+        async with cli_admin(bootstrap, CLI_ID) as admin:
             await admin.delete_groups(groups)
 
     run(go)

@@ -30,7 +30,9 @@ from client.cli.plumbing import _parse_configs
 from client.cli.plumbing import _plural
 from client.cli.plumbing import _resolve_bootstrap
 from client.cli.plumbing import _table
+from client.cli.plumbing import cli_admin
 from client.cli.plumbing import client_command
+from client.cli.plumbing import connection_options
 from client.cli.plumbing import number_option
 from client.cli.plumbing import run
 from client.cli.root import cli
@@ -66,7 +68,7 @@ def cluster_cmd(ctx: click.Context, bootstrap: str | None) -> None:
     address = _resolve_bootstrap(ctx, None, bootstrap)
 
     async def go() -> None:
-        async with AsyncAdmin(address, client_id="minibroker-cli") as admin:
+        async with cli_admin(address) as admin:
             desc = await admin.describe_cluster()
         click.echo(f"cluster id: {desc.cluster_id}  controller: {desc.controller_id}")
         rows = [
@@ -222,6 +224,7 @@ async def _cluster_health(
         client_id="minibroker-cli",
         request_timeout_ms=request_timeout_ms,
         bootstrap_retries=1 if watching else 2,
+        **connection_options(),
     )
     last_key: tuple[Any, ...] | None = None
     try:
@@ -305,7 +308,7 @@ def topic_create(
     parsed = _parse_configs(configs)
 
     async def go() -> None:
-        async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
+        async with cli_admin(bootstrap) as admin:
             created = await admin.create_topic(
                 name,
                 partitions if partitions is not None else -1,
@@ -326,7 +329,7 @@ def topic_list(bootstrap: str) -> None:
     """List topics with their partition count and replication factor."""
 
     async def go() -> list[TopicDescription]:
-        async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
+        async with cli_admin(bootstrap) as admin:
             return await admin.describe_topics(include_offsets=False)
 
     topics = run(go)
@@ -361,7 +364,7 @@ def topic_describe(
     and/or `leaderless` (no leader: unavailable until an ISR member returns)."""
 
     async def go() -> list[TopicDescription]:
-        async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
+        async with cli_admin(bootstrap) as admin:
             return await admin.describe_topics(list(names) or None)
 
     topics = run(go)
@@ -445,7 +448,7 @@ def topic_delete(names: tuple[str, ...], bootstrap: str) -> None:
     """Delete topics."""
 
     async def go() -> None:
-        async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
+        async with cli_admin(bootstrap) as admin:
             await admin.delete_topics(names)
 
     run(go)
@@ -495,7 +498,7 @@ def topic_elect_leader(
         )
 
     async def go() -> dict[TopicPartition, LeaderElection]:
-        async with AsyncAdmin(bootstrap, client_id="minibroker-cli") as admin:
+        async with cli_admin(bootstrap) as admin:
             tps = [TopicPartition(name, p) for p in partitions]
             return await admin.elect_leaders(tps, unclean=True, replica=replica)
 
@@ -569,7 +572,7 @@ def debug_replica_log(
         raise click.UsageError("pass exactly one of --broker ID and --at HOST:PORT")
 
     async def go() -> ReplicaLogDescription:
-        admin = AsyncAdmin(bootstrap, client_id="minibroker-cli")
+        admin = cli_admin(bootstrap)
         try:
             if broker_id is not None:
                 await admin.start()

@@ -17,9 +17,12 @@ from typing import TypeVar
 import click
 import uvloop
 
+from client.admin import AsyncAdmin
 from client.admin_diagnostics import DEFAULT_CONTROLLER_PORT
 from client.admin_diagnostics import parse_addresses
 from client.errors import MinibrokerError
+from client.security import create_ssl_context
+from runtime.tls import TlsConfigError
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,6 +97,30 @@ def _controller_addresses(
         return parse_addresses(value, DEFAULT_CONTROLLER_PORT)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def connection_options() -> dict[str, Any]:
+    """The client library's security options from `minibroker --security-protocol ...`
+    (the root command's), for every client the command makes."""
+    ctx = click.get_current_context(silent=True)
+    root = (ctx.find_root().obj if ctx is not None else None) or {}
+    protocol = root.get("security_protocol") or "PLAINTEXT"
+    if protocol.upper() == "PLAINTEXT":
+        return {}
+    try:
+        context = create_ssl_context(
+            cafile=root.get("ssl_cafile"),
+            certfile=root.get("ssl_certfile"),
+            keyfile=root.get("ssl_keyfile"),
+        )
+    except TlsConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    return {"security_protocol": protocol, "ssl_context": context}
+
+
+def cli_admin(bootstrap: str | list[str], client_id: str = "minibroker-cli") -> AsyncAdmin:
+    """An AsyncAdmin with the command line's security options."""
+    return AsyncAdmin(bootstrap, client_id=client_id, **connection_options())
 
 
 def client_command(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -19,6 +19,7 @@ import click
 from client.cli.plumbing import TOPIC_WAIT_MS
 from client.cli.plumbing import _fail
 from client.cli.plumbing import client_command
+from client.cli.plumbing import connection_options
 from client.cli.plumbing import number_option
 from client.cli.plumbing import run
 from client.cli.root import cli
@@ -152,6 +153,7 @@ async def _produce(
         delivery_timeout_ms=delivery_timeout_ms,
         request_timeout_ms=min(delivery_timeout_ms, 30_000),
         max_block_ms=TOPIC_WAIT_MS,
+        **connection_options(),
     )
     async with producer:
         await producer.partitions_for(topic_name)  # fail fast on a missing topic
@@ -393,6 +395,7 @@ async def _consume(
         client_id="minibroker-cli",
         auto_offset_reset=reset,
         on_truncation=warn_truncation,
+        **connection_options(),
     )
     async with consumer:
         existing = await consumer.partitions_for_topic(topic_name, timeout_ms=TOPIC_WAIT_MS)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from typing import NoReturn
@@ -21,8 +22,16 @@ from client.cli.plumbing import _fail
 from client.cli.plumbing import number_option
 from client.dev_cluster import DevCluster
 from client.dev_cluster import DevClusterError
+from runtime.tls import SECURITY_PROTOCOLS
 
 # ------------------------------------------------------------------ the group
+
+
+def _client_tls_file(flag: str, what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    env = "MINIBROKER_CLIENT_" + flag.lstrip("-").replace("-", "_").upper()
+    return click.option(
+        flag, type=click.Path(dir_okay=False), envvar=env, help=f"With SSL: {what}.  [env {env}]"
+    )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -40,9 +49,29 @@ from client.dev_cluster import DevClusterError
     help="Brokers for every client command, HOST:PORT[,HOST:PORT...]  "
     f"[default: env {BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP}]",
 )
+@click.option(
+    "--security-protocol",
+    type=click.Choice(SECURITY_PROTOCOLS, case_sensitive=False),
+    default="PLAINTEXT",
+    show_default=True,
+    envvar="MINIBROKER_CLIENT_SECURITY_PROTOCOL",
+    help="SSL: every client command connects with TLS (the brokers' listeners must be "
+    "SSL).  [env MINIBROKER_CLIENT_SECURITY_PROTOCOL]",
+)
+@_client_tls_file("--ssl-cafile", "the CAs to trust, PEM (the system's without it)")
+@_client_tls_file("--ssl-certfile", "a client certificate, PEM, for brokers that ask for one")
+@_client_tls_file("--ssl-keyfile", "the key of --ssl-certfile, PEM")
 @click.version_option(package_name="minibroker", message="%(prog)s %(version)s")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool, bootstrap: str | None) -> None:
+def cli(
+    ctx: click.Context,
+    debug: bool,
+    bootstrap: str | None,
+    security_protocol: str,
+    ssl_cafile: str | None,
+    ssl_certfile: str | None,
+    ssl_keyfile: str | None,
+) -> None:
     """minibroker: a replicated, Kafka-style log broker with leader epochs.
 
     Start a local cluster with `minibroker dev`, then in another terminal:
@@ -55,6 +84,12 @@ def cli(ctx: click.Context, debug: bool, bootstrap: str | None) -> None:
     obj = ctx.ensure_object(dict)
     obj["debug"] = obj.get("debug", False) or debug
     obj["bootstrap"] = bootstrap
+    obj.update(
+        security_protocol=security_protocol.upper(),
+        ssl_cafile=ssl_cafile,
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
+    )
     logging.basicConfig(
         level=logging.DEBUG if obj["debug"] else logging.WARNING,
         format=LOG_FORMAT,

@@ -29,6 +29,7 @@ change is known. A diverging_epoch in a Fetch answer is handled the same way
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -87,6 +88,8 @@ class AsyncConsumer(
         partition_assignment_strategy: Sequence[str | Assignor] = ("range", "roundrobin"),
         commit_on_revoke: bool = True,
         group_instance_id: str | None = None,
+        security_protocol: str = "PLAINTEXT",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
@@ -128,6 +131,8 @@ class AsyncConsumer(
             client_id=client_id,
             request_timeout_ms=request_timeout_ms,
             retry_backoff_ms=retry_backoff_ms,
+            security_protocol=security_protocol,
+            ssl_context=ssl_context,
         )
         self._states: dict[TopicPartition, _PartitionState] = {}
         self._buffer: dict[TopicPartition, _Fetched] = {}

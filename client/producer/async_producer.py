@@ -59,6 +59,7 @@ with Kafka's producer when enable.idempotence=false.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import defaultdict
 from collections import deque
 from collections.abc import Callable
@@ -110,6 +111,8 @@ class AsyncProducer(RecordAccumulator, Sender, IdempotenceState, AsyncClient):
         partitioner: DefaultPartitioner | None = None,
         enable_idempotence: bool | None = None,
         max_in_flight: int = 5,
+        security_protocol: str = "PLAINTEXT",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.acks = parse_acks(acks)
         if enable_idempotence is None:
@@ -164,6 +167,8 @@ class AsyncProducer(RecordAccumulator, Sender, IdempotenceState, AsyncClient):
             client_id=client_id,
             request_timeout_ms=request_timeout_ms + 5_000,  # the broker waits timeout_ms
             retry_backoff_ms=retry_backoff_ms,
+            security_protocol=security_protocol,
+            ssl_context=ssl_context,
         )
         self._batches: dict[TopicPartition, deque[_Batch]] = defaultdict(deque)
         # Batches in flight per partition, in sequence order.

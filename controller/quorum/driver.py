@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -103,6 +104,7 @@ class QuorumDriver:
         on_committed: Callable[[int], None] = lambda hw: None,
         on_role: Callable[[Role, int, int], None] = lambda role, epoch, leader: None,
         on_fatal: Callable[[str], None] = lambda message: None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.node_id = node_id
         self.metadata_log = metadata_log
@@ -135,6 +137,7 @@ class QuorumDriver:
                 max_in_flight=16,
                 faults=faults,
                 peer_id=v,
+                tls=tls,  # voters listen as this one does
             )
             for v, (host, port) in voters.items()
             if v != node_id
