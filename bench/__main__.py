@@ -23,6 +23,7 @@ BENCHES = {
     "broker-cpu": "bench.broker_cpu",
     "listener-cpu": "bench.listener_cpu",
     "rebalance": "bench.rebalance",
+    "tls": "bench.tls",
 }
 # Options a bench name implies: produce-batch is the produce bench through
 # create_batch()/send_batch(), only the RF 3 acks=all cells the targets are about.

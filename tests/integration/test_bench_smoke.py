@@ -159,3 +159,16 @@ def test_controller_failover_kills_the_active_controller(tmp_path: Path) -> None
     # The dead leader broker is fenced only after its session: produce waited for it.
     assert 0 < rows["leader+controller"]["unavailable_s"] < 60
     assert {s["kind"] for s in doc["summary"]} == {"controller", "leader+controller"}
+
+
+def test_tls_bench_measures_both_listeners(tmp_path: Path) -> None:
+    """Issue 18: the same writes and reads through a PLAINTEXT and an SSL listener of
+    one broker; both carried every byte (the SSL one over TLS, or it would fail)."""
+    doc = run_bench("tls", tmp_path / "tls.json")
+    rows = {r["direction"]: r for r in doc["results"]}
+    assert set(rows) == {"write", "read"}
+    for row in rows.values():
+        assert row["plaintext_mb_per_s"] > 0 and row["ssl_mb_per_s"] > 0
+        assert row["ssl_over_plaintext"] == pytest.approx(
+            row["ssl_mb_per_s"] / row["plaintext_mb_per_s"], rel=0.01
+        )
