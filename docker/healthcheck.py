@@ -5,7 +5,12 @@ container (`python -m controller|broker ...`, or `minibroker controller|broker .
 works out the addresses it listens on the way the server does (flag > `MINIBROKER_*`
 environment > `--config` TOML file > default), connects to each on loopback and sends
 an ApiVersions request, in Apache Kafka's protocol to a broker's Kafka listeners
-(--kafka-listeners) and in minibroker's to the others. Exit 0 when every listener
+(--kafka-listeners) and in minibroker's to the others; over TLS to a listener whose
+security protocol is SSL (--listener-security-protocol-map, a listener named SSL, a
+controller's --security-protocol), presenting the server's own certificate if it
+requires client certificates. The probe checks liveness, not identity: it does not
+verify the server's certificate (it reaches it at 127.0.0.1, a name the certificate
+need not carry). Exit 0 when every listener
 answers with a valid ApiVersions response, else 1; either way one line on stdout says
 why (`docker inspect` shows it).
 
@@ -20,8 +25,10 @@ Imports `protocol` only (the sans-I/O codec), like every client of the cluster.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import ssl
 import sys
 import time
 import tomllib
@@ -173,11 +180,48 @@ class Target(NamedTuple):
     host: str
     port: int
     kafka: bool  # a Kafka listener: probed in Apache Kafka's protocol
+    tls: ssl.SSLContext | None = None  # an SSL listener
 
 
-def probe_addresses(role: str, setting: str, kafka: set[str] | None = None) -> list[Target]:
+def ssl_listener_names(server: Server) -> set[str]:
+    """The listeners that speak TLS (a controller's is named CONTROLLER here)."""
+    if server.role == "controller":
+        protocol = (_setting(server, "security-protocol") or "PLAINTEXT").upper()
+        return {"CONTROLLER"} if protocol == "SSL" else set()
+    names = {s.partition("://")[0].strip().upper() for s in listen_setting(server).split(",")}
+    mapped = {}
+    for item in (_setting(server, "listener-security-protocol-map") or "").split(","):
+        name, _, protocol = item.partition(":")
+        mapped[name.strip().upper()] = protocol.strip().upper()
+    return {n for n in names if mapped.get(n, "SSL" if n == "SSL" else "PLAINTEXT") == "SSL"}
+
+
+def probe_tls(server: Server) -> ssl.SSLContext:
+    """An unverified TLS 1.2+ context; with the server's own certificate when it requires
+    client certificates."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    certfile = _setting(server, "ssl-certfile")
+    if (_setting(server, "ssl-client-auth") or "none").lower() == "required" and certfile:
+        keyfile = _setting(server, "ssl-keyfile")
+        try:
+            context.load_cert_chain(server.cwd / certfile, keyfile and server.cwd / keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ProbeError(f"cannot load the server's certificate {certfile}: {exc}") from None
+    return context
+
+
+def probe_addresses(
+    role: str,
+    setting: str,
+    kafka: set[str] | None = None,
+    tls: tuple[set[str], ssl.SSLContext] | None = None,
+) -> list[Target]:
     """A loopback-reachable target for each listen address of the setting; `kafka`:
-    the names of the listeners that speak Apache Kafka's protocol."""
+    the names of the listeners that speak Apache Kafka's protocol; `tls`: those that
+    speak TLS (a controller's listener is CONTROLLER), and the context to probe them."""
     items = [setting] if role == "controller" else [s for s in setting.split(",") if s.strip()]
     out: list[Target] = []
     for item in items:
@@ -188,21 +232,27 @@ def probe_addresses(role: str, setting: str, kafka: set[str] | None = None) -> l
                 f"the {role} listens on port 0 (a port picked at start): "
                 "give this probe HOST:PORT arguments"
             )
-        out.append(Target(_WILDCARD.get(host, host), port, name.upper() in (kafka or set())))
+        name = name.upper() or ("CONTROLLER" if role == "controller" else "")
+        context = tls[1] if tls is not None and name in tls[0] else None
+        out.append(Target(_WILDCARD.get(host, host), port, name in (kafka or set()), context))
     if not out:
         raise ProbeError(f"no listen address in {setting!r}")
     return out
 
 
 def _exchange(
-    host: str, port: int, request: bytes, deadline: float, answered: Callable[[bytes], T | None]
+    target: Target, request: bytes, deadline: float, answered: Callable[[bytes], T | None]
 ) -> T:
     """Send `request`, feed what comes back to `answered` until it returns an answer."""
+    host, port = target.host, target.port
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise ProbeError(f"{host}:{port}: no time left")
     try:
-        with socket.create_connection((host, port), timeout=remaining) as sock:
+        with contextlib.ExitStack() as stack:
+            sock = stack.enter_context(socket.create_connection((host, port), timeout=remaining))
+            if target.tls is not None:
+                sock = stack.enter_context(target.tls.wrap_socket(sock, server_hostname=host))
             sock.sendall(request)
             received = 0
             while True:
@@ -221,19 +271,22 @@ def _exchange(
                     return answer
     except TimeoutError:
         raise ProbeError(f"{host}:{port} did not answer ApiVersions in time") from None
+    except ssl.SSLError as exc:
+        raise ProbeError(f"TLS with {host}:{port} failed: {exc}") from None
     except OSError as exc:
         raise ProbeError(f"cannot reach {host}:{port}: {exc.strerror or exc}") from None
     except DecodeError as exc:
         raise ProbeError(f"{host}:{port} sent a malformed answer: {exc}") from None
 
 
-def _native_api_versions(host: str, port: int, deadline: float) -> ApiVersionsResponse:
+def _native_api_versions(target: Target, deadline: float) -> ApiVersionsResponse:
+    host, port = target.host, target.port
     conn = ClientConnection("minibroker-healthcheck")
     _cid, request = conn.send_request(
         ApiVersionsRequest(client_software_name="minibroker-healthcheck")
     )
     response = _exchange(
-        host, port, request, deadline, lambda c: next(iter(conn.receive_data(c)), None)
+        target, request, deadline, lambda c: next(iter(conn.receive_data(c)), None)
     )
     if response.error_code != ErrorCode.NONE:
         raise ProbeError(
@@ -246,7 +299,7 @@ def _native_api_versions(host: str, port: int, deadline: float) -> ApiVersionsRe
     return body
 
 
-def _kafka_api_versions(host: str, port: int, deadline: float) -> ApiVersionsResponse:
+def _kafka_api_versions(target: Target, deadline: float) -> ApiVersionsResponse:
     request = encode_request(API_VERSIONS, 0, 1, "minibroker-healthcheck", ApiVersionsRequest())
     buffer = bytearray()
 
@@ -258,14 +311,14 @@ def _kafka_api_versions(host: str, port: int, deadline: float) -> ApiVersionsRes
         assert isinstance(body, ApiVersionsResponse)
         return body
 
-    return _exchange(host, port, request, deadline, answered)
+    return _exchange(target, request, deadline, answered)
 
 
 def probe(target: Target, deadline: float) -> int:
     """Send ApiVersions to the target; return the number of APIs it announces."""
     host, port = target.host, target.port
     ask = _kafka_api_versions if target.kafka else _native_api_versions
-    body = ask(host, port, deadline)
+    body = ask(target, deadline)
     if body.error_code != 0:
         raise ProbeError(f"{host}:{port} answered ApiVersions with {body!r}")
     if not any(k.api_key == ApiKey.API_VERSIONS for k in body.api_keys):
@@ -301,8 +354,12 @@ def main(argv: list[str]) -> int:
                 print("unhealthy: no minibroker controller or broker process in this container")
                 return 1
             what = f"{server.role} (pid {server.pid})"
+            secure = ssl_listener_names(server)
             addresses = probe_addresses(
-                server.role, listen_setting(server), kafka_listener_names(server)
+                server.role,
+                listen_setting(server),
+                kafka_listener_names(server),
+                (secure, probe_tls(server)) if secure else None,
             )
         answers = [f"{t.host}:{t.port} ({probe(t, deadline)} APIs)" for t in addresses]
     except ProbeError as exc:

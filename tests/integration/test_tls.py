@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +42,7 @@ from client import TopicPartition
 from client import create_ssl_context
 from client.errors import MinibrokerError
 from client.throwaway_ca import ThrowawayCA
+from tests.integration.cluster import REPO
 from tests.integration.cluster import Cluster
 from tests.integration.cluster import mb
 
@@ -241,3 +244,42 @@ def test_the_cli_over_ssl(secure: tuple[Cluster, ThrowawayCA]) -> None:
     assert health.returncode == 0, health.stdout + health.stderr
     plain = mb("-b", native(c), "topic", "list", timeout=90)
     assert plain.returncode == 1 and "error:" in plain.stderr, plain.stderr
+
+
+def test_the_container_healthcheck_probes_ssl_listeners_over_tls(
+    secure: tuple[Cluster, ThrowawayCA],
+) -> None:
+    """docker/healthcheck.py finds which listeners are SSL from the server's own
+    arguments and asks them ApiVersions over TLS (the controller's too); before, an SSL
+    broker was never healthy."""
+    c, _ = secure
+    sys.path.insert(0, str(REPO / "docker"))
+    try:
+        import healthcheck
+    finally:
+        sys.path.pop(0)
+    deadline = time.monotonic() + 20
+    for proc, role in [(c.brokers[1], "broker"), (c.controller, "controller")]:
+        assert proc is not None
+        args = proc.args[proc.args.index(role) + 1 :]
+        if role == "broker":  # the listeners with the ports they were given
+            args += [
+                "--listeners",
+                f"PLAINTEXT://{proc.host}:{proc.port},KAFKA://{proc.kafka_address}",
+            ]
+        else:
+            args += ["--listen", proc.address]
+        server = healthcheck.Server(proc.pid, role, args, {}, REPO)
+        secure_names = healthcheck.ssl_listener_names(server)
+        assert secure_names == ({"PLAINTEXT", "KAFKA"} if role == "broker" else {"CONTROLLER"})
+        targets = healthcheck.probe_addresses(
+            role,
+            healthcheck.listen_setting(server),
+            healthcheck.kafka_listener_names(server),
+            (secure_names, healthcheck.probe_tls(server)),
+        )
+        assert all(t.tls is not None for t in targets)
+        assert all(healthcheck.probe(t, deadline) > 0 for t in targets)
+        plain = targets[0]._replace(tls=None)
+        with pytest.raises(healthcheck.ProbeError):
+            healthcheck.probe(plain, deadline)
