@@ -229,9 +229,12 @@ class Broker:
         )
         listener_text = ", ".join(str(s) for s in self.config.listeners)
         advertised_text = ", ".join(str(s) for s in advertised.values())
+        secure = [
+            s.name for s in self.config.listeners if self.config.security_protocol(s.name) == "SSL"
+        ]
         log.info(
             "broker %d started: listeners %s (advertised %s), broker epoch %d, cluster %s, "
-            "metadata offset %d, %d partitions",
+            "metadata offset %d, %d partitions%s",
             self.node_id,
             listener_text,
             advertised_text,
@@ -239,6 +242,7 @@ class Broker:
             self.controller.cluster_id,
             self.image.offset,
             len(self.replica_manager.partitions),
+            f"; TLS on {', '.join(secure)}" if secure else "",
         )
         self.started.set()
 

@@ -176,6 +176,12 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="controllers: 1, or a quorum of 3 or 5 [docker: 3, as compose runs them; process: 1]",
     )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="every listener SSL, TLS between the servers and from the clients "
+        "(certificates from a throwaway CA; process backend)",
+    )
     p.add_argument("--image", default="minibroker:latest", help="docker backend image")
     p.add_argument("--out", type=Path, default=Path("chaos-results"), help="results directory")
     p.add_argument("--keep-logs", action="store_true", help="keep server logs of valid runs")
@@ -211,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         workload=_fields_from(WorkloadConfig, args, idempotent=idempotent),
         cluster=ClusterSettings(
             controllers=args.controllers or (3 if args.backend == "docker" else 1),
+            tls=args.tls,
             broker_env=_env_pairs(args.broker_env),
             controller_env=_env_pairs(args.controller_env),
         ),

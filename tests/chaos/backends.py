@@ -37,6 +37,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -45,7 +46,10 @@ from abc import abstractmethod
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from typing import Any
 
+from client.security import create_ssl_context
+from client.throwaway_ca import ThrowawayCA
 from tests.integration.cluster import run_command
 from tests.integration.cluster import spawn_logged
 from tests.integration.cluster import stop_in_order
@@ -114,6 +118,9 @@ class ClusterSettings:
 
     brokers: int = 3
     controllers: int = 1  # 1, or a quorum of 3 or 5 (the docker backend: 3)
+    # TLS on every listener and between the servers, certificates from a throwaway CA
+    # (process backend); the workload's clients connect with SSL too.
+    tls: bool = False
     session_timeout_ms: int = 3000
     heartbeat_interval_ms: int = 250
     replica_lag_time_max_ms: int = 5000
@@ -122,8 +129,26 @@ class ClusterSettings:
     controller_env: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ChaosTls:
+    """What the run's clients need to reach a cluster whose listeners are all SSL."""
+
+    cafile: Path
+
+    def library(self) -> dict[str, Any]:
+        """Options of minibroker's clients (AsyncProducer, AsyncConsumer, AsyncAdmin)."""
+        return {"security_protocol": "SSL", "ssl_context": self.context()}
+
+    def librdkafka(self) -> dict[str, str]:
+        return {"security.protocol": "ssl", "ssl.ca.location": str(self.cafile)}
+
+    def context(self) -> ssl.SSLContext:
+        return create_ssl_context(cafile=self.cafile)
+
+
 class Backend(ABC):
     name = "abstract"
+    tls: ChaosTls | None = None  # set by up() when settings.tls
 
     def __init__(self, settings: ClusterSettings, workdir: Path) -> None:
         self.settings = settings
@@ -267,6 +292,19 @@ class ProcessBackend(Backend):
             "MINIBROKER_SESSION_TIMEOUT_MS": str(s.session_timeout_ms),
             **s.controller_env,
         }
+        ca = ThrowawayCA.create(self.workdir / "tls") if s.tls else None
+        if ca is not None:
+            self.tls = ChaosTls(ca.cafile)
+
+        def tls_flags(node: str) -> list[str]:
+            if ca is None:
+                return []
+            cert = ca.issue(node, hosts=["127.0.0.1", "localhost"])
+            return [
+                *("--ssl-certfile", str(cert.certfile), "--ssl-keyfile", str(cert.keyfile)),
+                *("--ssl-cafile", str(ca.cafile)),
+            ]
+
         quorum: list[str] = []
         if len(self.controller_ids) > 1:
             voters = ",".join(f"{i}@127.0.0.1:{p}" for i, p in self.controller_ports.items())
@@ -280,6 +318,7 @@ class ProcessBackend(Backend):
                     *("--listen", f"127.0.0.1:{self.controller_ports[i]}"),
                     *("--data-dir", str(data)),
                     *quorum,
+                    *(["--security-protocol", "SSL", *tls_flags(node)] if ca else []),
                 ],
                 self.workdir / f"{node}.log",
                 data,
@@ -302,6 +341,15 @@ class ProcessBackend(Backend):
                     *("--kafka-listeners", "KAFKA"),
                     *("--controller", controllers),
                     *("--data-dir", str(data)),
+                    *(
+                        [
+                            *("--listener-security-protocol-map", "PLAINTEXT:SSL,KAFKA:SSL"),
+                            *("--controller-security-protocol", "SSL"),
+                            *tls_flags(node),
+                        ]
+                        if ca
+                        else []
+                    ),
                 ],
                 self.workdir / f"{node}.log",
                 data,

@@ -21,6 +21,8 @@
   a run can fail), and the producers must really be non-idempotent.
 - `librdkafka`: `compound` with confluent-kafka's producers and consumers through the
   brokers' Kafka listeners: the same checker, the same guarantees.
+- `tls`: `compound` with every listener on TLS, TLS between the servers (replication,
+  the controller) and from the clients (issue 18).
 - `full`: the acceptance campaign: every fault, longer.
 """
 
@@ -91,6 +93,12 @@ def librdkafka(backend: str, seed: int, *, time_limit: float = 15.0) -> RunConfi
     the brokers' Kafka listeners (issue 15)."""
     cfg = compound(backend, seed, time_limit=time_limit)
     cfg.workload.client = "confluent"
+    return cfg
+
+
+def tls(backend: str, seed: int, *, time_limit: float = 20.0) -> RunConfig:
+    cfg = compound(backend, seed, time_limit=time_limit)
+    cfg.cluster.tls = True
     return cfg
 
 

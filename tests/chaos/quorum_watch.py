@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import ssl
 import zlib
 from pathlib import Path
 from typing import Any
@@ -57,14 +58,14 @@ def _state(answer: DescribeQuorumResponse) -> dict[str, Any]:
 
 
 async def describe_all(
-    addresses: dict[int, tuple[str, int]], timeout_s: float
+    addresses: dict[int, tuple[str, int]], timeout_s: float, tls: ssl.SSLContext | None = None
 ) -> dict[int, dict[str, Any]]:
     """Every controller's DescribeQuorum answer, at once; the silent ones left out."""
 
     async def one(address: tuple[str, int]) -> DescribeQuorumResponse | None:
         try:
             async with asyncio.timeout(timeout_s + 1.0):
-                return await describe_quorum_at(address, _CLIENT_ID, timeout_s)
+                return await describe_quorum_at(address, _CLIENT_ID, timeout_s, tls=tls)
         except (RpcError, OSError, TimeoutError):
             return None
 
@@ -87,16 +88,18 @@ class QuorumWatch:
         *,
         interval: float = 0.5,
         timeout_s: float = 1.0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.history = history
         self.addresses = addresses
+        self.tls = tls
         self.interval = interval
         self.timeout_s = timeout_s
         self.rounds = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            voters = await describe_all(self.addresses, self.timeout_s)
+            voters = await describe_all(self.addresses, self.timeout_s, self.tls)
             if voters:
                 self.rounds += 1
                 self.history.record(QUORUM, INFO, SAMPLE, extra={"voters": voters})
@@ -131,7 +134,8 @@ async def collect_metadata(backend: Backend, dest: Path) -> dict[str, Any]:
         "voter-count": len(backend.controller_ids),
         "voters": {},
     }
-    result["final"] = await describe_all(backend.controller_addresses(), 2.0)
+    tls = backend.tls.context() if backend.tls is not None else None
+    result["final"] = await describe_all(backend.controller_addresses(), 2.0, tls)
     for node_id, node in zip(backend.controller_ids, backend.controller_nodes, strict=True):
         copy = dest / node
         errors = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -42,12 +43,22 @@ class ReplicaLogUnsupported(Exception):
     """The broker does not serve DescribeReplicaLog."""
 
 
-async def request(host: str, port: int, body: Message, *, timeout: float = 5.0) -> Response:
-    """One request on a fresh connection; the whole exchange bounded by `timeout`."""
+async def request(
+    host: str,
+    port: int,
+    body: Message,
+    *,
+    timeout: float = 5.0,
+    tls: ssl.SSLContext | None = None,
+) -> Response:
+    """One request on a fresh connection (TLS with `tls`); the whole exchange bounded
+    by `timeout`."""
     conn = ClientConnection("minibroker-chaos")
 
     async def exchange() -> Response:
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=tls, server_hostname=host if tls is not None else None
+        )
         try:
             cid, data = conn.send_request(body)
             writer.write(data)
@@ -68,12 +79,22 @@ async def request(host: str, port: int, body: Message, *, timeout: float = 5.0) 
 
 
 async def describe_replica(
-    host: str, port: int, topic: str, partition: int, *, timeout: float = 5.0
+    host: str,
+    port: int,
+    topic: str,
+    partition: int,
+    *,
+    timeout: float = 5.0,
+    tls: ssl.SSLContext | None = None,
 ) -> dict[str, Any] | None:
     """One replica as a dict, None when the broker hosts none of the partition.
     Raises ReplicaLogUnsupported, or OSError / TimeoutError / DecodeError."""
     response = await request(
-        host, port, DescribeReplicaLogRequest(topic=topic, partition=partition), timeout=timeout
+        host,
+        port,
+        DescribeReplicaLogRequest(topic=topic, partition=partition),
+        timeout=timeout,
+        tls=tls,
     )
     if response.error_code in _NOT_SERVED:
         raise ReplicaLogUnsupported(
@@ -109,6 +130,7 @@ async def collect(
     partitions: int,
     *,
     timeout: float = 5.0,
+    tls: ssl.SSLContext | None = None,
 ) -> dict[str, Any]:
     """Every broker's replica of every partition (see the module doc)."""
     out: dict[str, Any] = {"available": True, "reason": None, "errors": [], "partitions": {}}
@@ -116,7 +138,7 @@ async def collect(
     for node_id, (host, port) in sorted(brokers.items()):
         for p in range(partitions):
             try:
-                replica = await describe_replica(host, port, topic, p, timeout=timeout)
+                replica = await describe_replica(host, port, topic, p, timeout=timeout, tls=tls)
             except ReplicaLogUnsupported as exc:
                 unsupported.append(f"broker {node_id}: {exc}")
                 break
@@ -140,6 +162,7 @@ async def collect_converged(
     partitions: int,
     *,
     wait: float = 30.0,
+    tls: ssl.SSLContext | None = None,
 ) -> dict[str, Any]:
     """Collect, waiting up to `wait` seconds for the replicas of each partition to agree
     on their log end offset and high watermark (the workload has stopped: followers
@@ -147,7 +170,7 @@ async def collect_converged(
     `converged` set."""
     deadline = time.monotonic() + wait
     while True:
-        result = await collect(brokers, topic, partitions)
+        result = await collect(brokers, topic, partitions, tls=tls)
         converged = (
             result["available"]
             and not result["errors"]

@@ -94,6 +94,8 @@ class RunConfig:
                 f"--faults {','.join(self.faults)}: none can be injected by the "
                 f"{self.backend} backend ({'; '.join(cannot.values())})"
             )
+        if self.cluster.tls and self.backend != "process":
+            out.append("--tls: only the process backend runs the cluster on TLS so far")
         if "diverge" in self.faults and wl.replication_factor < 2:
             out.append("--faults diverge needs followers to leave the leader alone: --rf 2 or more")
         if "wipe" in self.faults and self.guard_wipes and wl.replication_factor < 2:
@@ -127,7 +129,11 @@ def make_backend(cfg: RunConfig, run_dir: Path) -> Backend:
 
 
 async def wait_cluster_ready(
-    bootstrap: str, brokers: list[int], topic: str, timeout: float = 60.0
+    bootstrap: str,
+    brokers: list[int],
+    topic: str,
+    timeout: float = 60.0,
+    secure: dict[str, Any] | None = None,
 ) -> str | None:
     """Until every broker is registered and unfenced and every partition of `topic`
     has a leader with its full ISR. None when it got there, else what was missing."""
@@ -136,7 +142,9 @@ async def wait_cluster_ready(
     while time.monotonic() < deadline:
         try:
             async with asyncio.timeout(10):
-                admin = AsyncAdmin(bootstrap, request_timeout_ms=5000, bootstrap_retries=2)
+                admin = AsyncAdmin(
+                    bootstrap, request_timeout_ms=5000, bootstrap_retries=2, **(secure or {})
+                )
                 try:
                     await admin.start()
                     cluster = await admin.describe_cluster()
@@ -169,7 +177,9 @@ async def _run(
         if isinstance(backend, DockerBackend):
             facts["image"] = f"{cfg.image} {backend.image_id}"
         bootstrap = backend.bootstrap_servers()
-        workload = Workload(history, bootstrap, wl, backend.kafka_bootstrap_servers())
+        workload = Workload(
+            history, bootstrap, wl, backend.kafka_bootstrap_servers(), tls=backend.tls
+        )
         await workload.create_topic()
         nemesis = Nemesis(
             backend,
@@ -189,7 +199,8 @@ async def _run(
             bootstrap,
         )
         stop = asyncio.Event()
-        watch = quorum_watch.QuorumWatch(history, backend.controller_addresses())
+        tls = backend.tls.context() if backend.tls is not None else None
+        watch = quorum_watch.QuorumWatch(history, backend.controller_addresses(), tls=tls)
         watch_stop = asyncio.Event()
         watch_task = asyncio.get_running_loop().create_task(watch.run(watch_stop))
         t0 = time.monotonic()
@@ -210,7 +221,9 @@ async def _run(
         facts["faults-max-concurrent"] = nemesis.max_concurrent_seen
         facts["quorum-samples"] = watch.rounds
 
-        not_ready = await wait_cluster_ready(bootstrap, backend.broker_ids, wl.topic)
+        not_ready = await wait_cluster_ready(
+            bootstrap, backend.broker_ids, wl.topic, secure=workload.secure
+        )
         if not_ready is not None:
             facts["not-ready-after-heal"] = not_ready
             log.warning("cluster not fully ready after heal: %s", not_ready)
@@ -223,7 +236,9 @@ async def _run(
         if workload.errors:
             facts["workload-errors"] = workload.errors
         await workload.final_read()
-        logs = await replicas.collect_converged(backend.broker_addresses(), wl.topic, wl.partitions)
+        logs = await replicas.collect_converged(
+            backend.broker_addresses(), wl.topic, wl.partitions, tls=tls
+        )
         facts["replicas-converged"] = logs.get("converged")
         (run_dir / "replicas.json").write_text(json.dumps(logs, indent=1) + "\n")
         metadata = await quorum_watch.collect_metadata(backend, run_dir / "metadata-copies")

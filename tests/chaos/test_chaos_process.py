@@ -18,6 +18,8 @@
   and stalls voters, and kills and pauses brokers: nothing acknowledged lost, and the
   metadata check (no two leaders of one epoch, high watermarks never going back, the
   voters' metadata logs identical below the committed offset, nothing committed lost).
+- `test_process_run_on_tls` (~30 s): the compound run with every listener on TLS and
+  TLS between the servers and from the clients (issue 18): the same guarantees.
 - `test_process_run_unclean_divergence` (~25 s): RF=3, min.insync.replicas=1, unclean
   election on, the `diverge` fault: a leader alone takes writes, dies, an out-of-sync
   follower leads a new lineage. Acknowledged writes are lost by design (expected);
@@ -134,6 +136,15 @@ def test_process_run_with_a_controller_quorum(tmp_path: Path, chaos_options: Cha
     assert killed, summary(result)
     assert quorum["leader-epochs"] >= 2 and quorum["samples"] >= 20, quorum
     assert quorum["committed"] > 0, quorum
+
+
+def test_process_run_on_tls(tmp_path: Path, chaos_options: ChaosOptions) -> None:
+    result = clean_run(presets.tls("process", chaos_options.seed_or(15)), tmp_path, "tls")
+    assert result["run"]["faults-applied"] >= 3, summary(result)
+    assert result["stats"]["replicas"]["compared"], summary(result)  # DescribeReplicaLog over TLS
+    logs = "".join(p.read_text() for p in (tmp_path / "tls" / "logs").glob("*.log"))
+    assert logs.count("TLS on PLAINTEXT, KAFKA") >= 3, "every broker's listeners on TLS"
+    assert "TLS handshake failed" not in logs
 
 
 def test_process_run_unclean_divergence(tmp_path: Path, chaos_options: ChaosOptions) -> None:

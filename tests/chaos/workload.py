@@ -59,6 +59,7 @@ from client.errors import MinibrokerError
 from client.errors import OffsetOutOfRangeError
 from client.errors import TopicAlreadyExistsError
 
+from .backends import ChaosTls
 from .history import FAIL
 from .history import FINAL
 from .history import INFO
@@ -185,10 +186,18 @@ class WorkloadConfig:
 
 class Workload:
     def __init__(
-        self, history: History, bootstrap: str, config: WorkloadConfig, kafka_bootstrap: str = ""
+        self,
+        history: History,
+        bootstrap: str,
+        config: WorkloadConfig,
+        kafka_bootstrap: str = "",
+        tls: ChaosTls | None = None,
     ) -> None:
         self.history = history
         self.bootstrap = bootstrap
+        # The clients' options for a cluster on TLS ({} when plaintext).
+        self.secure = tls.library() if tls is not None else {}
+        self.secure_librdkafka = tls.librdkafka() if tls is not None else {}
         self.kafka_bootstrap = kafka_bootstrap  # the Kafka listeners (client "confluent")
         self.config = config
         self.tps = [TopicPartition(config.topic, p) for p in range(config.partitions)]
@@ -213,7 +222,9 @@ class Workload:
             "unclean.leader.election.enable": "true" if cfg.unclean else "false",
         }
         async with asyncio.timeout(timeout):
-            async with AsyncAdmin(self.bootstrap, request_timeout_ms=10_000) as admin:
+            async with AsyncAdmin(
+                self.bootstrap, request_timeout_ms=10_000, **self.secure
+            ) as admin:
                 with contextlib.suppress(TopicAlreadyExistsError):
                     await admin.create_topic(
                         cfg.topic, cfg.partitions, cfg.replication_factor, configs
@@ -303,6 +314,7 @@ class Workload:
             librdkafka = LibrdkafkaProducer(
                 self.kafka_bootstrap,
                 **{
+                    **self.secure_librdkafka,
                     "client.id": "chaos-producer",
                     "acks": cfg.acks,
                     "enable.idempotence": cfg.idempotent,
@@ -326,6 +338,7 @@ class Workload:
             max_block_ms=cfg.request_timeout_ms,
             retry_backoff_ms=100,
             metadata_max_age_ms=5_000,
+            **self.secure,
         )
         return await self._started(producer, lambda: producer.close(timeout_ms=0))
 
@@ -442,7 +455,11 @@ class Workload:
         if cfg.client == "confluent":
             librdkafka = LibrdkafkaConsumer(
                 self.kafka_bootstrap,
-                **{"client.id": f"chaos-consumer-{process}", "fetch.wait.max.ms": 200},
+                **{
+                    **self.secure_librdkafka,
+                    "client.id": f"chaos-consumer-{process}",
+                    "fetch.wait.max.ms": 200,
+                },
             )
             await self._started(librdkafka, librdkafka.close)
             return self._assigned_from_the_beginning(librdkafka, process)
@@ -453,6 +470,7 @@ class Workload:
             fetch_max_wait_ms=200,
             request_timeout_ms=cfg.request_timeout_ms,
             retry_backoff_ms=100,
+            **self.secure,
         )
         await self._started(consumer, consumer.close)
         return self._assigned_from_the_beginning(consumer, process)
@@ -483,6 +501,7 @@ class Workload:
             heartbeat_interval_ms=MEMBER_SESSION_MS // 6,
             max_poll_interval_ms=MEMBER_REBALANCE_TIMEOUT_MS,
             on_truncation=truncated,
+            **self.secure,
         )
         await self._started(consumer, consumer.close)
 
@@ -652,7 +671,7 @@ class Workload:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             consumer = AsyncConsumer(
-                self.bootstrap, request_timeout_ms=self.config.request_timeout_ms
+                self.bootstrap, request_timeout_ms=self.config.request_timeout_ms, **self.secure
             )
             try:
                 async with asyncio.timeout(max(1.0, deadline - time.monotonic())):
@@ -683,6 +702,7 @@ class Workload:
             auto_offset_reset="none",
             request_timeout_ms=cfg.request_timeout_ms,
             fetch_max_wait_ms=200,
+            **self.secure,
         )
         error: str | None = None
         try:
