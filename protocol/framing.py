@@ -91,7 +91,10 @@ class FrameDecoder:
 
     @property
     def buffered(self) -> int:
-        return len(self._buf) - self._pos + self._large_have
+        """Bytes received and not yet handed out as frames (a large frame's length
+        prefix included: it was consumed from the buffer, not handed out)."""
+        large = self._large_have + 4 if self._large_size else 0
+        return len(self._buf) - self._pos + large
 
     def next_frame(self) -> bytes | None:
         if self._large_size:
