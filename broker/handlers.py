@@ -33,12 +33,16 @@ from broker.storage.errors import StorageError
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import API_SPECS
+from protocol.messages import AlterUserScramCredentialsRequest
+from protocol.messages import AlterUserScramCredentialsResponse
+from protocol.messages import AlterUserScramCredentialsResult
 from protocol.messages import ApiVersionRange
 from protocol.messages import ApiVersionsRequest
 from protocol.messages import ApiVersionsResponse
 from protocol.messages import CreatableTopicResult
 from protocol.messages import CreateTopicsRequest
 from protocol.messages import CreateTopicsResponse
+from protocol.messages import CredentialInfo
 from protocol.messages import DeletableTopicResult
 from protocol.messages import DeleteTopicsRequest
 from protocol.messages import DeleteTopicsResponse
@@ -51,6 +55,9 @@ from protocol.messages import DescribeLogDirsResult
 from protocol.messages import DescribeLogDirsTopicResult
 from protocol.messages import DescribeReplicaLogRequest
 from protocol.messages import DescribeReplicaLogResponse
+from protocol.messages import DescribeUserScramCredentialsRequest
+from protocol.messages import DescribeUserScramCredentialsResponse
+from protocol.messages import DescribeUserScramCredentialsResult
 from protocol.messages import ElectLeadersRequest
 from protocol.messages import ElectLeadersResponse
 from protocol.messages import ElectLeadersResult
@@ -132,6 +139,8 @@ class Handlers:
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
             ApiKey.DESCRIBE_REPLICA_LOG: self.describe_replica_log,
             ApiKey.DESCRIBE_LOG_DIRS: self.describe_log_dirs,
+            ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: self.describe_user_scram_credentials,
+            ApiKey.ALTER_USER_SCRAM_CREDENTIALS: self.alter_user_scram_credentials,
         }
         if self.coordinator is not None:
             # Group coordinator (broker/group_coordinator.py).
@@ -461,6 +470,60 @@ class Handlers:
 
         await self._wait_for_image(visible, timeout_s)
         return resp
+
+    async def alter_user_scram_credentials(
+        self, ctx: RequestContext, req: AlterUserScramCredentialsRequest
+    ) -> AlterUserScramCredentialsResponse:
+        """Forwarded to the controller; answered once this broker's image shows the
+        changes that succeeded (a Describe right after sees them)."""
+        try:
+            resp = await self.controller.forward(req, self.max_forward_wait_s)
+        except RpcError as exc:
+            code, message = self._forward_error(exc)
+            names = dict.fromkeys(c.name for c in [*req.deletions, *req.upsertions])
+            return AlterUserScramCredentialsResponse(
+                results=[
+                    AlterUserScramCredentialsResult(user=n, error_code=code, error_message=message)
+                    for n in names
+                ]
+            )
+        assert isinstance(resp, AlterUserScramCredentialsResponse)
+        done = {r.user for r in resp.results if r.error_code == ErrorCode.NONE}
+        present = {(u.name, u.mechanism, u.iterations) for u in req.upsertions if u.name in done}
+        absent = {(d.name, d.mechanism) for d in req.deletions if d.name in done}
+
+        def visible() -> bool:
+            creds = self.image.scram_credentials
+            return all(
+                (n, m) in creds and creds[(n, m)].iterations == i for n, m, i in present
+            ) and not any(key in creds for key in absent)
+
+        await self._wait_for_image(visible, self.max_forward_wait_s)
+        return resp
+
+    async def describe_user_scram_credentials(
+        self, ctx: RequestContext, req: DescribeUserScramCredentialsRequest
+    ) -> DescribeUserScramCredentialsResponse:
+        """Each user's mechanisms and iteration counts, from this broker's image: never
+        a salt or a key. A user named that has none: RESOURCE_NOT_FOUND."""
+        by_user: dict[str, list[CredentialInfo]] = {}
+        for (name, mechanism), cred in sorted(self.image.scram_credentials.items()):
+            by_user.setdefault(name, []).append(
+                CredentialInfo(mechanism=mechanism, iterations=cred.iterations)
+            )
+        users = sorted(by_user) if req.users is None else list(dict.fromkeys(req.users))
+        return DescribeUserScramCredentialsResponse(
+            results=[
+                DescribeUserScramCredentialsResult(user=u, credential_infos=by_user[u])
+                if u in by_user
+                else DescribeUserScramCredentialsResult(
+                    user=u,
+                    error_code=int(ErrorCode.RESOURCE_NOT_FOUND),
+                    error_message=f"user {u!r} has no SCRAM credentials",
+                )
+                for u in users
+            ]
+        )
 
     def _timeout_s(self, timeout_ms: int) -> float:
         if timeout_ms <= 0:

@@ -52,6 +52,7 @@ from client.lifecycle import AsyncClient
 from client.offsets import list_offsets
 from client.types import OffsetAndTimestamp
 from client.types import TopicPartition
+from client.user_admin import UserAdmin
 from protocol.api import EARLIEST_TIMESTAMP
 from protocol.api import ELECTION_UNCLEAN
 from protocol.api import LATEST_TIMESTAMP
@@ -97,7 +98,7 @@ _SPEC_TIMESTAMPS: dict[object, int] = {
 }
 
 
-class AsyncAdmin(Diagnostics, GroupAdmin, AsyncClient):
+class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AsyncClient):
     """Administrative operations. Use `async with AsyncAdmin(...) as admin:` or
     `await start()` / `await close()`."""
 

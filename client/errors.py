@@ -552,6 +552,31 @@ class ThrottlingQuotaExceededError(BrokerResponseError):
     error_code = ErrorCode.THROTTLING_QUOTA_EXCEEDED
 
 
+class UnsupportedSaslMechanismError(BrokerResponseError):
+    """A SASL mechanism the server does not offer (SCRAM-SHA-256, SCRAM-SHA-512)."""
+
+    error_code = ErrorCode.UNSUPPORTED_SASL_MECHANISM
+
+
+class ResourceNotFoundError(BrokerResponseError):
+    """The user (or other resource) named does not exist."""
+
+    error_code = ErrorCode.RESOURCE_NOT_FOUND
+
+
+class DuplicateResourceError(BrokerResponseError):
+    """One request named the same user and mechanism twice."""
+
+    error_code = ErrorCode.DUPLICATE_RESOURCE
+
+
+class UnacceptableCredentialError(BrokerResponseError):
+    """A credential the server refuses (an empty name or password, iterations out of
+    range)."""
+
+    error_code = ErrorCode.UNACCEPTABLE_CREDENTIAL
+
+
 class InconsistentVoterSetError(BrokerResponseError):
     """A controller named a voter that is not in the quorum's voter set (check
     --quorum-voters: every controller must be given the same list)."""

@@ -56,6 +56,7 @@ BROKER_API_KEYS = frozenset(
         ApiKey.CREATE_TOPICS,
         ApiKey.DELETE_TOPICS,
         ApiKey.ELECT_LEADERS,
+        ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
     )
 )
 

@@ -51,6 +51,7 @@ class MetadataImage(SharedImage[PartitionRecord]):
         last = self.producer_ids.get("last")
         if last is not None:
             out.append(last)
+        out.extend(self.scram_credentials[k] for k in sorted(self.scram_credentials))
         return out
 
     def apply(self, offset: int, record: MetadataRecord) -> None:

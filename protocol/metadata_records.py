@@ -84,6 +84,24 @@ class LeaderChangeRecord(msgspec.Struct, kw_only=True, tag="leader_change"):
     voters: list[int] = []
 
 
+class ScramCredentialRecord(msgspec.Struct, kw_only=True, tag="scram_credential"):
+    """A user's SCRAM credential for one mechanism (issue 18; runtime/scram.py): never
+    the password, only what checks a client's proof. A later one for the same user
+    and mechanism replaces it."""
+
+    name: str
+    mechanism: int  # 1: SCRAM-SHA-256, 2: SCRAM-SHA-512
+    iterations: int
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+
+
+class RemoveScramCredentialRecord(msgspec.Struct, kw_only=True, tag="remove_scram_credential"):
+    name: str
+    mechanism: int
+
+
 MetadataRecord = (
     RegisterBrokerRecord
     | FenceBrokerRecord
@@ -93,4 +111,6 @@ MetadataRecord = (
     | PartitionRecord
     | ProducerIdsRecord
     | LeaderChangeRecord
+    | ScramCredentialRecord
+    | RemoveScramCredentialRecord
 )

@@ -54,7 +54,9 @@ from protocol.metadata_records import MetadataRecord
 from protocol.metadata_records import PartitionRecord
 from protocol.metadata_records import ProducerIdsRecord
 from protocol.metadata_records import RegisterBrokerRecord
+from protocol.metadata_records import RemoveScramCredentialRecord
 from protocol.metadata_records import RemoveTopicRecord
+from protocol.metadata_records import ScramCredentialRecord
 from protocol.metadata_records import TopicRecord
 from protocol.metadata_records import UnfenceBrokerRecord
 
@@ -125,6 +127,8 @@ class MetadataImage(Generic[P]):
         self.topics_by_name: dict[str, TopicImage[P]] = {}
         # The latest ProducerIdsRecord under the key "last" (a dict, so undoable).
         self.producer_ids: dict[str, ProducerIdsRecord] = {}
+        # (user, mechanism) -> its SCRAM credential (issue 18)
+        self.scram_credentials: dict[tuple[str, int], ScramCredentialRecord] = {}
         # While a dry run goes: every dict write, to be undone.
         self._undo: list[tuple[dict[Any, Any], Any, Any]] | None = None
 
@@ -187,6 +191,7 @@ class MetadataImage(Generic[P]):
         self.topics.clear()
         self.topics_by_name.clear()
         self.producer_ids.clear()
+        self.scram_credentials.clear()
 
     def journal(self) -> list[tuple[dict[Any, Any], Any, Any]]:
         """Start a dry run: writes are noted until `undo` puts them back."""
@@ -257,6 +262,10 @@ class MetadataImage(Generic[P]):
             self._set(self.producer_ids, "last", record)
         elif isinstance(record, LeaderChangeRecord):
             pass  # the quorum's own entry: nothing of the cluster changes
+        elif isinstance(record, ScramCredentialRecord):
+            self._set(self.scram_credentials, (record.name, record.mechanism), record)
+        elif isinstance(record, RemoveScramCredentialRecord):
+            self._delete(self.scram_credentials, (record.name, record.mechanism))
         else:
             log.warning("unknown metadata record %s ignored", type(record).__name__)
 

@@ -10,6 +10,7 @@
     minibroker cluster health           healthy or not, and why (exit code 1 when not)
     minibroker debug replica-log T P    one broker's replica of a partition, batch by batch
     minibroker metadata-quorum describe the controller quorum: active controller, voters' lag
+    minibroker user create|delete|list  users' SCRAM credentials
 
 Client commands take -b/--bootstrap-server (also before the command: `minibroker -b
 HOST:PORT topic list`; env MINIBROKER_BOOTSTRAP_SERVERS; default 127.0.0.1:9092).
@@ -18,9 +19,9 @@ client's debug log. The servers are started as subprocesses by module name, neve
 imported.
 
 The commands by job: records.py (produce, consume), operations.py (cluster, topic,
-debug), groups.py (consumer groups), quorum.py (metadata-quorum); the command group,
-the servers and `dev` in root.py; what they share in plumbing.py. Importing this
-package registers every command.
+debug), groups.py (consumer groups), quorum.py (metadata-quorum), users.py (SCRAM
+users); the command group, the servers and `dev` in root.py; what they share in
+plumbing.py. Importing this package registers every command.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from client.cli import groups  # noqa: F401 (registers the commands)
 from client.cli import operations  # noqa: F401 (registers the commands)
 from client.cli import quorum  # noqa: F401 (registers the commands)
 from client.cli import records  # noqa: F401 (registers the commands)
+from client.cli import users  # noqa: F401 (registers the commands)
 from client.cli.plumbing import _parse_configs
 from client.cli.records import _formatter
 from client.cli.root import cli

@@ -13,6 +13,7 @@ from protocol.api import ApiKey
 from protocol.messages import client_apis as c
 from protocol.messages import group_apis as g
 from protocol.messages import quorum_apis as q
+from protocol.messages import security_apis as sec
 from protocol.messages.client_apis import Message
 from protocol.messages.quorum_apis import MetadataEntry
 
@@ -475,6 +476,16 @@ API_SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.DESCRIBE_QUORUM, q.DescribeQuorumRequest, q.DescribeQuorumResponse),
         ApiSpec(ApiKey.FETCH_SNAPSHOT, q.FetchSnapshotRequest, q.FetchSnapshotResponse),
         ApiSpec(ApiKey.QUORUM_FETCH, q.QuorumFetchRequest, q.QuorumFetchResponse),
+        ApiSpec(
+            ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
+            sec.DescribeUserScramCredentialsRequest,
+            sec.DescribeUserScramCredentialsResponse,
+        ),
+        ApiSpec(
+            ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+            sec.AlterUserScramCredentialsRequest,
+            sec.AlterUserScramCredentialsResponse,
+        ),
     )
 }
 

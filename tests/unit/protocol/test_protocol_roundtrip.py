@@ -41,6 +41,8 @@ METADATA_RECORD_TYPES = [
     mr.PartitionRecord,
     mr.ProducerIdsRecord,
     mr.LeaderChangeRecord,
+    mr.ScramCredentialRecord,
+    mr.RemoveScramCredentialRecord,
 ]
 ROUND_TRIP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 client_ids = st.none() | st.text(max_size=20)
@@ -194,3 +196,31 @@ def test_metadata_record_type_union_matches_the_list() -> None:
     union = mi.type_info(mr.MetadataRecord)
     assert isinstance(union, mi.UnionType)
     assert {t.cls for t in union.types} == set(METADATA_RECORD_TYPES)
+
+
+def test_scram_credential_records_on_the_wire() -> None:
+    """The metadata log's format for users (issue 18): fixed field names and tags, the
+    keys as raw bytes; a newer version must read these."""
+    record = mr.ScramCredentialRecord(
+        name="alice", mechanism=1, iterations=4096, salt=b"s", stored_key=b"k", server_key=b"v"
+    )
+    raw = msgspec.msgpack.decode(encode_body(MetadataEntry(offset=7, record=record, epoch=2)))
+    assert raw == {
+        "offset": 7,
+        "record": {
+            "type": "scram_credential",
+            "name": "alice",
+            "mechanism": 1,
+            "iterations": 4096,
+            "salt": b"s",
+            "stored_key": b"k",
+            "server_key": b"v",
+        },
+        "epoch": 2,
+    }
+    removal = MetadataEntry(offset=8, record=mr.RemoveScramCredentialRecord(name="a", mechanism=2))
+    assert msgspec.msgpack.decode(encode_body(removal))["record"] == {
+        "type": "remove_scram_credential",
+        "name": "a",
+        "mechanism": 2,
+    }
