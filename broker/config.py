@@ -29,6 +29,7 @@ from runtime.connection_settings import frame_timeout_setting
 from runtime.connection_settings import idle_timeout_setting
 from runtime.connection_settings import pending_bytes_setting
 from runtime.connection_settings import per_ip_overrides_setting
+from runtime.sasl import SASL_MECHANISMS
 from runtime.settings import ConfigError
 from runtime.settings import enable_test_faults_switch
 from runtime.settings import parse_host_port
@@ -37,9 +38,11 @@ from runtime.settings import setting
 from runtime.settings import topic_defaults
 from runtime.settings import topic_setting
 from runtime.settings import unsafe_switch
+from runtime.tls import LISTENER_PROTOCOLS
 from runtime.tls import PLAINTEXT
-from runtime.tls import SECURITY_PROTOCOLS
 from runtime.tls import SSL
+from runtime.tls import uses_sasl
+from runtime.tls import uses_tls
 from runtime.tls_settings import security_protocol_setting
 from runtime.tls_settings import ssl_cafile_setting
 from runtime.tls_settings import ssl_certfile_setting
@@ -125,13 +128,23 @@ def parse_security_protocol_map(
             continue
         name, sep, protocol = item.partition(":")
         name, protocol = name.strip().upper(), protocol.strip().upper()
-        if not sep or protocol not in SECURITY_PROTOCOLS or not name:
+        if not sep or protocol not in LISTENER_PROTOCOLS or not name:
             raise ConfigError(
                 f"{option}: {item!r} is not NAME:PROTOCOL with PROTOCOL one of "
-                f"{', '.join(SECURITY_PROTOCOLS)} (e.g. INTERNAL:SSL)"
+                f"{', '.join(LISTENER_PROTOCOLS)} (e.g. INTERNAL:SSL)"
             )
         out[name] = protocol
     return out
+
+
+def parse_sasl_mechanisms(
+    value: str, *, option: str = "--sasl-enabled-mechanisms"
+) -> tuple[str, ...]:
+    """`SCRAM-SHA-256,PLAIN` (any case); the names are checked with the config."""
+    names = tuple(dict.fromkeys(m.strip().upper() for m in value.split(",") if m.strip()))
+    if not names:
+        raise ConfigError(f"{option}: name at least one of {', '.join(SASL_MECHANISMS)}")
+    return names
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,13 +175,22 @@ class BrokerConfig:
         "",
         parse=parse_security_protocol_map,
         shown_default="a listener named SSL is SSL, the others PLAINTEXT",
-        doc="NAME:PROTOCOL per listener, PLAINTEXT or SSL (TLS 1.2+); brokers reach each "
-        "other over the first listener with its protocol (listener.security.protocol.map).",
+        doc="NAME:PROTOCOL per listener: PLAINTEXT, SSL (TLS 1.2+), SASL_PLAINTEXT or "
+        "SASL_SSL (a client proves a user first: --sasl-enabled-mechanisms); brokers reach "
+        "each other over the first listener, which may not be SASL yet "
+        "(listener.security.protocol.map).",
     )
     ssl_certfile: Path | None = ssl_certfile_setting()
     ssl_keyfile: Path | None = ssl_keyfile_setting()
     ssl_cafile: Path | None = ssl_cafile_setting()
     ssl_client_auth: str = ssl_client_auth_setting()
+    sasl_enabled_mechanisms: tuple[str, ...] = setting(
+        "SCRAM-SHA-256,SCRAM-SHA-512",
+        parse=parse_sasl_mechanisms,
+        doc="What SASL_PLAINTEXT and SASL_SSL listeners offer: SCRAM-SHA-256, SCRAM-SHA-512 "
+        "and PLAIN (the password travels: only with SASL_SSL), checked against the users' "
+        "SCRAM credentials (sasl.enabled.mechanisms).",
+    )
     controller: tuple[tuple[str, int], ...] = setting(
         "127.0.0.1:9093",
         parse=parse_controllers,
@@ -366,7 +388,20 @@ class BrokerConfig:
                 f"--listener-security-protocol-map: {', '.join(not_listeners)} not among "
                 f"--listeners ({', '.join(names)})"
             )
-        uses_ssl = SSL in {self.security_protocol(n) for n in names}
+        uses_ssl = any(uses_tls(self.security_protocol(n)) for n in names)
+        if uses_sasl(self.inter_broker_protocol):
+            raise ConfigError(
+                f"--listener-security-protocol-map: the first listener {names[0]} is "
+                f"{self.inter_broker_protocol}, but brokers replicate over it and do not "
+                "authenticate to each other with SASL yet: make it PLAINTEXT or SSL, and "
+                "SASL another listener"
+            )
+        unknown_mechanisms = set(self.sasl_enabled_mechanisms) - set(SASL_MECHANISMS)
+        if unknown_mechanisms:
+            raise ConfigError(
+                f"--sasl-enabled-mechanisms: {', '.join(sorted(unknown_mechanisms))} not among "
+                f"{', '.join(SASL_MECHANISMS)}"
+            )
         tls_problems = ssl_problems(
             self, uses_ssl=uses_ssl or self.controller_security_protocol == SSL
         )

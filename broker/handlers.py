@@ -74,6 +74,9 @@ from protocol.messages import MetadataResponse
 from protocol.messages import OffsetForLeaderEpochRequest
 from protocol.messages import ProduceRequest
 from protocol.messages import ReplicaBatchInfo
+from protocol.messages import SaslAuthenticateResponse
+from protocol.messages import SaslHandshakeRequest
+from protocol.messages import SaslHandshakeResponse
 from protocol.messages import StrayReplica
 from runtime.metadata_answers import describe_cluster_response
 from runtime.metadata_answers import metadata_response
@@ -81,6 +84,7 @@ from runtime.peer_rpc import RpcError
 from runtime.peer_rpc import RpcErrorResponse
 from runtime.server import Handler
 from runtime.server import RequestContext
+from runtime.tls import ANONYMOUS
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +144,11 @@ class Handlers:
             ApiKey.DESCRIBE_REPLICA_LOG: self.describe_replica_log,
             ApiKey.DESCRIBE_LOG_DIRS: self.describe_log_dirs,
             ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: self.describe_user_scram_credentials,
+            # Listed in ApiVersions everywhere, as Kafka does; a SASL listener answers
+            # them itself before a user is proven (runtime/server.py), so reaching a
+            # handler means out of turn.
+            ApiKey.SASL_HANDSHAKE: self.sasl_out_of_turn,
+            ApiKey.SASL_AUTHENTICATE: self.sasl_out_of_turn,
             ApiKey.ALTER_USER_SCRAM_CREDENTIALS: self.alter_user_scram_credentials,
         }
         if self.coordinator is not None:
@@ -470,6 +479,18 @@ class Handlers:
 
         await self._wait_for_image(visible, timeout_s)
         return resp
+
+    async def sasl_out_of_turn(self, ctx: RequestContext, req: Message) -> Message:
+        why = (
+            f"listener {ctx.listener} does not use SASL"
+            if ctx.principal == ANONYMOUS
+            else f"already authenticated as {ctx.principal}"
+        )
+        if isinstance(req, SaslHandshakeRequest):
+            return SaslHandshakeResponse(error_code=int(ErrorCode.ILLEGAL_SASL_STATE))
+        return SaslAuthenticateResponse(
+            error_code=int(ErrorCode.ILLEGAL_SASL_STATE), error_message=f"SASL: {why}"
+        )
 
     async def alter_user_scram_credentials(
         self, ctx: RequestContext, req: AlterUserScramCredentialsRequest

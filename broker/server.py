@@ -57,13 +57,16 @@ from protocol.connection_limits import ConnectionTable
 from protocol.kafka.codec import KAFKA
 from protocol.messages import FetchMetadataResponse
 from protocol.messages import Listener
+from runtime.scram import ScramCredential
 from runtime.server import ListenerServer
+from runtime.server import SaslConfig
 from runtime.settings import announce_test_switches
 from runtime.settings import refusal
 from runtime.settings import topic_defaults
 from runtime.settings import unsafe_switches_on
 from runtime.tasks import cancel_and_wait
 from runtime.tls import TlsConfigError
+from runtime.tls import uses_sasl
 from runtime.tls_settings import listener_tls
 from runtime.tls_settings import outgoing_tls
 
@@ -325,10 +328,16 @@ class Broker:
         except TlsConfigError as exc:
             raise StartupError(f"connections to brokers and controllers: {exc}") from None
         for spec in self.config.listeners:
+            protocol = self.config.security_protocol(spec.name)
             try:
-                tls = listener_tls(self.config, self.config.security_protocol(spec.name))
+                tls = listener_tls(self.config, protocol)
             except TlsConfigError as exc:
                 raise StartupError(f"listener {spec.name}: {exc}") from None
+            sasl = (
+                SaslConfig(self.config.sasl_enabled_mechanisms, self._scram_credential)
+                if uses_sasl(protocol)
+                else None
+            )
             server = ListenerServer(
                 spec.name,
                 spec.host,
@@ -339,6 +348,7 @@ class Broker:
                 faults=self.faults,
                 codec=KAFKA if spec.name in self.config.kafka_listeners else NATIVE,
                 tls=tls,
+                sasl=sasl,
             )
             try:
                 bound[spec.name] = await server.bind()
@@ -350,6 +360,15 @@ class Broker:
                 ) from exc
             self.listeners.append(server)
         self.config = self.config.with_bound_ports(bound)
+
+    def _scram_credential(self, user: str, mechanism: int) -> ScramCredential | None:
+        """A user's SCRAM credential as this broker's metadata image has it."""
+        record = self.image.scram_credentials.get((user, mechanism))
+        if record is None:
+            return None
+        return ScramCredential(
+            record.mechanism, record.iterations, record.salt, record.stored_key, record.server_key
+        )
 
     def _install_handlers(self) -> None:
         assert self.replica_manager is not None and self.controller is not None

@@ -558,6 +558,18 @@ class UnsupportedSaslMechanismError(BrokerResponseError):
     error_code = ErrorCode.UNSUPPORTED_SASL_MECHANISM
 
 
+class IllegalSaslStateError(BrokerResponseError):
+    """A SASL request out of turn (a second handshake, or SASL on a listener without)."""
+
+    error_code = ErrorCode.ILLEGAL_SASL_STATE
+
+
+class SaslAuthenticationFailedError(BrokerResponseError):
+    """Wrong user name or password (the server does not say which)."""
+
+    error_code = ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
 class ResourceNotFoundError(BrokerResponseError):
     """The user (or other resource) named does not exist."""
 

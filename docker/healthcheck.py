@@ -193,7 +193,9 @@ def ssl_listener_names(server: Server) -> set[str]:
     for item in (_setting(server, "listener-security-protocol-map") or "").split(","):
         name, _, protocol = item.partition(":")
         mapped[name.strip().upper()] = protocol.strip().upper()
-    return {n for n in names if mapped.get(n, "SSL" if n == "SSL" else "PLAINTEXT") == "SSL"}
+    # SASL_SSL too: ApiVersions is answered before SASL authentication.
+    protocols = {n: mapped.get(n, "SSL" if n == "SSL" else "PLAINTEXT") for n in names}
+    return {n for n, p in protocols.items() if p in ("SSL", "SASL_SSL")}
 
 
 def probe_tls(server: Server) -> ssl.SSLContext:

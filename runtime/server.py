@@ -33,6 +33,12 @@ handshake is done, within HANDSHAKE_TIMEOUT_S of connecting. A handshake that fa
 plaintext client on a TLS port, say) closes the connection with one log line saying
 why. The peer's certificate, if it sent one, names the connection's principal.
 
+SASL (a listener given a SaslConfig, runtime/sasl.py): until the connection's
+SaslSession has authenticated a user, only ApiVersions, SaslHandshake and
+SaslAuthenticate are served; any other request closes the connection with a line
+saying so, as does a failed authentication (after its answer). Then the user is the
+connection's principal.
+
 Test faults (runtime/faults.py, only with --enable-test-faults) act before a handler
 runs: they may delay or park the request, drop it (the connection is closed without
 an answer), or let it run and close the connection instead of answering.
@@ -50,6 +56,7 @@ from collections.abc import Awaitable
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from protocol.api import ApiKey
 from protocol.api import api_name as _api_name
 from protocol.connection import NATIVE
 from protocol.connection import Buffer
@@ -63,9 +70,13 @@ from protocol.connection_limits import ConnectionTable
 from protocol.errors import DecodeError
 from protocol.errors import ErrorCode
 from protocol.messages import Message
+from protocol.messages import SaslAuthenticateRequest
+from protocol.messages import SaslHandshakeRequest
 from runtime.faults import DROP
 from runtime.faults import DROP_RESPONSE
 from runtime.faults import Faults
+from runtime.sasl import Lookup
+from runtime.sasl import SaslSession
 from runtime.tls import ANONYMOUS
 from runtime.tls import HANDSHAKE_TIMEOUT_S
 from runtime.tls import ServerTls
@@ -74,8 +85,17 @@ from runtime.tls import principal_of
 
 log = logging.getLogger(__name__)
 
+_SASL_APIS = frozenset({int(ApiKey.SASL_HANDSHAKE), int(ApiKey.SASL_AUTHENTICATE)})
 WRITE_BUFFER_HIGH = 8 * 1024 * 1024
 WRITE_BUFFER_LOW = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SaslConfig:
+    """A SASL listener: the mechanisms it offers and where credentials come from."""
+
+    mechanisms: tuple[str, ...]
+    lookup: Lookup
 
 
 @dataclass(frozen=True)
@@ -113,6 +133,8 @@ class _Connection(asyncio.Protocol):
         self._writing_paused = False
         self._closed = False
         self._tls = ServerTls(server.tls) if server.tls is not None else None
+        sasl = server.sasl
+        self._sasl = SaslSession(sasl.mechanisms, sasl.lookup) if sasl is not None else None
         self._handshake_timer: asyncio.TimerHandle | None = None
         self.principal = ANONYMOUS
 
@@ -256,6 +278,13 @@ class _Connection(asyncio.Protocol):
                 server.log_event(refused, time.monotonic())
                 self.close()
                 return
+            if (
+                self._sasl is not None
+                and self._sasl.authenticated is None
+                and isinstance(event, Request)
+                and not self._before_authentication(self._sasl, event)
+            ):
+                continue
             if isinstance(event, RejectedRequest):
                 log.info(
                     "rejected request from %s (client %s, api %d v%d): %s %s",
@@ -279,6 +308,50 @@ class _Connection(asyncio.Protocol):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         self._update_reading()
+
+    def _before_authentication(self, sasl: SaslSession, request: Request) -> bool:
+        """A request on a SASL listener before a user is proven: True to serve it as
+        usual (ApiVersions); else it was answered here (the SASL exchange) or the
+        connection closed."""
+        key = request.header.api_key
+        if key == ApiKey.API_VERSIONS:
+            return True
+        body = request.body
+        if isinstance(body, SaslHandshakeRequest):
+            answer: Message = sasl.handshake(body.mechanism)
+        elif isinstance(body, SaslAuthenticateRequest):
+            answer = sasl.authenticate(body.auth_bytes)
+        else:
+            reason = CloseReason(
+                "sasl-required",
+                f"closing connection from {self._peer} on {self._server.name}: "
+                f"{_api_name(key)} before SASL authentication (the client must use "
+                "SASL_PLAINTEXT or SASL_SSL with a user)",
+            )
+            self._server.log_event(reason, time.monotonic())
+            self.close()
+            return False
+        self._write(self._conn.send_response_parts(request, answer))
+        if sasl.authenticated is not None:
+            self.principal = f"User:{sasl.authenticated}"
+            log.info(
+                "%s on %s: authenticated as %s (%s)",
+                self._peer,
+                self._server.name,
+                sasl.authenticated,
+                sasl.mechanism,
+            )
+        elif sasl.failed:
+            code = ErrorCode.of(getattr(answer, "error_code", -1))
+            why = getattr(answer, "error_message", None) or code.name
+            reason = CloseReason(
+                "sasl-failed",
+                f"closing connection from {self._peer} on {self._server.name}: SASL "
+                f"{sasl.mechanism or 'handshake'} failed: {why}",
+            )
+            self._server.log_event(reason, time.monotonic())
+            self.close(graceful=True)  # after the answer, so the client can say why
+        return False
 
     async def _handle(self, request: Request) -> None:
         header = request.header
@@ -395,9 +468,11 @@ class ListenerServer:
         role: str = "broker",
         codec: WireCodec = NATIVE,
         tls: ssl.SSLContext | None = None,
+        sasl: SaslConfig | None = None,
     ) -> None:
         self.name = name
         self.tls = tls  # None: plaintext
+        self.sasl = sasl  # None: no SASL
         self.codec = codec  # the wire protocol this listener speaks
         self.host = host
         self.port = port
@@ -412,6 +487,8 @@ class ListenerServer:
         self._sweeper: asyncio.Task[None] | None = None
 
     def serves(self, api_key: int) -> bool:
+        if self.sasl is not None and api_key in _SASL_APIS:
+            return True
         return api_key in self.handlers
 
     def log_event(self, event: CloseReason, now: float) -> None:

@@ -33,7 +33,22 @@ from typing import Any
 
 PLAINTEXT = "PLAINTEXT"
 SSL = "SSL"
+SASL_PLAINTEXT = "SASL_PLAINTEXT"
+SASL_SSL = "SASL_SSL"
+# What servers talk to each other with (no SASL between servers yet).
 SECURITY_PROTOCOLS = (PLAINTEXT, SSL)
+# What a broker listener may be (Kafka's security protocols).
+LISTENER_PROTOCOLS = (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)
+
+
+def uses_tls(protocol: str) -> bool:
+    return protocol in (SSL, SASL_SSL)
+
+
+def uses_sasl(protocol: str) -> bool:
+    return protocol in (SASL_PLAINTEXT, SASL_SSL)
+
+
 CLIENT_AUTH = ("NONE", "REQUESTED", "REQUIRED")  # ssl.client.auth, any case
 ANONYMOUS = "User:ANONYMOUS"
 HANDSHAKE_TIMEOUT_S = 10.0

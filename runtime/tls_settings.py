@@ -12,10 +12,10 @@ from typing import Protocol
 from runtime.settings import setting
 from runtime.tls import CLIENT_AUTH
 from runtime.tls import SECURITY_PROTOCOLS
-from runtime.tls import SSL
 from runtime.tls import TlsFiles
 from runtime.tls import client_context
 from runtime.tls import server_context
+from runtime.tls import uses_tls
 
 
 def ssl_certfile_setting() -> Any:
@@ -112,12 +112,12 @@ def _server_context(files: TlsFiles, client_auth: str) -> ssl.SSLContext:
 def outgoing_tls(config: TlsSettings, protocol: str) -> ssl.SSLContext | None:
     """The context for connections to servers that listen with `protocol` (None:
     plaintext). Raises TlsConfigError when a file cannot be used."""
-    return _client_context(tls_files(config)) if protocol == SSL else None
+    return _client_context(tls_files(config)) if uses_tls(protocol) else None
 
 
 def listener_tls(config: TlsSettings, protocol: str) -> ssl.SSLContext | None:
     """The context of a listener with `protocol` (None: plaintext). Raises
     TlsConfigError when a file cannot be used."""
-    if protocol != SSL:
+    if not uses_tls(protocol):
         return None
     return _server_context(tls_files(config), config.ssl_client_auth.upper())

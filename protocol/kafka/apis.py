@@ -4,7 +4,7 @@ the native messages (protocol/messages), so the broker's handlers serve both lis
 
 The versions served are the smallest set the real clients need
 (../shared/kafka-clients.md, issue 15). Declarations: cluster_apis.py, data_apis.py,
-group_apis.py (offsets), membership_apis.py (group membership).
+group_apis.py (offsets), membership_apis.py (group membership), security_apis.py (SASL).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from protocol.kafka.membership_apis import JOIN_GROUP
 from protocol.kafka.membership_apis import LEAVE_GROUP
 from protocol.kafka.membership_apis import LIST_GROUPS
 from protocol.kafka.membership_apis import SYNC_GROUP
+from protocol.kafka.security_apis import SASL_AUTHENTICATE
+from protocol.kafka.security_apis import SASL_HANDSHAKE
 
 __all__ = [
     "API_VERSIONS",
@@ -50,6 +52,8 @@ __all__ = [
     "OFFSET_FETCH",
     "OFFSET_FOR_LEADER_EPOCH",
     "PRODUCE",
+    "SASL_AUTHENTICATE",
+    "SASL_HANDSHAKE",
     "SYNC_GROUP",
     "KafkaApi",
 ]
@@ -76,5 +80,7 @@ KAFKA_APIS: dict[int, KafkaApi] = {
         DESCRIBE_GROUPS,
         LIST_GROUPS,
         DELETE_GROUPS,
+        SASL_HANDSHAKE,
+        SASL_AUTHENTICATE,
     )
 }

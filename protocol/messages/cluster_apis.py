@@ -476,6 +476,10 @@ API_SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.DESCRIBE_QUORUM, q.DescribeQuorumRequest, q.DescribeQuorumResponse),
         ApiSpec(ApiKey.FETCH_SNAPSHOT, q.FetchSnapshotRequest, q.FetchSnapshotResponse),
         ApiSpec(ApiKey.QUORUM_FETCH, q.QuorumFetchRequest, q.QuorumFetchResponse),
+        ApiSpec(ApiKey.SASL_HANDSHAKE, sec.SaslHandshakeRequest, sec.SaslHandshakeResponse),
+        ApiSpec(
+            ApiKey.SASL_AUTHENTICATE, sec.SaslAuthenticateRequest, sec.SaslAuthenticateResponse
+        ),
         ApiSpec(
             ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
             sec.DescribeUserScramCredentialsRequest,

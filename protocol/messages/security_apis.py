@@ -16,9 +16,37 @@ __all__ = [
     "DescribeUserScramCredentialsRequest",
     "DescribeUserScramCredentialsResponse",
     "DescribeUserScramCredentialsResult",
+    "SaslAuthenticateRequest",
+    "SaslAuthenticateResponse",
+    "SaslHandshakeRequest",
+    "SaslHandshakeResponse",
     "ScramCredentialDeletion",
     "ScramCredentialUpsertion",
 ]
+
+
+class SaslHandshakeRequest(Message, kw_only=True):
+    """The mechanism the client wants (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)."""
+
+    mechanism: str
+
+
+class SaslHandshakeResponse(Message, kw_only=True):
+    error_code: int = 0
+    mechanisms: list[str] = []  # what this listener offers
+
+
+class SaslAuthenticateRequest(Message, kw_only=True):
+    """One SASL token of the exchange (Kafka's SaslAuthenticate, KIP-152)."""
+
+    auth_bytes: bytes
+
+
+class SaslAuthenticateResponse(Message, kw_only=True):
+    error_code: int = 0
+    error_message: str | None = None
+    auth_bytes: bytes = b""
+    session_lifetime_ms: int = 0  # 0: no re-authentication (KIP-368 not used)
 
 
 class ScramCredentialDeletion(Message, kw_only=True):
