@@ -112,6 +112,9 @@ class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AsyncClient):
         bootstrap_retries: int = 3,
         security_protocol: str = "PLAINTEXT",
         ssl_context: ssl.SSLContext | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_plain_username: str | None = None,
+        sasl_plain_password: str | None = None,
     ) -> None:
         self._cluster = ClusterClient(
             bootstrap_servers,
@@ -121,6 +124,9 @@ class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AsyncClient):
             bootstrap_retries=bootstrap_retries,
             security_protocol=security_protocol,
             ssl_context=ssl_context,
+            sasl_mechanism=sasl_mechanism,
+            sasl_plain_username=sasl_plain_username,
+            sasl_plain_password=sasl_plain_password,
         )
         self._request_timeout_ms = request_timeout_ms
         self._started = False

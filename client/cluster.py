@@ -39,6 +39,7 @@ from client.errors import NoBrokersAvailableError
 from client.errors import RequestTimedOutError
 from client.errors import UnknownTopicOrPartitionError
 from client.errors import short_reason
+from client.security import connection_sasl
 from client.security import connection_tls
 from client.types import TopicPartition
 from protocol.api import NO_EPOCH
@@ -311,10 +312,16 @@ class ClusterClient:
         unsafe_accept_stale_metadata: bool = False,
         security_protocol: str = "PLAINTEXT",
         ssl_context: ssl.SSLContext | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_plain_username: str | None = None,
+        sasl_plain_password: str | None = None,
     ) -> None:
         """`unsafe_accept_stale_metadata` is TEST-ONLY (KIP-232 rule off, see
         ClusterMetadata). `security_protocol` / `ssl_context`: client/security.py."""
         self.tls = connection_tls(security_protocol, ssl_context)
+        self.sasl = connection_sasl(
+            security_protocol, sasl_mechanism, sasl_plain_username, sasl_plain_password
+        )
         self.bootstrap_servers = parse_bootstrap_servers(bootstrap_servers)
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
@@ -638,6 +645,7 @@ class ClusterClient:
             connect_timeout_ms=self.connect_timeout_ms,
             max_in_flight=self.max_in_flight,
             tls=self.tls,
+            sasl=self.sasl,
         )
         await conn.connect()
         return conn

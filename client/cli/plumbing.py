@@ -23,6 +23,10 @@ from client.admin_diagnostics import parse_addresses
 from client.errors import MinibrokerError
 from client.security import create_ssl_context
 from runtime.tls import TlsConfigError
+from runtime.tls import uses_sasl
+from runtime.tls import uses_tls
+
+SASL_PASSWORD_ENV = "MINIBROKER_CLIENT_SASL_PASSWORD"
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -104,18 +108,33 @@ def connection_options() -> dict[str, Any]:
     (the root command's), for every client the command makes."""
     ctx = click.get_current_context(silent=True)
     root = (ctx.find_root().obj if ctx is not None else None) or {}
-    protocol = root.get("security_protocol") or "PLAINTEXT"
-    if protocol.upper() == "PLAINTEXT":
-        return {}
-    try:
-        context = create_ssl_context(
-            cafile=root.get("ssl_cafile"),
-            certfile=root.get("ssl_certfile"),
-            keyfile=root.get("ssl_keyfile"),
+    protocol = (root.get("security_protocol") or "PLAINTEXT").upper()
+    options: dict[str, Any] = {}
+    if uses_tls(protocol):
+        try:
+            options["ssl_context"] = create_ssl_context(
+                cafile=root.get("ssl_cafile"),
+                certfile=root.get("ssl_certfile"),
+                keyfile=root.get("ssl_keyfile"),
+            )
+        except TlsConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+    if uses_sasl(protocol):
+        user = root.get("sasl_username")
+        if not user:
+            raise click.UsageError(f"--security-protocol {protocol} needs --sasl-username")
+        if "sasl_password" not in root:  # asked once per command, never from argv
+            root["sasl_password"] = os.environ.get(SASL_PASSWORD_ENV) or click.prompt(
+                f"password of {user}", hide_input=True, err=True
+            )
+        options.update(
+            sasl_mechanism=root.get("sasl_mechanism"),
+            sasl_plain_username=user,
+            sasl_plain_password=root["sasl_password"],
         )
-    except TlsConfigError as exc:
-        raise click.UsageError(str(exc)) from None
-    return {"security_protocol": protocol, "ssl_context": context}
+    if options or protocol != "PLAINTEXT":
+        options["security_protocol"] = protocol
+    return options
 
 
 def cli_admin(bootstrap: str | list[str], client_id: str = "minibroker-cli") -> AsyncAdmin:

@@ -22,7 +22,8 @@ from client.cli.plumbing import _fail
 from client.cli.plumbing import number_option
 from client.dev_cluster import DevCluster
 from client.dev_cluster import DevClusterError
-from runtime.tls import SECURITY_PROTOCOLS
+from runtime.sasl import SASL_MECHANISMS
+from runtime.tls import LISTENER_PROTOCOLS
 
 # ------------------------------------------------------------------ the group
 
@@ -51,12 +52,26 @@ def _client_tls_file(flag: str, what: str) -> Callable[[Callable[..., Any]], Cal
 )
 @click.option(
     "--security-protocol",
-    type=click.Choice(SECURITY_PROTOCOLS, case_sensitive=False),
+    type=click.Choice(LISTENER_PROTOCOLS, case_sensitive=False),
     default="PLAINTEXT",
     show_default=True,
     envvar="MINIBROKER_CLIENT_SECURITY_PROTOCOL",
-    help="SSL: every client command connects with TLS (the brokers' listeners must be "
-    "SSL).  [env MINIBROKER_CLIENT_SECURITY_PROTOCOL]",
+    help="As the brokers' listener: SSL connects with TLS, SASL_PLAINTEXT / SASL_SSL "
+    "authenticate as --sasl-username (the password from env "
+    "MINIBROKER_CLIENT_SASL_PASSWORD, else asked).  [env MINIBROKER_CLIENT_SECURITY_PROTOCOL]",
+)
+@click.option(
+    "--sasl-mechanism",
+    type=click.Choice(SASL_MECHANISMS, case_sensitive=False),
+    default="SCRAM-SHA-256",
+    show_default=True,
+    envvar="MINIBROKER_CLIENT_SASL_MECHANISM",
+    help="With SASL_*: the mechanism.  [env MINIBROKER_CLIENT_SASL_MECHANISM]",
+)
+@click.option(
+    "--sasl-username",
+    envvar="MINIBROKER_CLIENT_SASL_USERNAME",
+    help="With SASL_*: the user.  [env MINIBROKER_CLIENT_SASL_USERNAME]",
 )
 @_client_tls_file("--ssl-cafile", "the CAs to trust, PEM (the system's without it)")
 @_client_tls_file("--ssl-certfile", "a client certificate, PEM, for brokers that ask for one")
@@ -68,6 +83,8 @@ def cli(
     debug: bool,
     bootstrap: str | None,
     security_protocol: str,
+    sasl_mechanism: str,
+    sasl_username: str | None,
     ssl_cafile: str | None,
     ssl_certfile: str | None,
     ssl_keyfile: str | None,
@@ -86,6 +103,8 @@ def cli(
     obj["bootstrap"] = bootstrap
     obj.update(
         security_protocol=security_protocol.upper(),
+        sasl_mechanism=sasl_mechanism.upper(),
+        sasl_username=sasl_username,
         ssl_cafile=ssl_cafile,
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,

@@ -90,6 +90,9 @@ class AsyncConsumer(
         group_instance_id: str | None = None,
         security_protocol: str = "PLAINTEXT",
         ssl_context: ssl.SSLContext | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_plain_username: str | None = None,
+        sasl_plain_password: str | None = None,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
@@ -133,6 +136,9 @@ class AsyncConsumer(
             retry_backoff_ms=retry_backoff_ms,
             security_protocol=security_protocol,
             ssl_context=ssl_context,
+            sasl_mechanism=sasl_mechanism,
+            sasl_plain_username=sasl_plain_username,
+            sasl_plain_password=sasl_plain_password,
         )
         self._states: dict[TopicPartition, _PartitionState] = {}
         self._buffer: dict[TopicPartition, _Fetched] = {}

@@ -113,6 +113,9 @@ class AsyncProducer(RecordAccumulator, Sender, IdempotenceState, AsyncClient):
         max_in_flight: int = 5,
         security_protocol: str = "PLAINTEXT",
         ssl_context: ssl.SSLContext | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_plain_username: str | None = None,
+        sasl_plain_password: str | None = None,
     ) -> None:
         self.acks = parse_acks(acks)
         if enable_idempotence is None:
@@ -169,6 +172,9 @@ class AsyncProducer(RecordAccumulator, Sender, IdempotenceState, AsyncClient):
             retry_backoff_ms=retry_backoff_ms,
             security_protocol=security_protocol,
             ssl_context=ssl_context,
+            sasl_mechanism=sasl_mechanism,
+            sasl_plain_username=sasl_plain_username,
+            sasl_plain_password=sasl_plain_password,
         )
         self._batches: dict[TopicPartition, deque[_Batch]] = defaultdict(deque)
         # Batches in flight per partition, in sequence order.

@@ -13,6 +13,7 @@ SASL_PLAINTEXT (KAFKA) and SASL_SSL (SECURE), users created with `AsyncAdmin.cre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import sys
@@ -33,9 +34,16 @@ from kafka import KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 
 from client import AsyncAdmin
+from client import AsyncProducer
+from client import create_ssl_context
+from client.errors import MinibrokerError
+from client.errors import SaslAuthenticationFailedError
 from client.throwaway_ca import ThrowawayCA
+from tests.integration.cluster import CLI
+from tests.integration.cluster import CLI_ENV
 from tests.integration.cluster import REPO
 from tests.integration.cluster import Cluster
+from tests.integration.cluster import run_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -44,30 +52,42 @@ PASSWORD = "alice-secret"
 _SECURE = re.compile(r"SECURE://([\w.-]+):(\d+)")
 
 
-@pytest.fixture
-def sasl_cluster(tmp_path: Path) -> Iterator[tuple[Cluster, ThrowawayCA, str, str]]:
-    """(cluster, CA, SASL_PLAINTEXT bootstrap, SASL_SSL bootstrap)."""
+@contextlib.contextmanager
+def sasl_broker(tmp_path: Path, *flags: str) -> Iterator[tuple[Cluster, ThrowawayCA]]:
+    """A controller and broker 1 started with `flags` and a certificate of a throwaway
+    CA (for its SSL and SASL_SSL listeners); stopped on the way out."""
     ca = ThrowawayCA.create(tmp_path / "ca")
     cert = ca.issue("broker-1", hosts=["127.0.0.1", "localhost"])
     c = Cluster(tmp_path / "cluster")
     c.root.mkdir()
     try:
         c.start_controller()
-        broker = c.start_broker(
+        c.start_broker(
             1,
-            *("--listeners", "PLAINTEXT://127.0.0.1:0,KAFKA://127.0.0.1:0,SECURE://127.0.0.1:0"),
-            *("--kafka-listeners", "KAFKA,SECURE"),
-            *("--listener-security-protocol-map", "KAFKA:SASL_PLAINTEXT,SECURE:SASL_SSL"),
-            *("--sasl-enabled-mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN"),
+            *flags,
             *("--ssl-certfile", str(cert.certfile), "--ssl-keyfile", str(cert.keyfile)),
         )
+        yield c, ca
+    finally:
+        c.stop_all()
+
+
+@pytest.fixture
+def sasl_cluster(tmp_path: Path) -> Iterator[tuple[Cluster, ThrowawayCA, str, str]]:
+    """(cluster, CA, SASL_PLAINTEXT bootstrap, SASL_SSL bootstrap)."""
+    with sasl_broker(
+        tmp_path,
+        *("--listeners", "PLAINTEXT://127.0.0.1:0,KAFKA://127.0.0.1:0,SECURE://127.0.0.1:0"),
+        *("--kafka-listeners", "KAFKA,SECURE"),
+        *("--listener-security-protocol-map", "KAFKA:SASL_PLAINTEXT,SECURE:SASL_SSL"),
+        *("--sasl-enabled-mechanisms", "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN"),
+    ) as (c, ca):
+        broker = c.brokers[1]
         secure = _SECURE.search(broker.log_text())
         assert secure is not None, broker.log_text()
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
         yield c, ca, broker.kafka_address, f"{secure[1]}:{secure[2]}"
-    finally:
-        c.stop_all()
 
 
 async def make_users(c: Cluster) -> None:
@@ -234,3 +254,68 @@ def test_the_container_healthcheck_reaches_sasl_listeners(
     )
     deadline = time.monotonic() + 20
     assert all(healthcheck.probe(t, deadline) > 0 for t in targets)
+
+
+async def test_minibroker_client_and_cli_authenticate_on_a_native_sasl_listener(
+    tmp_path: Path,
+) -> None:
+    """The native protocol's SASL (issue 18): a broker whose client listener (native,
+    the second) is SASL_SSL; minibroker's client and CLI log in with SCRAM-SHA-512 and
+    PLAIN, a wrong password is refused at once (not retried) and a client without SASL
+    gets nothing."""
+    with sasl_broker(
+        tmp_path,
+        *("--listeners", "PLAINTEXT://127.0.0.1:0,CLIENTS://127.0.0.1:0"),
+        *("--listener-security-protocol-map", "CLIENTS:SASL_SSL"),
+        *("--sasl-enabled-mechanisms", "SCRAM-SHA-512,PLAIN"),
+    ) as (c, ca):
+        broker = c.brokers[1]
+        found = re.search(r"CLIENTS://([\w.-]+):(\d+)", broker.log_text())
+        assert found is not None
+        clients = f"{found[1]}:{found[2]}"
+        async with AsyncAdmin("{}:{}".format(*broker.address)) as admin:
+            await admin.create_user("alice", PASSWORD, mechanism="SCRAM-SHA-512")
+        tls = create_ssl_context(cafile=ca.cafile)
+
+        def login(mechanism: str, password: str) -> dict[str, object]:
+            return {
+                "security_protocol": "SASL_SSL",
+                "ssl_context": tls,
+                "sasl_mechanism": mechanism,
+                "sasl_plain_username": "alice",
+                "sasl_plain_password": password,
+            }
+
+        async with AsyncAdmin(clients, **login("SCRAM-SHA-512", PASSWORD)) as admin:  # type: ignore[arg-type]
+            await admin.create_topic("native-sasl", 1, 1)
+        async with AsyncProducer(clients, **login("PLAIN", PASSWORD)) as producer:  # type: ignore[arg-type]
+            await producer.send_and_wait("native-sasl", b"hello", partition=0)
+        started = time.monotonic()
+        with pytest.raises(SaslAuthenticationFailedError, match="wrong user name or password"):
+            async with AsyncAdmin(clients, **login("SCRAM-SHA-512", "wrong")) as admin:  # type: ignore[arg-type]
+                await admin.describe_cluster()
+        assert time.monotonic() - started < 5, "a refused password is not retried"
+        with pytest.raises(MinibrokerError):
+            async with AsyncAdmin(
+                clients, security_protocol="SSL", ssl_context=tls, bootstrap_retries=1
+            ) as admin:
+                await admin.describe_cluster()
+
+        cli = [
+            *("--security-protocol", "SASL_SSL", "--ssl-cafile", str(ca.cafile)),
+            *("--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "alice", "-b", clients),
+        ]
+        env = {**CLI_ENV, "MINIBROKER_CLIENT_SASL_PASSWORD": PASSWORD}
+        consumed = run_command(
+            [*CLI, *cli, "consume", "native-sasl", "--from-beginning", "-n", "1"],
+            timeout=60,
+            env=env,
+        )
+        assert consumed.returncode == 0, consumed.stderr
+        assert consumed.stdout.split() == ["hello"]
+        refused = run_command(
+            [*CLI, *cli, "topic", "list"],
+            timeout=60,
+            env={**env, "MINIBROKER_CLIENT_SASL_PASSWORD": "wrong"},
+        )
+        assert refused.returncode == 1 and "wrong user name or password" in refused.stderr
