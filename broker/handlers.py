@@ -17,6 +17,7 @@ import asyncio
 import logging
 import re
 import shutil
+import time
 from collections.abc import Callable
 
 from broker.controller_channel import ControllerChannel
@@ -65,6 +66,7 @@ from protocol.messages import EpochStartOffset
 from protocol.messages import FaultControlRequest
 from protocol.messages import FaultControlResponse
 from protocol.messages import FetchRequest
+from protocol.messages import FetchResponse
 from protocol.messages import InitProducerIdRequest
 from protocol.messages import InitProducerIdResponse
 from protocol.messages import ListOffsetsRequest
@@ -87,6 +89,9 @@ from runtime.server import RequestContext
 from runtime.tls import ANONYMOUS
 
 log = logging.getLogger(__name__)
+
+# At most one log line per this many seconds for refused replica Fetches (bounded logs).
+REFUSAL_LOG_INTERVAL_S = 10.0
 
 _TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 # DescribeReplicaLog lists at most this many batches, whatever the request asks.
@@ -117,8 +122,13 @@ class Handlers:
         max_forward_wait_s: float = 30.0,
         faults: Faults = NO_FAULTS,
         coordinator: GroupCoordinator | None = None,
+        inter_broker_listener: str | None = None,
     ) -> None:
         self.node_id = node_id
+        # Where followers fetch from (the first listener): a replica's Fetch anywhere
+        # else is refused. None: from any listener (tests that build Handlers bare).
+        self.inter_broker_listener = inter_broker_listener
+        self._refusal_logged = 0.0
         self.image = image
         self.replicas = replica_manager
         self.controller = controller
@@ -238,6 +248,24 @@ class Handlers:
         return InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
 
     async def fetch(self, ctx: RequestContext, req: FetchRequest) -> Message:
+        listener = self.inter_broker_listener
+        if req.replica_id >= 0 and listener is not None and ctx.listener != listener:
+            # A follower's Fetch moves the high watermark: honoured only where brokers
+            # replicate, never from a client's listener (issue 18: a client posing as a
+            # follower got an acks=all write acknowledged that no follower had).
+            now = time.monotonic()
+            if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL_S:
+                self._refusal_logged = now
+                log.warning(
+                    "refused a Fetch as replica %d from %s on listener %s (%s): followers "
+                    "fetch on %s",
+                    req.replica_id,
+                    ctx.peer,
+                    ctx.listener,
+                    ctx.principal,
+                    listener,
+                )
+            return FetchResponse(error_code=int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED))
         return await self.replicas.fetch(req)
 
     async def list_offsets(self, ctx: RequestContext, req: ListOffsetsRequest) -> Message:

@@ -381,6 +381,7 @@ class Broker:
             max_forward_wait_s=self.config.request_timeout_ms / 1000,
             faults=self.faults,
             coordinator=self.coordinator,
+            inter_broker_listener=self.config.listeners[0].name,
         )
         table = handlers.table()
         for server in self.listeners:

@@ -558,6 +558,13 @@ class UnsupportedSaslMechanismError(BrokerResponseError):
     error_code = ErrorCode.UNSUPPORTED_SASL_MECHANISM
 
 
+class ClusterAuthorizationFailedError(BrokerResponseError):
+    """A request only servers may make (a replica's Fetch, say), made where clients
+    connect, or by a principal that is not a server."""
+
+    error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
 class IllegalSaslStateError(BrokerResponseError):
     """A SASL request out of turn (a second handshake, or SASL on a listener without)."""
 

@@ -713,25 +713,27 @@ class Workload:
                 while not all(reached.values()) and time.monotonic() < deadline:
                     try:
                         batch = await consumer.poll(timeout_ms=500)
+                        values: list[Record] = []
+                        for tp, records in sorted(batch.items()):
+                            for r in records:
+                                if r.offset < ends[tp.partition]:
+                                    value = (r.value or b"").decode(errors="replace")
+                                    values.append((tp.partition, r.offset, value, r.leader_epoch))
+                        if values:
+                            self.history.record(FINAL, OK, "final-read", values=values)
+                        # position() may need a ListOffsets (after seek_to_beginning),
+                        # which a leader change in progress answers with a retriable
+                        # error: retried like a poll, not the end of the final read.
+                        for tp in self.tps:
+                            positions[tp.partition] = await consumer.position(tp)
+                            if positions[tp.partition] >= ends[tp.partition]:
+                                reached[tp.partition] = True
                     except MinibrokerError as exc:
                         log.info("final read: %s", exc)
                         error = _why(exc)
                         if not exc.retriable:
                             break
                         await asyncio.sleep(0.5)
-                        continue
-                    values: list[Record] = []
-                    for tp, records in sorted(batch.items()):
-                        for r in records:
-                            if r.offset < ends[tp.partition]:
-                                value = (r.value or b"").decode(errors="replace")
-                                values.append((tp.partition, r.offset, value, r.leader_epoch))
-                    if values:
-                        self.history.record(FINAL, OK, "final-read", values=values)
-                    for tp in self.tps:
-                        positions[tp.partition] = await consumer.position(tp)
-                        if positions[tp.partition] >= ends[tp.partition]:
-                            reached[tp.partition] = True
         except (MinibrokerError, TimeoutError, OSError) as exc:
             error = _why(exc)
         finally:
