@@ -166,11 +166,13 @@ class SubscriptionState:
 
     async def position_with_epoch(self, partition: TopicPartition) -> OffsetAndMetadata:
         """The position with the leader epoch of the last consumed record: store both
-        and pass them back to seek() to resume safely (KIP-320)."""
+        and pass them back to seek() to resume safely (KIP-320). Without one yet (after
+        a seek to the beginning or end), looked up with ListOffsets, retried through a
+        leader change for up to default_api_timeout_ms, as Kafka's position() blocks."""
         self._check()
         state = self._state(partition)
         if state.position is None:
-            error = await self._update_positions([partition], self.request_timeout_ms)
+            error = await self._update_positions([partition], self.default_api_timeout_ms)
             if state.position is None:
                 raise error or KafkaTimeoutError(f"{partition} has no position yet")
         return OffsetAndMetadata(state.position, "", state.position_epoch)
