@@ -294,3 +294,24 @@ async def test_offset_not_available_past_the_bound_is_a_clear_timeout(broker: Fa
         message = str(info.value)
         assert "OFFSET_NOT_AVAILABLE" in message and "t-0" in message, message
         assert "request_timeout_ms=500" in message, message
+
+
+async def test_position_waits_out_a_leader_change_for_default_api_timeout(
+    broker: FakeBroker,
+) -> None:
+    """position() after a seek blocks as Kafka's does: a retriable ListOffsets answer
+    longer than request_timeout_ms (here 0.3 s against 0.8 s) is retried up to
+    default_api_timeout_ms. It gave up after request_timeout_ms before (the chaos final
+    read stopped so during a leader change)."""
+    await produce_values(broker, [b"v-%d" % i for i in range(10)])
+    async with AsyncConsumer(
+        broker.address,
+        auto_offset_reset="none",
+        retry_backoff_ms=10,
+        request_timeout_ms=300,
+        default_api_timeout_ms=5_000,
+    ) as consumer:
+        consumer.assign([T0])
+        broker.overrides[ListOffsetsRequest] = offset_not_available_for(0.8)
+        consumer.seek_to_end(T0)
+        assert await consumer.position(T0) == 10
