@@ -172,7 +172,9 @@ class _Connection(asyncio.Protocol):
         self._server.connections.add(self)
         if self._tls is not None:
             self._handshake_timer = asyncio.get_running_loop().call_later(
-                HANDSHAKE_TIMEOUT_S, self._tls_failed, TimeoutError()
+                HANDSHAKE_TIMEOUT_S,
+                self._tls_failed,
+                TimeoutError(f"no TLS handshake within {HANDSHAKE_TIMEOUT_S:g} s"),
             )
 
     def _tls_failed(self, exc: BaseException) -> None:

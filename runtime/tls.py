@@ -162,7 +162,7 @@ def handshake_failure(exc: BaseException) -> str:
     if reason in ("PEER_DID_NOT_RETURN_A_CERTIFICATE", "CERTIFICATE_VERIFY_FAILED"):
         return f"{text}: the client's certificate is missing or not signed by --ssl-cafile"
     if isinstance(exc, TimeoutError):
-        return f"no TLS handshake within {HANDSHAKE_TIMEOUT_S:g} s"
+        return str(exc) or "no TLS handshake in time"
     return text
 
 

@@ -28,6 +28,7 @@ from protocol.messages import API_BY_REQUEST_TYPE
 from protocol.messages import DescribeQuorumRequest
 from protocol.messages import DescribeQuorumResponse
 from protocol.messages import Message
+from runtime import server as server_module
 from runtime.peer_rpc import RPC_FAILURES
 from runtime.peer_rpc import RpcConnectionError
 from runtime.rpc import PipelinedConnection
@@ -194,3 +195,24 @@ async def test_a_close_notify_is_answered_at_once(
     writer.close()
     await writer.wait_closed()  # raises TimeoutError after 10 s without the server's
     assert asyncio.get_running_loop().time() - started < 2
+
+
+async def test_a_client_that_never_finishes_the_handshake_is_closed(
+    ca: ThrowawayCA,
+    tls_server: tuple[ListenerServer, Served],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slowloris on TLS: a connection that sends half a ClientHello (or nothing)
+    holds a slot only until the handshake deadline, then is closed with a line."""
+    monkeypatch.setattr(server_module, "HANDSHAKE_TIMEOUT_S", 0.3)
+    server, _ = tls_server
+    with caplog.at_level(logging.WARNING, logger="runtime.server"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"\x16\x03\x01\x02\x00")  # the start of a ClientHello, no more
+        await writer.drain()
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""  # closed by the server
+        writer.close()
+    assert any("no TLS handshake within 0.3 s" in r.getMessage() for r in caplog.records)
+    assert not server.connections
