@@ -158,6 +158,14 @@ class Backend(ABC):
             raise ValueError(f"controllers: 1, 3 or 5, not {settings.controllers}")
         self.controller_ids = list(range(settings.controllers))
 
+    def tls_context(self) -> ssl.SSLContext | None:
+        """For raw connections to the servers (None: plaintext)."""
+        return self.tls.context() if self.tls is not None else None
+
+    def client_options(self) -> dict[str, Any]:
+        """minibroker's clients' security options ({} when plaintext)."""
+        return self.tls.library() if self.tls is not None else {}
+
     @property
     def controller_nodes(self) -> list[str]:
         return [controller_name(i, len(self.controller_ids)) for i in self.controller_ids]

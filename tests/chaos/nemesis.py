@@ -398,10 +398,6 @@ class Nemesis:
             return None
         return candidates[min(int(entry.pick * len(candidates)), len(candidates) - 1)]
 
-    def _secure(self) -> dict[str, Any]:
-        """The admin client's options for a cluster on TLS ({} when plaintext)."""
-        return self.backend.tls.library() if self.backend.tls is not None else {}
-
     async def _controller_targets(self, fault: str) -> tuple[list[str], str | None]:
         """The controllers `fault` may take now, or the reason there is none: a quorum
         keeps a majority free of faults."""
@@ -426,8 +422,9 @@ class Nemesis:
             if node in self._busy:
                 continue
             try:
-                tls = self.backend.tls.context() if self.backend.tls is not None else None
-                answer = await describe_quorum_at((host, port), "minibroker-chaos", 2.0, tls=tls)
+                answer = await describe_quorum_at(
+                    (host, port), "minibroker-chaos", 2.0, tls=self.backend.tls_context()
+                )
             except (RpcError, OSError) as exc:
                 log.info("nemesis: DescribeQuorum of %s failed: %s", node, exc)
                 continue
@@ -483,7 +480,7 @@ class Nemesis:
                     bootstrap or self.bootstrap,
                     request_timeout_ms=5000,
                     bootstrap_retries=2,
-                    **self._secure(),
+                    **self.backend.client_options(),
                 )
                 try:
                     await admin.start()
@@ -513,7 +510,10 @@ class Nemesis:
         op = self.history.record(NEMESIS, INVOKE, "elect-unclean", value=wiped)
         error = None
         try:
-            async with asyncio.timeout(30), AsyncAdmin(self.bootstrap, **self._secure()) as admin:
+            async with (
+                asyncio.timeout(30),
+                AsyncAdmin(self.bootstrap, **self.backend.client_options()) as admin,
+            ):
                 results = await admin.elect_leaders(stranded, unclean=True)
             failed = [f"{tp}: {r.error}" for tp, r in results.items() if r.error is not None]
             error = "; ".join(failed)[:500] or None

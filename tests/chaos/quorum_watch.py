@@ -134,8 +134,7 @@ async def collect_metadata(backend: Backend, dest: Path) -> dict[str, Any]:
         "voter-count": len(backend.controller_ids),
         "voters": {},
     }
-    tls = backend.tls.context() if backend.tls is not None else None
-    result["final"] = await describe_all(backend.controller_addresses(), 2.0, tls)
+    result["final"] = await describe_all(backend.controller_addresses(), 2.0, backend.tls_context())
     for node_id, node in zip(backend.controller_ids, backend.controller_nodes, strict=True):
         copy = dest / node
         errors = []

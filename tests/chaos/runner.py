@@ -199,7 +199,7 @@ async def _run(
             bootstrap,
         )
         stop = asyncio.Event()
-        tls = backend.tls.context() if backend.tls is not None else None
+        tls = backend.tls_context()
         watch = quorum_watch.QuorumWatch(history, backend.controller_addresses(), tls=tls)
         watch_stop = asyncio.Event()
         watch_task = asyncio.get_running_loop().create_task(watch.run(watch_stop))
