@@ -12,7 +12,8 @@ does). Credentials come from `lookup(user, mechanism number)`: the metadata imag
 A failure answers SASL_AUTHENTICATION_FAILED with the same message whether the user is
 unknown or the password wrong, and `failed` is set: the connection then closes (Kafka
 closes it too). An unknown user still gets a SCRAM first answer (a made-up salt), so
-the exchange does not tell which users exist.
+the exchange does not tell which users exist: its salt is the same at every attempt
+and its iteration count the default, as a real user's are.
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ from protocol.errors import ErrorCode
 from protocol.messages import SaslAuthenticateResponse
 from protocol.messages import SaslHandshakeResponse
 from runtime.scram import BY_NAME
+from runtime.scram import DEFAULT_ITERATIONS
 from runtime.scram import MECHANISMS
-from runtime.scram import MIN_ITERATIONS
+from runtime.scram import SALT_BYTES
 from runtime.scram import ScramCredential
 
 PLAIN = "PLAIN"
 SASL_MECHANISMS = (*BY_NAME, PLAIN)
 MAX_TOKEN_BYTES = 4096  # a SASL token is a few hundred bytes; anything more is refused
 FAILED = "authentication failed: wrong user name or password"
+_FAKE_SALT_KEY = os.urandom(32)  # per process: made-up salts for users that do not exist
 
 Lookup = Callable[[str, int], "ScramCredential | None"]
 
@@ -144,8 +147,13 @@ class SaslSession:
             self._user = _sasl_name(attrs["n"])
             self._client_first_bare = bare
             self._credential = self._lookup(self._user, mechanism)
-            salt = self._credential.salt if self._credential else os.urandom(16)
-            iterations = self._credential.iterations if self._credential else MIN_ITERATIONS
+            if self._credential is not None:
+                salt, iterations = self._credential.salt, self._credential.iterations
+            else:
+                # An unknown user looks like one with the default iterations and a salt
+                # that stays the same from one attempt to the next, as a real one does.
+                salt = hmac.digest(_FAKE_SALT_KEY, self._user.encode(), "sha256")[:SALT_BYTES]
+                iterations = DEFAULT_ITERATIONS
             self._nonce = attrs["r"] + base64.b64encode(os.urandom(18)).decode()
             self._server_first = (
                 f"r={self._nonce},s={base64.b64encode(salt).decode()},i={iterations}"

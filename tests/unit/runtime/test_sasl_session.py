@@ -5,6 +5,8 @@ wrong password."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from protocol.errors import ErrorCode
@@ -12,6 +14,7 @@ from runtime.sasl import FAILED
 from runtime.sasl import SASL_MECHANISMS
 from runtime.sasl import SaslSession
 from runtime.sasl import ScramClient
+from runtime.scram import DEFAULT_ITERATIONS
 from runtime.scram import ScramCredential
 from runtime.scram import mechanism_number
 from runtime.scram import new_upsertion
@@ -95,3 +98,19 @@ def test_a_client_detects_a_server_that_does_not_know_the_keys() -> None:
     with pytest.raises(ValueError, match="not the real server"):
         client.verify(b"v=AAAA")
     assert mechanism_number("SCRAM-SHA-512") == 2
+
+
+def test_an_unknown_user_looks_like_a_real_one_in_scram_s_first_answer() -> None:
+    """Whether a user exists is not told: its salt is stable across attempts and its
+    iteration count the default, as for a user created with the defaults."""
+
+    def first_answer(user: str) -> dict[str, str]:
+        s = session({})
+        s.handshake("SCRAM-SHA-256")
+        answer = s.authenticate(ScramClient("SCRAM-SHA-256", user, "x").first()).auth_bytes
+        return dict(part.split("=", 1) for part in bytes(answer).decode().split(","))
+
+    a, b = first_answer("mallory"), first_answer("mallory")
+    assert a["s"] == b["s"] and a["i"] == b["i"] == str(DEFAULT_ITERATIONS)
+    assert len(base64.b64decode(a["s"])) == 32  # as long as a real salt
+    assert first_answer("trudy")["s"] != a["s"]
