@@ -92,6 +92,20 @@ class EpochEndOffset(NamedTuple):
         there (at `end_offset`)."""
         return self.end_offset < offset
 
+    def diverges_at(self, position: int, epoch: int, epoch_start: int = -1) -> int | None:
+        """Where a consumer at `position`, whose last records were of leader epoch
+        `epoch` from offset `epoch_start` on (-1: not known), leaves the leader's
+        lineage; None when it does not. Rule 3, and its unclean-election case: a leader
+        that answers an older epoch than the one asked has no entry of `epoch` at all,
+        so the records read in it, from `epoch_start`, are not in its log, however far
+        its older epoch runs (KIP-320's end offset alone misses that: the leader elected
+        from a replica that never followed the epoch)."""
+        if self.end_offset < position:
+            return self.end_offset
+        if 0 <= self.leader_epoch < epoch and 0 <= epoch_start < position:
+            return min(epoch_start, self.end_offset)
+        return None
+
 
 def leader_for_epoch(cluster: ClusterClient, tp: TopicPartition, epoch: int) -> tuple[int, int]:
     """(leader, its leader epoch) to ask about a position of leader epoch `epoch`

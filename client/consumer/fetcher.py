@@ -89,12 +89,22 @@ class Fetcher:
             if chunk:
                 out[tp] = chunk
                 last = chunk[-1]
+                epoch = last.leader_epoch
+                if chunk[0].leader_epoch != epoch:  # the epoch changed in this chunk
+                    i = len(chunk) - 1
+                    while chunk[i - 1].leader_epoch == epoch:
+                        i -= 1
+                    state.position_epoch_start = chunk[i].offset
+                elif state.position_epoch != epoch:
+                    state.position_epoch_start = chunk[0].offset
                 state.position = last.offset + 1
-                state.position_epoch = last.leader_epoch
+                state.position_epoch = epoch
             if fetched.index >= len(fetched.records):
                 # Past the last batch even if its tail records were compacted away.
                 del self._buffer[tp]
                 if fetched.next_offset > state.position:
+                    if fetched.next_epoch != state.position_epoch:
+                        state.position_epoch_start = -1  # not seen: compacted away
                     state.position = fetched.next_offset
                     state.position_epoch = fetched.next_epoch
             else:

@@ -65,13 +65,16 @@ class _PartitionState:
         "paused",
         "position",
         "position_epoch",
+        "position_epoch_start",
         "reset",
     )
 
     def __init__(self) -> None:
         self.position: int | None = None
-        # Leader epoch of the record just before `position` (-1: unknown).
+        # Leader epoch of the record just before `position` (-1: unknown), and the
+        # offset of the first record of that epoch read since (-1: not known).
         self.position_epoch = NO_EPOCH
+        self.position_epoch_start = -1
         self.reset: str | None = None  # pending 'earliest' / 'latest'
         self.paused = False
         self.high_watermark = -1
@@ -90,6 +93,7 @@ class _PartitionState:
     def set_position(self, offset: int, epoch: int, *, validate: bool = False) -> None:
         self.position = offset
         self.position_epoch = epoch
+        self.position_epoch_start = -1
         self.reset = None
         self.awaiting_validation = validate and epoch != NO_EPOCH
         self.epoch_wait_since = 0.0

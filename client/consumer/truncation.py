@@ -138,8 +138,9 @@ class TruncationValidation:
         state.awaiting_validation = False
         state.epoch_wait_since = 0.0
         state.epoch_waits = 0
-        if outcome.truncates(position):
-            self._truncated(tp, state, outcome.leader_epoch, outcome.end_offset)
+        diverged = outcome.diverges_at(position, epoch, state.position_epoch_start)
+        if diverged is not None:
+            self._truncated(tp, state, outcome.leader_epoch, diverged)
             return
         log.debug(
             "%s: position %d (epoch %d) is valid: epoch %d ends at %d",
@@ -159,6 +160,7 @@ class TruncationValidation:
         if end_offset >= position:
             # Our lineage is intact up to the position; only our epoch was unknown.
             state.position_epoch = epoch
+            state.position_epoch_start = -1
             return
         self._truncated(tp, state, epoch, end_offset)
 

@@ -216,3 +216,30 @@ async def test_stale_metadata_is_ignored_without_reset_or_validation(broker: Fak
         assert [r.offset for r in records] == [5, 6, 7]
     assert not broker.requests_of(OffsetForLeaderEpochRequest)
     assert not broker.requests_of(ListOffsetsRequest)
+
+
+async def test_a_leader_that_never_had_our_epoch_is_a_truncation(broker: FakeBroker) -> None:
+    """Found by the chaos run (unclean divergence): the consumer read offsets 4-5 in
+    leader epoch 3; the partition's next leader was elected from a replica that never
+    followed epoch 3, whose epoch 2 runs on to offset 10. Asked for epoch 3 it answers
+    (epoch 2, ends at 10): past the position 6, which KIP-320's rule alone takes for
+    valid, and the records read at 4-5 were silently not in the log. The consumer
+    knows epoch 3 began at 4 for it: the lineages part there."""
+    await produce_values(broker, old(4))  # 0-3, epoch 2
+    part = broker.topics["t"][0]
+    part.become_leader(3)
+    await produce_values(broker, new(2))  # 4-5, epoch 3
+    async with AsyncConsumer(broker.address, retry_backoff_ms=5, auto_offset_reset="none") as c:
+        c.assign([T0])
+        c.seek(T0, 0)
+        assert len(await poll_records(c, 6)) == 6
+        # The replica that wins never saw epoch 3: its epoch 2 goes on from offset 4.
+        part.truncate_to(4)
+        part.epochs = [(2, 0)]
+        part.leader_epoch = 2
+        await produce_values(broker, [b"other-%d" % i for i in range(6)])  # 4-9, epoch 2
+        part.become_leader(4)
+        with pytest.raises(LogTruncationError) as info:
+            await poll_records(c, 1)
+        assert info.value.divergent_offsets == {T0: OffsetAndMetadata(4, "", 2)}
+        assert info.value.positions == {T0: 6}
