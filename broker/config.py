@@ -24,6 +24,9 @@ from protocol.topic_configs import RETENTION_BYTES
 from protocol.topic_configs import RETENTION_MS
 from protocol.topic_configs import SEGMENT_BYTES
 from protocol.topic_configs import SEGMENT_MS
+from runtime.authorization_settings import allow_everyone_if_no_acl_found_setting
+from runtime.authorization_settings import authorizer_enabled_setting
+from runtime.authorization_settings import super_users_setting
 from runtime.connection_settings import connection_limits
 from runtime.connection_settings import frame_timeout_setting
 from runtime.connection_settings import idle_timeout_setting
@@ -184,6 +187,9 @@ class BrokerConfig:
     ssl_keyfile: Path | None = ssl_keyfile_setting()
     ssl_cafile: Path | None = ssl_cafile_setting()
     ssl_client_auth: str = ssl_client_auth_setting()
+    authorizer_enabled: bool = authorizer_enabled_setting()
+    super_users: frozenset[str] = super_users_setting()
+    allow_everyone_if_no_acl_found: bool = allow_everyone_if_no_acl_found_setting()
     sasl_enabled_mechanisms: tuple[str, ...] = setting(
         "SCRAM-SHA-256,SCRAM-SHA-512",
         parse=parse_sasl_mechanisms,

@@ -34,6 +34,9 @@ from broker.storage.errors import StorageError
 from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import API_SPECS
+from protocol.messages import AclCreationResult
+from protocol.messages import AclDescription
+from protocol.messages import AclResource
 from protocol.messages import AlterUserScramCredentialsRequest
 from protocol.messages import AlterUserScramCredentialsResponse
 from protocol.messages import AlterUserScramCredentialsResult
@@ -41,12 +44,19 @@ from protocol.messages import ApiVersionRange
 from protocol.messages import ApiVersionsRequest
 from protocol.messages import ApiVersionsResponse
 from protocol.messages import CreatableTopicResult
+from protocol.messages import CreateAclsRequest
+from protocol.messages import CreateAclsResponse
 from protocol.messages import CreateTopicsRequest
 from protocol.messages import CreateTopicsResponse
 from protocol.messages import CredentialInfo
 from protocol.messages import DeletableTopicResult
+from protocol.messages import DeleteAclsFilterResult
+from protocol.messages import DeleteAclsRequest
+from protocol.messages import DeleteAclsResponse
 from protocol.messages import DeleteTopicsRequest
 from protocol.messages import DeleteTopicsResponse
+from protocol.messages import DescribeAclsRequest
+from protocol.messages import DescribeAclsResponse
 from protocol.messages import DescribeClusterRequest
 from protocol.messages import DescribeClusterResponse
 from protocol.messages import DescribeLogDirsPartition
@@ -80,6 +90,8 @@ from protocol.messages import SaslAuthenticateResponse
 from protocol.messages import SaslHandshakeRequest
 from protocol.messages import SaslHandshakeResponse
 from protocol.messages import StrayReplica
+from runtime.acl import binding_of
+from runtime.acl import filter_of
 from runtime.metadata_answers import describe_cluster_response
 from runtime.metadata_answers import metadata_response
 from runtime.peer_rpc import RpcError
@@ -123,11 +135,14 @@ class Handlers:
         faults: Faults = NO_FAULTS,
         coordinator: GroupCoordinator | None = None,
         inter_broker_listener: str | None = None,
+        authorizer_enabled: bool = False,
     ) -> None:
         self.node_id = node_id
         # Where followers fetch from (the first listener): a replica's Fetch anywhere
         # else is refused. None: from any listener (tests that build Handlers bare).
         self.inter_broker_listener = inter_broker_listener
+        # ACLs are managed only where they are checked (Kafka: SECURITY_DISABLED).
+        self.authorizer_enabled = authorizer_enabled
         self._refusal_logged = 0.0
         self.image = image
         self.replicas = replica_manager
@@ -160,6 +175,9 @@ class Handlers:
             ApiKey.SASL_HANDSHAKE: self.sasl_out_of_turn,
             ApiKey.SASL_AUTHENTICATE: self.sasl_out_of_turn,
             ApiKey.ALTER_USER_SCRAM_CREDENTIALS: self.alter_user_scram_credentials,
+            ApiKey.DESCRIBE_ACLS: self.describe_acls,
+            ApiKey.CREATE_ACLS: self.create_acls,
+            ApiKey.DELETE_ACLS: self.delete_acls,
         }
         if self.coordinator is not None:
             # Group coordinator (broker/group_coordinator.py).
@@ -573,6 +591,100 @@ class Handlers:
                 for u in users
             ]
         )
+
+    # ------------------------------------------------------------------ ACLs
+
+    def _acls_disabled(self) -> str | None:
+        if self.authorizer_enabled:
+            return None
+        return (
+            f"broker {self.node_id} runs without an authorizer: start the brokers and "
+            "controllers with --authorizer-enabled true to use ACLs"
+        )
+
+    async def describe_acls(self, ctx: RequestContext, req: DescribeAclsRequest) -> Message:
+        """The ACLs the filter selects, from this broker's image, grouped by resource."""
+        disabled = self._acls_disabled()
+        if disabled is not None:
+            return DescribeAclsResponse(
+                error_code=int(ErrorCode.SECURITY_DISABLED), error_message=disabled
+            )
+        try:
+            acl_filter = filter_of(req)
+            problem = acl_filter.problem()
+        except ValueError as exc:
+            problem = str(exc)
+        if problem is not None:
+            return DescribeAclsResponse(
+                error_code=int(ErrorCode.INVALID_REQUEST), error_message=problem
+            )
+        by_resource: dict[tuple[int, str, int], list[AclDescription]] = {}
+        for b in sorted(self.image.acls.values()):
+            if acl_filter.matches(b):
+                key = (int(b.resource_type), b.resource_name, int(b.pattern_type))
+                by_resource.setdefault(key, []).append(
+                    AclDescription(
+                        principal=b.principal,
+                        host=b.host,
+                        operation=int(b.operation),
+                        permission_type=int(b.permission),
+                    )
+                )
+        return DescribeAclsResponse(
+            resources=[
+                AclResource(resource_type=t, resource_name=n, pattern_type=p, acls=acls)
+                for (t, n, p), acls in by_resource.items()
+            ]
+        )
+
+    async def create_acls(self, ctx: RequestContext, req: CreateAclsRequest) -> Message:
+        """Forwarded to the controller; answered once this broker's image has the ACLs
+        created (a request checked right after is decided by them)."""
+        disabled = self._acls_disabled()
+        resp = await self._forward_acls(req, disabled, len(req.creations))
+        if isinstance(resp, CreateAclsResponse):
+            wanted = set()
+            for creation, result in zip(req.creations, resp.results, strict=False):
+                if result.error_code == ErrorCode.NONE:
+                    wanted.add(binding_of(creation))
+            await self._wait_for_image(
+                lambda: wanted <= set(self.image.acls.values()), self.max_forward_wait_s
+            )
+            return resp
+        return CreateAclsResponse(
+            results=[
+                AclCreationResult(error_code=resp[0], error_message=resp[1]) for _ in req.creations
+            ]
+        )
+
+    async def delete_acls(self, ctx: RequestContext, req: DeleteAclsRequest) -> Message:
+        disabled = self._acls_disabled()
+        resp = await self._forward_acls(req, disabled, len(req.filters))
+        if isinstance(resp, DeleteAclsResponse):
+            gone = {binding_of(m) for r in resp.filter_results for m in r.matching_acls}
+
+            def removed() -> bool:
+                return gone.isdisjoint(self.image.acls.values())
+
+            await self._wait_for_image(removed, self.max_forward_wait_s)
+            return resp
+        return DeleteAclsResponse(
+            filter_results=[
+                DeleteAclsFilterResult(error_code=resp[0], error_message=resp[1])
+                for _ in req.filters
+            ]
+        )
+
+    async def _forward_acls(
+        self, req: Message, disabled: str | None, count: int
+    ) -> Message | tuple[int, str]:
+        """The controller's answer to `req`, or the (code, message) every entry gets."""
+        if disabled is not None:
+            return int(ErrorCode.SECURITY_DISABLED), disabled
+        try:
+            return await self.controller.forward(req, self.max_forward_wait_s)
+        except RpcError as exc:
+            return self._forward_error(exc)
 
     def _timeout_s(self, timeout_ms: int) -> float:
         if timeout_ms <= 0:

@@ -46,6 +46,7 @@ from broker.handlers import Handlers
 from broker.metadata_image import MetadataDelta
 from broker.metadata_image import MetadataImage
 from broker.replica_manager import ReplicaManager
+from broker.request_authorization import BrokerRequestAccess
 from broker.storage.errors import StorageError
 from broker.storage.errors import describe_os_error
 from broker.storage.errors import os_error_advice
@@ -57,6 +58,8 @@ from protocol.connection_limits import ConnectionTable
 from protocol.kafka.codec import KAFKA
 from protocol.messages import FetchMetadataResponse
 from protocol.messages import Listener
+from runtime.access import RequestAccess
+from runtime.authorization_settings import authorizer_settings
 from runtime.scram import ScramCredential
 from runtime.server import ListenerServer
 from runtime.server import SaslConfig
@@ -382,8 +385,10 @@ class Broker:
             faults=self.faults,
             coordinator=self.coordinator,
             inter_broker_listener=self.config.listeners[0].name,
+            authorizer_enabled=self.config.authorizer_enabled,
         )
-        table = handlers.table()
+        access = RequestAccess(authorizer_settings(self.config), lambda: self.image)
+        table = BrokerRequestAccess(access, self.image).wrap(handlers.table())
         for server in self.listeners:
             server.handlers.update(table)
 

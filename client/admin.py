@@ -20,6 +20,7 @@ import ssl
 from collections.abc import Iterable
 from collections.abc import Mapping
 
+from client.acl_admin import AclAdmin
 from client.admin_diagnostics import DEFAULT_CONTROLLER_PORT
 from client.admin_diagnostics import DEFAULT_MAX_BATCHES
 from client.admin_diagnostics import Diagnostics
@@ -98,7 +99,7 @@ _SPEC_TIMESTAMPS: dict[object, int] = {
 }
 
 
-class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AsyncClient):
+class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AclAdmin, AsyncClient):
     """Administrative operations. Use `async with AsyncAdmin(...) as admin:` or
     `await start()` / `await close()`."""
 

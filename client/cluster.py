@@ -38,6 +38,7 @@ from client.errors import MinibrokerError
 from client.errors import NoBrokersAvailableError
 from client.errors import RequestTimedOutError
 from client.errors import UnknownTopicOrPartitionError
+from client.errors import error_for
 from client.errors import short_reason
 from client.security import connection_sasl
 from client.security import connection_tls
@@ -212,6 +213,7 @@ class ClusterMetadata:
                 if code in (
                     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                     ErrorCode.INVALID_TOPIC_EXCEPTION,
+                    ErrorCode.TOPIC_AUTHORIZATION_FAILED,
                 ):
                     self._drop_topic(topic.name)
                 continue
@@ -451,6 +453,15 @@ class ClusterClient:
             missing = {t for t in wanted if self.metadata.partitions_for_topic(t) is None}
             if not missing:
                 return
+            for topic in sorted(missing):
+                code = update.topic_errors.get(topic)
+                if code == ErrorCode.TOPIC_AUTHORIZATION_FAILED:
+                    # Final, as in Kafka's clients: waiting would not grant the ACL.
+                    raise error_for(
+                        code,
+                        f"topic {topic}: this principal may not describe it (an ACL "
+                        "is missing: minibroker acl add)",
+                    )
             if time.monotonic() + backoff > deadline:
                 names = ", ".join(sorted(missing))
                 errors = {update.topic_errors.get(t) for t in missing} - {None}

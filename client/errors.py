@@ -565,6 +565,24 @@ class ClusterAuthorizationFailedError(BrokerResponseError):
     error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 
+class TopicAuthorizationFailedError(BrokerResponseError):
+    """The principal may not do this to the topic (an ACL: `minibroker acl add`)."""
+
+    error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+class GroupAuthorizationFailedError(BrokerResponseError):
+    """The principal may not use or see this consumer group (an ACL on the group)."""
+
+    error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+
+
+class SecurityDisabledError(BrokerResponseError):
+    """ACLs asked of a server that runs without an authorizer (--authorizer-enabled)."""
+
+    error_code = ErrorCode.SECURITY_DISABLED
+
+
 class IllegalSaslStateError(BrokerResponseError):
     """A SASL request out of turn (a second handshake, or SASL on a listener without)."""
 

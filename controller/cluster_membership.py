@@ -75,8 +75,9 @@ class ClusterMembership(ControllerPart):
     # ------------------------------------------------------------------ registration
 
     async def broker_registration(
-        self, request: BrokerRegistrationRequest
+        self, request: BrokerRegistrationRequest, principal: str | None = None
     ) -> BrokerRegistrationResponse:
+        """`principal`: who sent it (controller/server.py), kept in the record."""
         # Partitions whose last in-sync replica this registration concerns: left with an
         # empty ISR (the broker lost its data), or kept as the last member (it restarted
         # with its data after an unclean shutdown). Logged once the records are durable.
@@ -115,6 +116,7 @@ class ClusterMembership(ControllerPart):
                     ],
                     rack=request.rack,
                     fenced=True,
+                    principal=principal,
                 )
             )
             previous = None if existing is None else existing.broker_epoch

@@ -16,6 +16,9 @@ from protocol.api import ApiKey
 from protocol.connection_limits import ConnectionLimits
 from protocol.topic_configs import MIN_INSYNC_REPLICAS
 from protocol.topic_configs import UNCLEAN_LEADER_ELECTION
+from runtime.authorization_settings import allow_everyone_if_no_acl_found_setting
+from runtime.authorization_settings import authorizer_enabled_setting
+from runtime.authorization_settings import super_users_setting
 from runtime.connection_settings import connection_limits
 from runtime.connection_settings import frame_timeout_setting
 from runtime.connection_settings import idle_timeout_setting
@@ -57,6 +60,8 @@ BROKER_API_KEYS = frozenset(
         ApiKey.DELETE_TOPICS,
         ApiKey.ELECT_LEADERS,
         ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+        ApiKey.CREATE_ACLS,
+        ApiKey.DELETE_ACLS,
     )
 )
 
@@ -169,6 +174,9 @@ class ControllerConfig:
     ssl_keyfile: Path | None = ssl_keyfile_setting()
     ssl_cafile: Path | None = ssl_cafile_setting()
     ssl_client_auth: str = ssl_client_auth_setting()
+    authorizer_enabled: bool = authorizer_enabled_setting()
+    super_users: frozenset[str] = super_users_setting()
+    allow_everyone_if_no_acl_found: bool = allow_everyone_if_no_acl_found_setting()
     quorum_voters: dict[int, tuple[str, int]] = setting(
         "",
         parse=parse_quorum_voters,

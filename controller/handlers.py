@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
 
+from controller.acl_control import AclControl
 from controller.cluster_membership import ClusterMembership
 from controller.config import ControllerConfig
 from controller.context import ControllerContext
@@ -73,6 +74,8 @@ SERVED_APIS: dict[ApiKey, ServedApi] = {
     ApiKey.ALLOCATE_PRODUCER_IDS: ServedApi("allocate_producer_ids"),
     ApiKey.ELECT_LEADERS: ServedApi("elect_leaders"),
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: ServedApi("alter_user_scram_credentials"),
+    ApiKey.CREATE_ACLS: ServedApi("create_acls"),
+    ApiKey.DELETE_ACLS: ServedApi("delete_acls"),
     ApiKey.FAULT_CONTROL: ServedApi("fault_control", test_faults_only=True),
 }
 
@@ -117,6 +120,7 @@ class ControllerHandlers(ControllerPart):
         self.producer_ids = ProducerIdControl(self.ctx)
         self.metadata_service = MetadataService(self.ctx)
         self.scram_control = ScramControl(self.ctx)
+        self.acl_control = AclControl(self.ctx)
 
         self.broker_registration = self.membership.broker_registration
         self.broker_heartbeat = self.membership.broker_heartbeat
@@ -127,6 +131,8 @@ class ControllerHandlers(ControllerPart):
         self.delete_topics = self.topic_control.delete_topics
         self.allocate_producer_ids = self.producer_ids.allocate_producer_ids
         self.alter_user_scram_credentials = self.scram_control.alter_user_scram_credentials
+        self.create_acls = self.acl_control.create_acls
+        self.delete_acls = self.acl_control.delete_acls
         self.metadata = self.metadata_service.metadata
         self.describe_cluster = self.metadata_service.describe_cluster
         self.fetch_metadata = self.metadata_service.fetch_metadata

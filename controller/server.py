@@ -18,10 +18,14 @@ from controller.faults import LISTENER
 from controller.handlers import ControllerHandlers
 from controller.quorum.driver import NotLeaderError
 from controller.quorum.driver import QuorumDriver
+from controller.request_authorization import ControllerRequestAccess
 from protocol.api import ApiKey
 from protocol.connection_limits import ConnectionTable
 from protocol.errors import ErrorCode
+from protocol.messages import BrokerRegistrationRequest
 from protocol.messages import Message
+from runtime.access import RequestAccess
+from runtime.authorization_settings import authorizer_settings
 from runtime.server import Handler
 from runtime.server import ListenerServer
 from runtime.server import RequestContext
@@ -53,21 +57,28 @@ def _error_answer(exc: Exception) -> tuple[ErrorCode, str] | None:
     return None
 
 
-def _dispatch(handlers: ControllerHandlers, quorum: QuorumDriver, api: int) -> Handler:
+def _dispatch(
+    handlers: ControllerHandlers, quorum: QuorumDriver, access: ControllerRequestAccess, api: int
+) -> Handler:
     """The controller's handlers take the request body only; looked up per request, so
-    the table stays the one place that says who answers an API."""
+    the table stays the one place that says who answers an API. A registration also
+    gets the principal that sent it (kept in its record)."""
     leader_only = api in LEADER_ONLY_APIS
 
     async def serve(ctx: RequestContext, body: Message) -> Message:
+        access.check(ctx, api, body)
         if leader_only and not quorum.replica.is_leader:
             raise quorum.not_leader()
+        if isinstance(body, BrokerRegistrationRequest):
+            return await handlers.broker_registration(body, ctx.principal)
         return await handlers.handlers[api](body)
 
     return serve
 
 
-def _quorum(quorum: QuorumDriver) -> Handler:
+def _quorum(quorum: QuorumDriver, access: ControllerRequestAccess, api: int) -> Handler:
     async def serve(ctx: RequestContext, body: Message) -> Message:
+        access.check(ctx, api, body)
         return await quorum.handle(-1, body)
 
     return serve
@@ -79,8 +90,12 @@ class ControllerServer:
     ) -> None:
         self.config = config
         self.handlers = handlers
-        served = {api: _dispatch(handlers, quorum, api) for api in handlers.handlers}
-        served.update(dict.fromkeys(QUORUM_APIS, _quorum(quorum)))
+        access = ControllerRequestAccess(
+            RequestAccess(authorizer_settings(config), lambda: handlers.image),
+            lambda: handlers.image,
+        )
+        served = {api: _dispatch(handlers, quorum, access, api) for api in handlers.handlers}
+        served.update({api: _quorum(quorum, access, api) for api in QUORUM_APIS})
         self.listener = ListenerServer(
             LISTENER,
             config.listen_host,

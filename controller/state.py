@@ -52,6 +52,7 @@ class MetadataImage(SharedImage[PartitionRecord]):
         if last is not None:
             out.append(last)
         out.extend(self.scram_credentials[k] for k in sorted(self.scram_credentials))
+        out.extend(self.acls[i].to_record(i) for i in sorted(self.acls))
         return out
 
     def apply(self, offset: int, record: MetadataRecord) -> None:

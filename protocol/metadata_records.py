@@ -26,6 +26,10 @@ class RegisterBrokerRecord(msgspec.Struct, kw_only=True, tag="register_broker"):
     listeners: list[ListenerInfo]
     rack: str | None = None
     fenced: bool = True
+    # Who registered it (the connection's principal, issue 18): the broker's later
+    # requests, and its replica Fetches, must come from the same principal. None in
+    # logs written before; then only ClusterAction is checked.
+    principal: str | None = None
 
 
 class FenceBrokerRecord(msgspec.Struct, kw_only=True, tag="fence_broker"):
@@ -102,6 +106,26 @@ class RemoveScramCredentialRecord(msgspec.Struct, kw_only=True, tag="remove_scra
     mechanism: int
 
 
+class AccessControlEntryRecord(msgspec.Struct, kw_only=True, tag="access_control_entry"):
+    """One ACL (issue 18; runtime/acl.py has the model), with Kafka's codes. `id` names
+    it for removal; creating a binding that exists already writes nothing."""
+
+    id: str
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    principal: str
+    host: str
+    operation: int
+    permission_type: int
+
+
+class RemoveAccessControlEntryRecord(
+    msgspec.Struct, kw_only=True, tag="remove_access_control_entry"
+):
+    id: str
+
+
 MetadataRecord = (
     RegisterBrokerRecord
     | FenceBrokerRecord
@@ -113,4 +137,6 @@ MetadataRecord = (
     | LeaderChangeRecord
     | ScramCredentialRecord
     | RemoveScramCredentialRecord
+    | AccessControlEntryRecord
+    | RemoveAccessControlEntryRecord
 )

@@ -47,6 +47,7 @@ import msgspec
 
 from protocol.invariants import invariant
 from protocol.metadata_records import NO_LEADER
+from protocol.metadata_records import AccessControlEntryRecord
 from protocol.metadata_records import FenceBrokerRecord
 from protocol.metadata_records import LeaderChangeRecord
 from protocol.metadata_records import ListenerInfo
@@ -54,11 +55,14 @@ from protocol.metadata_records import MetadataRecord
 from protocol.metadata_records import PartitionRecord
 from protocol.metadata_records import ProducerIdsRecord
 from protocol.metadata_records import RegisterBrokerRecord
+from protocol.metadata_records import RemoveAccessControlEntryRecord
 from protocol.metadata_records import RemoveScramCredentialRecord
 from protocol.metadata_records import RemoveTopicRecord
 from protocol.metadata_records import ScramCredentialRecord
 from protocol.metadata_records import TopicRecord
 from protocol.metadata_records import UnfenceBrokerRecord
+from runtime.acl import AclBinding
+from runtime.acl import binding_of
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,7 @@ class BrokerInfo:
     listeners: tuple[ListenerInfo, ...]
     rack: str | None
     fenced: bool
+    principal: str | None = None
 
     def listener(self, name: str) -> ListenerInfo | None:
         for item in self.listeners:
@@ -129,6 +134,10 @@ class MetadataImage(Generic[P]):
         self.producer_ids: dict[str, ProducerIdsRecord] = {}
         # (user, mechanism) -> its SCRAM credential (issue 18)
         self.scram_credentials: dict[tuple[str, int], ScramCredentialRecord] = {}
+        # ACL id -> its binding (issue 18); `acl_generation` moves with every change, so
+        # an authorizer knows when to rebuild its index (a count, never undone).
+        self.acls: dict[str, AclBinding] = {}
+        self.acl_generation = 0
         # While a dry run goes: every dict write, to be undone.
         self._undo: list[tuple[dict[Any, Any], Any, Any]] | None = None
 
@@ -192,6 +201,8 @@ class MetadataImage(Generic[P]):
         self.topics_by_name.clear()
         self.producer_ids.clear()
         self.scram_credentials.clear()
+        self.acls.clear()
+        self.acl_generation += 1
 
     def journal(self) -> list[tuple[dict[Any, Any], Any, Any]]:
         """Start a dry run: writes are noted until `undo` puts them back."""
@@ -266,6 +277,15 @@ class MetadataImage(Generic[P]):
             self._set(self.scram_credentials, (record.name, record.mechanism), record)
         elif isinstance(record, RemoveScramCredentialRecord):
             self._delete(self.scram_credentials, (record.name, record.mechanism))
+        elif isinstance(record, AccessControlEntryRecord):
+            self.acl_generation += 1
+            try:
+                self._set(self.acls, record.id, binding_of(record))
+            except ValueError as exc:  # a code this version does not know: skip, say so
+                log.warning("ACL %s ignored: %s", record.id, exc)
+        elif isinstance(record, RemoveAccessControlEntryRecord):
+            self.acl_generation += 1
+            self._delete(self.acls, record.id)
         else:
             log.warning("unknown metadata record %s ignored", type(record).__name__)
 

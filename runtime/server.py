@@ -72,6 +72,7 @@ from protocol.errors import ErrorCode
 from protocol.messages import Message
 from protocol.messages import SaslAuthenticateRequest
 from protocol.messages import SaslHandshakeRequest
+from runtime.acl import NotAuthorizedError
 from runtime.faults import DROP
 from runtime.faults import DROP_RESPONSE
 from runtime.faults import Faults
@@ -382,7 +383,10 @@ class _Connection(asyncio.Protocol):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            known = server.error_answer(exc) if server.error_answer is not None else None
+            if isinstance(exc, NotAuthorizedError):
+                known: tuple[ErrorCode, str] | None = (exc.code, str(exc))
+            else:
+                known = server.error_answer(exc) if server.error_answer is not None else None
             if known is None:
                 log.exception(
                     "handler for %s from %s (client %s) failed",

@@ -11,6 +11,7 @@
     minibroker debug replica-log T P    one broker's replica of a partition, batch by batch
     minibroker metadata-quorum describe the controller quorum: active controller, voters' lag
     minibroker user create|delete|list  users' SCRAM credentials
+    minibroker acl add|list|remove      ACLs
 
 Client commands take -b/--bootstrap-server (also before the command: `minibroker -b
 HOST:PORT topic list`; env MINIBROKER_BOOTSTRAP_SERVERS; default 127.0.0.1:9092).
@@ -20,12 +21,13 @@ imported.
 
 The commands by job: records.py (produce, consume), operations.py (cluster, topic,
 debug), groups.py (consumer groups), quorum.py (metadata-quorum), users.py (SCRAM
-users); the command group, the servers and `dev` in root.py; what they share in
+users), acls.py (ACLs); the command group, the servers and `dev` in root.py; what they share in
 plumbing.py. Importing this package registers every command.
 """
 
 from __future__ import annotations
 
+from client.cli import acls  # noqa: F401 (registers the commands)
 from client.cli import groups  # noqa: F401 (registers the commands)
 from client.cli import operations  # noqa: F401 (registers the commands)
 from client.cli import quorum  # noqa: F401 (registers the commands)

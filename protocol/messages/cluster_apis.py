@@ -490,6 +490,9 @@ API_SPECS: dict[int, ApiSpec] = {
             sec.AlterUserScramCredentialsRequest,
             sec.AlterUserScramCredentialsResponse,
         ),
+        ApiSpec(ApiKey.DESCRIBE_ACLS, sec.DescribeAclsRequest, sec.DescribeAclsResponse),
+        ApiSpec(ApiKey.CREATE_ACLS, sec.CreateAclsRequest, sec.CreateAclsResponse),
+        ApiSpec(ApiKey.DELETE_ACLS, sec.DeleteAclsRequest, sec.DeleteAclsResponse),
     )
 }
 

@@ -1,18 +1,33 @@
-"""Security APIs (issue 18): SCRAM credentials (Kafka's DescribeUserScramCredentials
-and AlterUserScramCredentials, KIP-554). As in Kafka, a client never sends a password:
-an upsertion carries the salt, the iteration count and the salted password (PBKDF2),
-from which the controller derives what it stores (runtime/scram.py); an answer never
-carries more than a user's mechanisms and iteration counts."""
+"""Security APIs (issue 18): ACLs (Kafka's CreateAcls, DescribeAcls, DeleteAcls; the
+model and its integer codes are runtime/acl.py's), SCRAM credentials (Kafka's
+DescribeUserScramCredentials and AlterUserScramCredentials, KIP-554). As in Kafka, a
+client never sends a password: an upsertion carries the salt, the iteration count and
+the salted password (PBKDF2), from which the controller derives what it stores
+(runtime/scram.py); an answer never carries more than a user's mechanisms and
+iteration counts."""
 
 from __future__ import annotations
 
 from protocol.messages.client_apis import Message
 
 __all__ = [
+    "AclCreation",
+    "AclCreationResult",
+    "AclDescription",
+    "AclFilterSpec",
+    "AclResource",
     "AlterUserScramCredentialsRequest",
     "AlterUserScramCredentialsResponse",
     "AlterUserScramCredentialsResult",
+    "CreateAclsRequest",
+    "CreateAclsResponse",
     "CredentialInfo",
+    "DeleteAclsFilterResult",
+    "DeleteAclsMatchingAcl",
+    "DeleteAclsRequest",
+    "DeleteAclsResponse",
+    "DescribeAclsRequest",
+    "DescribeAclsResponse",
     "DescribeUserScramCredentialsRequest",
     "DescribeUserScramCredentialsResponse",
     "DescribeUserScramCredentialsResult",
@@ -99,3 +114,95 @@ class DescribeUserScramCredentialsResponse(Message, kw_only=True):
     error_code: int = 0
     error_message: str | None = None
     results: list[DescribeUserScramCredentialsResult] = []
+
+
+# ------------------------------------------------------------------ ACLs
+
+
+class AclCreation(Message, kw_only=True):
+    resource_type: int
+    resource_name: str
+    pattern_type: int = 3  # LITERAL
+    principal: str
+    host: str = "*"
+    operation: int
+    permission_type: int
+
+
+class CreateAclsRequest(Message, kw_only=True):
+    creations: list[AclCreation]
+
+
+class AclCreationResult(Message, kw_only=True):
+    error_code: int = 0
+    error_message: str | None = None
+
+
+class CreateAclsResponse(Message, kw_only=True):
+    throttle_time_ms: int = 0
+    results: list[AclCreationResult] = []  # one per creation, in order
+
+
+class AclFilterSpec(Message, kw_only=True):
+    """Which ACLs to describe or delete: ANY (1) and None match everything; pattern
+    type MATCH (2) selects every ACL that applies to the name."""
+
+    resource_type: int = 1
+    resource_name: str | None = None
+    pattern_type: int = 1
+    principal: str | None = None
+    host: str | None = None
+    operation: int = 1
+    permission_type: int = 1
+
+
+class DescribeAclsRequest(AclFilterSpec, kw_only=True):
+    pass
+
+
+class AclDescription(Message, kw_only=True):
+    principal: str
+    host: str
+    operation: int
+    permission_type: int
+
+
+class AclResource(Message, kw_only=True):
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    acls: list[AclDescription] = []
+
+
+class DescribeAclsResponse(Message, kw_only=True):
+    throttle_time_ms: int = 0
+    error_code: int = 0
+    error_message: str | None = None
+    resources: list[AclResource] = []
+
+
+class DeleteAclsRequest(Message, kw_only=True):
+    filters: list[AclFilterSpec]
+
+
+class DeleteAclsMatchingAcl(Message, kw_only=True):
+    error_code: int = 0
+    error_message: str | None = None
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    principal: str
+    host: str
+    operation: int
+    permission_type: int
+
+
+class DeleteAclsFilterResult(Message, kw_only=True):
+    error_code: int = 0
+    error_message: str | None = None
+    matching_acls: list[DeleteAclsMatchingAcl] = []
+
+
+class DeleteAclsResponse(Message, kw_only=True):
+    throttle_time_ms: int = 0
+    filter_results: list[DeleteAclsFilterResult] = []  # one per filter, in order

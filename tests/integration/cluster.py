@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import socket
+import ssl as ssl_module
 import subprocess
 import sys
 import time
@@ -408,9 +409,10 @@ class TestClient:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, *, ssl: ssl_module.SSLContext | None = None) -> None:
         self.host = host
         self.port = port
+        self.ssl = ssl  # TLS with this context (a listener's SSL)
         self.conn = ClientConnection("integration-test")
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -418,7 +420,7 @@ class TestClient:
 
     async def __aenter__(self) -> TestClient:
         self.reader, self.writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port), 5
+            asyncio.open_connection(self.host, self.port, ssl=self.ssl), 5
         )
         return self
 

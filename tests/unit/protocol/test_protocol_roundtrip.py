@@ -43,6 +43,8 @@ METADATA_RECORD_TYPES = [
     mr.LeaderChangeRecord,
     mr.ScramCredentialRecord,
     mr.RemoveScramCredentialRecord,
+    mr.AccessControlEntryRecord,
+    mr.RemoveAccessControlEntryRecord,
 ]
 ROUND_TRIP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 client_ids = st.none() | st.text(max_size=20)
@@ -223,4 +225,40 @@ def test_scram_credential_records_on_the_wire() -> None:
         "type": "remove_scram_credential",
         "name": "a",
         "mechanism": 2,
+    }
+
+
+def test_access_control_entry_records_on_the_wire() -> None:
+    """The metadata log's format for ACLs (issue 18): Kafka's codes as integers, fixed
+    field names and tags; a newer version must read these."""
+    record = mr.AccessControlEntryRecord(
+        id="acl-1",
+        resource_type=2,
+        resource_name="orders",
+        pattern_type=4,
+        principal="User:alice",
+        host="*",
+        operation=3,
+        permission_type=3,
+    )
+    raw = msgspec.msgpack.decode(encode_body(MetadataEntry(offset=9, record=record, epoch=1)))
+    assert raw == {
+        "offset": 9,
+        "record": {
+            "type": "access_control_entry",
+            "id": "acl-1",
+            "resource_type": 2,
+            "resource_name": "orders",
+            "pattern_type": 4,
+            "principal": "User:alice",
+            "host": "*",
+            "operation": 3,
+            "permission_type": 3,
+        },
+        "epoch": 1,
+    }
+    removal = MetadataEntry(offset=10, record=mr.RemoveAccessControlEntryRecord(id="acl-1"))
+    assert msgspec.msgpack.decode(encode_body(removal))["record"] == {
+        "type": "remove_access_control_entry",
+        "id": "acl-1",
     }
