@@ -8,9 +8,9 @@ log was truncated under it (unclean election); the end offset is the divergence 
 
 To *store* a position for an offset that was not reached by reading (a high watermark
 from ListOffsets, say), `epochs_before_offsets` finds the epoch of the record at
-`offset - 1` from the leader's epoch cache, by walking epochs backwards with
-OffsetsForLeaderEpoch: asking for epoch e - 1 returns the epoch before e and where it
-ends, which is where e starts. Usually two round trips.
+`offset - 1` from the leader's epoch cache, and the offset where that epoch begins, by
+walking epochs backwards with OffsetsForLeaderEpoch: asking for epoch e - 1 returns the
+epoch before e and where it ends, which is where e starts. Usually two round trips.
 
 Every request carries the cached current_leader_epoch (a deposed leader answers
 FENCED_LEADER_EPOCH); retriable errors schedule a metadata refresh and are returned
@@ -38,6 +38,10 @@ the Spark source (driver and executors), KIP-320:
    means the broker asked is not (yet) the leader at >= e, which a retry resolves.
 3. An end offset below the position is a truncation (an unclean election): the log
    diverges at that end offset, whose epoch is the answer's leader epoch.
+4. An answer with an older epoch than e means the leader has no entry of e at all (it
+   was elected from a replica that never followed e): the records of e read from where
+   e began are not in its log, however far the older epoch runs
+   (`EpochEndOffset.diverges_at`, which also applies rule 3). Needs that start offset.
 """
 
 from __future__ import annotations
@@ -73,6 +77,14 @@ class OffsetBeyondLogEndError(MinibrokerError):
     the offset was read (truncated), or another leader answered. Find the offset again."""
 
 
+class EpochOfOffset(NamedTuple):
+    """The leader epoch of the record at some offset, and the offset where that epoch
+    begins on the leader asked (its first record: what rule 4 needs)."""
+
+    epoch: int
+    start: int
+
+
 class EpochEndOffset(NamedTuple):
     """The leader's answer for a requested epoch e: the largest epoch <= e it has
     records for, and the offset where that epoch ends (the start offset of the next
@@ -95,11 +107,11 @@ class EpochEndOffset(NamedTuple):
     def diverges_at(self, position: int, epoch: int, epoch_start: int = -1) -> int | None:
         """Where a consumer at `position`, whose last records were of leader epoch
         `epoch` from offset `epoch_start` on (-1: not known), leaves the leader's
-        lineage; None when it does not. Rule 3, and its unclean-election case: a leader
-        that answers an older epoch than the one asked has no entry of `epoch` at all,
-        so the records read in it, from `epoch_start`, are not in its log, however far
-        its older epoch runs (KIP-320's end offset alone misses that: the leader elected
-        from a replica that never followed the epoch)."""
+        lineage; None when it does not. Rule 3, and rule 4 (its unclean-election case):
+        a leader that answers an older epoch than the one asked has no entry of `epoch`
+        at all, so the records read in it, from `epoch_start`, are not in its log,
+        however far its older epoch runs (KIP-320's end offset alone misses that: the
+        leader elected from a replica that never followed the epoch)."""
         if self.end_offset < position:
             return self.end_offset
         if 0 <= self.leader_epoch < epoch and 0 <= epoch_start < position:
@@ -225,19 +237,20 @@ async def ask_leader(
 async def epochs_before_offsets(
     cluster: ClusterClient,
     offsets: Mapping[TopicPartition, int],
-) -> dict[TopicPartition, int]:
+) -> dict[TopicPartition, EpochOfOffset]:
     """For each partition, the leader epoch of the record at `offset - 1` on the current
-    leader (-1 for offset 0). Raises OffsetBeyondLogEndError for an offset past the
+    leader and where that epoch begins there ((-1, -1) for offset 0; epoch 0, the first
+    epoch, begins at 0). Raises OffsetBeyondLogEndError for an offset past the
     leader's log end, the first error met (retriable ones too: the caller retries the
     whole walk), or KafkaTimeoutError if a walk needs more than MAX_EPOCH_STEPS steps."""
-    out: dict[TopicPartition, int] = {}
+    out: dict[TopicPartition, EpochOfOffset] = {}
     # Per partition: the candidate epoch (its records start at or before offset - 1
     # unless a step shows otherwise). First candidate: the latest epoch of the log.
     walking: dict[TopicPartition, int] = {}
     first_ask: dict[TopicPartition, int] = {}
     for tp, offset in offsets.items():
         if offset <= 0:
-            out[tp] = NO_EPOCH
+            out[tp] = EpochOfOffset(NO_EPOCH, -1)
             continue
         _, leader_epoch = cluster.leader_for(tp)
         first_ask[tp] = leader_epoch
@@ -252,7 +265,7 @@ async def epochs_before_offsets(
             walking[tp] = answer.leader_epoch
     for _ in range(MAX_EPOCH_STEPS):
         done = {tp: e for tp, e in walking.items() if e == 0}
-        out.update(done)
+        out.update((tp, EpochOfOffset(0, 0)) for tp in done)
         ask = {tp: e - 1 for tp, e in walking.items() if tp not in done}
         if not ask:
             return out
@@ -263,7 +276,7 @@ async def epochs_before_offsets(
             # answer.end_offset is where the epoch after answer.leader_epoch starts: the
             # candidate epoch's start when the leader has records in it.
             if answer.end_offset <= offsets[tp] - 1:
-                out[tp] = candidate
+                out[tp] = EpochOfOffset(candidate, answer.end_offset)
             else:
                 walking[tp] = answer.leader_epoch
     raise KafkaTimeoutError(

@@ -83,8 +83,4 @@ def _with_epochs(
     highs = planner.view.high_watermarks(missing)
     # An ending offset past the high watermark cannot be looked up (nor read): clamp it.
     lookup = {tp: min(off, highs[tp]) for tp, off in missing.items()}
-    epochs = planner.view.epochs_before(lookup)
-    out = dict(ends)
-    for tp, off in lookup.items():
-        out[tp] = Position(off, epochs[tp])
-    return out
+    return dict(ends) | planner.view.positions_at(lookup)

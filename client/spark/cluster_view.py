@@ -26,6 +26,7 @@ from client.epochs import EpochEndOffset
 from client.epochs import end_offsets_for_epochs
 from client.epochs import epochs_before_offsets
 from client.errors import MinibrokerError
+from client.spark.offsets import Position
 from client.sync import _SyncClient
 from client.types import TopicPartition
 
@@ -125,14 +126,16 @@ class ClusterView(_SyncClient):
 
         return self._retrying("OffsetsForLeaderEpoch", step)
 
-    def epochs_before(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """The leader epoch of the record at offset - 1 of each partition."""
+    def positions_at(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, Position]:
+        """Each offset as a Position: with the leader epoch of the record at offset - 1
+        and where that epoch began, on the current leader."""
         if not offsets:
             return {}
 
-        async def step() -> dict[TopicPartition, int]:
+        async def step() -> dict[TopicPartition, Position]:
             await self._ensure_leaders(offsets)
-            return await epochs_before_offsets(self._consumer.cluster, offsets)
+            found = await epochs_before_offsets(self._consumer.cluster, offsets)
+            return {tp: Position(offsets[tp], e.epoch, e.start) for tp, e in found.items()}
 
         return self._retrying("leader epoch lookup", step)
 

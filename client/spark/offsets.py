@@ -1,15 +1,21 @@
 """The source's offset: what Spark writes to the checkpoint for every micro-batch.
 
 Format (JSON; Spark compares offsets as JSON text, so the key order is fixed: topics
-sorted by name, partitions by number, then "offset", "epoch"):
+sorted by name, partitions by number, then "offset", "epoch", "epochStart"):
 
-    {"partitions": {"<topic>": {"<partition>": {"offset": 9, "epoch": 0}, ...}, ...},
-     "dataLoss": 0}
+    {"partitions": {"<topic>": {"<partition>": {"offset": 9, "epoch": 2, "epochStart": 4},
+     ...}, ...}, "dataLoss": 0}
 
 - "offset" is the next offset to read; "epoch" the leader epoch of the record just
   before it (-1: unknown, e.g. offset 0 or a position given without one). With both,
   every plan can ask the current leader where that epoch ends (OffsetsForLeaderEpoch)
   and so see a truncation even after the log has grown back past the offset.
+- "epochStart" is where that epoch began on the leader the plan asked, written only
+  when known. A leader that answers an older epoch than "epoch" never had it (elected
+  from a replica that never followed it): the records from "epochStart" on are gone
+  however far its older epoch runs (client/epochs.py, rule 4). Checkpoints written
+  before this field existed lack it: for their positions only the end-offset rule
+  (rule 3) applies, until the next plan stores a position with it.
 - "dataLoss" counts the truncations and retention losses the source detected and
   skipped over with failOnDataLoss=false (cumulative over the query's life, so it is in
   the checkpoint and in `query.lastProgress["sources"][0]["endOffset"]`).
@@ -36,13 +42,19 @@ LATEST = -1
 
 
 class Position(NamedTuple):
-    """Next offset to read and the leader epoch of the record before it."""
+    """Next offset to read, the leader epoch of the record before it, and the offset
+    where that epoch began (-1: not known)."""
 
     offset: int
     epoch: int = NO_EPOCH
+    epoch_start: int = -1
 
     def to_json(self) -> dict[str, int]:
-        return {"offset": self.offset, "epoch": self.epoch}
+        out = {"offset": self.offset, "epoch": self.epoch}
+        # Left out when unknown: such a position reads back as the older source wrote it.
+        if self.epoch_start >= 0:
+            out["epochStart"] = self.epoch_start
+        return out
 
 
 @dataclass(frozen=True)
@@ -81,7 +93,8 @@ class SourceOffset:
 
 
 def parse_partition_positions(value: Any, *, what: str) -> dict[TopicPartition, Position]:
-    """{"topic": {"0": {"offset": 5, "epoch": 1} | 5}} -> {TopicPartition: Position}.
+    """{"topic": {"0": {"offset": 5, "epoch": 1[, "epochStart": 3]} | 5}} ->
+    {TopicPartition: Position}.
 
     Offsets may be -2 (earliest) or -1 (latest) where the caller allows it."""
     if not isinstance(value, Mapping):
@@ -107,11 +120,18 @@ def _position(spec: Any, where: str) -> Position:
     if isinstance(spec, bool):
         raise ValueError(f"{where}: expected an offset, got {spec!r}")
     if isinstance(spec, int):
-        offset, epoch = spec, NO_EPOCH
-    elif isinstance(spec, Mapping) and set(spec) <= {"offset", "epoch"} and "offset" in spec:
+        offset, epoch, epoch_start = spec, NO_EPOCH, -1
+    elif isinstance(spec, Mapping) and set(spec) <= _POSITION_KEYS and "offset" in spec:
+        # No "epochStart": a checkpoint of the older source, or a position given without
+        # it; only the end-offset rule validates it (client/epochs.py, rule 3).
         offset, epoch = spec["offset"], spec.get("epoch", NO_EPOCH)
-        if not isinstance(offset, int) or not isinstance(epoch, int):
-            raise ValueError(f"{where}: offset and epoch must be integers, got {dict(spec)!r}")
+        epoch_start = spec.get("epochStart", -1)
+        if not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in (offset, epoch, epoch_start)
+        ):
+            raise ValueError(
+                f"{where}: offset, epoch and epochStart must be integers, got {dict(spec)!r}"
+            )
     else:
         raise ValueError(
             f'{where}: expected an offset or {{"offset": N, "epoch": E}}, got {spec!r}'
@@ -120,4 +140,13 @@ def _position(spec: Any, where: str) -> Position:
         raise ValueError(f"{where}: offset {offset} (use -2 for earliest, -1 for latest)")
     if epoch < NO_EPOCH:
         raise ValueError(f"{where}: leader epoch {epoch} must be >= -1")
-    return Position(offset, epoch)
+    if epoch_start != -1 and not (epoch >= 0 and 0 <= epoch_start < offset):
+        raise ValueError(
+            f"{where}: epochStart {epoch_start} must be -1 (unknown) or, with an epoch >= 0, "
+            f"where that leader epoch began: 0 to offset - 1 ({offset - 1}); got epoch "
+            f"{epoch}, offset {offset}"
+        )
+    return Position(offset, epoch, epoch_start)
+
+
+_POSITION_KEYS = frozenset({"offset", "epoch", "epochStart"})

@@ -12,8 +12,11 @@ so the broker reads while this process decodes.
 - The start position carries the plan's start epoch: it is validated with
   OffsetsForLeaderEpoch before the first fetch, and again after any leader change
   (a new leader may hold another lineage); fetches carry last_fetched_epoch, so the
-  leader also reports a divergence itself. A position past the end of its epoch on
-  the current leader is a truncation. The rules of client/epochs.py hold here too:
+  leader also reports a divergence itself. Where a position leaves the current
+  leader's lineage is EpochEndOffset.diverges_at's rule (a position past the end of its
+  epoch, or an epoch the leader never had, from where that epoch began: the plan's
+  start_epoch_start, then the first record of each new epoch read). The rules of
+  client/epochs.py hold here too:
   no leader older than the plan's newest epoch is asked or read from (the metadata
   is refreshed, with backoff, until it shows one), and an "unknown epoch" answer is
   retried, never a loss.
@@ -39,6 +42,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from client.cluster import ClusterClient
+from client.epochs import EpochEndOffset
 from client.epochs import end_offsets_for_epochs
 from client.errors import BrokerResponseError
 from client.errors import MinibrokerError
@@ -46,10 +50,12 @@ from client.errors import error_for
 from client.record_columns import ColumnBuffer
 from client.record_columns import ValuePiece
 from client.record_columns import decode_columns
+from client.spark.offsets import Position
 from client.spark.options import SourceOptions
 from client.spark.planning import DATA_LOSS_HINT
 from client.spark.planning import DataLossError
 from client.spark.planning import OffsetRange
+from client.spark.planning import describe_divergence
 from client.spark.schema import arrow_schema
 from protocol.api import CONSUMER_REPLICA_ID
 from protocol.api import NO_EPOCH
@@ -95,8 +101,10 @@ def _read(
     columns = ColumnBuffer(options.include_headers)
     checker = _EpochChecker(r)
     position = r.start
-    # Epoch of the record before `position`: validated before the first fetch.
+    # Epoch of the record before `position`: validated before the first fetch; and
+    # where that epoch began (-1: not known), for client/epochs.py's rule 4.
     position_epoch = r.start_epoch if r.start > 0 else NO_EPOCH
+    epoch_start = r.start_epoch_start if position_epoch != NO_EPOCH else -1
     validate = position_epoch != NO_EPOCH
     last_progress = time.monotonic()
     while position < r.end:
@@ -107,7 +115,7 @@ def _read(
         if leader_changed and position_epoch != NO_EPOCH:
             validate = True
         if validate:
-            outcome = fetcher.validate(position, position_epoch)
+            outcome = fetcher.validate(Position(position, position_epoch, epoch_start))
             if outcome == _RETRY:
                 continue
             if isinstance(outcome, str):
@@ -132,7 +140,7 @@ def _read(
                     f"skipping to {low}",
                     stop=False,
                 )
-                position, position_epoch, validate = low, NO_EPOCH, False
+                position, position_epoch, epoch_start, validate = low, NO_EPOCH, -1, False
                 fetcher.forget_prefetch()
                 continue
             _loss(
@@ -153,18 +161,15 @@ def _read(
             continue
         diverging = answer.diverging_epoch
         if diverging.epoch >= 0:
-            if diverging.end_offset < position:
-                _loss(
-                    options,
-                    _truncation(
-                        r,
-                        f"the position {position} (leader epoch {position_epoch}) is past the "
-                        f"end of the current log lineage, which diverges at offset "
-                        f"{diverging.end_offset} (leader epoch {diverging.epoch})",
-                    ),
-                )
+            at = Position(position, position_epoch, epoch_start)
+            lineage = EpochEndOffset(diverging.epoch, diverging.end_offset)
+            divergence = lineage.diverges_at(at.offset, at.epoch, at.epoch_start)
+            if divergence is not None:
+                detail = describe_divergence(f"the position {position}", at, lineage, divergence)
+                _loss(options, _truncation(r, detail))
                 return
-            position_epoch = diverging.epoch  # our lineage is intact up to the position
+            # Our lineage is intact up to the position; only our epoch was unknown there.
+            position_epoch, epoch_start = diverging.epoch, -1
             continue
         data = answer.records
         if not data:
@@ -177,6 +182,9 @@ def _read(
                 before = len(columns)
                 header = decode_columns(data, pos, columns, min_offset=position, end_offset=r.end)
                 if header.next_offset > position:
+                    if header.partition_leader_epoch != position_epoch:
+                        # The first record of this epoch read (rule 4's start offset).
+                        epoch_start = max(header.base_offset, position)
                     position = header.next_offset
                     position_epoch = header.partition_leader_epoch
                     last_progress = time.monotonic()
@@ -344,12 +352,12 @@ class _PartitionFetcher:
         except MinibrokerError as exc:
             log.debug("metadata refresh failed: %s", exc)
 
-    def validate(self, position: int, epoch: int) -> str | None:
-        """OffsetsForLeaderEpoch(epoch) on the current leader: None when `position`
-        lies on its lineage, a description of the divergence when it does not,
-        _RETRY after a retriable error (backed off), among them a leader older than
-        `epoch` and an "unknown epoch" answer (client/epochs.py)."""
-        results, errors = self._run(end_offsets_for_epochs(self.cluster, {self.tp: epoch}))
+    def validate(self, at: Position) -> str | None:
+        """OffsetsForLeaderEpoch(at.epoch) on the current leader: None when `at` lies
+        on its lineage, a description of the divergence when it does not, _RETRY after
+        a retriable error (backed off), among them a leader older than the epoch and an
+        "unknown epoch" answer (client/epochs.py)."""
+        results, errors = self._run(end_offsets_for_epochs(self.cluster, {self.tp: at.epoch}))
         if self.tp in errors:
             error = errors[self.tp]
             if not error.retriable:
@@ -358,12 +366,9 @@ class _PartitionFetcher:
             return _RETRY
         self._failures = 0
         answer = results[self.tp]
-        if answer.truncates(position):
-            return (
-                f"the position {position} (leader epoch {epoch}) is past the end of the "
-                f"current log lineage, which diverges at offset {answer.end_offset} "
-                f"(leader epoch {answer.leader_epoch})"
-            )
+        divergence = answer.diverges_at(at.offset, at.epoch, at.epoch_start)
+        if divergence is not None:
+            return describe_divergence(f"the position {at.offset}", at, answer, divergence)
         return None
 
     def prefetch(self, offset: int, last_epoch: int) -> None:

@@ -66,14 +66,13 @@ class Planner:
 
     def resolve(self, wanted: dict[TopicPartition, int]) -> dict[TopicPartition, Position]:
         """Offsets that may be EARLIEST / LATEST -> Positions (epoch of the record before
-        a resolved latest offset looked up; earliest has none)."""
+        a resolved latest offset, and where it began, looked up; earliest has none)."""
         earliest = [tp for tp, off in wanted.items() if off == EARLIEST]
         latest = [tp for tp, off in wanted.items() if off == LATEST]
         starts = self.view.log_starts(earliest)
         highs = self.view.high_watermarks(latest)
-        epochs = self.view.epochs_before(highs)
         out = {tp: Position(starts[tp]) for tp in earliest}
-        out |= {tp: Position(highs[tp], epochs[tp]) for tp in latest}
+        out |= self.view.positions_at(highs)
         return out
 
     def positions_from(

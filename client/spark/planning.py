@@ -56,28 +56,35 @@ def validate_stored_position(
     `epoch_end` is the current leader's answer to OffsetsForLeaderEpoch(stored.epoch)
     (None when the position has no epoch: nothing to validate, like Kafka), got under
     the rules of client/epochs.py: from a leader at that epoch or newer, and never
-    "unknown" (that answer is retried, never a loss). An end offset below the stored
-    offset is a truncation: the log diverges there, and the records from there up to
-    the stored offset that the query already processed are gone (even if the log has
-    since grown back past the stored offset). A position below the log start is a
-    retention loss, as Spark's Kafka source reports it."""
+    "unknown" (that answer is retried, never a loss). Where the position leaves the
+    leader's lineage is EpochEndOffset.diverges_at's rule: an end offset below the
+    stored offset, or an older epoch than the stored one (the leader never had it) from
+    where the stored epoch began (stored.epoch_start; unknown in checkpoints of the
+    older source, which only the end offset then validates). The records from the
+    divergence up to the stored offset that the query already processed are gone (even
+    if the log has since grown back past the stored offset). A position below the log
+    start is a retention loss, as Spark's Kafka source reports it."""
     if epoch_end is not None and stored.epoch != NO_EPOCH and stored.offset > 0:
         if epoch_end.unknown:
             raise ValueError(
                 f"{tp}: an 'unknown epoch' answer for leader epoch {stored.epoch} must be "
                 "retried (client.epochs.end_offsets_for_epochs), never read as a loss"
             )
-        if epoch_end.truncates(stored.offset):
-            divergence = epoch_end.end_offset
+        divergence = epoch_end.diverges_at(stored.offset, stored.epoch, stored.epoch_start)
+        if divergence is not None:
+            detail = describe_divergence(
+                f"the stored offset {stored.offset}", stored, epoch_end, divergence
+            )
+            # The answer's epoch ends at its end offset, so it is the epoch of the record
+            # before that offset; before an earlier divergence (rule 4) the epoch is
+            # some epoch <= it, not known from this answer: the range starts without one.
+            exact = divergence == epoch_end.end_offset
             return StartDecision(
-                Position(divergence, epoch_end.leader_epoch),
+                Position(divergence, epoch_end.leader_epoch if exact else NO_EPOCH),
                 DataLoss(
                     tp,
                     f"log truncation detected on topic {tp.topic} partition {tp.partition}: "
-                    f"the stored offset {stored.offset} (leader epoch {stored.epoch}) is "
-                    f"past the end of that epoch on the current leader; the log diverges "
-                    f"at offset {divergence} (leader epoch {epoch_end.leader_epoch} ends "
-                    f"there). Records {divergence} to {stored.offset - 1} that this query "
+                    f"{detail}. Records {divergence} to {stored.offset - 1} that this query "
                     f"already read are no longer in the log (an unclean leader election); "
                     f"offsets from {divergence} on now hold other records.",
                     f"going on from the divergence offset {divergence}, on the new lineage",
@@ -96,6 +103,26 @@ def validate_stored_position(
             ),
         )
     return StartDecision(stored)
+
+
+def describe_divergence(subject: str, at: Position, answer: EpochEndOffset, divergence: int) -> str:
+    """Why the position `at` (named `subject`) leaves the current leader's lineage at
+    `divergence` (what EpochEndOffset.diverges_at found from `answer`), for the data-loss
+    messages of the driver and the executors."""
+    if answer.truncates(at.offset):
+        why = (
+            f"is past the end of that epoch on the current leader (leader epoch "
+            f"{answer.leader_epoch} ends at offset {answer.end_offset} there)"
+        )
+    else:
+        why = (
+            f"is not on the current leader's lineage: that leader has no records of leader "
+            f"epoch {at.epoch} at all (the newest epoch it has at or below it, "
+            f"{answer.leader_epoch}, runs to offset {answer.end_offset}; it was elected from "
+            f"a replica that never had epoch {at.epoch}), so the records of epoch {at.epoch} "
+            f"from offset {at.epoch_start} on are not in its log"
+        )
+    return f"{subject} (leader epoch {at.epoch}) {why}; the log diverges at offset {divergence}"
 
 
 def new_partition_start(tp: TopicPartition, log_start: int) -> StartDecision:
@@ -155,7 +182,8 @@ class OffsetRange:
     the plan expects there:
 
     - start_epoch: epoch of the record at start - 1 (the reader seeks with it, so the
-      consumer validates it, KIP-320); -1: do not validate;
+      consumer validates it, KIP-320); -1: do not validate; start_epoch_start: where
+      that epoch began (client/epochs.py rule 4; -1: not known);
     - end_epoch: epoch the record at end - 1 must carry; -1: not checked;
     - floor_epoch / ceiling_epoch: every record read must carry an epoch in this range
       (-1: unbounded), non-decreasing. A record outside it belongs to another lineage
@@ -165,6 +193,7 @@ class OffsetRange:
     start: int
     end: int
     start_epoch: int = NO_EPOCH
+    start_epoch_start: int = -1
     end_epoch: int = NO_EPOCH
     floor_epoch: int = NO_EPOCH
     ceiling_epoch: int = NO_EPOCH
@@ -183,6 +212,7 @@ class OffsetRange:
             start.offset,
             end.offset,
             start_epoch=start.epoch,
+            start_epoch_start=start.epoch_start,
             end_epoch=end.epoch,
             floor_epoch=start.epoch,
             ceiling_epoch=end.epoch,
@@ -211,6 +241,7 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[
                     start=start,
                     end=end,
                     start_epoch=r.start_epoch if i == 0 else NO_EPOCH,
+                    start_epoch_start=r.start_epoch_start if i == 0 else -1,
                     end_epoch=r.end_epoch if i == pieces - 1 else NO_EPOCH,
                 )
             )

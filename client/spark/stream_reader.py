@@ -32,7 +32,6 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from client.epochs import OffsetBeyondLogEndError
-from client.spark.offsets import Position
 from client.spark.offsets import SourceOffset
 from client.spark.options import SourceOptions
 from client.spark.partition_reader import read_range
@@ -117,11 +116,8 @@ class MinibrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end_offsets = cap_ends({tp: p.offset for tp, p in starts.items()}, highs, max_rows)
         moved = {tp: off for tp, off in end_offsets.items() if off != starts[tp].offset}
-        epochs = self.planner.view.epochs_before(moved)
-        ends = {
-            tp: Position(off, epochs[tp]) if tp in moved else starts[tp]
-            for tp, off in end_offsets.items()
-        }
+        moved_to = self.planner.view.positions_at(moved)
+        ends = {tp: moved_to.get(tp, starts[tp]) for tp in end_offsets}
         end = SourceOffset(ends, stored.data_loss + len(losses))
         self._remember(stored.text(), decisions)
         return end.to_json()

@@ -18,6 +18,7 @@ import pytest
 
 from client.epochs import EpochEndOffset
 from client.spark.cluster_view import ClusterView
+from client.spark.offsets import Position
 from client.types import TopicPartition
 from tests.scenarios.scenario_cluster import scenario_cluster
 from tests.spark.conftest import bootstrap
@@ -61,12 +62,19 @@ async def test_leader_failover_between_micro_batches_raises_nothing(
         assert [r.leaderEpoch for r in rows] == [e0] * 10 + [e1] * 10
         end = run.end_offset()
         assert end == {
-            "partitions": {TOPIC: {"0": {"offset": 20, "epoch": e1}}},
+            "partitions": {TOPIC: {"0": {"offset": 20, "epoch": e1, "epochStart": 10}}},
             "dataLoss": 0,
         }
 
         with ClusterView(bootstrap(c, (2, 3)), timeout_ms=30_000) as view:
             assert view.epoch_ends({TP: e0}) == {TP: EpochEndOffset(e0, 10)}
             assert view.epoch_ends({TP: e1}) == {TP: EpochEndOffset(e1, 20)}
-            for offset, epoch in [(0, -1), (1, e0), (10, e0), (11, e1), (20, e1)]:
-                assert view.epochs_before({TP: offset}) == {TP: epoch}, offset
+            # With where each epoch began (e0 at 0, e1 at 10): client/epochs.py rule 4.
+            for position in [
+                Position(0, -1, -1),
+                Position(1, e0, 0),
+                Position(10, e0, 0),
+                Position(11, e1, 10),
+                Position(20, e1, 10),
+            ]:
+                assert view.positions_at({TP: position.offset}) == {TP: position}

@@ -135,11 +135,47 @@ def test_offset_json_round_trips_through_spark_text() -> None:
     assert SourceOffset.from_json(a.text()) == a
 
 
+def test_offset_json_writes_where_the_epoch_began_when_known() -> None:
+    a = SourceOffset({T0: Position(6, 3, 4), T1: Position(9, 0, 0), U0: Position(2, 1)})
+    assert a.text() == (
+        '{"partitions": {"t": {"0": {"offset": 6, "epoch": 3, "epochStart": 4}, '
+        '"1": {"offset": 9, "epoch": 0, "epochStart": 0}}, '
+        '"u": {"0": {"offset": 2, "epoch": 1}}}, "dataLoss": 0}'
+    )
+    assert SourceOffset.from_json(a.text()) == a
+
+
+# What the source wrote to checkpoints before "epochStart" existed (verbatim: Spark keeps
+# this text in the offset log and hands it back to latestOffset after an upgrade).
+OLD_CHECKPOINT_OFFSET = (
+    '{"partitions": {"t": {"0": {"offset": 6, "epoch": 3}, "1": {"offset": 0, "epoch": -1}}}, '
+    '"dataLoss": 2}'
+)
+
+
+def test_an_old_checkpoint_offset_reads_back_without_epoch_starts_and_unchanged() -> None:
+    """The on-disk contract: a checkpoint of the older source parses, its positions have
+    no epoch start (-1: validated by the end offset only, client/epochs.py rule 3), and
+    its text comes back byte for byte (Spark compares offsets as text: a changed text
+    would look like new data)."""
+    old = SourceOffset.from_json(OLD_CHECKPOINT_OFFSET)
+    assert old == SourceOffset({T0: Position(6, 3, -1), T1: Position(0)}, data_loss=2)
+    assert old.text() == OLD_CHECKPOINT_OFFSET
+    # Today's rule for it: the leader that never had epoch 3 is not seen (the fallback
+    # the README states); with the epoch start stored, it is.
+    never_had_3 = EpochEndOffset(2, 10)
+    assert validate_stored_position(T0, old.positions[T0], never_had_3, 0).loss is None
+    assert validate_stored_position(T0, Position(6, 3, 4), never_had_3, 0).loss is not None
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [
         ({"t": {"0": 1}}, "not a minibroker source offset"),
         ({"partitions": {"t": {"0": {"offset": "1"}}}}, "must be integers"),
+        ({"partitions": {"t": {"0": {"offset": 6, "epoch": 3, "epochStart": True}}}}, "integers"),
+        ({"partitions": {"t": {"0": {"offset": 6, "epoch": 3, "epochStart": 6}}}}, "epochStart 6"),
+        ({"partitions": {"t": {"0": {"offset": 6, "epochStart": 2}}}}, "epoch >= 0"),
         ({"partitions": {"t": {"0": {"offset": 1, "leader": 2}}}}, "expected an offset"),
         ({"partitions": {"t": {"0": -1}}}, "negative"),
     ],
@@ -169,6 +205,35 @@ def test_truncation_below_the_stored_offset_is_found_even_if_the_log_grew_back()
     for part in ("topic t partition 0", "stored offset 9 (leader epoch 0)", "diverges at offset 5"):
         assert part in d.loss.message, d.loss.message
     assert d.loss.going_on == "going on from the divergence offset 5, on the new lineage"
+
+
+def test_a_leader_that_never_had_the_stored_epoch_is_a_truncation() -> None:
+    """client/epochs.py rule 4, as the chaos run found it for the consumer: the query
+    read 4-5 in leader epoch 3 (an unclean leader, then gone) and stored (6, epoch 3,
+    epoch 3 began at 4). The next leader never followed epoch 3: asked for it, it
+    answers (epoch 2, ends at 10), past the stored offset, so the end-offset rule alone
+    takes the position for valid while 4-5 now hold other records. The lineages part
+    where epoch 3 began."""
+    d = validate_stored_position(T0, Position(6, 3, 4), EpochEndOffset(2, 10), log_start=0)
+    assert d.loss is not None
+    # The record before 4 on the new leader is of some epoch <= 2: not known here.
+    assert d.start == Position(4)
+    for part in (
+        "topic t partition 0",
+        "stored offset 6 (leader epoch 3)",
+        "no records of leader epoch 3 at all",
+        "from offset 4 on",
+        "diverges at offset 4",
+        "Records 4 to 5 that this query already read",
+    ):
+        assert part in d.loss.message, d.loss.message
+    assert d.loss.going_on == "going on from the divergence offset 4, on the new lineage"
+    # The older epoch ends before the stored epoch began: the divergence is its end,
+    # whose epoch is exact.
+    d = validate_stored_position(T0, Position(6, 3, 4), EpochEndOffset(2, 3), log_start=0)
+    assert d.start == Position(3, 2) and d.loss is not None
+    # The leader has the stored epoch: nothing lost, whatever the epoch start.
+    assert validate_stored_position(T0, Position(6, 3, 4), EpochEndOffset(3, 6), 0).loss is None
 
 
 def test_an_unknown_epoch_is_never_a_loss_retention_is() -> None:
@@ -205,12 +270,13 @@ def test_cap_ends_is_exact_and_proportional() -> None:
 
 
 def test_split_ranges_for_min_partitions_keeps_epoch_checks_at_the_ends() -> None:
-    r = OffsetRange.between(T0, Position(10, 1), Position(20, 3))
+    r = OffsetRange.between(T0, Position(10, 1, 7), Position(20, 3))
     small = OffsetRange.between(T1, Position(0), Position(2, 0))
     pieces = split_ranges([r, small], 6)
     mine = [p for p in pieces if p.tp == T0]
     assert [(p.start, p.end) for p in mine] == [(10, 12), (12, 14), (14, 16), (16, 18), (18, 20)]
     assert [p.start_epoch for p in mine] == [1, -1, -1, -1, -1]
+    assert [p.start_epoch_start for p in mine] == [7, -1, -1, -1, -1]
     assert [p.end_epoch for p in mine] == [-1, -1, -1, -1, 3]
     assert {(p.floor_epoch, p.ceiling_epoch) for p in mine} == {(1, 3)}
     assert split_ranges([r, small], None) == [r, small]

@@ -14,8 +14,8 @@ Staging: scenario `stage_deposed_leader` (tests/scenarios/
 test_kip320_position_ahead_of_leader.py): broker 1, paused through the election of
 broker 2 at E+1 and kept from hearing of it, still answers "leader 1, epoch E" and
 holds offsets 0-9; broker 2 holds 0-14. Run 1 (through broker 2) reads 0-14 and
-checkpoints {"offset": 15, "epoch": E+1}. Runs 2 (failOnDataLoss=true) and 3 (false)
-restart from that checkpoint with broker 1 as their only bootstrap server.
+checkpoints {"offset": 15, "epoch": E+1, "epochStart": 10}. Runs 2 (failOnDataLoss=true)
+and 3 (false) restart from that checkpoint with broker 1 as their only bootstrap server.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ async def test_a_checkpoint_ahead_of_a_deposed_leader_is_no_data_loss(
                 spark, stream_options(address(c, NEW_LEADER), TOPIC), checkpoint
             )
             assert [(r.offset, r.value) for r in first.rows()] == list(enumerate(OLD + NEWER))
-            stored = {"offset": POSITION, "epoch": s.new_epoch}
+            stored = {"offset": POSITION, "epoch": s.new_epoch, "epochStart": len(OLD)}
             assert first.end_offset()["partitions"][TOPIC]["0"] == stored
 
             position = POSITION
@@ -76,6 +76,6 @@ async def test_a_checkpoint_ahead_of_a_deposed_leader_is_no_data_loss(
                 position += len(values)
                 end = run.end_offset()
                 assert end["dataLoss"] == 0, end
-                assert end["partitions"][TOPIC]["0"] == {"offset": position, "epoch": s.new_epoch}
+                assert end["partitions"][TOPIC]["0"] == {**stored, "offset": position}
         finally:
             await c.faults("controller", clear=True)

@@ -8,9 +8,10 @@ the ones it already delivered, even when the log has grown back past its stored 
 Staging (scenario 3's `stage_unclean_divergence`): one partition, replicas [1, 2, 3],
 min.insync.replicas=1, unclean election on. Offsets 0-4 "in-sync-*" on all replicas,
 5-8 "only-on-1-*" on broker 1 alone (epoch E0). Micro-batch 1 (availableNow, run 1)
-reads all nine: the checkpoint stores {"offset": 9, "epoch": E0}. Broker 1 is killed,
-broker 2 elected uncleanly at E2 and given "new-0..5" at offsets 5-10: the log end (11)
-is past the stored offset 9 again. Broker 2's end offset for E0 is 5: the divergence.
+reads all nine: the checkpoint stores {"offset": 9, "epoch": E0, "epochStart": 0}.
+Broker 1 is killed, broker 2 elected uncleanly at E2 and given "new-0..5" at offsets
+5-10: the log end (11) is past the stored offset 9 again. Broker 2's end offset for E0
+is 5: the divergence.
 
 - failOnDataLoss=true: run 2 from the checkpoint fails; the message names the topic,
   the partition, the stored offset and epoch and the divergence offset; nothing of the
@@ -69,7 +70,11 @@ async def test_truncation_between_micro_batches_is_detected_after_the_log_grew_b
         assert [(r.offset, r.value, r.leaderEpoch) for r in run.rows()] == [
             (i, v, s.e0) for i, v in enumerate(IN_SYNC + ONLY_ON_1)
         ]
-        assert run.end_offset()["partitions"][TOPIC]["0"] == {"offset": STORED, "epoch": s.e0}
+        assert run.end_offset()["partitions"][TOPIC]["0"] == {
+            "offset": STORED,
+            "epoch": s.e0,
+            "epochStart": 0,
+        }
         first.append(run)
 
     (tmp_path / "cluster").mkdir()
@@ -104,7 +109,11 @@ async def test_truncation_between_micro_batches_is_detected_after_the_log_grew_b
         assert not {r.value for r in rows} & set(ONLY_ON_1)
         end = going_on.end_offset()
         assert end["dataLoss"] == 1
-        assert end["partitions"][TOPIC]["0"] == {"offset": DIVERGENCE + len(NEW), "epoch": s.e2}
+        assert end["partitions"][TOPIC]["0"] == {
+            "offset": DIVERGENCE + len(NEW),
+            "epoch": s.e2,
+            "epochStart": DIVERGENCE,
+        }
 
         # Protection off: the offset alone, as Spark's Kafka source would store it.
         blind = (
