@@ -43,6 +43,7 @@ METADATA_RECORD_TYPES = [
     mr.LeaderChangeRecord,
     mr.ScramCredentialRecord,
     mr.RemoveScramCredentialRecord,
+    mr.ClientQuotaRecord,
 ]
 ROUND_TRIP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 client_ids = st.none() | st.text(max_size=20)
@@ -223,4 +224,46 @@ def test_scram_credential_records_on_the_wire() -> None:
         "type": "remove_scram_credential",
         "name": "a",
         "mechanism": 2,
+    }
+
+
+def test_client_quota_records_on_the_wire() -> None:
+    """The metadata log's format for quotas (issue 18): fixed field names and tag, a
+    default entity's name as nil; a newer version must read these."""
+    record = mr.ClientQuotaRecord(
+        entity=[
+            mr.QuotaEntityData(entity_type="user", entity_name="alice"),
+            mr.QuotaEntityData(entity_type="client-id"),
+        ],
+        key="producer_byte_rate",
+        value=1024.0,
+    )
+    raw = msgspec.msgpack.decode(encode_body(MetadataEntry(offset=9, record=record, epoch=3)))
+    assert raw == {
+        "offset": 9,
+        "record": {
+            "type": "client_quota",
+            "entity": [
+                {"entity_type": "user", "entity_name": "alice"},
+                {"entity_type": "client-id", "entity_name": None},
+            ],
+            "key": "producer_byte_rate",
+            "value": 1024.0,
+            "remove": False,
+        },
+        "epoch": 3,
+    }
+    removal = mr.ClientQuotaRecord(
+        entity=[mr.QuotaEntityData(entity_type="client-id", entity_name="c")],
+        key="request_percentage",
+        remove=True,
+    )
+    assert msgspec.msgpack.decode(encode_body(MetadataEntry(offset=10, record=removal)))[
+        "record"
+    ] == {
+        "type": "client_quota",
+        "entity": [{"entity_type": "client-id", "entity_name": "c"}],
+        "key": "request_percentage",
+        "value": 0.0,
+        "remove": True,
     }
