@@ -57,6 +57,7 @@ BROKER_API_KEYS = frozenset(
         ApiKey.DELETE_TOPICS,
         ApiKey.ELECT_LEADERS,
         ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+        ApiKey.ALTER_CLIENT_QUOTAS,
     )
 )
 

@@ -34,6 +34,7 @@ from controller.metadata_service import MetadataService
 from controller.metadata_writer import MetadataWriter
 from controller.producer_id_control import PRODUCER_ID_BLOCK_SIZE
 from controller.producer_id_control import ProducerIdControl
+from controller.quota_control import QuotaControl
 from controller.replication_control import ReplicationControl
 from controller.scram_control import ScramControl
 from controller.topic_control import TopicControl
@@ -73,6 +74,7 @@ SERVED_APIS: dict[ApiKey, ServedApi] = {
     ApiKey.ALLOCATE_PRODUCER_IDS: ServedApi("allocate_producer_ids"),
     ApiKey.ELECT_LEADERS: ServedApi("elect_leaders"),
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: ServedApi("alter_user_scram_credentials"),
+    ApiKey.ALTER_CLIENT_QUOTAS: ServedApi("alter_client_quotas"),
     ApiKey.FAULT_CONTROL: ServedApi("fault_control", test_faults_only=True),
 }
 
@@ -117,6 +119,7 @@ class ControllerHandlers(ControllerPart):
         self.producer_ids = ProducerIdControl(self.ctx)
         self.metadata_service = MetadataService(self.ctx)
         self.scram_control = ScramControl(self.ctx)
+        self.quota_control = QuotaControl(self.ctx)
 
         self.broker_registration = self.membership.broker_registration
         self.broker_heartbeat = self.membership.broker_heartbeat
@@ -127,6 +130,7 @@ class ControllerHandlers(ControllerPart):
         self.delete_topics = self.topic_control.delete_topics
         self.allocate_producer_ids = self.producer_ids.allocate_producer_ids
         self.alter_user_scram_credentials = self.scram_control.alter_user_scram_credentials
+        self.alter_client_quotas = self.quota_control.alter_client_quotas
         self.metadata = self.metadata_service.metadata
         self.describe_cluster = self.metadata_service.describe_cluster
         self.fetch_metadata = self.metadata_service.fetch_metadata

@@ -47,6 +47,7 @@ import msgspec
 
 from protocol.invariants import invariant
 from protocol.metadata_records import NO_LEADER
+from protocol.metadata_records import ClientQuotaRecord
 from protocol.metadata_records import FenceBrokerRecord
 from protocol.metadata_records import LeaderChangeRecord
 from protocol.metadata_records import ListenerInfo
@@ -59,6 +60,8 @@ from protocol.metadata_records import RemoveTopicRecord
 from protocol.metadata_records import ScramCredentialRecord
 from protocol.metadata_records import TopicRecord
 from protocol.metadata_records import UnfenceBrokerRecord
+from runtime.client_quotas import QuotaEntity
+from runtime.client_quotas import entity_of
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +132,12 @@ class MetadataImage(Generic[P]):
         self.producer_ids: dict[str, ProducerIdsRecord] = {}
         # (user, mechanism) -> its SCRAM credential (issue 18)
         self.scram_credentials: dict[tuple[str, int], ScramCredentialRecord] = {}
+        # entity -> {quota key: value} (issue 18; runtime/client_quotas.py). Each change
+        # puts a new inner dict (a dry run undoes dict writes, not in-place changes).
+        self.client_quotas: dict[QuotaEntity, dict[str, float]] = {}
+        # Counts ClientQuotaRecords replayed: a cache of resolved quotas is stale once
+        # it moves (a dry run's undo leaves it moved: a harmless extra refresh).
+        self.client_quota_changes = 0
         # While a dry run goes: every dict write, to be undone.
         self._undo: list[tuple[dict[Any, Any], Any, Any]] | None = None
 
@@ -266,8 +275,23 @@ class MetadataImage(Generic[P]):
             self._set(self.scram_credentials, (record.name, record.mechanism), record)
         elif isinstance(record, RemoveScramCredentialRecord):
             self._delete(self.scram_credentials, (record.name, record.mechanism))
+        elif isinstance(record, ClientQuotaRecord):
+            self._replay_client_quota(record)
         else:
             log.warning("unknown metadata record %s ignored", type(record).__name__)
+
+    def _replay_client_quota(self, record: ClientQuotaRecord) -> None:
+        entity = entity_of((p.entity_type, p.entity_name) for p in record.entity)
+        values = dict(self.client_quotas.get(entity, {}))
+        if record.remove:
+            values.pop(record.key, None)
+        else:
+            values[record.key] = record.value
+        if values:
+            self._set(self.client_quotas, entity, values)
+        elif entity in self.client_quotas:
+            self._delete(self.client_quotas, entity)
+        self.client_quota_changes += 1
 
     def _replay_topic(self, record: TopicRecord) -> None:
         existing = self.topics.get(record.topic_id)
