@@ -11,6 +11,7 @@
     minibroker debug replica-log T P    one broker's replica of a partition, batch by batch
     minibroker metadata-quorum describe the controller quorum: active controller, voters' lag
     minibroker user create|delete|list  users' SCRAM credentials
+    minibroker quota set|remove|list    client quotas (users, client ids)
 
 Client commands take -b/--bootstrap-server (also before the command: `minibroker -b
 HOST:PORT topic list`; env MINIBROKER_BOOTSTRAP_SERVERS; default 127.0.0.1:9092).
@@ -20,8 +21,8 @@ imported.
 
 The commands by job: records.py (produce, consume), operations.py (cluster, topic,
 debug), groups.py (consumer groups), quorum.py (metadata-quorum), users.py (SCRAM
-users); the command group, the servers and `dev` in root.py; what they share in
-plumbing.py. Importing this package registers every command.
+users), quotas.py (client quotas); the command group, the servers and `dev` in
+root.py; what they share in plumbing.py. Importing this package registers every command.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 from client.cli import groups  # noqa: F401 (registers the commands)
 from client.cli import operations  # noqa: F401 (registers the commands)
 from client.cli import quorum  # noqa: F401 (registers the commands)
+from client.cli import quotas  # noqa: F401 (registers the commands)
 from client.cli import records  # noqa: F401 (registers the commands)
 from client.cli import users  # noqa: F401 (registers the commands)
 from client.cli.plumbing import _parse_configs
