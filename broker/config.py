@@ -336,6 +336,21 @@ class BrokerConfig:
         held="requests in service, the record bytes their fetches may return, answers not "
         "yet taken by the client",
     )
+    # Client quotas (broker/quota_enforcement.py): the windows rates are measured over.
+    quota_window_num: int = setting(
+        11,
+        minimum=2,
+        maximum=3600,
+        doc="Windows a client's quota rate is measured over: a quota allows a burst of "
+        "num - 1 windows' worth before the first throttle (quota.window.num).",
+    )
+    quota_window_size_seconds: int = setting(
+        1,
+        minimum=1,
+        maximum=3600,
+        doc="Length of one quota window, seconds; a request_percentage throttle is at most "
+        "one window (quota.window.size.seconds).",
+    )
     log_level: str = setting(
         "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"), doc="Logging level (stderr)."
     )

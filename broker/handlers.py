@@ -29,6 +29,7 @@ from broker.metadata_image import MetadataImage
 from broker.partition import Role
 from broker.producer_ids import ProducerIdManager
 from broker.producer_ids import ProducerIdUnavailableError
+from broker.quota_apis import QuotaApis
 from broker.replica_manager import ReplicaManager
 from broker.storage.errors import StorageError
 from protocol.api import ApiKey
@@ -154,6 +155,13 @@ class Handlers:
         self.coordinator = coordinator
 
     def table(self) -> dict[int, Handler]:
+        quotas = QuotaApis(
+            self.image,
+            lambda body, timeout_s: self.controller.forward(body, timeout_s),
+            self._forward_error,
+            self._wait_for_image,
+            self.max_forward_wait_s,
+        )
         table: dict[int, Handler] = {
             ApiKey.API_VERSIONS: self.api_versions,
             ApiKey.METADATA: self.metadata,
@@ -178,6 +186,8 @@ class Handlers:
             ApiKey.DESCRIBE_ACLS: self.describe_acls,
             ApiKey.CREATE_ACLS: self.create_acls,
             ApiKey.DELETE_ACLS: self.delete_acls,
+            ApiKey.DESCRIBE_CLIENT_QUOTAS: quotas.describe_client_quotas,
+            ApiKey.ALTER_CLIENT_QUOTAS: quotas.alter_client_quotas,
         }
         if self.coordinator is not None:
             # Group coordinator (broker/group_coordinator.py).

@@ -23,6 +23,8 @@ be served unchecked.
   Alter on the cluster;
 - DescribeUserScramCredentials, DescribeAcls, DescribeLogDirs, DescribeReplicaLog:
   Describe on the cluster;
+- DescribeClientQuotas: DescribeConfigs on the cluster; AlterClientQuotas:
+  AlterConfigs on the cluster;
 - ApiVersions, DescribeCluster, SaslHandshake, SaslAuthenticate: nothing.
 
 With the authorizer off no guard is installed at all.
@@ -330,6 +332,9 @@ class BrokerRequestAccess:
             ApiKey.DESCRIBE_ACLS: describe,
             ApiKey.DESCRIBE_LOG_DIRS: describe,
             ApiKey.DESCRIBE_REPLICA_LOG: describe,
+            # Quotas are configs in Kafka: DescribeConfigs / AlterConfigs on the cluster.
+            ApiKey.DESCRIBE_CLIENT_QUOTAS: self._cluster_guard(AclOperation.DESCRIBE_CONFIGS),
+            ApiKey.ALTER_CLIENT_QUOTAS: self._cluster_guard(AclOperation.ALTER_CONFIGS),
         }
         return {int(k): v for k, v in table.items()}
 

@@ -45,6 +45,7 @@ from broker.group_coordinator import GroupCoordinator
 from broker.handlers import Handlers
 from broker.metadata_image import MetadataDelta
 from broker.metadata_image import MetadataImage
+from broker.quota_enforcement import QuotaEnforcer
 from broker.replica_manager import ReplicaManager
 from broker.request_authorization import BrokerRequestAccess
 from broker.storage.errors import StorageError
@@ -322,6 +323,10 @@ class Broker:
         bound: dict[str, int] = {}
         # One table for all listeners: connection limits are per process, as Kafka's.
         table = ConnectionTable(self.config.connection_limits())
+        # Client quotas on every listener, secure or not (issue 18).
+        quotas = QuotaEnforcer(
+            self.image, self.config.quota_window_num, self.config.quota_window_size_seconds
+        )
         try:  # the contexts of the connections out, made now: a bad file stops the start
             for protocol in (
                 self.config.inter_broker_protocol,
@@ -352,6 +357,7 @@ class Broker:
                 codec=KAFKA if spec.name in self.config.kafka_listeners else NATIVE,
                 tls=tls,
                 sasl=sasl,
+                quotas=quotas,
             )
             try:
                 bound[spec.name] = await server.bind()

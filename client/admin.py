@@ -51,6 +51,7 @@ from client.group_admin import MemberDescription
 from client.group_admin import PartitionLag
 from client.lifecycle import AsyncClient
 from client.offsets import list_offsets
+from client.quota_admin import QuotaAdmin
 from client.types import OffsetAndTimestamp
 from client.types import TopicPartition
 from client.user_admin import UserAdmin
@@ -99,7 +100,7 @@ _SPEC_TIMESTAMPS: dict[object, int] = {
 }
 
 
-class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AclAdmin, AsyncClient):
+class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AclAdmin, QuotaAdmin, AsyncClient):
     """Administrative operations. Use `async with AsyncAdmin(...) as admin:` or
     `await start()` / `await close()`."""
 

@@ -62,6 +62,7 @@ BROKER_API_KEYS = frozenset(
         ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
         ApiKey.CREATE_ACLS,
         ApiKey.DELETE_ACLS,
+        ApiKey.ALTER_CLIENT_QUOTAS,
     )
 )
 

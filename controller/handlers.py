@@ -35,6 +35,7 @@ from controller.metadata_service import MetadataService
 from controller.metadata_writer import MetadataWriter
 from controller.producer_id_control import PRODUCER_ID_BLOCK_SIZE
 from controller.producer_id_control import ProducerIdControl
+from controller.quota_control import QuotaControl
 from controller.replication_control import ReplicationControl
 from controller.scram_control import ScramControl
 from controller.topic_control import TopicControl
@@ -76,6 +77,7 @@ SERVED_APIS: dict[ApiKey, ServedApi] = {
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: ServedApi("alter_user_scram_credentials"),
     ApiKey.CREATE_ACLS: ServedApi("create_acls"),
     ApiKey.DELETE_ACLS: ServedApi("delete_acls"),
+    ApiKey.ALTER_CLIENT_QUOTAS: ServedApi("alter_client_quotas"),
     ApiKey.FAULT_CONTROL: ServedApi("fault_control", test_faults_only=True),
 }
 
@@ -121,6 +123,7 @@ class ControllerHandlers(ControllerPart):
         self.metadata_service = MetadataService(self.ctx)
         self.scram_control = ScramControl(self.ctx)
         self.acl_control = AclControl(self.ctx)
+        self.quota_control = QuotaControl(self.ctx)
 
         self.broker_registration = self.membership.broker_registration
         self.broker_heartbeat = self.membership.broker_heartbeat
@@ -133,6 +136,7 @@ class ControllerHandlers(ControllerPart):
         self.alter_user_scram_credentials = self.scram_control.alter_user_scram_credentials
         self.create_acls = self.acl_control.create_acls
         self.delete_acls = self.acl_control.delete_acls
+        self.alter_client_quotas = self.quota_control.alter_client_quotas
         self.metadata = self.metadata_service.metadata
         self.describe_cluster = self.metadata_service.describe_cluster
         self.fetch_metadata = self.metadata_service.fetch_metadata

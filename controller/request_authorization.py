@@ -8,8 +8,9 @@ tools asking the quorum how it is. So every request is decided whole, by the API
   that registered it (a server cannot pose as another broker; a new registration of
   a fenced broker may come from another);
 - the changes a broker forwards for its clients (CreateTopics, DeleteTopics,
-  ElectLeaders, AlterUserScramCredentials, Create/DeleteAcls; the broker has checked
-  its client's ACLs): ClusterAction, or Alter on the cluster for an operator's tool;
+  ElectLeaders, AlterUserScramCredentials, Create/DeleteAcls, AlterClientQuotas; the
+  broker has checked its client's ACLs): ClusterAction, or Alter (AlterConfigs for
+  quotas) on the cluster for an operator's tool;
 - Metadata, DescribeCluster, DescribeQuorum: Describe or ClusterAction on the cluster;
 - ApiVersions: nothing.
 
@@ -66,6 +67,7 @@ NEEDS: dict[int, tuple[AclOperation, ...]] = {
             ),
             (CLUSTER_ACTION, ALTER),
         ),
+        ((ApiKey.ALTER_CLIENT_QUOTAS,), (CLUSTER_ACTION, AclOperation.ALTER_CONFIGS)),
         (
             (ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER, ApiKey.DESCRIBE_QUORUM),
             (DESCRIBE, CLUSTER_ACTION),

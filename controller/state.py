@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from controller.epochs import broker_epoch_at
 from protocol.invariants import invariant
+from protocol.metadata_records import ClientQuotaRecord
 from protocol.metadata_records import FenceBrokerRecord
 from protocol.metadata_records import MetadataRecord
 from protocol.metadata_records import PartitionRecord
+from protocol.metadata_records import QuotaEntityData
 from protocol.metadata_records import RegisterBrokerRecord
 from protocol.metadata_records import RemoveTopicRecord
 from protocol.metadata_records import TopicRecord
 from protocol.metadata_records import UnfenceBrokerRecord
+from runtime.client_quotas import entity_order
 from runtime.metadata_image import BrokerInfo
 from runtime.metadata_image import MetadataImage as SharedImage
 from runtime.metadata_image import TopicImage
@@ -53,6 +56,10 @@ class MetadataImage(SharedImage[PartitionRecord]):
             out.append(last)
         out.extend(self.scram_credentials[k] for k in sorted(self.scram_credentials))
         out.extend(self.acls[i].to_record(i) for i in sorted(self.acls))
+        for entity in sorted(self.client_quotas, key=entity_order):
+            parts = [QuotaEntityData(entity_type=t, entity_name=n) for t, n in entity]
+            for key, value in sorted(self.client_quotas[entity].items()):
+                out.append(ClientQuotaRecord(entity=parts, key=key, value=value))
         return out
 
     def apply(self, offset: int, record: MetadataRecord) -> None:

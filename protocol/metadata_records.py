@@ -126,6 +126,21 @@ class RemoveAccessControlEntryRecord(
     id: str
 
 
+class QuotaEntityData(msgspec.Struct, kw_only=True):
+    entity_type: str  # "user" or "client-id"
+    entity_name: str | None = None  # None: the type's default entity (Kafka's <default>)
+
+
+class ClientQuotaRecord(msgspec.Struct, kw_only=True, tag="client_quota"):
+    """One quota of one entity set, or removed (Kafka's ClientQuotaRecord; issue 18,
+    runtime/client_quotas.py): a later record for the same entity and key replaces it."""
+
+    entity: list[QuotaEntityData]
+    key: str  # producer_byte_rate, consumer_byte_rate or request_percentage
+    value: float = 0.0  # ignored when `remove`
+    remove: bool = False
+
+
 MetadataRecord = (
     RegisterBrokerRecord
     | FenceBrokerRecord
@@ -139,4 +154,5 @@ MetadataRecord = (
     | RemoveScramCredentialRecord
     | AccessControlEntryRecord
     | RemoveAccessControlEntryRecord
+    | ClientQuotaRecord
 )

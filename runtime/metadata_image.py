@@ -48,6 +48,7 @@ import msgspec
 from protocol.invariants import invariant
 from protocol.metadata_records import NO_LEADER
 from protocol.metadata_records import AccessControlEntryRecord
+from protocol.metadata_records import ClientQuotaRecord
 from protocol.metadata_records import FenceBrokerRecord
 from protocol.metadata_records import LeaderChangeRecord
 from protocol.metadata_records import ListenerInfo
@@ -63,6 +64,8 @@ from protocol.metadata_records import TopicRecord
 from protocol.metadata_records import UnfenceBrokerRecord
 from runtime.acl import AclBinding
 from runtime.acl import binding_of
+from runtime.client_quotas import QuotaEntity
+from runtime.client_quotas import entity_of
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +141,12 @@ class MetadataImage(Generic[P]):
         # an authorizer knows when to rebuild its index (a count, never undone).
         self.acls: dict[str, AclBinding] = {}
         self.acl_generation = 0
+        # entity -> {quota key: value} (issue 18; runtime/client_quotas.py). Each change
+        # puts a new inner dict (a dry run undoes dict writes, not in-place changes).
+        self.client_quotas: dict[QuotaEntity, dict[str, float]] = {}
+        # Counts ClientQuotaRecords replayed: a cache of resolved quotas is stale once
+        # it moves (a dry run's undo leaves it moved: a harmless extra refresh).
+        self.client_quota_changes = 0
         # While a dry run goes: every dict write, to be undone.
         self._undo: list[tuple[dict[Any, Any], Any, Any]] | None = None
 
@@ -286,8 +295,23 @@ class MetadataImage(Generic[P]):
         elif isinstance(record, RemoveAccessControlEntryRecord):
             self.acl_generation += 1
             self._delete(self.acls, record.id)
+        elif isinstance(record, ClientQuotaRecord):
+            self._replay_client_quota(record)
         else:
             log.warning("unknown metadata record %s ignored", type(record).__name__)
+
+    def _replay_client_quota(self, record: ClientQuotaRecord) -> None:
+        entity = entity_of((p.entity_type, p.entity_name) for p in record.entity)
+        values = dict(self.client_quotas.get(entity, {}))
+        if record.remove:
+            values.pop(record.key, None)
+        else:
+            values[record.key] = record.value
+        if values:
+            self._set(self.client_quotas, entity, values)
+        elif entity in self.client_quotas:
+            self._delete(self.client_quotas, entity)
+        self.client_quota_changes += 1
 
     def _replay_topic(self, record: TopicRecord) -> None:
         existing = self.topics.get(record.topic_id)

@@ -39,6 +39,13 @@ SaslAuthenticate are served; any other request closes the connection with a line
 saying so, as does a failed authentication (after its answer). Then the user is the
 connection's principal.
 
+Quotas (a listener given RequestQuotas: the broker's broker/quota_enforcement.py): while
+any quota exists, each request's handler is timed step by step (runtime/request_time.py)
+and charged after it ran; a throttled request is answered at once with its
+throttle_time_ms, and then the connection is muted as KIP-219 has it: nothing more is
+read from it, and no request already read starts, until the throttle time has passed
+(reading pauses the same way as for the bounds above; the quota bounds the time).
+
 Test faults (runtime/faults.py, only with --enable-test-faults) act before a handler
 runs: they may delay or park the request, drop it (the connection is closed without
 an answer), or let it run and close the connection instead of answering.
@@ -55,6 +62,7 @@ import time
 from collections.abc import Awaitable
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from protocol.api import ApiKey
 from protocol.api import api_name as _api_name
@@ -76,6 +84,7 @@ from runtime.acl import NotAuthorizedError
 from runtime.faults import DROP
 from runtime.faults import DROP_RESPONSE
 from runtime.faults import Faults
+from runtime.request_time import TimedSteps
 from runtime.sasl import Lookup
 from runtime.sasl import SaslSession
 from runtime.tls import ANONYMOUS
@@ -112,6 +121,31 @@ class RequestContext:
 
 
 Handler = Callable[[RequestContext, Message], Awaitable[Message]]
+
+
+class RequestQuotas(Protocol):
+    """Client quotas as a listener applies them (broker/quota_enforcement.py)."""
+
+    def active(self) -> bool:
+        """Any quota at all: else requests are neither timed nor charged."""
+        ...
+
+    def admit(self, ctx: RequestContext, request: Message) -> None:
+        """Before the handler: may narrow the request (a Fetch's max_bytes)."""
+        ...
+
+    def charge(
+        self,
+        ctx: RequestContext,
+        api_key: int,
+        request: Message,
+        response: Message,
+        handle_s: float,
+    ) -> int:
+        """After the handler: the throttle time in ms (0: none), set in `response`."""
+        ...
+
+
 # An exception a process answers with its own error code instead of
 # UNKNOWN_SERVER_ERROR: (code, message), or None for the default.
 ErrorAnswer = Callable[[Exception], "tuple[ErrorCode, str] | None"]
@@ -137,6 +171,8 @@ class _Connection(asyncio.Protocol):
         sasl = server.sasl
         self._sasl = SaslSession(sasl.mechanisms, sasl.lookup) if sasl is not None else None
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._mute_timer: asyncio.TimerHandle | None = None  # throttled until it fires
+        self._muted_until = 0.0
         self.principal = ANONYMOUS
 
     # ------------------------------------------------------------ asyncio callbacks
@@ -237,6 +273,8 @@ class _Connection(asyncio.Protocol):
         self._closed = True
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
+        if self._mute_timer is not None:
+            self._mute_timer.cancel()
         self._forget()
         for task in self._tasks:
             task.cancel()
@@ -261,7 +299,7 @@ class _Connection(asyncio.Protocol):
         """Turn buffered frames into handler tasks until the in-flight bound."""
         conn = self._conn
         server = self._server
-        while not self._closed and not self._writing_paused:
+        while not self._closed and not self._writing_paused and self._mute_timer is None:
             try:
                 event = conn.next_event(self._unsent())
             except DecodeError as exc:
@@ -359,6 +397,7 @@ class _Connection(asyncio.Protocol):
     async def _handle(self, request: Request) -> None:
         header = request.header
         server = self._server
+        throttle_ms = 0
         try:
             fault = None
             if server.faults.enabled:
@@ -375,7 +414,14 @@ class _Connection(asyncio.Protocol):
                 server.codec.name,
                 self.principal,
             )
-            body = await handler(ctx, request.body)
+            quotas = server.quotas
+            if quotas is not None and quotas.active():
+                quotas.admit(ctx, request.body)
+                timed = TimedSteps(handler(ctx, request.body))
+                body = await timed
+                throttle_ms = quotas.charge(ctx, header.api_key, request.body, body, timed.seconds)
+            else:
+                body = await handler(ctx, request.body)
             if fault == DROP_RESPONSE:
                 self.close()  # served, but the answer is lost
                 return
@@ -409,6 +455,25 @@ class _Connection(asyncio.Protocol):
                 self.close()
                 return
         self._write(out)
+        if throttle_ms > 0:
+            self._mute(throttle_ms / 1000)
+        self._process()
+
+    def _mute(self, seconds: float) -> None:
+        """Read nothing more for `seconds` (KIP-219), or until a later mute ends."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        if self._closed or until <= self._muted_until:
+            return
+        self._muted_until = until
+        if self._mute_timer is not None:
+            self._mute_timer.cancel()
+        self._mute_timer = loop.call_at(until, self._unmute)
+        self._update_reading()
+
+    def _unmute(self) -> None:
+        self._mute_timer = None
+        self._update_reading()
         self._process()
 
     def _write(self, parts: list[Buffer]) -> None:
@@ -429,7 +494,7 @@ class _Connection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self._closed or self._transport is None:
             return
-        full = self._conn.blocked or self._writing_paused
+        full = self._conn.blocked or self._writing_paused or self._mute_timer is not None
         if full and not self._reading_paused:
             self._reading_paused = True
             self._transport.pause_reading()
@@ -443,6 +508,8 @@ class _Connection(asyncio.Protocol):
         """Drop the connection (`graceful`: after what is buffered has been sent)."""
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
+        if self._mute_timer is not None:
+            self._mute_timer.cancel()
         if self._closed:
             return
         self._closed = True
@@ -475,8 +542,10 @@ class ListenerServer:
         codec: WireCodec = NATIVE,
         tls: ssl.SSLContext | None = None,
         sasl: SaslConfig | None = None,
+        quotas: RequestQuotas | None = None,
     ) -> None:
         self.name = name
+        self.quotas = quotas  # None: no client quotas (the controller)
         self.tls = tls  # None: plaintext
         self.sasl = sasl  # None: no SASL
         self.codec = codec  # the wire protocol this listener speaks

@@ -12,6 +12,7 @@
     minibroker metadata-quorum describe the controller quorum: active controller, voters' lag
     minibroker user create|delete|list  users' SCRAM credentials
     minibroker acl add|list|remove      ACLs
+    minibroker quota set|remove|list    client quotas (users, client ids)
 
 Client commands take -b/--bootstrap-server (also before the command: `minibroker -b
 HOST:PORT topic list`; env MINIBROKER_BOOTSTRAP_SERVERS; default 127.0.0.1:9092).
@@ -21,8 +22,9 @@ imported.
 
 The commands by job: records.py (produce, consume), operations.py (cluster, topic,
 debug), groups.py (consumer groups), quorum.py (metadata-quorum), users.py (SCRAM
-users), acls.py (ACLs); the command group, the servers and `dev` in root.py; what they share in
-plumbing.py. Importing this package registers every command.
+users), acls.py (ACLs), quotas.py (client quotas); the command group, the servers and
+`dev` in root.py; what they share in plumbing.py. Importing this package registers every
+command.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from client.cli import acls  # noqa: F401 (registers the commands)
 from client.cli import groups  # noqa: F401 (registers the commands)
 from client.cli import operations  # noqa: F401 (registers the commands)
 from client.cli import quorum  # noqa: F401 (registers the commands)
+from client.cli import quotas  # noqa: F401 (registers the commands)
 from client.cli import records  # noqa: F401 (registers the commands)
 from client.cli import users  # noqa: F401 (registers the commands)
 from client.cli.plumbing import _parse_configs

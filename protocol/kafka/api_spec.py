@@ -1,5 +1,5 @@
 """What a Kafka API declaration is (`KafkaApi`), and the shapes several declarations
-share: the topics-and-partitions layout and a throttle time the native answers lack.
+share: the topics-and-partitions layout and the throttle time.
 The declarations themselves: protocol/kafka/cluster_apis.py, data_apis.py, group_apis.py;
 the registry: protocol/kafka/apis.py."""
 
@@ -33,9 +33,10 @@ class KafkaApi:
         return self.flexible(version) and self.key != ApiKey.API_VERSIONS
 
 
-def no_throttle(versions: str) -> Field:
-    """throttle_time_ms where the native answer has none: 0 (quotas come with issue 18)."""
-    return Field("throttle_time_ms", INT32, versions, default=0, mapped=False)
+def throttle_time(versions: str) -> Field:
+    """throttle_time_ms: how long a quota throttles the client (runtime/quotas.py);
+    every native answer that Kafka gives one carries it."""
+    return Field("throttle_time_ms", INT32, versions, default=0)
 
 
 def topics(

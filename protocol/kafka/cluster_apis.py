@@ -8,7 +8,7 @@ from typing import Any
 
 from protocol.api import ApiKey
 from protocol.kafka.api_spec import KafkaApi
-from protocol.kafka.api_spec import no_throttle
+from protocol.kafka.api_spec import throttle_time
 from protocol.kafka.schema import BOOL
 from protocol.kafka.schema import INT16
 from protocol.kafka.schema import INT32
@@ -80,7 +80,7 @@ API_VERSIONS = KafkaApi(
                     )
                 ),
             ),
-            no_throttle("1+"),
+            throttle_time("1+"),
             Field("finalized_features_epoch", INT64, "3+", tag=1, default=-1, mapped=False),
         ),
     ),
@@ -119,7 +119,7 @@ METADATA = KafkaApi(
     response=KStruct(
         MetadataResponse,
         (
-            no_throttle("3+"),
+            throttle_time("3+"),
             Field(
                 "brokers",
                 Array(
@@ -234,7 +234,7 @@ CREATE_TOPICS = KafkaApi(
     response=KStruct(
         CreateTopicsResponse,
         (
-            no_throttle("2+"),
+            throttle_time("2+"),
             Field(
                 "topics",
                 Array(
@@ -263,7 +263,7 @@ DELETE_TOPICS = KafkaApi(
     response=KStruct(
         DeleteTopicsResponse,
         (
-            no_throttle("1+"),
+            throttle_time("1+"),
             Field(
                 "responses",
                 Array(

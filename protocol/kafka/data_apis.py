@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from protocol.api import ApiKey
 from protocol.kafka.api_spec import KafkaApi
-from protocol.kafka.api_spec import no_throttle
+from protocol.kafka.api_spec import throttle_time
 from protocol.kafka.api_spec import topics
 from protocol.kafka.schema import INT8
 from protocol.kafka.schema import INT16
@@ -98,7 +98,7 @@ PRODUCE = KafkaApi(
                     Field("error_message", STRING, "8+", nullable="8+"),
                 ),
             ),
-            Field("throttle_time_ms", INT32, "1+"),
+            throttle_time("1+"),
         ),
     ),
 )
@@ -142,7 +142,7 @@ FETCH = KafkaApi(
     response=KStruct(
         FetchResponse,
         (
-            Field("throttle_time_ms", INT32, "1+"),
+            throttle_time("1+"),
             Field("error_code", INT16, "7+"),
             Field("session_id", INT32, "7+", default=0, mapped=False),
             Field(
@@ -211,7 +211,7 @@ LIST_OFFSETS = KafkaApi(
     response=KStruct(
         ListOffsetsResponse,
         (
-            no_throttle("2+"),
+            throttle_time("2+"),
             Field(
                 "topics",
                 topics(
@@ -253,7 +253,7 @@ OFFSET_FOR_LEADER_EPOCH = KafkaApi(
     response=KStruct(
         OffsetForLeaderEpochResponse,
         (
-            no_throttle("0+"),
+            throttle_time("0+"),
             Field(
                 "topics",
                 topics(
@@ -287,7 +287,7 @@ INIT_PRODUCER_ID = KafkaApi(
     response=KStruct(
         InitProducerIdResponse,
         (
-            no_throttle("0+"),
+            throttle_time("0+"),
             Field("error_code", INT16),
             Field("producer_id", INT64),
             Field("producer_epoch", INT16),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from protocol.api import ApiKey
 from protocol.kafka.api_spec import KafkaApi
-from protocol.kafka.api_spec import no_throttle
+from protocol.kafka.api_spec import throttle_time
 from protocol.kafka.api_spec import topics
 from protocol.kafka.schema import INT8
 from protocol.kafka.schema import INT16
@@ -39,7 +39,7 @@ FIND_COORDINATOR = KafkaApi(
     response=KStruct(
         FindCoordinatorResponse,
         (
-            no_throttle("1+"),
+            throttle_time("1+"),
             Field("error_code", INT16),
             Field("error_message", STRING, "1+", nullable="1+"),
             Field("node_id", INT32),
@@ -78,7 +78,7 @@ OFFSET_COMMIT = KafkaApi(
     response=KStruct(
         OffsetCommitResponse,
         (
-            no_throttle("3+"),
+            throttle_time("3+"),
             Field(
                 "topics",
                 topics(
@@ -111,7 +111,7 @@ OFFSET_FETCH = KafkaApi(
     response=KStruct(
         OffsetFetchResponse,
         (
-            no_throttle("3+"),
+            throttle_time("3+"),
             Field(
                 "topics",
                 topics(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from protocol.api import ApiKey
 from protocol.kafka.api_spec import KafkaApi
-from protocol.kafka.api_spec import no_throttle
+from protocol.kafka.api_spec import throttle_time
 from protocol.kafka.schema import BOOL
 from protocol.kafka.schema import BYTES
 from protocol.kafka.schema import INT16
@@ -83,7 +83,7 @@ JOIN_GROUP = KafkaApi(
     response=KStruct(
         JoinGroupResponse,
         (
-            no_throttle("2+"),
+            throttle_time("2+"),
             Field("error_code", INT16),
             Field("generation_id", INT32),
             Field("protocol_name", STRING, from_native=_or_empty),
@@ -134,7 +134,7 @@ SYNC_GROUP = KafkaApi(
     ),
     response=KStruct(
         SyncGroupResponse,
-        (no_throttle("1+"), Field("error_code", INT16), Field("assignment", BYTES)),
+        (throttle_time("1+"), Field("error_code", INT16), Field("assignment", BYTES)),
     ),
 )
 
@@ -152,7 +152,7 @@ HEARTBEAT = KafkaApi(
             _instance_id("3+"),
         ),
     ),
-    response=KStruct(HeartbeatResponse, (no_throttle("1+"), Field("error_code", INT16))),
+    response=KStruct(HeartbeatResponse, (throttle_time("1+"), Field("error_code", INT16))),
 )
 
 LEAVE_GROUP = KafkaApi(
@@ -161,7 +161,7 @@ LEAVE_GROUP = KafkaApi(
     1,  # v3 leaves several members at once (static membership's admin path)
     4,
     request=KStruct(LeaveGroupRequest, (Field("group_id", STRING), Field("member_id", STRING))),
-    response=KStruct(LeaveGroupResponse, (no_throttle("1+"), Field("error_code", INT16))),
+    response=KStruct(LeaveGroupResponse, (throttle_time("1+"), Field("error_code", INT16))),
 )
 
 _DESCRIBED_MEMBER = KStruct(
@@ -191,7 +191,7 @@ DESCRIBE_GROUPS = KafkaApi(
     response=KStruct(
         DescribeGroupsResponse,
         (
-            no_throttle("1+"),
+            throttle_time("1+"),
             Field(
                 "groups",
                 Array(
@@ -227,7 +227,7 @@ LIST_GROUPS = KafkaApi(
     response=KStruct(
         ListGroupsResponse,
         (
-            no_throttle("1+"),
+            throttle_time("1+"),
             Field("error_code", INT16),
             Field(
                 "groups",
@@ -250,7 +250,7 @@ DELETE_GROUPS = KafkaApi(
     response=KStruct(
         DeleteGroupsResponse,
         (
-            no_throttle("0+"),
+            throttle_time("0+"),
             Field(
                 "results",
                 Array(

@@ -26,6 +26,7 @@ I8 = struct.Struct(">b")
 I16 = struct.Struct(">h")
 I32 = struct.Struct(">i")
 I64 = struct.Struct(">q")
+F64 = struct.Struct(">d")  # FLOAT64: quota values (IEEE 754 double)
 
 # An unsigned varint of a length or a count holds at most 32 bits: 5 bytes.
 _MAX_UVARINT_BYTES = 5

@@ -30,6 +30,7 @@ from dataclasses import field
 from typing import Any
 
 from protocol.errors import DecodeError
+from protocol.kafka.primitives import F64
 from protocol.kafka.primitives import I8
 from protocol.kafka.primitives import I16
 from protocol.kafka.primitives import I32
@@ -279,6 +280,7 @@ INT8 = _Fixed(I8, "INT8")
 INT16 = _Fixed(I16, "INT16")
 INT32 = _Fixed(I32, "INT32")
 INT64 = _Fixed(I64, "INT64")
+FLOAT64 = _Fixed(F64, "FLOAT64")
 BOOL = _Bool()
 STRING = _Sized(text=True)
 BYTES = _Sized(text=False)

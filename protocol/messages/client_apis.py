@@ -104,6 +104,7 @@ class ApiVersionRange(Message, kw_only=True):
 class ApiVersionsResponse(Message, kw_only=True):
     error_code: int = 0
     api_keys: list[ApiVersionRange] = []
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 # ------------------------------------------------------------------ Metadata (KIP-232)
@@ -146,6 +147,7 @@ class MetadataResponse(Message, kw_only=True):
     topics: list[MetadataTopic] = []
     # Offset of the metadata log this answer reflects; lets tools see staleness.
     metadata_offset: int = -1
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 # ------------------------------------------------------------------ Produce (KIP-359)
@@ -273,6 +275,7 @@ class ListOffsetsTopicResponse(Message, kw_only=True):
 
 class ListOffsetsResponse(Message, kw_only=True):
     topics: list[ListOffsetsTopicResponse] = []
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 # ------------------------------------------------------------------ OffsetsForLeaderEpoch
@@ -308,6 +311,7 @@ class OffsetForLeaderTopicResult(Message, kw_only=True):
 
 class OffsetForLeaderEpochResponse(Message, kw_only=True):
     topics: list[OffsetForLeaderTopicResult] = []
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 # ------------------------------------------------------------------ groups (KIP-320 epochs)
@@ -324,6 +328,7 @@ class FindCoordinatorResponse(Message, kw_only=True):
     node_id: int = -1
     host: str = ""
     port: int = -1
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 class OffsetCommitPartition(Message, kw_only=True):
@@ -358,6 +363,7 @@ class OffsetCommitTopicResponse(Message, kw_only=True):
 
 class OffsetCommitResponse(Message, kw_only=True):
     topics: list[OffsetCommitTopicResponse] = []
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 class OffsetFetchTopic(Message, kw_only=True):
@@ -386,6 +392,7 @@ class OffsetFetchTopicResponse(Message, kw_only=True):
 class OffsetFetchResponse(Message, kw_only=True):
     error_code: int = 0
     topics: list[OffsetFetchTopicResponse] = []
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 # ------------------------------------------------------------------ idempotent producer
@@ -402,6 +409,7 @@ class InitProducerIdResponse(Message, kw_only=True):
     error_code: int = 0
     producer_id: int = -1
     producer_epoch: int = -1
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 class AllocateProducerIdsRequest(Message, kw_only=True):

@@ -13,6 +13,7 @@ from protocol.api import ApiKey
 from protocol.messages import client_apis as c
 from protocol.messages import group_apis as g
 from protocol.messages import quorum_apis as q
+from protocol.messages import quota_apis as qa
 from protocol.messages import security_apis as sec
 from protocol.messages.client_apis import Message
 from protocol.messages.quorum_apis import MetadataEntry
@@ -238,6 +239,7 @@ class CreatableTopicResult(Message, kw_only=True):
 
 class CreateTopicsResponse(Message, kw_only=True):
     topics: list[CreatableTopicResult] = []
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 class DeleteTopicsRequest(Message, kw_only=True):
@@ -253,6 +255,7 @@ class DeletableTopicResult(Message, kw_only=True):
 
 class DeleteTopicsResponse(Message, kw_only=True):
     responses: list[DeletableTopicResult] = []
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 class ElectLeadersPartition(Message, kw_only=True):
@@ -493,6 +496,16 @@ API_SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.DESCRIBE_ACLS, sec.DescribeAclsRequest, sec.DescribeAclsResponse),
         ApiSpec(ApiKey.CREATE_ACLS, sec.CreateAclsRequest, sec.CreateAclsResponse),
         ApiSpec(ApiKey.DELETE_ACLS, sec.DeleteAclsRequest, sec.DeleteAclsResponse),
+        ApiSpec(
+            ApiKey.DESCRIBE_CLIENT_QUOTAS,
+            qa.DescribeClientQuotasRequest,
+            qa.DescribeClientQuotasResponse,
+        ),
+        ApiSpec(
+            ApiKey.ALTER_CLIENT_QUOTAS,
+            qa.AlterClientQuotasRequest,
+            qa.AlterClientQuotasResponse,
+        ),
     )
 }
 

@@ -69,6 +69,7 @@ class JoinGroupResponse(Message, kw_only=True):
     leader: str = ""
     member_id: str = ""
     members: list[JoinGroupResponseMember] = []  # for the leader only
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 class SyncGroupRequestAssignment(Message, kw_only=True):
@@ -87,6 +88,7 @@ class SyncGroupRequest(Message, kw_only=True):
 class SyncGroupResponse(Message, kw_only=True):
     error_code: int = 0
     assignment: bytes = b""
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 class HeartbeatRequest(Message, kw_only=True):
@@ -98,6 +100,7 @@ class HeartbeatRequest(Message, kw_only=True):
 
 class HeartbeatResponse(Message, kw_only=True):
     error_code: int = 0
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 class LeaveGroupRequest(Message, kw_only=True):
@@ -107,6 +110,7 @@ class LeaveGroupRequest(Message, kw_only=True):
 
 class LeaveGroupResponse(Message, kw_only=True):
     error_code: int = 0
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 class DescribeGroupsRequest(Message, kw_only=True):
@@ -135,6 +139,7 @@ class DescribedGroup(Message, kw_only=True):
 
 class DescribeGroupsResponse(Message, kw_only=True):
     groups: list[DescribedGroup] = []
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 class ListGroupsRequest(Message, kw_only=True):
@@ -150,6 +155,7 @@ class ListedGroup(Message, kw_only=True):
 class ListGroupsResponse(Message, kw_only=True):
     error_code: int = 0
     groups: list[ListedGroup] = []
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled
 
 
 class DeleteGroupsRequest(Message, kw_only=True):
@@ -163,3 +169,4 @@ class DeletableGroupResult(Message, kw_only=True):
 
 class DeleteGroupsResponse(Message, kw_only=True):
     results: list[DeletableGroupResult] = []
+    throttle_time_ms: int = 0  # quotas: how long the client was throttled

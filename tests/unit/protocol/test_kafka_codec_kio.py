@@ -48,6 +48,7 @@ from protocol.kafka.codec import encode_request
 from protocol.kafka.codec import encode_response
 from protocol.kafka.schema import BOOL
 from protocol.kafka.schema import BYTES
+from protocol.kafka.schema import FLOAT64
 from protocol.kafka.schema import INT8
 from protocol.kafka.schema import INT16
 from protocol.kafka.schema import INT32
@@ -70,6 +71,7 @@ KAFKA_TYPES: dict[int, set[str]] = {
     id(STRING): {"string"},
     id(BOOL): {"bool"},
     id(BYTES): {"bytes", "records"},
+    id(FLOAT64): {"float64"},
 }
 
 # Where a native attribute is named otherwise than Kafka's field today:
@@ -203,6 +205,8 @@ class Values:
                 return f"s{n}"
             case "bool":
                 return n % 2 == 0
+            case "float64":
+                return kio_type(n + 0.25)
             case "bytes" | "records":
                 return f"bytes-{n}".encode()
         raise AssertionError(f"no value for {kafka_type}")

@@ -45,6 +45,7 @@ METADATA_RECORD_TYPES = [
     mr.RemoveScramCredentialRecord,
     mr.AccessControlEntryRecord,
     mr.RemoveAccessControlEntryRecord,
+    mr.ClientQuotaRecord,
 ]
 ROUND_TRIP = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 client_ids = st.none() | st.text(max_size=20)
@@ -261,4 +262,46 @@ def test_access_control_entry_records_on_the_wire() -> None:
     assert msgspec.msgpack.decode(encode_body(removal))["record"] == {
         "type": "remove_access_control_entry",
         "id": "acl-1",
+    }
+
+
+def test_client_quota_records_on_the_wire() -> None:
+    """The metadata log's format for quotas (issue 18): fixed field names and tag, a
+    default entity's name as nil; a newer version must read these."""
+    record = mr.ClientQuotaRecord(
+        entity=[
+            mr.QuotaEntityData(entity_type="user", entity_name="alice"),
+            mr.QuotaEntityData(entity_type="client-id"),
+        ],
+        key="producer_byte_rate",
+        value=1024.0,
+    )
+    raw = msgspec.msgpack.decode(encode_body(MetadataEntry(offset=9, record=record, epoch=3)))
+    assert raw == {
+        "offset": 9,
+        "record": {
+            "type": "client_quota",
+            "entity": [
+                {"entity_type": "user", "entity_name": "alice"},
+                {"entity_type": "client-id", "entity_name": None},
+            ],
+            "key": "producer_byte_rate",
+            "value": 1024.0,
+            "remove": False,
+        },
+        "epoch": 3,
+    }
+    removal = mr.ClientQuotaRecord(
+        entity=[mr.QuotaEntityData(entity_type="client-id", entity_name="c")],
+        key="request_percentage",
+        remove=True,
+    )
+    assert msgspec.msgpack.decode(encode_body(MetadataEntry(offset=10, record=removal)))[
+        "record"
+    ] == {
+        "type": "client_quota",
+        "entity": [{"entity_type": "client-id", "entity_name": "c"}],
+        "key": "request_percentage",
+        "value": 0.0,
+        "remove": True,
     }
