@@ -6,6 +6,7 @@ the registry: protocol/kafka/apis.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from protocol.api import ApiKey
 from protocol.kafka.schema import INT32
@@ -31,6 +32,16 @@ class KafkaApi:
         # ApiVersions answers with header v0 always: a client that sent a version the
         # broker does not know must still be able to read the answer.
         return self.flexible(version) and self.key != ApiKey.API_VERSIONS
+
+
+def names_of(items: list[dict[str, Any]] | None) -> list[str] | None:
+    """A list of one-field structs {name} on the wire -> the names natively."""
+    return None if items is None else [item["name"] for item in items]
+
+
+def named(names: list[str] | None) -> list[dict[str, Any]] | None:
+    """The names -> a list of one-field structs {name}, as the wire has them."""
+    return None if names is None else [{"name": n} for n in names]
 
 
 def no_throttle(versions: str) -> Field:
