@@ -138,6 +138,7 @@ class FetcherManager:
             peer_id=leader_id,
             # Brokers replicate over the first listener, with its security protocol.
             tls=outgoing_tls(self.config, self.config.inter_broker_protocol),
+            sasl=self.config.inter_broker_sasl(),  # the first listener may be SASL
         )
 
     def _address(self, leader_id: int) -> tuple[str, int] | None:

@@ -57,9 +57,10 @@ from protocol.connection_limits import ConnectionTable
 from protocol.kafka.codec import KAFKA
 from protocol.messages import FetchMetadataResponse
 from protocol.messages import Listener
-from runtime.scram import ScramCredential
+from runtime.sasl import image_lookup
 from runtime.server import ListenerServer
 from runtime.server import SaslConfig
+from runtime.settings import ConfigError
 from runtime.settings import announce_test_switches
 from runtime.settings import refusal
 from runtime.settings import topic_defaults
@@ -327,6 +328,11 @@ class Broker:
                 outgoing_tls(self.config, protocol)
         except TlsConfigError as exc:
             raise StartupError(f"connections to brokers and controllers: {exc}") from None
+        try:  # and the password of a SASL one, read now: a missing one stops the start
+            self.config.inter_broker_sasl()
+            self.config.controller_sasl()
+        except ConfigError as exc:
+            raise StartupError(f"connections to brokers and controllers: {exc}") from None
         for spec in self.config.listeners:
             protocol = self.config.security_protocol(spec.name)
             try:
@@ -334,7 +340,10 @@ class Broker:
             except TlsConfigError as exc:
                 raise StartupError(f"listener {spec.name}: {exc}") from None
             sasl = (
-                SaslConfig(self.config.sasl_enabled_mechanisms, self._scram_credential)
+                SaslConfig(
+                    self.config.sasl_enabled_mechanisms,
+                    image_lookup(lambda: self.image.scram_credentials),
+                )
                 if uses_sasl(protocol)
                 else None
             )
@@ -360,15 +369,6 @@ class Broker:
                 ) from exc
             self.listeners.append(server)
         self.config = self.config.with_bound_ports(bound)
-
-    def _scram_credential(self, user: str, mechanism: int) -> ScramCredential | None:
-        """A user's SCRAM credential as this broker's metadata image has it."""
-        record = self.image.scram_credentials.get((user, mechanism))
-        if record is None:
-            return None
-        return ScramCredential(
-            record.mechanism, record.iterations, record.salt, record.stored_key, record.server_key
-        )
 
     def _install_handlers(self) -> None:
         assert self.replica_manager is not None and self.controller is not None
