@@ -14,7 +14,10 @@ itself at first start (--sasl-bootstrap-username, KIP-900's bootstrap):
   password changed since as it was;
 - confluent-kafka's AdminClient creates and describes a user with Kafka's
   AlterUserScramCredentials / DescribeUserScramCredentials on a Kafka listener,
-  unmodified, and the new user then authenticates with librdkafka.
+  unmodified, and the new user then authenticates with librdkafka;
+- a quorum of three SASL_SSL controllers: the voters talk by certificate (a connection
+  without one gets no quorum API before SASL), the bootstrap user is written by one of
+  them once, and a broker follows the quorum across the active controller's SIGKILL.
 """
 
 from __future__ import annotations
@@ -39,8 +42,12 @@ from client import AsyncConsumer
 from client import AsyncProducer
 from client import TopicPartition
 from client import create_ssl_context
+from client.connection import BrokerConnection
+from client.errors import ConnectionFailedError
 from client.throwaway_ca import ThrowawayCA
 from controller.metadata_log import MetadataLog
+from protocol.messages import DescribeQuorumRequest
+from protocol.messages import DescribeQuorumResponse
 from protocol.metadata_records import ScramCredentialRecord
 from tests.integration.cluster import Cluster
 
@@ -321,3 +328,57 @@ def server_user_records(data_dir: Path) -> list[ScramCredentialRecord]:
     _, recovered = MetadataLog.open(data_dir)
     records = [*recovered.snapshot_records, *(e.record for e in recovered.entries)]
     return [r for r in records if isinstance(r, ScramCredentialRecord) and r.name == SERVER_USER]
+
+
+def test_a_sasl_controller_quorum_talks_by_certificate_and_brokers_by_sasl(
+    tmp_path: Path,
+) -> None:
+    """Three controllers on SASL_SSL with --ssl-client-auth requested: the voters elect
+    and replicate with their certificates (no user exists when they first vote), the
+    bootstrap user is written once by the active one, a broker registers with SCRAM,
+    and after the active controller's SIGKILL the next one serves it. A connection
+    without a certificate gets no quorum API before SASL."""
+    ca = ThrowawayCA.create(tmp_path / "ca")
+    password_file = tmp_path / "server-password"
+    password_file.write_text(SERVER_PASSWORD + "\n")
+    c = Cluster(tmp_path / "cluster")
+    c.root.mkdir()
+    s = SecureCluster(c, ca, password_file, {1: broker_flags(ca, 1, password_file)})
+    try:
+        c.start_quorum(3, *controller_flags(s), "--ssl-client-auth", "requested")
+        s.start_broker(1)
+        asyncio.run(_quorum_apis_need_a_certificate(s, c.quorum[0].host, c.quorum[0].port))
+        asyncio.run(_quorum_round(s))
+        writers = [p for p in c.quorum.values() if "bootstrap user" in p.log_text()]
+        assert len(writers) == 1, [p.name for p in writers]
+        active = next(p for p in c.quorum.values() if "is the active controller" in p.log_text())
+        active.kill()
+        asyncio.run(_quorum_round(s, topic="after-failover"))
+        assert sum("bootstrap user" in p.log_text() for p in c.quorum.values()) == 1
+    finally:
+        c.stop_all()
+
+
+async def _quorum_round(s: SecureCluster, topic: str = TOPIC) -> None:
+    async with AsyncAdmin(s.bootstrap, **s.client(request_timeout_ms=20_000)) as admin:
+        await admin.create_topic(topic, 1, 1)  # through the active controller
+        async with AsyncProducer(s.bootstrap, acks="all", **s.client()) as producer:
+            await producer.send_and_wait(topic, b"v", partition=0)
+
+
+async def _quorum_apis_need_a_certificate(s: SecureCluster, host: str, port: int) -> None:
+    """DescribeQuorum before SASL: closed without a client certificate, answered with
+    one the CA signed (as a voter's own connections are)."""
+    bare = BrokerConnection(host, port, tls=create_ssl_context(cafile=s.ca.cafile))
+    await bare.connect()
+    with pytest.raises(ConnectionFailedError):
+        await bare.send(DescribeQuorumRequest())
+    await bare.close()
+    cert = s.ca.issue("a-peer", hosts=["127.0.0.1"])
+    peer_tls = create_ssl_context(cafile=s.ca.cafile, certfile=cert.certfile, keyfile=cert.keyfile)
+    peer = BrokerConnection(host, port, tls=peer_tls)
+    await peer.connect()
+    try:
+        assert isinstance(await peer.send(DescribeQuorumRequest()), DescribeQuorumResponse)
+    finally:
+        await peer.close()
