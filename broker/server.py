@@ -161,6 +161,11 @@ class Broker:
     async def start(self) -> None:
         config = self.config
         self._announce_test_switches()
+        try:  # the password of SASL connections out, read first: a missing one stops the start
+            config.inter_broker_sasl()
+            config.controller_sasl()
+        except ConfigError as exc:
+            raise StartupError(f"connections to brokers and controllers: {exc}") from None
         try:
             config.data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -327,11 +332,6 @@ class Broker:
             ):
                 outgoing_tls(self.config, protocol)
         except TlsConfigError as exc:
-            raise StartupError(f"connections to brokers and controllers: {exc}") from None
-        try:  # and the password of a SASL one, read now: a missing one stops the start
-            self.config.inter_broker_sasl()
-            self.config.controller_sasl()
-        except ConfigError as exc:
             raise StartupError(f"connections to brokers and controllers: {exc}") from None
         for spec in self.config.listeners:
             protocol = self.config.security_protocol(spec.name)
