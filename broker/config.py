@@ -32,7 +32,13 @@ from runtime.connection_settings import frame_timeout_setting
 from runtime.connection_settings import idle_timeout_setting
 from runtime.connection_settings import pending_bytes_setting
 from runtime.connection_settings import per_ip_overrides_setting
-from runtime.sasl import SASL_MECHANISMS
+from runtime.sasl import SaslCredentials
+from runtime.sasl_settings import SERVER_PASSWORD_ENV
+from runtime.sasl_settings import password_file_setting
+from runtime.sasl_settings import sasl_enabled_mechanisms_setting
+from runtime.sasl_settings import sasl_mechanism_setting
+from runtime.sasl_settings import server_credentials
+from runtime.sasl_settings import username_setting
 from runtime.settings import ConfigError
 from runtime.settings import enable_test_faults_switch
 from runtime.settings import parse_host_port
@@ -140,16 +146,6 @@ def parse_security_protocol_map(
     return out
 
 
-def parse_sasl_mechanisms(
-    value: str, *, option: str = "--sasl-enabled-mechanisms"
-) -> tuple[str, ...]:
-    """`SCRAM-SHA-256,PLAIN` (any case); the names are checked with the config."""
-    names = tuple(dict.fromkeys(m.strip().upper() for m in value.split(",") if m.strip()))
-    if not names:
-        raise ConfigError(f"{option}: name at least one of {', '.join(SASL_MECHANISMS)}")
-    return names
-
-
 @dataclass(frozen=True, kw_only=True)
 class BrokerConfig:
     node_id: int = setting(minimum=0, doc="Broker id, >= 0.")
@@ -180,8 +176,8 @@ class BrokerConfig:
         shown_default="a listener named SSL is SSL, the others PLAINTEXT",
         doc="NAME:PROTOCOL per listener: PLAINTEXT, SSL (TLS 1.2+), SASL_PLAINTEXT or "
         "SASL_SSL (a client proves a user first: --sasl-enabled-mechanisms); brokers reach "
-        "each other over the first listener, which may not be SASL yet "
-        "(listener.security.protocol.map).",
+        "each other over the first listener, with its protocol (a SASL one: as "
+        "--sasl-server-username) (listener.security.protocol.map).",
     )
     ssl_certfile: Path | None = ssl_certfile_setting()
     ssl_keyfile: Path | None = ssl_keyfile_setting()
@@ -190,12 +186,23 @@ class BrokerConfig:
     authorizer_enabled: bool = authorizer_enabled_setting()
     super_users: frozenset[str] = super_users_setting()
     allow_everyone_if_no_acl_found: bool = allow_everyone_if_no_acl_found_setting()
-    sasl_enabled_mechanisms: tuple[str, ...] = setting(
-        "SCRAM-SHA-256,SCRAM-SHA-512",
-        parse=parse_sasl_mechanisms,
-        doc="What SASL_PLAINTEXT and SASL_SSL listeners offer: SCRAM-SHA-256, SCRAM-SHA-512 "
-        "and PLAIN (the password travels: only with SASL_SSL), checked against the users' "
-        "SCRAM credentials (sasl.enabled.mechanisms).",
+    sasl_enabled_mechanisms: tuple[str, ...] = sasl_enabled_mechanisms_setting(
+        "SASL_PLAINTEXT and SASL_SSL listeners"
+    )
+    sasl_mechanism_inter_broker_protocol: str = sasl_mechanism_setting(
+        "the other brokers' first listener", "sasl.mechanism.inter.broker.protocol"
+    )
+    sasl_mechanism_controller_protocol: str = sasl_mechanism_setting(
+        "the controllers", "sasl.mechanism.controller.protocol"
+    )
+    sasl_server_username: str | None = username_setting(
+        "The user this broker authenticates as when the first listener (brokers replicate "
+        "over it) or the controllers' listener is SASL_PLAINTEXT or SASL_SSL; the same on "
+        "every broker, or one each (the controller's --sasl-bootstrap-username makes the "
+        "first)."
+    )
+    sasl_server_password_file: Path | None = password_file_setting(
+        "--sasl-server-username", SERVER_PASSWORD_ENV
     )
     controller: tuple[tuple[str, int], ...] = setting(
         "127.0.0.1:9093",
@@ -205,8 +212,8 @@ class BrokerConfig:
         "failovers.",
     )
     controller_security_protocol: str = security_protocol_setting(
-        "How this broker connects to the controllers: SSL when they listen with "
-        "--security-protocol SSL."
+        "How this broker connects to the controllers: their --security-protocol "
+        "(SASL_PLAINTEXT or SASL_SSL: as --sasl-server-username)."
     )
     # None: ./minibroker-data/broker-<node id> (filled in by __post_init__).
     data_dir: Path = setting(
@@ -410,21 +417,28 @@ class BrokerConfig:
                 f"--listeners ({', '.join(names)})"
             )
         uses_ssl = any(uses_tls(self.security_protocol(n)) for n in names)
-        if uses_sasl(self.inter_broker_protocol):
+        sasl_out = uses_sasl(self.inter_broker_protocol) or uses_sasl(
+            self.controller_security_protocol
+        )
+        if sasl_out and not self.sasl_server_username:
             raise ConfigError(
-                f"--listener-security-protocol-map: the first listener {names[0]} is "
-                f"{self.inter_broker_protocol}, but brokers replicate over it and do not "
-                "authenticate to each other with SASL yet: make it PLAINTEXT or SSL, and "
-                "SASL another listener"
+                "the first listener (brokers replicate over it) or "
+                "--controller-security-protocol is SASL: give --sasl-server-username, "
+                "the user this broker authenticates as, and its password "
+                f"(--sasl-server-password-file or ${SERVER_PASSWORD_ENV})"
             )
-        unknown_mechanisms = set(self.sasl_enabled_mechanisms) - set(SASL_MECHANISMS)
-        if unknown_mechanisms:
+        inter_broker_mechanism = self.sasl_mechanism_inter_broker_protocol
+        if (
+            uses_sasl(self.inter_broker_protocol)
+            and inter_broker_mechanism not in self.sasl_enabled_mechanisms
+        ):
             raise ConfigError(
-                f"--sasl-enabled-mechanisms: {', '.join(sorted(unknown_mechanisms))} not among "
-                f"{', '.join(SASL_MECHANISMS)}"
+                f"--sasl-mechanism-inter-broker-protocol {inter_broker_mechanism} is not among "
+                f"--sasl-enabled-mechanisms ({', '.join(self.sasl_enabled_mechanisms)}): the "
+                "other brokers would refuse it"
             )
         tls_problems = ssl_problems(
-            self, uses_ssl=uses_ssl or self.controller_security_protocol == SSL
+            self, uses_ssl=uses_ssl or uses_tls(self.controller_security_protocol)
         )
         if tls_problems:
             raise ConfigError("; ".join(tls_problems))
@@ -444,8 +458,29 @@ class BrokerConfig:
         """Brokers replicate over the first listener, with its security protocol."""
         return self.security_protocol(self.listeners[0].name)
 
+    def server_sasl(self, protocol: str, mechanism: str) -> SaslCredentials | None:
+        """This broker's user toward servers that listen with `protocol` (None: no SASL).
+        Reads the password; raises ConfigError when there is none."""
+        if not uses_sasl(protocol):
+            return None
+        return server_credentials(
+            self.sasl_server_username, self.sasl_server_password_file, mechanism
+        )
+
+    def inter_broker_sasl(self) -> SaslCredentials | None:
+        """How this broker authenticates to the other brokers' first listener."""
+        return self.server_sasl(
+            self.inter_broker_protocol, self.sasl_mechanism_inter_broker_protocol
+        )
+
+    def controller_sasl(self) -> SaslCredentials | None:
+        """How this broker authenticates to the controllers."""
+        return self.server_sasl(
+            self.controller_security_protocol, self.sasl_mechanism_controller_protocol
+        )
+
     def security_protocol(self, listener: str) -> str:
-        """PLAINTEXT or SSL: the map's, else Kafka's default (a listener named SSL)."""
+        """The map's, else Kafka's default (a listener named SSL is SSL)."""
         return self.listener_security_protocol_map.get(
             listener, SSL if listener == SSL else PLAINTEXT
         )

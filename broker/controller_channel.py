@@ -50,6 +50,7 @@ from protocol.messages import Listener
 from protocol.messages import Message
 from runtime.active_controller import ActiveController
 from runtime.active_controller import ControllerClient
+from runtime.peer_rpc import RpcAuthenticationError
 from runtime.peer_rpc import RpcError
 from runtime.peer_rpc import RpcErrorResponse
 from runtime.tls_settings import outgoing_tls
@@ -94,6 +95,7 @@ class ControllerChannel:
             config.controller,
             client_id=f"broker-{self.node_id}",
             tls=outgoing_tls(config, config.controller_security_protocol),
+            sasl=config.controller_sasl(),
         )
 
         def client(purpose: str) -> ControllerClient:
@@ -172,6 +174,12 @@ class ControllerChannel:
             except RpcErrorResponse as exc:
                 raise ControllerError(
                     f"the controller at {self.controller_address} refused the registration: {exc}"
+                ) from exc
+            except RpcAuthenticationError as exc:
+                raise ControllerError(
+                    f"the controller at {self.controller_address} refused this broker's SASL "
+                    f"authentication as {self.config.sasl_server_username!r} for "
+                    f"{timeout_s:g}s ({exc}); check --sasl-server-username and its password"
                 ) from exc
             except RpcError as exc:
                 raise ControllerUnreachableError(

@@ -111,6 +111,9 @@ class FetcherManager:
         self.faults = faults
         self._client_factory = client_factory or self._rpc_client
         self._listener_name = config.listeners[0].name if config.listeners else "PLAINTEXT"
+        # Read once (the start checked it can be): a password file that goes away later
+        # does not stop new fetchers.
+        self._sasl = config.inter_broker_sasl()
         self.sources: dict[tuple[int, str, int], SourceFetcher] = {}
         # Followers whose leader has no known address yet (retried on broker changes).
         self._unresolved: dict[TopicPartition, Partition] = {}
@@ -138,6 +141,7 @@ class FetcherManager:
             peer_id=leader_id,
             # Brokers replicate over the first listener, with its security protocol.
             tls=outgoing_tls(self.config, self.config.inter_broker_protocol),
+            sasl=self._sasl,  # the first listener may be SASL
         )
 
     def _address(self, leader_id: int) -> tuple[str, int] | None:

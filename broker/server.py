@@ -61,9 +61,10 @@ from protocol.messages import FetchMetadataResponse
 from protocol.messages import Listener
 from runtime.access import RequestAccess
 from runtime.authorization_settings import authorizer_settings
-from runtime.scram import ScramCredential
+from runtime.sasl import image_lookup
 from runtime.server import ListenerServer
 from runtime.server import SaslConfig
+from runtime.settings import ConfigError
 from runtime.settings import announce_test_switches
 from runtime.settings import refusal
 from runtime.settings import topic_defaults
@@ -164,6 +165,11 @@ class Broker:
     async def start(self) -> None:
         config = self.config
         self._announce_test_switches()
+        try:  # the password of SASL connections out, read first: a missing one stops the start
+            config.inter_broker_sasl()
+            config.controller_sasl()
+        except ConfigError as exc:
+            raise StartupError(f"connections to brokers and controllers: {exc}") from None
         try:
             config.data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -342,7 +348,10 @@ class Broker:
             except TlsConfigError as exc:
                 raise StartupError(f"listener {spec.name}: {exc}") from None
             sasl = (
-                SaslConfig(self.config.sasl_enabled_mechanisms, self._scram_credential)
+                SaslConfig(
+                    self.config.sasl_enabled_mechanisms,
+                    image_lookup(lambda: self.image.scram_credentials),
+                )
                 if uses_sasl(protocol)
                 else None
             )
@@ -369,15 +378,6 @@ class Broker:
                 ) from exc
             self.listeners.append(server)
         self.config = self.config.with_bound_ports(bound)
-
-    def _scram_credential(self, user: str, mechanism: int) -> ScramCredential | None:
-        """A user's SCRAM credential as this broker's metadata image has it."""
-        record = self.image.scram_credentials.get((user, mechanism))
-        if record is None:
-            return None
-        return ScramCredential(
-            record.mechanism, record.iterations, record.salt, record.stored_key, record.server_key
-        )
 
     def _install_handlers(self) -> None:
         assert self.replica_manager is not None and self.controller is not None

@@ -21,13 +21,7 @@ from client.security import SaslCredentials
 from protocol.errors import ErrorCode
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from protocol.messages import Message
-from protocol.messages import SaslAuthenticateRequest
-from protocol.messages import SaslAuthenticateResponse
-from protocol.messages import SaslHandshakeRequest
-from protocol.messages import SaslHandshakeResponse
 from runtime.rpc import PipelinedConnection
-from runtime.sasl import PLAIN
-from runtime.sasl import ScramClient
 
 
 class _ClientFailures:
@@ -80,51 +74,9 @@ class BrokerConnection(PipelinedConnection):
             max_frame_size=max_frame_size,
             connect_hint=START_HINT,
             tls=tls,
+            sasl=sasl,  # a refusal raises SaslAuthenticationFailedError: not retried
         )
         self.node_id = node_id
-        self._sasl = sasl
-
-    async def connect(self) -> None:
-        await super().connect()
-        if self._sasl is not None:
-            try:
-                await self._authenticate(self._sasl)
-            except BaseException:
-                await self.close()
-                raise
-
-    async def _authenticate(self, sasl: SaslCredentials) -> None:
-        """SaslHandshake then SaslAuthenticate, before anything else is sent. A refusal
-        raises its error (SaslAuthenticationFailedError: wrong user name or password;
-        not retried)."""
-        answer = await self.send(SaslHandshakeRequest(mechanism=sasl.mechanism))
-        assert isinstance(answer, SaslHandshakeResponse)
-        if answer.error_code != ErrorCode.NONE:
-            raise error_for(
-                ErrorCode.of(answer.error_code),
-                f"{self.peer} does not offer SASL {sasl.mechanism} (it offers "
-                f"{', '.join(answer.mechanisms) or 'no SASL'}): check the listener's "
-                "--sasl-enabled-mechanisms and security protocol",
-            )
-        if sasl.mechanism == PLAIN:
-            await self._sasl_step(f"\0{sasl.username}\0{sasl.password}".encode())
-            return
-        scram = ScramClient(sasl.mechanism, sasl.username, sasl.password)
-        server_first = await self._sasl_step(scram.first())
-        server_final = await self._sasl_step(scram.final(server_first))
-        try:
-            scram.verify(server_final)
-        except ValueError as exc:
-            raise error_for(ErrorCode.SASL_AUTHENTICATION_FAILED, f"{self.peer}: {exc}") from None
-
-    async def _sasl_step(self, token: bytes) -> bytes:
-        answer = await self.send(SaslAuthenticateRequest(auth_bytes=token))
-        assert isinstance(answer, SaslAuthenticateResponse)
-        if answer.error_code != ErrorCode.NONE:
-            raise error_for(
-                ErrorCode.of(answer.error_code), f"{self.peer}: {answer.error_message or ''}"
-            )
-        return bytes(answer.auth_bytes)
 
     def describe(self) -> str:
         return self.peer

@@ -9,11 +9,10 @@ authenticates before its first request, client/connection.py)."""
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
-from dataclasses import field
 from pathlib import Path
 
 from runtime.sasl import SASL_MECHANISMS
+from runtime.sasl import SaslCredentials
 from runtime.tls import LISTENER_PROTOCOLS
 from runtime.tls import TlsFiles
 from runtime.tls import client_context
@@ -53,13 +52,6 @@ def connection_tls(
             raise ValueError(f"ssl_context given with security_protocol {protocol}: use *SSL")
         return None
     return ssl_context if ssl_context is not None else create_ssl_context()
-
-
-@dataclass(frozen=True)
-class SaslCredentials:
-    mechanism: str  # SCRAM-SHA-256 | SCRAM-SHA-512 | PLAIN
-    username: str
-    password: str = field(repr=False)
 
 
 def connection_sasl(

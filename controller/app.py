@@ -39,6 +39,7 @@ from controller.quorum.replica import Role
 from controller.quorum.replicated_log import ReplicatedMetadataLog
 from controller.server import ControllerServer
 from controller.state import MetadataImage
+from runtime.settings import ConfigError
 from runtime.tls import TlsConfigError
 from runtime.tls_settings import listener_tls
 from runtime.tls_settings import outgoing_tls
@@ -104,6 +105,8 @@ class ControllerProcess:
         self.driver: QuorumDriver | None = None
         self.sessions: BrokerSessions | None = None
         self._liveness: asyncio.Task[None] | None = None
+        self._bootstrap_password: str | None = None  # --sasl-bootstrap-username's
+        self._bootstrap: asyncio.Task[None] | None = None
 
     def _on_fatal(self, message: str) -> None:
         self.fatal = message
@@ -140,7 +143,8 @@ class ControllerProcess:
             try:  # both made now: a file that cannot be used stops the start
                 listener_tls(config, config.security_protocol)
                 peer_tls = outgoing_tls(config, config.security_protocol)
-            except TlsConfigError as exc:
+                self._bootstrap_password = config.bootstrap_password()
+            except (TlsConfigError, ConfigError) as exc:
                 raise ControllerError(str(exc)) from None
             self.sessions = BrokerSessions(config.session_timeout_s)
             faults = faults_for(
@@ -240,6 +244,10 @@ class ControllerProcess:
                 self.config.node_id,
                 epoch,
             )
+            if self._bootstrap_password is not None and self._bootstrap is None:
+                self._bootstrap = asyncio.get_running_loop().create_task(
+                    self._write_bootstrap_user(self._bootstrap_password)
+                )
         else:
             log.info(
                 "controller %d is a %s in quorum epoch %d (leader %s)",
@@ -248,6 +256,21 @@ class ControllerProcess:
                 epoch,
                 leader_id if leader_id >= 0 else "unknown",
             )
+
+    async def _write_bootstrap_user(self, password: str) -> None:
+        """--sasl-bootstrap-username's credentials, if absent (scram_control.py); a
+        leadership lost first leaves it to the next active controller."""
+        assert self.handlers is not None and self.config.sasl_bootstrap_username
+        try:
+            await self.handlers.scram_control.write_bootstrap_user(
+                self.config.sasl_bootstrap_username, password
+            )
+        except (NotLeaderError, ControllerError):
+            pass  # the next active controller writes it; a failed log stops the process
+        except Exception:
+            log.exception("writing the bootstrap user failed")
+        finally:
+            self._bootstrap = None
 
     async def _liveness_loop(self) -> None:
         assert self.handlers is not None and self.driver is not None
@@ -279,6 +302,9 @@ class ControllerProcess:
         self.lock.release()
 
     async def stop(self) -> None:
+        if self._bootstrap is not None:
+            self._bootstrap.cancel()
+            await asyncio.gather(self._bootstrap, return_exceptions=True)
         if self._liveness is not None:
             self._liveness.cancel()
             await asyncio.gather(self._liveness, return_exceptions=True)

@@ -24,6 +24,11 @@ from runtime.connection_settings import frame_timeout_setting
 from runtime.connection_settings import idle_timeout_setting
 from runtime.connection_settings import pending_bytes_setting
 from runtime.connection_settings import per_ip_overrides_setting
+from runtime.sasl_settings import BOOTSTRAP_PASSWORD_ENV
+from runtime.sasl_settings import password_file_setting
+from runtime.sasl_settings import read_password
+from runtime.sasl_settings import sasl_enabled_mechanisms_setting
+from runtime.sasl_settings import username_setting
 from runtime.settings import TEST_FAULTS_ENV
 from runtime.settings import ConfigError
 from runtime.settings import Setting
@@ -35,7 +40,9 @@ from runtime.settings import setting
 from runtime.settings import topic_setting
 from runtime.settings import unsafe_switch
 from runtime.settings import unsafe_switches_on
-from runtime.tls import SSL
+from runtime.tls import SASL_SSL
+from runtime.tls import uses_sasl
+from runtime.tls import uses_tls
 from runtime.tls_settings import security_protocol_setting
 from runtime.tls_settings import ssl_cafile_setting
 from runtime.tls_settings import ssl_certfile_setting
@@ -168,8 +175,23 @@ class ControllerConfig:
         "controller", held="requests in service, answers not yet taken"
     )
     security_protocol: str = security_protocol_setting(
-        "Of --listen, PLAINTEXT or SSL (TLS 1.2+), and of the connections between the "
-        "quorum's controllers; brokers then need --controller-security-protocol SSL."
+        "Of --listen: PLAINTEXT, SSL (TLS 1.2+), SASL_PLAINTEXT or SASL_SSL (brokers and "
+        "tools prove a user, checked against this controller's metadata); brokers use the "
+        "same --controller-security-protocol. The quorum's controllers reach each other "
+        "with its TLS, never SASL: a SASL quorum of several needs SASL_SSL and "
+        "--ssl-client-auth (they prove themselves by certificate)."
+    )
+    sasl_enabled_mechanisms: tuple[str, ...] = sasl_enabled_mechanisms_setting(
+        "a SASL_PLAINTEXT or SASL_SSL --listen"
+    )
+    sasl_bootstrap_username: str | None = username_setting(
+        "A user the active controller creates (SCRAM-SHA-256 and -512 credentials) when the "
+        "metadata has none of that name, so the first broker can authenticate to a SASL "
+        "controller (as KIP-900's storage format --add-scram). Never changes an existing "
+        "user."
+    )
+    sasl_bootstrap_password_file: Path | None = password_file_setting(
+        "--sasl-bootstrap-username", BOOTSTRAP_PASSWORD_ENV
     )
     ssl_certfile: Path | None = ssl_certfile_setting()
     ssl_keyfile: Path | None = ssl_keyfile_setting()
@@ -258,7 +280,18 @@ class ControllerConfig:
             found.append(
                 f"--quorum-voters does not list this controller's --node-id {self.node_id}"
             )
-        found.extend(ssl_problems(self, uses_ssl=self.security_protocol == SSL))
+        found.extend(ssl_problems(self, uses_ssl=uses_tls(self.security_protocol)))
+        if (
+            uses_sasl(self.security_protocol)
+            and len(self.voters) > 1
+            and (self.security_protocol != SASL_SSL or self.ssl_client_auth.upper() == "NONE")
+        ):
+            found.append(
+                f"--security-protocol {self.security_protocol} with {len(self.voters)} voters: "
+                "the quorum's controllers do not use SASL with each other (a new voter has no "
+                "users yet), they prove themselves by TLS certificate: use SASL_SSL with "
+                "--ssl-client-auth requested or required"
+            )
         refused = refusal(self)
         if refused:
             found.append(refused)
@@ -272,6 +305,16 @@ class ControllerConfig:
             reserved_connections=self.reserved_broker_connections,
             privileged_api_keys=BROKER_API_KEYS,
             first_request_timeout_ms=self.first_request_timeout_ms,
+        )
+
+    def bootstrap_password(self) -> str | None:
+        """The bootstrap user's password (None: no bootstrap user). Raises ConfigError."""
+        if not self.sasl_bootstrap_username:
+            return None
+        return read_password(
+            self.sasl_bootstrap_password_file,
+            BOOTSTRAP_PASSWORD_ENV,
+            option="--sasl-bootstrap-password-file",
         )
 
     @property

@@ -3,7 +3,15 @@ Credentials turns each upsertion's salted password into the stored and server ke
 (runtime/scram.py) and writes them to the metadata log, deletions remove them; every
 user's result is its own, and a request whose results are all errors writes nothing.
 The password itself never reaches the controller, and nothing derived from it beyond
-what checks a proof is kept."""
+what checks a proof is kept.
+
+The bootstrap user (KIP-900's `kafka-storage format --add-scram`): a SASL controller
+listener needs a user before the first broker can register, and only the controller
+can write one then. With --sasl-bootstrap-username, each controller that becomes
+active writes that user's credentials for the SCRAM mechanisms it lacks, and nothing
+when it has them all: a restart or a failover writes nothing, a password changed since
+(AlterUserScramCredentials) stays changed. The password comes from the controller's
+own file; only the derived keys reach the log."""
 
 from __future__ import annotations
 
@@ -18,9 +26,11 @@ from protocol.messages import AlterUserScramCredentialsResult
 from protocol.metadata_records import MetadataRecord
 from protocol.metadata_records import RemoveScramCredentialRecord
 from protocol.metadata_records import ScramCredentialRecord
+from runtime.scram import DEFAULT_ITERATIONS
 from runtime.scram import MECHANISMS
 from runtime.scram import ScramCredential
 from runtime.scram import credential_problem
+from runtime.scram import new_upsertion
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +39,28 @@ MAX_CHANGES = 1000
 
 
 class ScramControl(ControllerPart):
+    async def write_bootstrap_user(self, name: str, password: str) -> list[str]:
+        """Credentials of `name` for each SCRAM mechanism it has none of (the
+        mechanisms' names written; empty: it had them all). Raises NotLeaderError
+        when this controller is not the active one."""
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], list[str]]:
+            new: list[ScramCredentialRecord] = []
+            for mechanism in sorted(MECHANISMS):
+                if (name, mechanism) in image.scram_credentials:
+                    continue
+                salt, salted = new_upsertion(password, mechanism, DEFAULT_ITERATIONS)
+                cred = ScramCredential.from_salted_password(
+                    mechanism, DEFAULT_ITERATIONS, salt, salted
+                )
+                new.append(_record(name, cred))
+            return list(new), [MECHANISMS[r.mechanism][0] for r in new]
+
+        written = await self.writer.commit(build)
+        if written:
+            log.info("bootstrap user %r created (%s)", name, ", ".join(written))
+        return written
+
     async def alter_user_scram_credentials(
         self, request: AlterUserScramCredentialsRequest
     ) -> AlterUserScramCredentialsResponse:
@@ -88,16 +120,7 @@ class ScramControl(ControllerPart):
                     cred = ScramCredential.from_salted_password(
                         u.mechanism, u.iterations, u.salt, u.salted_password
                     )
-                    records.append(
-                        ScramCredentialRecord(
-                            name=u.name,
-                            mechanism=u.mechanism,
-                            iterations=u.iterations,
-                            salt=cred.salt,
-                            stored_key=cred.stored_key,
-                            server_key=cred.server_key,
-                        )
-                    )
+                    records.append(_record(u.name, cred))
             names = dict.fromkeys(c.name for c in [*request.deletions, *request.upsertions])
             results = [
                 AlterUserScramCredentialsResult(
@@ -114,6 +137,17 @@ class ScramControl(ControllerPart):
             if r.error_code == 0:
                 log.info("SCRAM credentials of user %r changed", r.user)
         return response
+
+
+def _record(name: str, cred: ScramCredential) -> ScramCredentialRecord:
+    return ScramCredentialRecord(
+        name=name,
+        mechanism=cred.mechanism,
+        iterations=cred.iterations,
+        salt=cred.salt,
+        stored_key=cred.stored_key,
+        server_key=cred.server_key,
+    )
 
 
 def _all_failed(

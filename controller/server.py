@@ -2,6 +2,11 @@
 deadlines, error answers and fault hooks as a broker's listener) serving the
 controller's table of APIs (controller/handlers.py).
 
+On a SASL_PLAINTEXT or SASL_SSL listener brokers and tools authenticate as users of
+this controller's own metadata image; the quorum's peers instead send their APIs
+under a verified TLS client certificate (SCRAM cannot work between controllers: a
+new voter has no users until the leader it would vote for replicates them).
+
 Controller specifics: slots kept for brokers and no idle deadline for their
 connections (controller/config.py's connection limits); a handler whose metadata log
 write failed answers KAFKA_STORAGE_ERROR instead of UNKNOWN_SERVER_ERROR; the quorum's
@@ -26,9 +31,12 @@ from protocol.messages import BrokerRegistrationRequest
 from protocol.messages import Message
 from runtime.access import RequestAccess
 from runtime.authorization_settings import authorizer_settings
+from runtime.sasl import image_lookup
 from runtime.server import Handler
 from runtime.server import ListenerServer
 from runtime.server import RequestContext
+from runtime.server import SaslConfig
+from runtime.tls import uses_sasl
 from runtime.tls_settings import listener_tls
 
 # What only the active controller (the quorum leader) answers is exactly what brokers
@@ -106,6 +114,15 @@ class ControllerServer:
             error_answer=_error_answer,
             role="controller",
             tls=listener_tls(config, config.security_protocol),
+            sasl=SaslConfig(
+                config.sasl_enabled_mechanisms,
+                # Users as this controller's metadata has them (a follower's too).
+                image_lookup(lambda: handlers.writer.image.scram_credentials),
+                # The quorum's peers prove themselves by certificate (config.py).
+                certificate_apis=QUORUM_APIS,
+            )
+            if uses_sasl(config.security_protocol)
+            else None,
         )
         self.table = self.listener.table
         self.address: tuple[str, int] | None = None

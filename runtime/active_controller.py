@@ -26,12 +26,14 @@ from protocol.messages import DescribeQuorumResponse
 from protocol.messages import Message
 from runtime.faults import Faults
 from runtime.peer_rpc import NO_FAULTS
+from runtime.peer_rpc import RpcAuthenticationError
 from runtime.peer_rpc import RpcClient
 from runtime.peer_rpc import RpcConnectionError
 from runtime.peer_rpc import RpcError
 from runtime.peer_rpc import RpcErrorResponse
 from runtime.peer_rpc import RpcTimeoutError
 from runtime.peer_rpc import retry_until
+from runtime.sasl import SaslCredentials
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +48,17 @@ WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 
 class ActiveController:
     def __init__(
-        self, bootstrap: Sequence[Address], *, client_id: str, tls: ssl.SSLContext | None = None
+        self,
+        bootstrap: Sequence[Address],
+        *,
+        client_id: str,
+        tls: ssl.SSLContext | None = None,
+        sasl: SaslCredentials | None = None,
     ) -> None:
         if not bootstrap:
             raise ValueError("at least one controller address is needed")
         self.tls = tls  # the controllers listen with SSL: every connection to them is TLS
+        self.sasl = sasl  # they listen with SASL: every connection authenticates as this
         self.known: list[Address] = list(dict.fromkeys(bootstrap))
         self.address: Address = self.known[0]
         self.leader_id = -1
@@ -118,13 +126,20 @@ class ActiveController:
 
     async def _describe(self, address: Address) -> DescribeQuorumResponse | None:
         try:
-            return await describe_quorum_at(address, self.client_id, LOOKUP_TIMEOUT_S, tls=self.tls)
+            return await describe_quorum_at(
+                address, self.client_id, LOOKUP_TIMEOUT_S, tls=self.tls, sasl=self.sasl
+            )
         except RpcError:
             return None
 
 
 async def describe_quorum_at(
-    address: Address, client_id: str, timeout_s: float, *, tls: ssl.SSLContext | None = None
+    address: Address,
+    client_id: str,
+    timeout_s: float,
+    *,
+    tls: ssl.SSLContext | None = None,
+    sasl: SaslCredentials | None = None,
 ) -> DescribeQuorumResponse:
     """One controller's DescribeQuorum answer (raises RpcError when it gives none)."""
     client = RpcClient(
@@ -136,6 +151,7 @@ async def describe_quorum_at(
         connect_timeout_s=timeout_s,
         max_in_flight=1,
         tls=tls,
+        sasl=sasl,
     )
     try:
         answer = await client.request(DescribeQuorumRequest())
@@ -186,6 +202,7 @@ class ControllerClient:
                 faults=self._faults,
                 peer_id=self._peer_id,
                 tls=self.active.tls,
+                sasl=self.active.sasl,
             )
         return client
 
@@ -205,6 +222,8 @@ class ControllerClient:
                 raise
             await self.active.look_up(address)
             raise RpcConnectionError(f"{address[0]}:{address[1]}: {exc.message}") from None
+        except RpcAuthenticationError:
+            raise  # the controller is there and refused us: asking the others is no cure
         except (RpcConnectionError, RpcTimeoutError):
             await self.active.look_up(address)
             raise

@@ -13,7 +13,12 @@ What this client adds:
   CONTROLLER_PEER_ID) is what fault rules match;
 - the error types: RpcConnectionError, RpcTimeoutError, and RpcErrorResponse for a
   response with a non-zero header error code (the peer could not serve the request at
-  all); per-partition error codes are the caller's business.
+  all); per-partition error codes are the caller's business;
+- SASL (issue 18): with `sasl`, every connection authenticates as this server's user
+  first. A refusal is RpcAuthenticationError, a connection error (so every caller's
+  retry covers it), logged as one line naming the peer, the user and what to check,
+  at most every AUTH_LOG_INTERVAL_S, and retried no sooner than AUTH_BACKOFF_S: a
+  wrong password is a slow, loud retry, never a crash or a flood.
 """
 
 from __future__ import annotations
@@ -35,11 +40,23 @@ from runtime.faults import DROP_RESPONSE
 from runtime.faults import Faults
 from runtime.faults import InjectedDrop
 from runtime.rpc import PipelinedConnection
+from runtime.sasl import SaslCredentials
+from runtime.sasl_settings import SERVER_PASSWORD_ENV
 
 log = logging.getLogger(__name__)
 
 INITIAL_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 1.0
+# After a refused SASL authentication: the password will not fix itself in 50 ms.
+AUTH_BACKOFF_S = 5.0
+AUTH_LOG_INTERVAL_S = 30.0
+_SASL_REFUSALS = frozenset(
+    {
+        ErrorCode.SASL_AUTHENTICATION_FAILED,
+        ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+        ErrorCode.ILLEGAL_SASL_STATE,
+    }
+)
 
 # The default: no test faults. A process passes its own (the broker's, the
 # controller's); only `before_send` is used here, so the process name is moot.
@@ -56,6 +73,15 @@ class RpcConnectionError(RpcError, ConnectionError):
 
 class RpcTimeoutError(RpcError, TimeoutError):
     """No answer within the request timeout."""
+
+
+class RpcAuthenticationError(RpcConnectionError):
+    """The peer refused this server's SASL authentication (wrong user name or
+    password, a mechanism it does not offer)."""
+
+    def __init__(self, error: ErrorCode, message: str) -> None:
+        super().__init__(f"{error.name}: {message}")
+        self.error = error
 
 
 class RpcErrorResponse(RpcError):
@@ -78,10 +104,14 @@ class _BrokerFailures:
         return RpcTimeoutError(message)
 
     def answer(self, error: ErrorCode, message: str) -> Exception:
+        if error in _SASL_REFUSALS:  # only the SASL exchange answers these
+            return RpcAuthenticationError(error, message)
         return RpcErrorResponse(error, message)
 
 
 RPC_FAILURES = _BrokerFailures()  # outgoing peer connections raise Rpc* errors
+# "name at host:port" -> when its refused SASL authentication was last logged.
+_auth_logged_at: dict[str, float] = {}
 
 
 async def retry_until(deadline: float, send: Callable[[], Awaitable[Message]]) -> Message:
@@ -113,6 +143,7 @@ class RpcClient:
         faults: Faults = NO_FAULTS,
         peer_id: int = -1,
         tls: ssl.SSLContext | None = None,
+        sasl: SaslCredentials | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -124,6 +155,7 @@ class RpcClient:
         self._faults = faults
         self.peer_id = peer_id  # what test fault rules match (-1: unknown)
         self._tls = tls
+        self._sasl = sasl  # this server's user, or None: no SASL
         self._connect_lock = asyncio.Lock()
         self._conn: PipelinedConnection | None = None
         self._backoff_s = 0.0
@@ -219,15 +251,40 @@ class RpcClient:
                 connect_timeout_s=self.connect_timeout_s,
                 max_in_flight=self._max_in_flight,
                 tls=self._tls,
+                sasl=self._sasl,
             )
             try:
                 await conn.connect()
+            except RpcAuthenticationError as exc:
+                self._auth_refused(exc)
+                raise
             except RpcConnectionError:
                 self._back_off(conn.closed_at)
                 raise
             self._backoff_s = 0.0
             self._conn = conn
             return conn
+
+    def _auth_refused(self, exc: RpcAuthenticationError) -> None:
+        self._backoff_s = MAX_BACKOFF_S
+        now = time.monotonic()
+        self._next_attempt = now + AUTH_BACKOFF_S
+        # Per peer, not per client: a broker opens several clients to one controller.
+        where = f"{self.name} at {self.peer}"
+        if now - _auth_logged_at.get(where, -AUTH_LOG_INTERVAL_S) >= AUTH_LOG_INTERVAL_S:
+            if len(_auth_logged_at) >= 1024:  # bounded, as every table
+                _auth_logged_at.clear()
+            _auth_logged_at[where] = now
+            log.error(
+                "SASL authentication to %s at %s failed: %s; check this server's "
+                "--sasl-server-username and its password (--sasl-server-password-file or "
+                "$%s), and that the user exists; retrying every %g s",
+                self.name,
+                self.peer,
+                exc,
+                SERVER_PASSWORD_ENV,
+                AUTH_BACKOFF_S,
+            )
 
     def _back_off(self, failed_at: float | None) -> None:
         self._backoff_s = min(MAX_BACKOFF_S, max(INITIAL_BACKOFF_S, self._backoff_s * 2))

@@ -16,7 +16,12 @@ The rules, the same for both:
   caller waits forever;
 - backpressure: while the socket's write buffer is above its high-water mark a sender
   waits until it drains;
-- a request sent without expecting an answer (Produce acks=0) returns once written.
+- a request sent without expecting an answer (Produce acks=0) returns once written;
+- SASL (issue 18): given credentials, `connect` authenticates (SaslHandshake, then
+  SaslAuthenticate: SCRAM's two steps, checking the server's signature, or PLAIN's one)
+  before the connection is handed out; a refusal closes it and raises the failures'
+  `answer` error with SASL_AUTHENTICATION_FAILED (or the handshake's code), naming the
+  peer and the user, never the password.
 
 A connection is used once: after it closes, open a new one (runtime/peer_rpc.py reconnects
 with a backoff; the client library's metadata layer opens a new one). What differs
@@ -41,6 +46,13 @@ from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from protocol.invariants import invariant
 from protocol.messages import API_BY_REQUEST_TYPE
 from protocol.messages import Message
+from protocol.messages import SaslAuthenticateRequest
+from protocol.messages import SaslAuthenticateResponse
+from protocol.messages import SaslHandshakeRequest
+from protocol.messages import SaslHandshakeResponse
+from runtime.sasl import PLAIN
+from runtime.sasl import SaslCredentials
+from runtime.sasl import ScramClient
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +115,7 @@ class PipelinedConnection:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         connect_hint: str = "",
         tls: ssl.SSLContext | None = None,
+        sasl: SaslCredentials | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
@@ -114,6 +127,7 @@ class PipelinedConnection:
         self._failures = failures
         self._connect_hint = connect_hint  # appended to "cannot connect" messages
         self._tls = tls  # None: plaintext (runtime/tls.py makes the contexts)
+        self._sasl = sasl  # None: no SASL
         self._protocol = ClientConnection(client_id, max_frame_size=max_frame_size)
         self._transport: asyncio.Transport | None = None
         self._pending: dict[int, _Pending] = {}
@@ -172,6 +186,47 @@ class PipelinedConnection:
         # uvloop's transports are not asyncio.Transport subclasses; same interface.
         self._transport = transport  # type: ignore[assignment]
         log.debug("connected to %s", self.peer)
+        if self._sasl is not None:
+            try:
+                await self._authenticate(self._sasl)
+            except BaseException:
+                await self.close()
+                raise
+
+    async def _authenticate(self, sasl: SaslCredentials) -> None:
+        """SaslHandshake then SaslAuthenticate, before anything else is sent."""
+        answer = await self.send(SaslHandshakeRequest(mechanism=sasl.mechanism))
+        assert isinstance(answer, SaslHandshakeResponse)
+        if answer.error_code != ErrorCode.NONE:
+            raise self._failures.answer(
+                ErrorCode.of(answer.error_code),
+                f"{self.peer} does not offer SASL {sasl.mechanism} (it offers "
+                f"{', '.join(answer.mechanisms) or 'no SASL'}): check the listener's "
+                "--sasl-enabled-mechanisms and security protocol",
+            )
+        if sasl.mechanism == PLAIN:
+            await self._sasl_step(sasl, f"\0{sasl.username}\0{sasl.password}".encode())
+            return
+        scram = ScramClient(sasl.mechanism, sasl.username, sasl.password)
+        server_first = await self._sasl_step(sasl, scram.first())
+        try:
+            server_final = await self._sasl_step(sasl, scram.final(server_first))
+            scram.verify(server_final)
+        except ValueError as exc:  # a server that cannot prove it has the user's keys
+            raise self._failures.answer(
+                ErrorCode.SASL_AUTHENTICATION_FAILED, f"{self.peer}: {exc}"
+            ) from None
+
+    async def _sasl_step(self, sasl: SaslCredentials, token: bytes) -> bytes:
+        answer = await self.send(SaslAuthenticateRequest(auth_bytes=token))
+        assert isinstance(answer, SaslAuthenticateResponse)
+        if answer.error_code != ErrorCode.NONE:
+            raise self._failures.answer(
+                ErrorCode.of(answer.error_code),
+                f"{self.peer} refused user {sasl.username!r} ({sasl.mechanism}): "
+                f"{answer.error_message or ''}",
+            )
+        return bytes(answer.auth_bytes)
 
     def _cannot_connect(self, why: str) -> Exception:
         hint = f"; {self._connect_hint}" if self._connect_hint else ""

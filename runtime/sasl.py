@@ -23,10 +23,14 @@ import hashlib
 import hmac
 import os
 from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
 
 from protocol.errors import ErrorCode
 from protocol.messages import SaslAuthenticateResponse
 from protocol.messages import SaslHandshakeResponse
+from protocol.metadata_records import ScramCredentialRecord
 from runtime.scram import BY_NAME
 from runtime.scram import DEFAULT_ITERATIONS
 from runtime.scram import MECHANISMS
@@ -40,6 +44,33 @@ FAILED = "authentication failed: wrong user name or password"
 _FAKE_SALT_KEY = os.urandom(32)  # per process: made-up salts for users that do not exist
 
 Lookup = Callable[[str, int], "ScramCredential | None"]
+
+
+def image_lookup(
+    credentials: Callable[[], Mapping[tuple[str, int], ScramCredentialRecord]],
+) -> Lookup:
+    """A Lookup into a metadata image's credentials (`credentials()`: the image's
+    current table, a broker's or a controller's), read at each authentication."""
+
+    def lookup(user: str, mechanism: int) -> ScramCredential | None:
+        record = credentials().get((user, mechanism))
+        if record is None:
+            return None
+        return ScramCredential(
+            record.mechanism, record.iterations, record.salt, record.stored_key, record.server_key
+        )
+
+    return lookup
+
+
+@dataclass(frozen=True)
+class SaslCredentials:
+    """The user an outgoing connection authenticates as (the client library's, and a
+    server's own toward the other servers)."""
+
+    mechanism: str  # SCRAM-SHA-256 | SCRAM-SHA-512 | PLAIN
+    username: str
+    password: str = field(repr=False)  # never in a repr, so never in a log line
 
 
 class _Refused(Exception):
@@ -202,7 +233,7 @@ def _split_gs2(message: str) -> tuple[str, str, str]:
 
 
 class ScramClient:
-    """The client side of a SCRAM exchange (for minibroker's clients and the tests):
+    """The client side of a SCRAM exchange (runtime/rpc.py's connections, the tests):
     `first()`, then `final(server_first)`, then `verify(server_final)`."""
 
     def __init__(self, mechanism: str, user: str, password: str) -> None:

@@ -35,9 +35,11 @@ why. The peer's certificate, if it sent one, names the connection's principal.
 
 SASL (a listener given a SaslConfig, runtime/sasl.py): until the connection's
 SaslSession has authenticated a user, only ApiVersions, SaslHandshake and
-SaslAuthenticate are served; any other request closes the connection with a line
+SaslAuthenticate are served (and the config's `certificate_apis` to a peer that showed
+a verified TLS client certificate); any other request closes the connection with a line
 saying so, as does a failed authentication (after its answer). Then the user is the
-connection's principal.
+connection's principal. The connection table classifies such a connection by its first
+request after the exchange (a broker's first broker API), not by the exchange.
 
 Quotas (a listener given RequestQuotas: the broker's broker/quota_enforcement.py): while
 any quota exists, each request's handler is timed step by step (runtime/request_time.py)
@@ -106,6 +108,10 @@ class SaslConfig:
 
     mechanisms: tuple[str, ...]
     lookup: Lookup
+    # Served before SASL to a connection whose TLS client certificate the listener
+    # verified (its principal is not ANONYMOUS): the controllers' quorum APIs, whose
+    # peers cannot use SCRAM (a new voter has no credentials yet).
+    certificate_apis: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -314,18 +320,22 @@ class _Connection(asyncio.Protocol):
             if event is None:
                 break
             assert self._slot is not None  # events come only after an admitted connect
-            refused = server.table.on_request(self._slot, event.header.api_key)
+            sasl = self._sasl
+            if sasl is not None and sasl.authenticated is None and isinstance(event, Request):
+                # Not classified by the SASL exchange: a broker's first request is a
+                # SaslHandshake, its first broker API comes once it is proven.
+                if not self._before_authentication(sasl, event):
+                    continue
+                if event.header.api_key != ApiKey.API_VERSIONS:
+                    refused = server.table.on_request(self._slot, event.header.api_key)
+                else:
+                    refused = None
+            else:
+                refused = server.table.on_request(self._slot, event.header.api_key)
             if refused is not None:
                 server.log_event(refused, time.monotonic())
                 self.close()
                 return
-            if (
-                self._sasl is not None
-                and self._sasl.authenticated is None
-                and isinstance(event, Request)
-                and not self._before_authentication(self._sasl, event)
-            ):
-                continue
             if isinstance(event, RejectedRequest):
                 log.info(
                     "rejected request from %s (client %s, api %d v%d): %s %s",
@@ -357,6 +367,8 @@ class _Connection(asyncio.Protocol):
         key = request.header.api_key
         if key == ApiKey.API_VERSIONS:
             return True
+        if key in self._server.sasl_exempt_apis(self.principal):
+            return True  # a peer proven by its certificate (a controller's quorum peers)
         body = request.body
         if isinstance(body, SaslHandshakeRequest):
             answer: Message = sasl.handshake(body.mechanism)
@@ -560,6 +572,13 @@ class ListenerServer:
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+
+    def sasl_exempt_apis(self, principal: str) -> frozenset[int]:
+        """The APIs a connection of `principal` may use before SASL authentication
+        (besides ApiVersions and the SASL APIs)."""
+        if self.sasl is None or principal == ANONYMOUS:
+            return frozenset()
+        return self.sasl.certificate_apis
 
     def serves(self, api_key: int) -> bool:
         if self.sasl is not None and api_key in _SASL_APIS:

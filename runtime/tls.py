@@ -35,9 +35,7 @@ PLAINTEXT = "PLAINTEXT"
 SSL = "SSL"
 SASL_PLAINTEXT = "SASL_PLAINTEXT"
 SASL_SSL = "SASL_SSL"
-# What servers talk to each other with (no SASL between servers yet).
-SECURITY_PROTOCOLS = (PLAINTEXT, SSL)
-# What a broker listener may be (Kafka's security protocols).
+# What a listener may be, a broker's or a controller's (Kafka's security protocols).
 LISTENER_PROTOCOLS = (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)
 
 

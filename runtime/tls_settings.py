@@ -11,7 +11,7 @@ from typing import Protocol
 
 from runtime.settings import setting
 from runtime.tls import CLIENT_AUTH
-from runtime.tls import SECURITY_PROTOCOLS
+from runtime.tls import LISTENER_PROTOCOLS
 from runtime.tls import TlsFiles
 from runtime.tls import client_context
 from runtime.tls import server_context
@@ -59,7 +59,7 @@ def ssl_client_auth_setting() -> Any:
 
 
 def security_protocol_setting(doc: str) -> Any:
-    return setting("PLAINTEXT", choices=SECURITY_PROTOCOLS, doc=doc)
+    return setting("PLAINTEXT", choices=LISTENER_PROTOCOLS, doc=doc)
 
 
 class TlsSettings(Protocol):

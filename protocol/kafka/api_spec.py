@@ -6,6 +6,7 @@ the registry: protocol/kafka/apis.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from protocol.api import ApiKey
 from protocol.kafka.schema import INT32
@@ -37,6 +38,16 @@ def throttle_time(versions: str) -> Field:
     """throttle_time_ms: how long a quota throttles the client (runtime/quotas.py);
     every native answer that Kafka gives one carries it."""
     return Field("throttle_time_ms", INT32, versions, default=0)
+
+
+def names_of(items: list[dict[str, Any]] | None) -> list[str] | None:
+    """A list of one-field structs {name} on the wire -> the names natively."""
+    return None if items is None else [item["name"] for item in items]
+
+
+def named(names: list[str] | None) -> list[dict[str, Any]] | None:
+    """The names -> a list of one-field structs {name}, as the wire has them."""
+    return None if names is None else [{"name": n} for n in names]
 
 
 def topics(

@@ -4,8 +4,8 @@ the native messages (protocol/messages), so the broker's handlers serve both lis
 
 The versions served are the smallest set the real clients need
 (../shared/kafka-clients.md, issue 15). Declarations: cluster_apis.py, data_apis.py,
-group_apis.py (offsets), membership_apis.py (group membership), security_apis.py (SASL),
-quota_apis.py (client quotas).
+group_apis.py (offsets), membership_apis.py (group membership), security_apis.py (SASL,
+users), quota_apis.py (client quotas).
 """
 
 from __future__ import annotations
@@ -32,17 +32,21 @@ from protocol.kafka.membership_apis import LIST_GROUPS
 from protocol.kafka.membership_apis import SYNC_GROUP
 from protocol.kafka.quota_apis import ALTER_CLIENT_QUOTAS
 from protocol.kafka.quota_apis import DESCRIBE_CLIENT_QUOTAS
+from protocol.kafka.security_apis import ALTER_USER_SCRAM_CREDENTIALS
+from protocol.kafka.security_apis import DESCRIBE_USER_SCRAM_CREDENTIALS
 from protocol.kafka.security_apis import SASL_AUTHENTICATE
 from protocol.kafka.security_apis import SASL_HANDSHAKE
 
 __all__ = [
     "ALTER_CLIENT_QUOTAS",
+    "ALTER_USER_SCRAM_CREDENTIALS",
     "API_VERSIONS",
     "CREATE_TOPICS",
     "DELETE_GROUPS",
     "DELETE_TOPICS",
     "DESCRIBE_CLIENT_QUOTAS",
     "DESCRIBE_GROUPS",
+    "DESCRIBE_USER_SCRAM_CREDENTIALS",
     "FETCH",
     "FIND_COORDINATOR",
     "HEARTBEAT",
@@ -89,5 +93,7 @@ KAFKA_APIS: dict[int, KafkaApi] = {
         SASL_AUTHENTICATE,
         DESCRIBE_CLIENT_QUOTAS,
         ALTER_CLIENT_QUOTAS,
+        DESCRIBE_USER_SCRAM_CREDENTIALS,
+        ALTER_USER_SCRAM_CREDENTIALS,
     )
 }

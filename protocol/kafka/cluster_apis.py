@@ -8,6 +8,8 @@ from typing import Any
 
 from protocol.api import ApiKey
 from protocol.kafka.api_spec import KafkaApi
+from protocol.kafka.api_spec import named
+from protocol.kafka.api_spec import names_of
 from protocol.kafka.api_spec import throttle_time
 from protocol.kafka.schema import BOOL
 from protocol.kafka.schema import INT16
@@ -36,14 +38,6 @@ from protocol.messages import MetadataTopic
 
 # Kafka's "no authorized operations asked for" value.
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
-
-
-def _names(topics: list[dict[str, Any]] | None) -> list[str] | None:
-    return None if topics is None else [t["name"] for t in topics]
-
-
-def _named(names: list[str] | None) -> list[dict[str, Any]] | None:
-    return None if names is None else [{"name": n} for n in names]
 
 
 def _all_when_empty_v0(topics: list[str] | None) -> list[str] | None:
@@ -100,16 +94,16 @@ METADATA = KafkaApi(
                 "topics",
                 Array(_METADATA_TOPIC_NAME),
                 "0",
-                to_native=lambda t: _all_when_empty_v0(_names(t)),
-                from_native=lambda names: _named(names or []),
+                to_native=lambda t: _all_when_empty_v0(names_of(t)),
+                from_native=lambda names: named(names or []),
             ),
             Field(
                 "topics",
                 Array(_METADATA_TOPIC_NAME),
                 "1+",
                 nullable="1+",
-                to_native=_names,
-                from_native=_named,
+                to_native=names_of,
+                from_native=named,
             ),
             Field("allow_auto_topic_creation", BOOL, "4+", default=True),
             Field("include_cluster_authorized_operations", BOOL, "8+", default=False, mapped=False),
