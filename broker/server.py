@@ -72,6 +72,7 @@ from runtime.settings import unsafe_switches_on
 from runtime.tasks import cancel_and_wait
 from runtime.tls import TlsConfigError
 from runtime.tls import uses_sasl
+from runtime.tls import uses_tls
 from runtime.tls_settings import listener_tls
 from runtime.tls_settings import outgoing_tls
 
@@ -242,9 +243,14 @@ class Broker:
         )
         listener_text = ", ".join(str(s) for s in self.config.listeners)
         advertised_text = ", ".join(str(s) for s in advertised.values())
-        secure = [
-            s.name for s in self.config.listeners if self.config.security_protocol(s.name) == "SSL"
-        ]
+        protocols = {s.name: self.config.security_protocol(s.name) for s in self.config.listeners}
+        tls = [name for name, protocol in protocols.items() if uses_tls(protocol)]
+        sasl = [name for name, protocol in protocols.items() if uses_sasl(protocol)]
+        security = "".join(
+            f"; {what} on {', '.join(names)}"
+            for what, names in (("TLS", tls), ("SASL", sasl))
+            if names
+        )
         log.info(
             "broker %d started: listeners %s (advertised %s), broker epoch %d, cluster %s, "
             "metadata offset %d, %d partitions%s",
@@ -255,7 +261,7 @@ class Broker:
             self.controller.cluster_id,
             self.image.offset,
             len(self.replica_manager.partitions),
-            f"; TLS on {', '.join(secure)}" if secure else "",
+            security,
         )
         self.started.set()
 

@@ -182,6 +182,12 @@ def parser() -> argparse.ArgumentParser:
         help="every listener SSL, TLS between the servers and from the clients "
         "(certificates from a throwaway CA; process backend)",
     )
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="SASL_SSL (SCRAM) on every listener and between the servers, the authorizer on, "
+        "the workload a user with ACLs on its topic and group (process backend)",
+    )
     p.add_argument("--image", default="minibroker:latest", help="docker backend image")
     p.add_argument("--out", type=Path, default=Path("chaos-results"), help="results directory")
     p.add_argument("--keep-logs", action="store_true", help="keep server logs of valid runs")
@@ -218,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster=ClusterSettings(
             controllers=args.controllers or (3 if args.backend == "docker" else 1),
             tls=args.tls,
+            secure=args.secure,
             broker_env=_env_pairs(args.broker_env),
             controller_env=_env_pairs(args.controller_env),
         ),

@@ -41,6 +41,7 @@ import ssl
 import subprocess
 import sys
 import time
+import uuid
 from abc import ABC
 from abc import abstractmethod
 from dataclasses import dataclass
@@ -48,8 +49,15 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from client.admin import AsyncAdmin
 from client.security import create_ssl_context
 from client.throwaway_ca import ThrowawayCA
+from runtime.acl import AclBinding
+from runtime.acl import AclOperation
+from runtime.acl import AclPermission
+from runtime.acl import PatternType
+from runtime.acl import ResourceType
+from runtime.sasl import SaslCredentials
 from tests.integration.cluster import run_command
 from tests.integration.cluster import spawn_logged
 from tests.integration.cluster import stop_in_order
@@ -112,6 +120,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A secure run's users: the servers' own (the controllers' bootstrap user, a super user)
+# and the workload's, allowed its topics and group by ACLs (prefixed WORKLOAD_PREFIX).
+SERVER_USER = "chaos-server"
+WORKLOAD_USER = "chaos-workload"
+WORKLOAD_PREFIX = "chaos"
+SCRAM_SHA_512 = "SCRAM-SHA-512"
+ALLOW = AclPermission.ALLOW
+
+
 @dataclass
 class ClusterSettings:
     """What the servers are started with (both backends)."""
@@ -121,6 +138,10 @@ class ClusterSettings:
     # TLS on every listener and between the servers, certificates from a throwaway CA
     # (process backend); the workload's clients connect with SSL too.
     tls: bool = False
+    # On top of TLS: SASL_SSL (SCRAM) on every listener, between the servers too, and
+    # the authorizer on; the workload runs as a user with ACLs on its topic and group
+    # (process backend).
+    secure: bool = False
     session_timeout_ms: int = 3000
     heartbeat_interval_ms: int = 250
     replica_lag_time_max_ms: int = 5000
@@ -131,19 +152,42 @@ class ClusterSettings:
 
 @dataclass(frozen=True)
 class ChaosTls:
-    """What the run's clients need to reach a cluster whose listeners are all SSL."""
+    """What the run's clients need to reach a cluster whose listeners are all SSL, or
+    all SASL_SSL (`sasl`: the workload's user; `admin`: a super user, for the checker's
+    own requests). The checker presents `certfile` (a super user's certificate): the
+    controllers of a secure run answer the quorum's APIs to servers' certificates."""
 
     cafile: Path
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    sasl: SaslCredentials | None = None
+    admin: SaslCredentials | None = None
 
     def library(self) -> dict[str, Any]:
         """Options of minibroker's clients (AsyncProducer, AsyncConsumer, AsyncAdmin)."""
-        return {"security_protocol": "SSL", "ssl_context": self.context()}
+        if self.sasl is None:
+            return {"security_protocol": "SSL", "ssl_context": self.context()}
+        return {
+            "security_protocol": "SASL_SSL",
+            "ssl_context": self.context(),
+            "sasl_mechanism": self.sasl.mechanism,
+            "sasl_plain_username": self.sasl.username,
+            "sasl_plain_password": self.sasl.password,
+        }
 
     def librdkafka(self) -> dict[str, str]:
-        return {"security.protocol": "ssl", "ssl.ca.location": str(self.cafile)}
+        if self.sasl is None:
+            return {"security.protocol": "ssl", "ssl.ca.location": str(self.cafile)}
+        return {
+            "security.protocol": "sasl_ssl",
+            "ssl.ca.location": str(self.cafile),
+            "sasl.mechanisms": self.sasl.mechanism,
+            "sasl.username": self.sasl.username,
+            "sasl.password": self.sasl.password,
+        }
 
     def context(self) -> ssl.SSLContext:
-        return create_ssl_context(cafile=self.cafile)
+        return create_ssl_context(cafile=self.cafile, certfile=self.certfile, keyfile=self.keyfile)
 
 
 class Backend(ABC):
@@ -161,6 +205,10 @@ class Backend(ABC):
     def tls_context(self) -> ssl.SSLContext | None:
         """For raw connections to the servers (None: plaintext)."""
         return self.tls.context() if self.tls is not None else None
+
+    def admin_sasl(self) -> SaslCredentials | None:
+        """The super user raw connections to the brokers authenticate as (None: none)."""
+        return self.tls.admin if self.tls is not None else None
 
     def client_options(self) -> dict[str, Any]:
         """minibroker's clients' security options ({} when plaintext)."""
@@ -300,9 +348,43 @@ class ProcessBackend(Backend):
             "MINIBROKER_SESSION_TIMEOUT_MS": str(s.session_timeout_ms),
             **s.controller_env,
         }
-        ca = ThrowawayCA.create(self.workdir / "tls") if s.tls else None
+        ca = ThrowawayCA.create(self.workdir / "tls") if s.tls or s.secure else None
         if ca is not None:
             self.tls = ChaosTls(ca.cafile)
+        # Secure: SASL_SSL everywhere as SERVER_USER (the controllers' bootstrap user), the
+        # authorizer on with the servers (and the checker's certificate) as super users.
+        protocol = "SASL_SSL" if s.secure else "SSL"
+        secure_controller: list[str] = []
+        secure_broker: list[str] = []
+        if ca is not None and s.secure:
+            checker = ca.issue("chaos-checker")
+            password_file = self.workdir / "tls" / "server.pw"
+            password_file.write_text(f"{uuid.uuid4().hex}\n")
+            password_file.chmod(0o600)
+            server_password = password_file.read_text().strip()
+            self.tls = ChaosTls(
+                ca.cafile,
+                checker.certfile,
+                checker.keyfile,
+                sasl=SaslCredentials(SCRAM_SHA_512, WORKLOAD_USER, uuid.uuid4().hex),
+                admin=SaslCredentials(SCRAM_SHA_512, SERVER_USER, server_password),
+            )
+            supers = ";".join(
+                [f"User:{SERVER_USER}", "User:CN=chaos-checker"]
+                + [f"User:CN={node}" for node in self.controller_nodes]
+            )
+            authorizer = ["--authorizer-enabled", "true", "--super-users", supers]
+            secure_controller = [
+                *("--ssl-client-auth", "requested"),
+                *("--sasl-bootstrap-username", SERVER_USER),
+                *("--sasl-bootstrap-password-file", str(password_file)),
+                *authorizer,
+            ]
+            secure_broker = [
+                *("--sasl-server-username", SERVER_USER),
+                *("--sasl-server-password-file", str(password_file)),
+                *authorizer,
+            ]
 
         def tls_flags(node: str) -> list[str]:
             if ca is None:
@@ -326,7 +408,8 @@ class ProcessBackend(Backend):
                     *("--listen", f"127.0.0.1:{self.controller_ports[i]}"),
                     *("--data-dir", str(data)),
                     *quorum,
-                    *(["--security-protocol", "SSL", *tls_flags(node)] if ca else []),
+                    *(["--security-protocol", protocol, *tls_flags(node)] if ca else []),
+                    *secure_controller,
                 ],
                 self.workdir / f"{node}.log",
                 data,
@@ -351,9 +434,13 @@ class ProcessBackend(Backend):
                     *("--data-dir", str(data)),
                     *(
                         [
-                            *("--listener-security-protocol-map", "PLAINTEXT:SSL,KAFKA:SSL"),
-                            *("--controller-security-protocol", "SSL"),
+                            *(
+                                "--listener-security-protocol-map",
+                                f"PLAINTEXT:{protocol},KAFKA:{protocol}",
+                            ),
+                            *("--controller-security-protocol", protocol),
                             *tls_flags(node),
+                            *secure_broker,
                         ]
                         if ca
                         else []
@@ -404,6 +491,33 @@ class ProcessBackend(Backend):
         for b in brokers:
             self._spawn(b)
         await asyncio.gather(*(self._wait_ready(b) for b in brokers))
+        if self.settings.secure:
+            await self._grant_workload()
+
+    async def _grant_workload(self) -> None:
+        """The workload's user, with what it needs on its topics and group (chaos*),
+        created by the servers' user (a super user)."""
+        assert self.tls is not None and self.tls.sasl is not None and self.tls.admin is not None
+        admin_options = {
+            **self.tls.library(),
+            "sasl_plain_username": self.tls.admin.username,
+            "sasl_plain_password": self.tls.admin.password,
+        }
+        async with AsyncAdmin(self.bootstrap_servers(), **admin_options) as admin:
+            await admin.create_user(
+                self.tls.sasl.username, self.tls.sasl.password, mechanism=SCRAM_SHA_512
+            )
+            await admin.create_acls(
+                [
+                    AclBinding(kind, WORKLOAD_PREFIX, PatternType.PREFIXED, user, "*", op, ALLOW)
+                    for kind, op in (
+                        (ResourceType.TOPIC, AclOperation.ALL),
+                        (ResourceType.GROUP, AclOperation.READ),
+                        (ResourceType.GROUP, AclOperation.DESCRIBE),
+                    )
+                    for user in (f"User:{self.tls.sasl.username}",)
+                ]
+            )
 
     def bootstrap_servers(self) -> str:
         return ",".join(f"127.0.0.1:{self.ports[i]}" for i in self.broker_ids)

@@ -23,6 +23,9 @@
   brokers' Kafka listeners: the same checker, the same guarantees.
 - `tls`: `compound` with every listener on TLS, TLS between the servers (replication,
   the controller) and from the clients (issue 18).
+- `secure`: `compound` with SASL_SSL (SCRAM) on every listener and between the servers,
+  the authorizer on, and the workload a user allowed only its topics and group by ACLs
+  (issue 18).
 - `full`: the acceptance campaign: every fault, longer.
 """
 
@@ -99,6 +102,12 @@ def librdkafka(backend: str, seed: int, *, time_limit: float = 15.0) -> RunConfi
 def tls(backend: str, seed: int, *, time_limit: float = 20.0) -> RunConfig:
     cfg = compound(backend, seed, time_limit=time_limit)
     cfg.cluster.tls = True
+    return cfg
+
+
+def secure(backend: str, seed: int, *, time_limit: float = 20.0) -> RunConfig:
+    cfg = compound(backend, seed, time_limit=time_limit)
+    cfg.cluster.secure = True
     return cfg
 
 

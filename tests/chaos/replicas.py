@@ -19,20 +19,22 @@ INVALID_REQUEST or UNSUPPORTED_VERSION: an older broker), so the checker reports
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from protocol.connection import ClientConnection
 from protocol.connection import Response
 from protocol.errors import DecodeError
 from protocol.errors import ErrorCode
 from protocol.messages import DescribeReplicaLogRequest
 from protocol.messages import DescribeReplicaLogResponse
 from protocol.messages import Message
+from runtime.peer_rpc import RpcClient
+from runtime.peer_rpc import RpcError
+from runtime.peer_rpc import RpcErrorResponse
+from runtime.sasl import SaslCredentials
 
 log = logging.getLogger(__name__)
 
@@ -50,32 +52,31 @@ async def request(
     *,
     timeout: float = 5.0,
     tls: ssl.SSLContext | None = None,
+    sasl: SaslCredentials | None = None,
 ) -> Response:
-    """One request on a fresh connection (TLS with `tls`); the whole exchange bounded
-    by `timeout`."""
-    conn = ClientConnection("minibroker-chaos")
-
-    async def exchange() -> Response:
-        reader, writer = await asyncio.open_connection(
-            host, port, ssl=tls, server_hostname=host if tls is not None else None
-        )
-        try:
-            cid, data = conn.send_request(body)
-            writer.write(data)
-            await writer.drain()
-            while True:
-                chunk = await reader.read(1 << 20)
-                if not chunk:
-                    raise ConnectionError(f"{host}:{port} closed the connection")
-                for response in conn.receive_data(chunk):
-                    if response.correlation_id == cid:
-                        return response
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError, ConnectionError):
-                await writer.wait_closed()
-
-    return await asyncio.wait_for(exchange(), timeout)
+    """One request on a fresh connection (TLS with `tls`, authenticated as `sasl`);
+    the whole exchange bounded by `timeout`."""
+    client = RpcClient(
+        host,
+        port,
+        name="broker",
+        client_id="minibroker-chaos",
+        request_timeout_s=timeout,
+        connect_timeout_s=timeout,
+        max_in_flight=1,
+        tls=tls,
+        sasl=sasl,
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            answer = await client.request(body)
+    except RpcErrorResponse as exc:
+        return Response(-1, None, exc.error, exc.message)
+    except RpcError as exc:
+        raise OSError(str(exc)) from exc
+    finally:
+        await client.close()
+    return Response(-1, answer, ErrorCode.NONE, "")
 
 
 async def describe_replica(
@@ -86,6 +87,7 @@ async def describe_replica(
     *,
     timeout: float = 5.0,
     tls: ssl.SSLContext | None = None,
+    sasl: SaslCredentials | None = None,
 ) -> dict[str, Any] | None:
     """One replica as a dict, None when the broker hosts none of the partition.
     Raises ReplicaLogUnsupported, or OSError / TimeoutError / DecodeError."""
@@ -95,6 +97,7 @@ async def describe_replica(
         DescribeReplicaLogRequest(topic=topic, partition=partition),
         timeout=timeout,
         tls=tls,
+        sasl=sasl,
     )
     if response.error_code in _NOT_SERVED:
         raise ReplicaLogUnsupported(
@@ -131,6 +134,7 @@ async def collect(
     *,
     timeout: float = 5.0,
     tls: ssl.SSLContext | None = None,
+    sasl: SaslCredentials | None = None,
 ) -> dict[str, Any]:
     """Every broker's replica of every partition (see the module doc)."""
     out: dict[str, Any] = {"available": True, "reason": None, "errors": [], "partitions": {}}
@@ -138,7 +142,9 @@ async def collect(
     for node_id, (host, port) in sorted(brokers.items()):
         for p in range(partitions):
             try:
-                replica = await describe_replica(host, port, topic, p, timeout=timeout, tls=tls)
+                replica = await describe_replica(
+                    host, port, topic, p, timeout=timeout, tls=tls, sasl=sasl
+                )
             except ReplicaLogUnsupported as exc:
                 unsupported.append(f"broker {node_id}: {exc}")
                 break
@@ -163,6 +169,7 @@ async def collect_converged(
     *,
     wait: float = 30.0,
     tls: ssl.SSLContext | None = None,
+    sasl: SaslCredentials | None = None,
 ) -> dict[str, Any]:
     """Collect, waiting up to `wait` seconds for the replicas of each partition to agree
     on their log end offset and high watermark (the workload has stopped: followers
@@ -170,7 +177,7 @@ async def collect_converged(
     `converged` set."""
     deadline = time.monotonic() + wait
     while True:
-        result = await collect(brokers, topic, partitions, tls=tls)
+        result = await collect(brokers, topic, partitions, tls=tls, sasl=sasl)
         converged = (
             result["available"]
             and not result["errors"]

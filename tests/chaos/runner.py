@@ -94,8 +94,8 @@ class RunConfig:
                 f"--faults {','.join(self.faults)}: none can be injected by the "
                 f"{self.backend} backend ({'; '.join(cannot.values())})"
             )
-        if self.cluster.tls and self.backend != "process":
-            out.append("--tls: only the process backend runs the cluster on TLS so far")
+        if (self.cluster.tls or self.cluster.secure) and self.backend != "process":
+            out.append("--tls, --secure: only the process backend runs them so far")
         if "diverge" in self.faults and wl.replication_factor < 2:
             out.append("--faults diverge needs followers to leave the leader alone: --rf 2 or more")
         if "wipe" in self.faults and self.guard_wipes and wl.replication_factor < 2:
@@ -237,7 +237,7 @@ async def _run(
             facts["workload-errors"] = workload.errors
         await workload.final_read()
         logs = await replicas.collect_converged(
-            backend.broker_addresses(), wl.topic, wl.partitions, tls=tls
+            backend.broker_addresses(), wl.topic, wl.partitions, tls=tls, sasl=backend.admin_sasl()
         )
         facts["replicas-converged"] = logs.get("converged")
         (run_dir / "replicas.json").write_text(json.dumps(logs, indent=1) + "\n")

@@ -20,6 +20,9 @@
   voters' metadata logs identical below the committed offset, nothing committed lost).
 - `test_process_run_on_tls` (~30 s): the compound run with every listener on TLS and
   TLS between the servers and from the clients (issue 18): the same guarantees.
+- `test_process_run_secure` (~30 s): the compound run with SASL_SSL (SCRAM) on every
+  listener and between the servers, the authorizer on and the workload a user with ACLs
+  on its topic and group (issue 18): the same guarantees.
 - `test_process_run_unclean_divergence` (~25 s): RF=3, min.insync.replicas=1, unclean
   election on, the `diverge` fault: a leader alone takes writes, dies, an out-of-sync
   follower leads a new lineage. Acknowledged writes are lost by design (expected);
@@ -145,6 +148,22 @@ def test_process_run_on_tls(tmp_path: Path, chaos_options: ChaosOptions) -> None
     logs = "".join(p.read_text() for p in (tmp_path / "tls" / "logs").glob("*.log"))
     assert logs.count("TLS on PLAINTEXT, KAFKA") >= 3, "every broker's listeners on TLS"
     assert "TLS handshake failed" not in logs
+
+
+def test_process_run_secure(tmp_path: Path, chaos_options: ChaosOptions) -> None:
+    """Issue 18's last line: the chaos run passes with TLS and SASL on between the
+    servers, and the authorizer on (the workload a user with ACLs on its topic only)."""
+    result = clean_run(presets.secure("process", chaos_options.seed_or(31)), tmp_path, "secure")
+    assert result["run"]["faults-applied"] >= 3, summary(result)
+    assert result["stats"]["replicas"]["compared"], summary(result)  # over SASL_SSL
+    assert result["run"]["quorum-samples"] > 0, summary(result)
+    logs = "".join(p.read_text() for p in (tmp_path / "secure" / "logs").glob("*.log"))
+    assert logs.count("TLS on PLAINTEXT, KAFKA; SASL on PLAINTEXT, KAFKA") >= 3
+    assert "on controller: authenticated as chaos-server" in logs  # brokers to controller
+    assert "on PLAINTEXT: authenticated as chaos-server" in logs  # follower to leader
+    assert "on PLAINTEXT: authenticated as chaos-workload" in logs
+    assert "refused:" not in logs, "an ACL refused a server or the workload"
+    assert "SASL authentication" not in logs or "failed" not in logs
 
 
 def test_process_run_unclean_divergence(tmp_path: Path, chaos_options: ChaosOptions) -> None:
