@@ -8,6 +8,8 @@ be served unchecked.
 - Fetch: a consumer's, Read on each topic; a replica's, ClusterAction on the cluster,
   from the principal the replica's broker registered with;
 - ListOffsets: Describe on each topic;
+- Fetch or ListOffsets with a replica id other than a consumer's (-1), a replica's
+  view past the high watermark (the debugging replica -2): ClusterAction as well;
 - OffsetsForLeaderEpoch: Describe on each topic; a replica's, as its Fetch;
 - Metadata: Describe on a topic to see it: hidden from a list of all topics, and
   TOPIC_AUTHORIZATION_FAILED when named (whether it exists or not);
@@ -40,6 +42,7 @@ from typing import Any
 import msgspec
 
 from broker.metadata_image import MetadataImage
+from protocol.api import CONSUMER_REPLICA_ID
 from protocol.api import ApiKey
 from protocol.api import api_name
 from protocol.connection import NATIVE
@@ -112,6 +115,7 @@ Guard = Callable[[RequestContext, Any, Handler], Awaitable[Message]]
 TOPIC_DENIED = int(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
 GROUP_DENIED = int(ErrorCode.GROUP_AUTHORIZATION_FAILED)
 READ, WRITE, DESCRIBE = AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE
+CLUSTER_ACTION = AclOperation.CLUSTER_ACTION
 TOPIC, GROUP = ResourceType.TOPIC, ResourceType.GROUP
 
 
@@ -407,12 +411,23 @@ class BrokerRequestAccess:
         if req.replica_id >= 0:
             self._require_replica(ctx, req.replica_id, "Fetch")
             return await inner(ctx, req)
+        self._require_consumer_view(ctx, req.replica_id, "Fetch")
         return await self._per_topic(ctx, req, inner, READ)
 
     async def list_offsets(
         self, ctx: RequestContext, req: ListOffsetsRequest, inner: Handler
     ) -> Message:
+        self._require_consumer_view(ctx, req.replica_id, "ListOffsets")
         return await self._per_topic(ctx, req, inner, DESCRIBE)
+
+    def _require_consumer_view(self, ctx: RequestContext, replica_id: int, api: str) -> None:
+        """Any replica id but a consumer's (-1) sees past the high watermark (the
+        debugging replica -2 reads uncommitted records, from followers too): a
+        server's view, ClusterAction."""
+        if replica_id != CONSUMER_REPLICA_ID:
+            self.access.require_cluster(
+                ctx, f"{api} as replica {replica_id} (past the high watermark)", CLUSTER_ACTION
+            )
 
     async def offsets_for_leader_epoch(
         self, ctx: RequestContext, req: OffsetForLeaderEpochRequest, inner: Handler

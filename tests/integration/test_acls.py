@@ -40,6 +40,7 @@ from client.errors import ClusterAuthorizationFailedError
 from client.errors import GroupAuthorizationFailedError
 from client.errors import TopicAuthorizationFailedError
 from client.throwaway_ca import ThrowawayCA
+from protocol.api import DEBUGGING_REPLICA_ID
 from protocol.errors import ErrorCode
 from protocol.messages import BrokerHeartbeatRequest
 from protocol.messages import BrokerRegistrationRequest
@@ -54,6 +55,9 @@ from runtime.acl import AclOperation
 from runtime.acl import AclPermission
 from runtime.acl import PatternType
 from runtime.acl import ResourceType
+from runtime.peer_rpc import RpcClient
+from runtime.peer_rpc import RpcErrorResponse
+from runtime.sasl import SaslCredentials
 from tests.integration.cluster import CLI
 from tests.integration.cluster import CLI_ENV
 from tests.integration.cluster import Cluster
@@ -229,6 +233,29 @@ async def test_a_user_without_acls_sees_nothing_and_an_acl_opens_exactly_its_par
             got += [r.value for records in batch.values() for r in records]
         assert got == [b"o%d" % i for i in range(5)]
         await consumer.commit()
+    # Read on a topic is a consumer's view: the debugging replica's (past the high
+    # watermark, uncommitted records) needs ClusterAction.
+    host, port = s.client.rsplit(":", 1)
+    raw = RpcClient(
+        host,
+        int(port),
+        name="broker",
+        client_id="acl-test",
+        sasl=SaslCredentials("SCRAM-SHA-256", "alice", PASSWORD),
+    )
+    try:
+        fetch = FetchRequest(
+            replica_id=DEBUGGING_REPLICA_ID,
+            max_wait_ms=0,
+            topics=[
+                FetchTopic(topic="orders", partitions=[FetchPartition(partition=0, fetch_offset=0)])
+            ],
+        )
+        with pytest.raises(RpcErrorResponse, match="past the high watermark") as refused:
+            await raw.request(fetch)
+        assert refused.value.error == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    finally:
+        await raw.close()
     for topic in ("orders-eu", "payroll"):
         async with AsyncConsumer(s.client, auto_offset_reset="earliest", **alice) as consumer:  # type: ignore[arg-type]
             consumer.assign([TopicPartition(topic, 0)])
