@@ -126,6 +126,14 @@ OPERATIONS_OF: dict[ResourceType, frozenset[AclOperation]] = {
 }
 
 
+KIND_LABELS: dict[type, str] = {
+    ResourceType: "resource type",
+    PatternType: "pattern type",
+    AclOperation: "operation",
+    AclPermission: "permission",
+}
+
+
 def display_name(value: IntEnum) -> str:
     """Kafka's spelling in tools: "ClusterAction", "Topic", "Prefixed"."""
     return "".join(part.capitalize() for part in value.name.split("_"))
@@ -141,7 +149,8 @@ def parse_enum(kind: type[E], text: str, *, allowed: Iterable[E]) -> E:
         if member.name.replace("_", "").lower() == wanted:
             return member
     accepted = ", ".join(display_name(m) for m in choices)
-    raise ValueError(f"{text!r} is not a {kind.__name__}: use one of {accepted}")
+    label = KIND_LABELS.get(kind, kind.__name__)
+    raise ValueError(f"{text!r} is not an ACL {label}: use one of {accepted}")
 
 
 @dataclass(frozen=True, order=True)

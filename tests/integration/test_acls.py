@@ -443,7 +443,7 @@ async def test_acl_cli_adds_lists_and_removes(secured: Secured) -> None:
     code, out, err = mb_admin(
         "acl", "add", "--allow-principal", "User:alice", "--operation", "Fly", "--topic", "t"
     )
-    assert code == 2 and "'Fly' is not a AclOperation" in err
+    assert code == 2 and "'Fly' is not an ACL operation" in err
     code, out, err = mb_admin(
         "acl", "add", "--allow-principal", "alice", "--operation", "Read", "--topic", "t"
     )
