@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import re
+import resource
 import signal
 import socket
 import ssl as ssl_module
@@ -124,6 +125,41 @@ def stop_in_order(groups: list[list[subprocess.Popen[bytes] | None]], timeout_s:
             except subprocess.TimeoutExpired:
                 popen.kill()
                 popen.wait(STOP_TIMEOUT_S)
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process `pid` (VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def open_fds(pid: int) -> list[str]:
+    """What process `pid` has open: the targets of /proc/<pid>/fd (sockets as
+    `socket:[inode]`), for a count and, when a count is off, a diff."""
+    out = []
+    for entry in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # closed while we list
+            out.append(os.readlink(entry))
+    return out
+
+
+def open_file_budget(wanted: int) -> int:
+    """Raise this process's descriptor limit toward `wanted` + room (children inherit
+    it); return how many connections a test may open (fewer when the hard limit is
+    lower, at least 60)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted + 300
+    if soft < target:
+        new_soft = target if hard == resource.RLIM_INFINITY else min(hard, target)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
+        soft = new_soft
+    return max(60, min(wanted, soft - 300))
+
+
+def count_lines(text: str, needle: str) -> int:
+    return sum(1 for line in text.splitlines() if needle in line)
 
 
 @dataclass

@@ -6,12 +6,18 @@ throttle_time_ms), with short quota windows (2 x 1 s) so each scenario takes sec
 - a greedy producer with a producer_byte_rate quota is held to about its rate while a
   second one (another client id) keeps going at its own pace;
 - a consumer with a consumer_byte_rate quota reads at about its rate;
+- a raw client that ignores throttle_time_ms (Produce back to back) is held to its
+  quota by the broker's mute alone (without the mute: 13.5 MB/s against 100 kB/s);
+- a client hammering Metadata under request_percentage=0.1 is throttled and held back
+  (~280 requests in 4 s) while a client id without a quota gets ~15,000 (without the
+  mute: as many as the other);
 - quotas survive a restart of the controller (from a snapshot) and of the broker;
 - bad input is refused with a message saying what is wrong.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -24,8 +30,16 @@ from confluent_kafka import TopicPartition as ConfluentTopicPartition
 from client import AsyncAdmin
 from client import NewTopic
 from controller.metadata_log import MetadataLog
+from protocol.messages import MetadataRequest
+from protocol.messages import MetadataResponse
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopic
 from protocol.metadata_records import ClientQuotaRecord
+from protocol.record_batch import encode_batch
 from tests.integration.cluster import Cluster
+from tests.integration.cluster import TestClient
 from tests.integration.cluster import mb
 
 pytestmark = pytest.mark.integration
@@ -237,3 +251,100 @@ def test_quotas_survive_restarts_and_bad_input_is_refused(cluster: Cluster) -> N
         refused = mb("-b", bootstrap, "quota", "set", *args)
         assert refused.returncode != 0 and message in refused.stderr, (args, refused.stderr)
     assert not any("bob" in row for row in quota_rows(bootstrap)), "nothing written"
+
+
+# ---------------------------------------------------------------- clients that ignore throttles
+
+
+async def produce_back_to_back(
+    client: TestClient, client_id: str, seconds: float
+) -> tuple[float, list[int]]:
+    """A client that ignores throttle_time_ms: one Produce after another, each sent as
+    soon as the previous one is answered, for `seconds`. The record bytes acknowledged
+    per second, and the throttle times the answers carried."""
+    client.conn.client_id = client_id
+    records = encode_batch([(None, VALUE, (), None)])
+    request = ProduceRequest(
+        acks=1,
+        timeout_ms=5000,
+        topics=[ProduceTopic(name=TOPIC, partitions=[ProducePartition(index=0, records=records)])],
+    )
+    acked = 0
+    throttles: list[int] = []
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        answer = await client.call(request, timeout=30)
+        assert isinstance(answer, ProduceResponse)
+        assert answer.topics[0].partitions[0].error_code == 0, answer
+        acked += len(records)
+        throttles.append(answer.throttle_time_ms)
+    return acked / (time.monotonic() - start), throttles
+
+
+async def test_a_client_that_ignores_throttles_is_held_by_the_broker_mute(
+    cluster: Cluster,
+) -> None:
+    """Invariant: a client id's produce rate stays about its producer_byte_rate even
+    when the client ignores throttle_time_ms, because the broker reads nothing more
+    from its connection for the throttle time (KIP-219's mute, runtime/server.py);
+    another client id on the same broker keeps its own rate. Without the mute the
+    ignoring client produced at many times its quota."""
+    cluster.start_controller()
+    broker = cluster.start_broker(1, *QUOTA_WINDOWS)
+    await create_topic(cluster)
+    quota = 100_000
+    bootstrap = native_bootstrap(cluster)
+    done = mb("-b", bootstrap, "quota", "set", "--client-id", "rude", f"producer_byte_rate={quota}")
+    assert done.returncode == 0, done.stderr
+    async with TestClient(*broker.address) as rude, TestClient(*broker.address) as polite:
+        (rude_rate, rude_throttles), (free_rate, free_throttles) = await asyncio.gather(
+            produce_back_to_back(rude, "rude", RUN_S),
+            produce_back_to_back(polite, "free", RUN_S),
+        )
+    # One window's burst goes before the first throttle: about (4 + 1) / 4 of the quota.
+    assert rude_rate < 1.6 * quota, (
+        f"a client ignoring throttles produced {rude_rate:.0f} B/s against a quota of {quota}"
+    )
+    assert max(rude_throttles) > 0, "its answers carried throttle_time_ms"
+    assert free_rate > 5 * quota and max(free_throttles) == 0, (free_rate, rude_rate)
+
+
+async def metadata_back_to_back(client: TestClient, client_id: str, seconds: float) -> list[int]:
+    """Metadata requests one after another for `seconds`; the throttle time of each answer."""
+    client.conn.client_id = client_id
+    throttles: list[int] = []
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        answer = await client.call(MetadataRequest(topics=[TOPIC]), timeout=30)
+        assert isinstance(answer, MetadataResponse)
+        throttles.append(answer.throttle_time_ms)
+    return throttles
+
+
+async def test_request_percentage_holds_back_a_client_hammering_cheap_requests(
+    cluster: Cluster,
+) -> None:
+    """Invariant: a client id with a request_percentage quota gets throttle_time_ms > 0
+    once its requests' handling time passes its share of the broker's loop, and is
+    held back (muted) while a client id without a quota is served at full speed."""
+    cluster.start_controller()
+    broker = cluster.start_broker(1, *QUOTA_WINDOWS)
+    await create_topic(cluster)
+    bootstrap = native_bootstrap(cluster)
+    # 0.1% of a second: about 1 ms of handler time a second.
+    done = mb("-b", bootstrap, "quota", "set", "--client-id", "hammer", "request_percentage=0.1")
+    assert done.returncode == 0, done.stderr
+    async with TestClient(*broker.address) as hammer, TestClient(*broker.address) as calm:
+        hammer_throttles, calm_throttles = await asyncio.gather(
+            metadata_back_to_back(hammer, "hammer", RUN_S),
+            metadata_back_to_back(calm, "calm", RUN_S),
+        )
+    throttled = [t for t in hammer_throttles if t > 0]
+    assert throttled, f"{len(hammer_throttles)} Metadata requests, none throttled"
+    # A request_percentage throttle is at most one quota window (1 s here).
+    assert max(throttled) <= 1000, max(throttled)
+    assert calm_throttles and max(calm_throttles) == 0, "no quota, no throttle"
+    assert len(hammer_throttles) * 5 < len(calm_throttles), (
+        f"the hammer got {len(hammer_throttles)} requests served in {RUN_S:g} s, "
+        f"the client without a quota {len(calm_throttles)}"
+    )

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import resource
 import socket
 import time
-from pathlib import Path
 
 import pytest
 from cluster import Cluster
 from cluster import TestClient
+from cluster import count_lines
+from cluster import open_file_budget
+from cluster import rss_bytes
 
 from client.admin import AsyncAdmin
 from client.producer import AsyncProducer
@@ -50,13 +51,6 @@ from protocol.record_batch import iter_headers
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 MAX_INT32 = 2**31 - 1
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def fetch_request(topic: str, offset: int = 0, *, max_bytes: int = MAX_INT32) -> FetchRequest:
@@ -137,10 +131,6 @@ async def trickle_until_closed(
         if await closed_by_peer(reader, 0.1):
             return time.monotonic() - started
     return None
-
-
-def count_lines(text: str, needle: str) -> int:
-    return sum(1 for line in text.splitlines() if needle in line)
 
 
 # ---------------------------------------------------------------- memory and loop
@@ -331,18 +321,6 @@ async def test_connection_over_the_per_ip_limit_is_refused_with_one_log_line(
 # ---------------------------------------------------------------- the controller
 
 
-def _open_file_budget(wanted: int) -> int:
-    """Raise this process's descriptor limit toward `wanted` + room (children inherit
-    it); return how many connections the test may open."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = wanted + 300
-    if soft < target:
-        new_soft = target if hard == resource.RLIM_INFINITY else min(hard, target)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
-        soft = new_soft
-    return max(60, min(wanted, soft - 300))
-
-
 @pytest.mark.parametrize("flood_speaks", [False, True], ids=["silent", "speaking"])
 def test_anonymous_connections_do_not_lock_a_restarting_broker_out_of_the_controller(
     cluster: Cluster, flood_speaks: bool
@@ -353,7 +331,7 @@ def test_anonymous_connections_do_not_lock_a_restarting_broker_out_of_the_contro
     displaced by newcomers; ones that spoke (ApiVersions, then idle) may not hold the
     slots kept for brokers. The first-request timeout is set long so that it is not
     what lets the broker in."""
-    max_connections = min(1000, _open_file_budget(1010) - 10)
+    max_connections = min(1000, open_file_budget(1010) - 10)
     cluster.start_controller(
         "--first-request-timeout-ms",
         "120000",
