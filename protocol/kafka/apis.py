@@ -5,11 +5,14 @@ the native messages (protocol/messages), so the broker's handlers serve both lis
 The versions served are the smallest set the real clients need
 (../shared/kafka-clients.md, issue 15). Declarations: cluster_apis.py, data_apis.py,
 group_apis.py (offsets), membership_apis.py (group membership), security_apis.py (SASL,
-users), quota_apis.py (client quotas).
+users), quota_apis.py (client quotas), acl_apis.py (ACLs).
 """
 
 from __future__ import annotations
 
+from protocol.kafka.acl_apis import CREATE_ACLS
+from protocol.kafka.acl_apis import DELETE_ACLS
+from protocol.kafka.acl_apis import DESCRIBE_ACLS
 from protocol.kafka.api_spec import KafkaApi
 from protocol.kafka.cluster_apis import API_VERSIONS
 from protocol.kafka.cluster_apis import CREATE_TOPICS
@@ -41,9 +44,12 @@ __all__ = [
     "ALTER_CLIENT_QUOTAS",
     "ALTER_USER_SCRAM_CREDENTIALS",
     "API_VERSIONS",
+    "CREATE_ACLS",
     "CREATE_TOPICS",
+    "DELETE_ACLS",
     "DELETE_GROUPS",
     "DELETE_TOPICS",
+    "DESCRIBE_ACLS",
     "DESCRIBE_CLIENT_QUOTAS",
     "DESCRIBE_GROUPS",
     "DESCRIBE_USER_SCRAM_CREDENTIALS",
@@ -95,5 +101,8 @@ KAFKA_APIS: dict[int, KafkaApi] = {
         ALTER_CLIENT_QUOTAS,
         DESCRIBE_USER_SCRAM_CREDENTIALS,
         ALTER_USER_SCRAM_CREDENTIALS,
+        DESCRIBE_ACLS,
+        CREATE_ACLS,
+        DELETE_ACLS,
     )
 }
