@@ -16,6 +16,8 @@ Layout under the data dir::
     broker-<id>/           each broker's log dirs (its --data-dir)
     logs/controller.log    each child's stdout and stderr, appended across runs
     logs/broker-<id>.log
+    secure/                with --secure: the CA, the servers' certificates, the servers'
+                           and the admin's passwords (client/secure_setup.py), reused
     dev.lock               flock held while a `minibroker dev` runs here (text: its pid)
 
 Stopping (Ctrl-C or SIGTERM): SIGTERM to every broker (controlled shutdown needs the
@@ -23,6 +25,12 @@ controller, so it goes last), bounded wait, SIGKILL what is left; then the same 
 the controller. A second Ctrl-C kills everything at once. Children run in their own
 session, so a terminal's Ctrl-C reaches only this process, which stops them in order;
 on Linux they also get SIGTERM if this process dies without cleaning up.
+
+With --secure every listener (the brokers' native and Kafka ones, the controllers') is
+SASL_SSL: the servers authenticate to each other as SERVER_USER (the controllers'
+bootstrap user) and the controllers of a quorum by certificate; the authorizer is on
+with the servers and the admin as super users; the admin user is created once the
+brokers are up, and the client settings are printed.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import fcntl
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -47,9 +56,17 @@ from typing import TextIO
 
 from client.connection import BrokerConnection
 from client.errors import MinibrokerError
+from client.secure_setup import SERVER_USER
+from client.secure_setup import SecureFiles
+from client.secure_setup import SecureSetupError
+from client.secure_setup import client_settings_lines
+from client.secure_setup import ensure_admin
+from client.secure_setup import prepare
+from client.secure_setup import super_users
 from protocol.messages import MetadataRequest
 from protocol.messages import MetadataResponse
 from runtime.active_controller import ActiveController
+from runtime.sasl import SaslCredentials
 
 CONTROLLER_ID = 0
 POLL_INTERVAL = 0.1
@@ -174,6 +191,7 @@ class DevCluster:
         startup_timeout: float = 60.0,
         stop_timeout: float = 20.0,
         log_level: str = "INFO",
+        secure: bool = False,
         out: TextIO = sys.stdout,
         err: TextIO = sys.stderr,
     ) -> None:
@@ -216,6 +234,11 @@ class DevCluster:
         self.err = err
         python = sys.executable
         logs = self.data_dir / "logs"
+        # Paths only: the files are made (or checked) at start, under the data dir's lock.
+        self.secure = SecureFiles(self.data_dir / "secure") if secure else None
+        self._client_tls: ssl.SSLContext | None = None
+        self._client_sasl: SaslCredentials | None = None
+        self._admin_password_is_new = False
         self.controllers = self._controller_children(python, logs, log_level)
         self.brokers: list[_Child] = []
         for i, (port, kafka_port) in enumerate(
@@ -233,9 +256,10 @@ class DevCluster:
                         "--node-id",
                         str(node_id),
                         "--listeners",
-                        f"PLAINTEXT://{host}:{port},KAFKA://{host}:{kafka_port}",
+                        f"{self._native_listener}://{host}:{port},KAFKA://{host}:{kafka_port}",
                         "--kafka-listeners",
                         "KAFKA",
+                        *self._broker_security_flags(node_id),
                         "--controller",
                         self.controller_addresses,
                         "--data-dir",
@@ -282,6 +306,7 @@ class DevCluster:
                     "--log-level",
                     log_level,
                     *quorum,
+                    *self._controller_security_flags(node_id),
                 ],
                 logs / f"{directory}.log",
             )
@@ -289,6 +314,82 @@ class DevCluster:
                 layout, self.controller_ports, strict=True
             )
         ]
+
+    # ------------------------------------------------------------ --secure
+
+    @property
+    def _native_listener(self) -> str:
+        # Named for what it is: a listener named PLAINTEXT that is SASL_SSL would mislead.
+        return "PLAINTEXT" if self.secure is None else "NATIVE"
+
+    @property
+    def _controller_names(self) -> list[str]:
+        return [f"controller-{i}" for i in range(len(self.controller_ports))]
+
+    def _authorizer_flags(self) -> list[str]:
+        assert self.secure is not None
+        return [
+            "--authorizer-enabled",
+            "true",
+            "--super-users",
+            super_users(self._controller_names),
+        ]
+
+    def _controller_security_flags(self, node_id: int) -> list[str]:
+        if self.secure is None:
+            return []
+        # A quorum's voters talk by certificate: they must ask for each other's.
+        client_auth = ["--ssl-client-auth", "requested"] if len(self.controller_ports) > 1 else []
+        return [
+            *("--security-protocol", "SASL_SSL"),
+            *self.secure.tls_flags(f"controller-{node_id}"),
+            *client_auth,
+            *("--sasl-bootstrap-username", SERVER_USER),
+            *("--sasl-bootstrap-password-file", str(self.secure.server_password_file)),
+            *self._authorizer_flags(),
+        ]
+
+    def _broker_security_flags(self, node_id: int) -> list[str]:
+        if self.secure is None:
+            return []
+        return [
+            *("--listener-security-protocol-map", "NATIVE:SASL_SSL,KAFKA:SASL_SSL"),
+            *("--controller-security-protocol", "SASL_SSL"),
+            *("--sasl-server-username", SERVER_USER),
+            *("--sasl-server-password-file", str(self.secure.server_password_file)),
+            *self.secure.tls_flags(f"broker-{node_id}"),
+            *self._authorizer_flags(),
+        ]
+
+    def _prepare_secure(self) -> None:
+        """The certificates and passwords (made or reused), and the credentials this
+        process checks the servers with (the servers' user: the admin is made later)."""
+        assert self.secure is not None
+        hosts = list(dict.fromkeys([self.host, "127.0.0.1", "localhost"]))
+        servers = {name: hosts for name in self._controller_names}
+        servers |= {f"broker-{b.node_id}": hosts for b in self.brokers}
+        try:
+            _, self._admin_password_is_new = prepare(self.secure.directory, servers, self._say)
+        except SecureSetupError as exc:
+            raise DevClusterError(str(exc)) from None
+        settings = self.secure.client_settings(SERVER_USER)
+        self._client_tls = settings["ssl_context"]
+        self._client_sasl = SaslCredentials(
+            settings["sasl_mechanism"], SERVER_USER, settings["sasl_plain_password"]
+        )
+
+    async def _create_admin(self, deadline: float) -> None:
+        assert self.secure is not None
+        try:
+            did = await ensure_admin(
+                self.bootstrap,
+                self.secure,
+                new_password=self._admin_password_is_new,
+                timeout_s=max(1.0, deadline - time.monotonic()),
+            )
+        except SecureSetupError as exc:
+            raise DevClusterError(str(exc)) from None
+        self._say(f"{did} (password in {self.secure.admin_password_file}, mode 0600)")
 
     def _cluster_id(self) -> str:
         """The quorum's cluster id: what its first controller was formatted with, or a
@@ -356,7 +457,11 @@ class DevCluster:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self._lock_data_dir()
             started = time.monotonic()
+            if self.secure is not None:
+                self._prepare_secure()
             await self._start_all()
+            if self.secure is not None and not self._stop.is_set():
+                await self._create_admin(started + self.startup_timeout)
             if self._stop.is_set():
                 return await self._shutdown(reason="interrupted during startup")
             self._say(
@@ -371,6 +476,11 @@ class DevCluster:
             self._say(f"data: {self.data_dir}  logs: {self.data_dir / 'logs'}")
             self._say(f"bootstrap: {self.bootstrap}")
             self._say(f"kafka bootstrap: {self.kafka_bootstrap}")
+            if self.secure is not None:
+                for line in client_settings_lines(
+                    self.secure, self.bootstrap, self.kafka_bootstrap
+                ):
+                    self._say(line)
             self._say("Press Ctrl-C to stop.")
             dead = await self._watch()
             if dead is not None:
@@ -486,6 +596,8 @@ class DevCluster:
             client_id="minibroker-dev",
             request_timeout_ms=2_000,
             connect_timeout_ms=1_000,
+            tls=self._client_tls,
+            sasl=self._client_sasl,
         )
         try:
             await conn.connect()
@@ -496,7 +608,10 @@ class DevCluster:
     async def _controller_ready(self) -> bool:
         """An active controller (a quorum of one has one at once)."""
         active = ActiveController(
-            [(self.host, p) for p in self.controller_ports], client_id="minibroker-dev"
+            [(self.host, p) for p in self.controller_ports],
+            client_id="minibroker-dev",
+            tls=self._client_tls,
+            sasl=self._client_sasl,
         )
         await active.find()
         return active.leader_id >= 0

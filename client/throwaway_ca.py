@@ -3,6 +3,7 @@ as PEM files, for a cluster on one machine (`minibroker dev --secure`) and the t
 Not a way to run a CA: keys are written unencrypted, with mode 0600.
 
     ca = ThrowawayCA.create(directory)            # ca.pem, ca-key.pem
+    ca = ThrowawayCA.load(directory)              # the one made there before (None: none)
     server = ca.issue("broker-1", hosts=["127.0.0.1", "localhost"])
     client = ca.issue("alice")                    # a client certificate: CN=alice
     server.certfile, server.keyfile, ca.cafile
@@ -95,6 +96,25 @@ class ThrowawayCA:
         ca.cafile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_key(directory / "ca-key.pem", key)
         return ca
+
+    @classmethod
+    def load(cls, directory: Path) -> ThrowawayCA | None:
+        """The CA made in `directory` before (None when its files are missing). Raises
+        ValueError when they are there but are not a CA's PEM certificate and key."""
+        try:
+            cert_pem = (directory / "ca.pem").read_bytes()
+            key_pem = (directory / "ca-key.pem").read_bytes()
+        except FileNotFoundError:
+            return None
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey) or key.public_key() != cert.public_key():
+            raise ValueError(f"{directory / 'ca-key.pem'} is not the key of {directory / 'ca.pem'}")
+        return cls(directory, key, cert)
+
+    @property
+    def certificate(self) -> x509.Certificate:
+        return self._cert
 
     def issue(
         self,

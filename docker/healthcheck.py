@@ -6,7 +6,7 @@ works out the addresses it listens on the way the server does (flag > `MINIBROKE
 environment > `--config` TOML file > default), connects to each on loopback and sends
 an ApiVersions request, in Apache Kafka's protocol to a broker's Kafka listeners
 (--kafka-listeners) and in minibroker's to the others; over TLS to a listener whose
-security protocol is SSL (--listener-security-protocol-map, a listener named SSL, a
+security protocol is SSL or SASL_SSL (--listener-security-protocol-map, a listener named SSL, a
 controller's --security-protocol), presenting the server's own certificate if it
 requires client certificates. The probe checks liveness, not identity: it does not
 verify the server's certificate (it reaches it at 127.0.0.1, a name the certificate
@@ -187,7 +187,8 @@ def ssl_listener_names(server: Server) -> set[str]:
     """The listeners that speak TLS (a controller's is named CONTROLLER here)."""
     if server.role == "controller":
         protocol = (_setting(server, "security-protocol") or "PLAINTEXT").upper()
-        return {"CONTROLLER"} if protocol == "SSL" else set()
+        # SASL_SSL too: ApiVersions is answered before SASL authentication.
+        return {"CONTROLLER"} if protocol in ("SSL", "SASL_SSL") else set()
     names = {s.partition("://")[0].strip().upper() for s in listen_setting(server).split(",")}
     mapped = {}
     for item in (_setting(server, "listener-security-protocol-map") or "").split(","):

@@ -188,6 +188,14 @@ def broker(args: tuple[str, ...]) -> None:
     "i.e. 19092]",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="SASL_SSL (SCRAM) on every listener and between the servers, ACLs on: a throwaway "
+    "CA, the servers' certificates and passwords in DATA_DIR/secure/ (reused), an admin "
+    "user (password in DATA_DIR/secure/admin.password, mode 0600); prints the client "
+    "settings.",
+)
 @number_option(
     "--startup-timeout",
     at_least=1,
