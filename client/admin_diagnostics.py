@@ -7,7 +7,6 @@ DescribeReplicaLog, which brokers serve read-only)."""
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import Sequence
 
 from client.cluster import parse_bootstrap_servers
@@ -32,6 +31,7 @@ from client.health import ClusterHealth
 from client.health import OfflineLogDirHealth
 from client.health import StrayReplicaHealth
 from client.health import evaluate_health
+from client.quorum_admin import ControllerSecurity
 from client.quorum_admin import QuorumCheck
 from client.quorum_admin import check_quorum
 from protocol.errors import ErrorCode
@@ -137,7 +137,9 @@ class Diagnostics:
         controller_address: str | None = None
         quorum: QuorumCheck | None = None
         if controller is not None:
-            quorum = await check_quorum(controllers, probe_timeout_ms / 1000)
+            # The controllers are reached with this admin's own security settings.
+            security = ControllerSecurity(self._cluster.tls, self._cluster.sasl)
+            quorum = await check_quorum(controllers, probe_timeout_ms / 1000, security)
             errors.extend(quorum.errors)
             controller_address = ",".join(f"{h}:{p}" for h, p in controllers)
             if quorum.leader_address is not None:
@@ -245,7 +247,6 @@ class Diagnostics:
                 [request],
                 timeout_ms=self._request_timeout_ms if timeout_ms is None else timeout_ms,
                 node_id=broker_id,
-                tls=self._cluster.tls,
             )
         except InvalidRequestError as exc:
             raise MinibrokerError(
@@ -291,11 +292,10 @@ class Diagnostics:
         *,
         timeout_ms: int,
         node_id: int = -1,
-        tls: ssl.SSLContext | None = None,
     ) -> list[Message]:
         """Requests over a connection of their own (the controller, or a broker the
-        metadata cache does not list), closed afterwards; `tls`: a broker's listener
-        is secured as the client's (ClusterClient.tls), a controller's is not yet."""
+        metadata cache does not list), closed afterwards, secured as the client's
+        (its TLS context and SASL user: the command line has one set for both)."""
         conn = BrokerConnection(
             host,
             port,
@@ -303,7 +303,8 @@ class Diagnostics:
             client_id=self._cluster.client_id,
             request_timeout_ms=timeout_ms,
             connect_timeout_ms=timeout_ms,
-            tls=tls,
+            tls=self._cluster.tls,
+            sasl=self._cluster.sasl,
         )
         try:
             await conn.connect()
@@ -329,7 +330,6 @@ class Diagnostics:
                 [DescribeLogDirsRequest()],
                 timeout_ms=timeout_ms,
                 node_id=node_id,
-                tls=self._cluster.tls,
             )
         except (ConnectionFailedError, RequestTimedOutError) as exc:
             return short_reason(exc), [], []

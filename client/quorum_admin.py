@@ -8,6 +8,7 @@ does not answer DescribeQuorum is down, whatever the leader last heard from it."
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,9 +26,22 @@ from runtime.active_controller import Address
 from runtime.active_controller import describe_quorum_at
 from runtime.peer_rpc import RpcError
 from runtime.peer_rpc import RpcErrorResponse
+from runtime.sasl import SaslCredentials
 
 REQUEST_TIMEOUT_S = 5.0
 CLIENT_ID = "minibroker-metadata-quorum"
+
+
+@dataclass(frozen=True)
+class ControllerSecurity:
+    """How to reach controllers that listen with SSL or SASL_SSL: the TLS context (with
+    a client certificate when they ask for one) and the user to authenticate as."""
+
+    tls: ssl.SSLContext | None = None
+    sasl: SaslCredentials | None = None
+
+
+PLAINTEXT = ControllerSecurity()
 
 
 @dataclass(frozen=True)
@@ -56,24 +70,30 @@ class QuorumDescription:
         return max(lags, default=0)
 
 
-async def _ask(address: tuple[str, int]) -> DescribeQuorumResponse:
+async def _ask(address: tuple[str, int], security: ControllerSecurity) -> DescribeQuorumResponse:
     try:
-        return await describe_quorum_at(address, CLIENT_ID, REQUEST_TIMEOUT_S)
+        return await describe_quorum_at(
+            address, CLIENT_ID, REQUEST_TIMEOUT_S, tls=security.tls, sasl=security.sasl
+        )
     except RpcError as exc:
         raise ConnectionFailedError(f"controller at {address[0]}:{address[1]}: {exc}") from None
 
 
-async def describe_quorum(controllers: Sequence[tuple[str, int]]) -> QuorumDescription:
+async def describe_quorum(
+    controllers: Sequence[tuple[str, int]], security: ControllerSecurity = PLAINTEXT
+) -> QuorumDescription:
     """The quorum as its active controller sees it (any controller's address will
     do). Raises ConnectionFailedError when no controller answers or none is active."""
-    active = ActiveController(controllers, client_id=CLIENT_ID)
+    active = ActiveController(
+        controllers, client_id=CLIENT_ID, tls=security.tls, sasl=security.sasl
+    )
     await active.find()
     if active.leader_id < 0:
         raise ConnectionFailedError(
             f"no active controller known to {', '.join(f'{h}:{p}' for h, p in controllers)} "
             "(an election under way, or not a majority of the voters up)"
         )
-    answer = await _ask(active.address)
+    answer = await _ask(active.address, security)
     if answer.role != "leader":
         # A voter that stepped down (check-quorum) still names the leader it knew.
         raise ConnectionFailedError(
@@ -118,10 +138,14 @@ class VoterProbe:
     error: str = ""
 
 
-async def _probe(address: Address, timeout_s: float) -> DescribeQuorumResponse | str:
+async def _probe(
+    address: Address, timeout_s: float, security: ControllerSecurity
+) -> DescribeQuorumResponse | str:
     """Its answer, or why there is none (one line)."""
     try:
-        return await describe_quorum_at(address, CLIENT_ID, timeout_s)
+        return await describe_quorum_at(
+            address, CLIENT_ID, timeout_s, tls=security.tls, sasl=security.sasl
+        )
     except RpcErrorResponse as exc:  # e.g. a broker's address given for a controller's
         return f"answered DescribeQuorum with {exc}: is it a controller's address?"
     except RpcError as exc:
@@ -133,7 +157,7 @@ def _where(address: Address | None) -> str:
 
 
 async def probe_voters(
-    controllers: Sequence[Address], timeout_s: float
+    controllers: Sequence[Address], timeout_s: float, security: ControllerSecurity = PLAINTEXT
 ) -> tuple[list[VoterProbe], list[str]]:
     """Every voter asked DescribeQuorum once: the given controllers at the same time,
     then, at the same time, the voters their answers list that none of them is (a
@@ -141,7 +165,7 @@ async def probe_voters(
     can dial). Also returns the failures of given addresses that are no known voter's
     (one line each)."""
     given = list(dict.fromkeys(controllers))
-    first = await asyncio.gather(*(_probe(a, timeout_s) for a in given))
+    first = await asyncio.gather(*(_probe(a, timeout_s, security) for a in given))
     reached: dict[int, VoterProbe] = {}
     failed: dict[Address, str] = {}
     listed: dict[int, Address | None] = {}
@@ -165,7 +189,7 @@ async def probe_voters(
             probes.append(VoterProbe(node_id, address, None, failed.pop(address)))
         else:
             to_ask.append((node_id, address))
-    second = await asyncio.gather(*(_probe(a, timeout_s) for _, a in to_ask))
+    second = await asyncio.gather(*(_probe(a, timeout_s, security) for _, a in to_ask))
     for (node_id, address), result in zip(to_ask, second, strict=True):
         if isinstance(result, str):
             probes.append(VoterProbe(node_id, address, None, result))
@@ -183,11 +207,13 @@ class QuorumCheck:
     errors: list[str]
 
 
-async def check_quorum(controllers: Sequence[Address], timeout_s: float) -> QuorumCheck:
+async def check_quorum(
+    controllers: Sequence[Address], timeout_s: float, security: ControllerSecurity = PLAINTEXT
+) -> QuorumCheck:
     """The quorum for `cluster health`: every voter probed (`probe_voters`), the
     active controller found and asked for every voter's progress (`describe_quorum`),
     and each voter judged down or not (client/health.py's voter_is_down)."""
-    probes, errors = await probe_voters(controllers, timeout_s)
+    probes, errors = await probe_voters(controllers, timeout_s, security)
     answers = [p.answer for p in probes if p.answer is not None]
     if not answers:
         return QuorumCheck(None, None, errors)
@@ -195,7 +221,8 @@ async def check_quorum(controllers: Sequence[Address], timeout_s: float) -> Quor
     try:
         # Only the voters that answered, in order: no time lost on the silent ones.
         described = await describe_quorum(
-            [p.address for p in probes if p.answer is not None and p.address is not None]
+            [p.address for p in probes if p.answer is not None and p.address is not None],
+            security,
         )
     except ConnectionFailedError as exc:
         errors.append(f"controller quorum: {short_reason(exc)}")

@@ -21,6 +21,9 @@ from client.admin import AsyncAdmin
 from client.admin_diagnostics import DEFAULT_CONTROLLER_PORT
 from client.admin_diagnostics import parse_addresses
 from client.errors import MinibrokerError
+from client.quorum_admin import ControllerSecurity
+from client.security import connection_sasl
+from client.security import connection_tls
 from client.security import create_ssl_context
 from runtime.tls import TlsConfigError
 from runtime.tls import uses_sasl
@@ -135,6 +138,21 @@ def connection_options() -> dict[str, Any]:
     if options or protocol != "PLAINTEXT":
         options["security_protocol"] = protocol
     return options
+
+
+def controller_security() -> ControllerSecurity:
+    """The command line's security options for connections to the controllers."""
+    options = connection_options()
+    protocol = options.get("security_protocol", "PLAINTEXT")
+    return ControllerSecurity(
+        connection_tls(protocol, options.get("ssl_context")),
+        connection_sasl(
+            protocol,
+            options.get("sasl_mechanism"),
+            options.get("sasl_plain_username"),
+            options.get("sasl_plain_password"),
+        ),
+    )
 
 
 def cli_admin(bootstrap: str | list[str], client_id: str = "minibroker-cli") -> AsyncAdmin:

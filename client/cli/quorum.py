@@ -9,6 +9,7 @@ from client.admin import DEFAULT_CONTROLLER_PORT
 from client.cli.plumbing import _controller_addresses
 from client.cli.plumbing import _debug_option
 from client.cli.plumbing import _table
+from client.cli.plumbing import controller_security
 from client.cli.plumbing import run
 from client.cli.root import cli
 from client.quorum_admin import QuorumDescription
@@ -50,7 +51,7 @@ def metadata_quorum_cmd() -> None:
 @_debug_option
 def describe_cmd(controllers: list[tuple[str, int]], what: str) -> None:
     """Describe the controller quorum (like kafka-metadata-quorum describe)."""
-    quorum = run(describe_quorum, controllers)
+    quorum = run(describe_quorum, controllers, controller_security())
     click.echo(_status(quorum) if what == "status" else _replication(quorum))
 
 

@@ -269,8 +269,7 @@ def test_dev_secure_prints_settings_that_work_refuses_strangers_and_restarts_the
 async def describe_quorum_as_admin(
     settings: dict[str, str], ports: list[int]
 ) -> list[DescribeQuorumResponse]:
-    """Each controller's DescribeQuorum, over SASL_SSL as the printed user (`minibroker
-    metadata-quorum` has no TLS or SASL settings yet)."""
+    """Each controller's DescribeQuorum, over SASL_SSL as the printed user."""
     tls = create_ssl_context(cafile=settings["ca file"])
     password = Path(settings["password file"]).read_text().strip()
     sasl = SaslCredentials("SCRAM-SHA-256", "admin", password)
@@ -304,6 +303,16 @@ def test_dev_secure_with_a_quorum_of_three_controllers(tmp_path: Path) -> None:
         )
         assert cli.returncode == 0, cli.stderr
         assert sorted(cli.stdout.splitlines()[1:]) == ["a", "b"]
+        # The quorum tools reach secure controllers with the same printed settings.
+        controllers = ",".join(f"127.0.0.1:{p}" for p in ports)
+        quorum = with_printed_env(
+            settings,
+            f"{MB} metadata-quorum describe --controller {controllers} && "
+            f"{MB} cluster health --controller {controllers}",
+        )
+        assert quorum.returncode == 0, quorum.stderr + quorum.stdout
+        assert f"LeaderId:       {answers[0].leader_id}" in quorum.stdout
+        assert "CurrentVoters:  [0,1,2]" in quorum.stdout
     finally:
         code = stop_and_sweep(dev)
     assert code == 0, dev.output()
