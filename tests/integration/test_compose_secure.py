@@ -258,8 +258,12 @@ def test_the_secure_compose_cluster_serves_its_admin_only(
     # The base file's published controller port leads to no listener.
     with socket.create_connection(("127.0.0.1", int(env["CONTROLLER_0_PORT"])), timeout=5) as s:
         s.settimeout(5)
-        s.sendall(b"\x00\x00\x00\x0a" + b"\x00" * 10)
-        assert s.recv(1) == b""  # closed, nothing answered
+        try:
+            s.sendall(b"\x00\x00\x00\x0a" + b"\x00" * 10)
+            answered = s.recv(1)
+        except ConnectionResetError:  # closed with a reset: also nothing answered
+            answered = b""
+        assert answered == b""  # closed, nothing answered
     # A restart reuses the secrets and the admin user.
     assert run_command([*command, "stop"], timeout=180, env=env).returncode == 0
     up = run_command([*command, "up", "-d"], timeout=300, env=env)
