@@ -48,6 +48,8 @@ from protocol.messages import FetchPartition
 from protocol.messages import FetchRequest
 from protocol.messages import FetchTopic
 from protocol.messages import Listener
+from protocol.messages import QuorumFetchRequest
+from protocol.messages import VoteRequest
 from runtime.acl import CLUSTER_NAME
 from runtime.acl import AclBinding
 from runtime.acl import AclFilter
@@ -366,6 +368,16 @@ async def test_a_client_cannot_call_server_apis_nor_a_server_pose_as_another(
     # The issue's spoofed heartbeat and follower Fetch: refused from a client principal.
     assert await heartbeat(mallory_tls) == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
     assert await replica_fetch(mallory_tls) == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    # Nor can it vote in the controller quorum, or read the metadata log as a voter.
+    async with TestClient(c.controller.host, c.controller.port, ssl=mallory_tls) as raw:
+        for quorum_rpc in (
+            VoteRequest(
+                candidate_id=7, candidate_epoch=99, last_offset_epoch=99, last_offset=10**9
+            ),
+            QuorumFetchRequest(replica_id=7, current_leader_epoch=1, fetch_offset=0),
+        ):
+            answer = await raw.request(quorum_rpc)
+            assert answer.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED, quorum_rpc
     # A server (ClusterAction granted) that is not broker 1 cannot speak for it either.
     impostor = s.ca.issue("broker-9")
     impostor_tls = create_ssl_context(
