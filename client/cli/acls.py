@@ -24,6 +24,7 @@ from runtime.acl import AclOperation
 from runtime.acl import AclPermission
 from runtime.acl import PatternType
 from runtime.acl import ResourceType
+from runtime.acl import binding_problem
 from runtime.acl import display_name
 from runtime.acl import parse_enum
 
@@ -142,14 +143,16 @@ def acl_add(
         for op in operations
     ]
 
+    for binding in bindings:  # before connecting: bad input needs no cluster
+        problem = binding_problem(binding)
+        if problem is not None:
+            raise click.UsageError(f"ACL refused: {problem}")
+
     async def go() -> None:
         async with cli_admin(bootstrap) as admin:
             await admin.create_acls(bindings)
 
-    try:
-        run(go)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    run(go)
     click.echo(_table(HEADER, _rows(bindings)))
     click.echo(f"{len(bindings)} ACL(s) in place", err=True)
 

@@ -78,3 +78,23 @@ def test_bootstrap_before_the_command_and_from_the_environment(monkeypatch) -> N
     assert "127.0.0.1:2 " in runner.invoke(cli, ["-b", "127.0.0.1:2", "topic", "list"]).output
     result = runner.invoke(cli, ["-b", "127.0.0.1:2", "topic", "list", "-b", "127.0.0.1:3"])
     assert "127.0.0.1:3 " in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--topic", "t", "--operation", "Read", "--host", "nothost"], "neither an IP address"),
+        (["--group", "g", "--operation", "Write"], "does not apply to a Group"),
+        (["--topic", "t", "--operation", "Fly"], "is not an ACL operation"),
+        (["--operation", "Read"], "name a resource"),
+        (["--topic", "t", "--operation", "Read", "--resource-pattern-type", "match"], "match"),
+    ],
+)
+def test_acl_add_refuses_bad_input_before_any_connection(args: list[str], says: str) -> None:
+    """Nothing is sent, so no cluster is needed (the bootstrap address is closed)."""
+    result = CliRunner().invoke(
+        cli, ["acl", "add", "--allow-principal", "User:a", *args, "-b", "127.0.0.1:1"]
+    )
+    assert result.exit_code == 2, result.output
+    assert says in result.output
+    assert "no broker reachable" not in result.output
