@@ -198,6 +198,11 @@ class WireCodec(Protocol):
         has no way to say it (the connection is closed instead)."""
         ...
 
+    def raw_sasl_tokens_after(self, header: RequestHeader) -> bool:
+        """Whether a successful SASL handshake sent with `header` makes the client send
+        its SASL tokens as raw frames next (Kafka's SaslHandshake v0, KIP-43)."""
+        ...
+
 
 class NativeCodec:
     """minibroker's own protocol: the header of protocol/framing.py, MessagePack bodies,
@@ -233,6 +238,9 @@ class NativeCodec:
     ) -> list[Buffer]:
         return _error_response(header.correlation_id, error, message)
 
+    def raw_sasl_tokens_after(self, header: RequestHeader) -> bool:
+        return False  # the native protocol's tokens always travel in SaslAuthenticate
+
 
 NATIVE = NativeCodec()
 
@@ -257,6 +265,16 @@ class RejectedRequest(NamedTuple):
     header: RequestHeader
     error: ErrorCode
     message: str
+
+
+class SaslToken(NamedTuple):
+    """A raw SASL token frame: after Kafka's SaslHandshake v0 (KIP-43) the client sends
+    its tokens as bare length-prefixed frames, no request header, until the exchange
+    ends (`ServerConnection.raw_sasl_tokens`). Answered with `send_sasl_token_parts`, in
+    request order like any request."""
+
+    seq: int
+    token: bytes
 
 
 class CloseReason(NamedTuple):
@@ -321,7 +339,10 @@ class ServerConnection:
         self._reserved: dict[int, int] = {}  # seq -> bytes held while it is served
         self._reserved_bytes = 0
         self._held_bytes = 0  # finished responses waiting behind an earlier one
-        self._waiting: tuple[Request, int] | None = None  # decoded; no room yet
+        self._waiting: tuple[Request | SaslToken, int] | None = None  # decoded; no room yet
+        # Set by the server after a SaslHandshake v0 until the SASL exchange ends: each
+        # frame is then a raw SASL token, bounded as every frame (max_frame_size).
+        self.raw_sasl_tokens = False
         self.idle_timeout_s = idle_timeout_s
         self.frame_timeout_s = frame_timeout_s
         self.first_request_timeout_s = first_request_timeout_s
@@ -355,7 +376,7 @@ class ServerConnection:
             if self._frame_started is None:
                 self._frame_started = now
 
-    def next_event(self, unsent: int = 0) -> Request | RejectedRequest | None:
+    def next_event(self, unsent: int = 0) -> Request | RejectedRequest | SaslToken | None:
         """The next request, or None when more bytes are needed or no request can
         start (`blocked`: the caller stops reading until responses go out). `unsent`:
         bytes of earlier responses the transport still holds.
@@ -374,7 +395,7 @@ class ServerConnection:
             if isinstance(event, RejectedRequest):
                 return event
             cost = len(payload)
-            if self._reservation is not None:
+            if self._reservation is not None and isinstance(event, Request):
                 cost += max(0, self._reservation(event.body))
             waiting = (event, cost)
         request, cost = waiting
@@ -391,9 +412,12 @@ class ServerConnection:
             return True  # one request may always run alone
         return self.pending_bytes + unsent + cost <= self.max_pending_bytes
 
-    def _decode(self, payload: bytes) -> Request | RejectedRequest:
-        decoded = self._codec.decode_request(payload, self._api_filter)
+    def _decode(self, payload: bytes) -> Request | RejectedRequest | SaslToken:
         seq = self._next_seq
+        if self.raw_sasl_tokens:
+            self._next_seq += 1
+            return SaslToken(seq, bytes(payload))
+        decoded = self._codec.decode_request(payload, self._api_filter)
         self._next_seq += 1
         if isinstance(decoded, Refusal):
             return RejectedRequest(seq, decoded.header, decoded.error, decoded.message)
@@ -459,6 +483,11 @@ class ServerConnection:
         """As `send_response`, as buffers for `transport.writelines`: record sets are
         passed through uncopied (see `encode_frame_parts`)."""
         return self._complete(request.seq, self._codec.encode_response(request.header, body))
+
+    def send_sasl_token_parts(self, event: SaslToken, token: bytes) -> list[Buffer]:
+        """The server's raw SASL token answering `event`: a length prefix and the token
+        (KIP-43's framing), in request order."""
+        return self._complete(event.seq, [_FRAME_LENGTH.pack(len(token)) + token])
 
     def send_rejection(self, rejected: RejectedRequest) -> bytes:
         return b"".join(self.send_rejection_parts(rejected))

@@ -37,9 +37,13 @@ SASL (a listener given a SaslConfig, runtime/sasl.py): until the connection's
 SaslSession has authenticated a user, only ApiVersions, SaslHandshake and
 SaslAuthenticate are served (and the config's `certificate_apis` to a peer that showed
 a verified TLS client certificate); any other request closes the connection with a line
-saying so, as does a failed authentication (after its answer). Then the user is the
-connection's principal. The connection table classifies such a connection by its first
-request after the exchange (a broker's first broker API), not by the exchange.
+saying so, as does a failed authentication (after its answer). After Kafka's
+SaslHandshake v0 every frame is a raw SASL token (KIP-43) until the exchange ends, and
+is answered as one; a frame that is no good token (a request sent meanwhile, a
+SaslAuthenticate) fails the exchange the same way, unanswered, as Kafka does: a raw
+exchange has no way to say an error. Then the user is the connection's principal.
+The connection table classifies such a connection by its first request after the
+exchange (a broker's first broker API), not by the exchange.
 
 Quotas (a listener given RequestQuotas: the broker's broker/quota_enforcement.py): while
 any quota exists, each request's handler is timed step by step (runtime/request_time.py)
@@ -73,6 +77,7 @@ from protocol.connection import Buffer
 from protocol.connection import CloseReason
 from protocol.connection import RejectedRequest
 from protocol.connection import Request
+from protocol.connection import SaslToken
 from protocol.connection import WireCodec
 from protocol.connection_limits import ConnectionLimits
 from protocol.connection_limits import ConnectionSlot
@@ -321,6 +326,10 @@ class _Connection(asyncio.Protocol):
                 break
             assert self._slot is not None  # events come only after an admitted connect
             sasl = self._sasl
+            if isinstance(event, SaslToken):
+                assert sasl is not None  # raw tokens only follow this listener's handshake
+                self._raw_sasl_token(sasl, event)
+                continue
             if sasl is not None and sasl.authenticated is None and isinstance(event, Request):
                 # Not classified by the SASL exchange: a broker's first request is a
                 # SaslHandshake, its first broker API comes once it is proven.
@@ -372,6 +381,8 @@ class _Connection(asyncio.Protocol):
         body = request.body
         if isinstance(body, SaslHandshakeRequest):
             answer: Message = sasl.handshake(body.mechanism)
+            if not sasl.failed and self._server.codec.raw_sasl_tokens_after(request.header):
+                self._conn.raw_sasl_tokens = True  # from the next frame on
         elif isinstance(body, SaslAuthenticateRequest):
             answer = sasl.authenticate(body.auth_bytes)
         else:
@@ -385,6 +396,21 @@ class _Connection(asyncio.Protocol):
             self.close()
             return False
         self._write(self._conn.send_response_parts(request, answer))
+        self._after_sasl_step(sasl, answer)
+        return False
+
+    def _raw_sasl_token(self, sasl: SaslSession, event: SaslToken) -> None:
+        """A raw token after SaslHandshake v0: answered raw when it is good; a failure
+        has no raw answer (Kafka just closes), only the log line."""
+        answer = sasl.authenticate(event.token)
+        if not sasl.failed:
+            self._write(self._conn.send_sasl_token_parts(event, answer.auth_bytes))
+        if sasl.authenticated is not None:
+            self._conn.raw_sasl_tokens = False  # requests again from the next frame
+        self._after_sasl_step(sasl, answer, " (a raw SASL token, after SaslHandshake v0)")
+
+    def _after_sasl_step(self, sasl: SaslSession, answer: Message, context: str = "") -> None:
+        """Once the answer is out: the principal when proven, or the close when failed."""
         if sasl.authenticated is not None:
             self.principal = f"User:{sasl.authenticated}"
             log.info(
@@ -400,11 +426,10 @@ class _Connection(asyncio.Protocol):
             reason = CloseReason(
                 "sasl-failed",
                 f"closing connection from {self._peer} on {self._server.name}: SASL "
-                f"{sasl.mechanism or 'handshake'} failed: {why}",
+                f"{sasl.mechanism or 'handshake'} failed: {why}{context}",
             )
             self._server.log_event(reason, time.monotonic())
             self.close(graceful=True)  # after the answer, so the client can say why
-        return False
 
     async def _handle(self, request: Request) -> None:
         header = request.header

@@ -193,5 +193,9 @@ class KafkaCodec:
             return encode_frame(API_VERSIONS, 0, header.correlation_id, answer)
         return None  # Kafka has no whole-request error: the connection is closed
 
+    def raw_sasl_tokens_after(self, header: RequestHeader) -> bool:
+        # v0 (KIP-43): raw token frames follow; v1 (KIP-152): SaslAuthenticate requests.
+        return header.api_key == ApiKey.SASL_HANDSHAKE and header.api_version == 0
+
 
 KAFKA = KafkaCodec()

@@ -1,8 +1,10 @@
-"""Security on the Kafka listener: SASL, SaslHandshake (v1: the tokens then travel in
-SaslAuthenticate; v0's raw tokens are not served, as no client this project serves
-needs them) and SaslAuthenticate v0-2 (KIP-152); and users' SCRAM credentials,
-DescribeUserScramCredentials and AlterUserScramCredentials v0 (KIP-554). Declared onto
-the native messages (written from Kafka's protocol guide and message definitions)."""
+"""Security on the Kafka listener: SASL, SaslHandshake v0-1 (one body; after v1 the
+tokens travel in SaslAuthenticate v0-2, KIP-152; after v0 as raw length-prefixed frames,
+KIP-43, which the connection then reads as such: protocol/connection.py's SaslToken;
+librdkafka 2.0, Debian's kcat, starts SASL only if v0 is offered, though it then uses
+v1), and users' SCRAM credentials, DescribeUserScramCredentials and
+AlterUserScramCredentials v0 (KIP-554). Declared onto the native messages (written from
+Kafka's protocol guide and message definitions)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from protocol.messages import ScramCredentialUpsertion
 
 SASL_HANDSHAKE = KafkaApi(
     ApiKey.SASL_HANDSHAKE,
-    1,
+    0,
     1,
     99,  # never flexible
     request=KStruct(SaslHandshakeRequest, (Field("mechanism", STRING),)),

@@ -18,6 +18,8 @@ from kafka.protocol.metadata import ApiVersionsRequest as KApiVersionsRequest
 from kafka.protocol.metadata import ApiVersionsResponse as KApiVersionsResponse
 from kafka.protocol.metadata import MetadataRequest as KMetadataRequest
 from kafka.protocol.metadata import MetadataResponse as KMetadataResponse
+from kafka.protocol.sasl import SaslHandshakeRequest as KSaslHandshakeRequest
+from kafka.protocol.sasl import SaslHandshakeResponse as KSaslHandshakeResponse
 
 from protocol.connection import DecodedRequest
 from protocol.connection import Refusal
@@ -27,6 +29,7 @@ from protocol.framing import RequestHeader
 from protocol.kafka.apis import API_VERSIONS
 from protocol.kafka.apis import KAFKA_APIS
 from protocol.kafka.apis import METADATA
+from protocol.kafka.apis import SASL_HANDSHAKE
 from protocol.kafka.apis import KafkaApi
 from protocol.kafka.codec import KAFKA
 from protocol.kafka.codec import decode_request
@@ -38,6 +41,8 @@ from protocol.messages import ApiVersionsRequest
 from protocol.messages import ApiVersionsResponse
 from protocol.messages import MetadataRequest
 from protocol.messages import MetadataResponse
+from protocol.messages import SaslHandshakeRequest
+from protocol.messages import SaslHandshakeResponse
 
 CORRELATION_ID = 7
 CLIENT_ID = "oracle"
@@ -183,6 +188,23 @@ def test_api_versions_both_ways(version: int) -> None:
         throttle_time_ms=0,
     )
     assert our_response(API_VERSIONS, version, answer) == kafka_python_response(k_answer, version)
+
+
+def test_sasl_handshake_v0_and_v1_both_ways() -> None:
+    """v0 is served (librdkafka 2.0 starts SASL only if it is offered): one body for
+    both versions; only after v0 do the tokens come as raw frames."""
+    assert versions_of(SASL_HANDSHAKE) == [0, 1]
+    for version in (0, 1):
+        request = KSaslHandshakeRequest(mechanism="SCRAM-SHA-256")
+        got = decode_request(kafka_python_request(request, version))
+        assert isinstance(got, DecodedRequest)
+        assert got.body == SaslHandshakeRequest(mechanism="SCRAM-SHA-256")
+        assert KAFKA.raw_sasl_tokens_after(got.header) == (version == 0)
+        answer = SaslHandshakeResponse(mechanisms=["SCRAM-SHA-256", "PLAIN"])
+        k_answer = KSaslHandshakeResponse(error_code=0, mechanisms=["SCRAM-SHA-256", "PLAIN"])
+        assert our_response(SASL_HANDSHAKE, version, answer) == kafka_python_response(
+            k_answer, version
+        )
 
 
 def test_api_versions_of_an_unknown_version_is_answered_at_v0_with_the_ranges() -> None:

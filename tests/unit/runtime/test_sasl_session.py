@@ -6,6 +6,8 @@ wrong password."""
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 
 import pytest
 
@@ -114,3 +116,33 @@ def test_an_unknown_user_looks_like_a_real_one_in_scram_s_first_answer() -> None
     assert a["s"] == b["s"] and a["i"] == b["i"] == str(DEFAULT_ITERATIONS)
     assert len(base64.b64decode(a["s"])) == 32  # as long as a real salt
     assert first_answer("trudy")["s"] != a["s"]
+
+
+def test_a_final_nonce_that_ends_with_the_servers_is_accepted_as_kafka_does() -> None:
+    """librdkafka 2.0 (Debian's kcat) writes r=<its nonce><the server's whole nonce> in
+    its client-final message; Kafka checks that the nonce ends with the server's, so
+    that client authenticates there. The proof over the message as sent still decides:
+    the right password passes, a wrong one and a nonce not ending with ours fail."""
+
+    def librdkafka_2_0(password: str, tamper: bool = False) -> SaslSession:
+        s = session(store())
+        s.handshake("SCRAM-SHA-256")
+        cnonce = "32nc?aM2K^Ve7KNxCB_J_ZfiR=`lHs3L"  # one librdkafka 2.0.2 sent
+        first_bare = f"n=alice,r={cnonce}"
+        server_first = bytes(s.authenticate(f"n,,{first_bare}".encode()).auth_bytes).decode()
+        attrs = dict(part.split("=", 1) for part in server_first.split(","))
+        snonce = attrs["r"] + ("x" if tamper else "")
+        salted = hashlib.pbkdf2_hmac(
+            "sha256", password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"])
+        )
+        client_key = hmac.digest(salted, b"Client Key", "sha256")
+        without_proof = f"c=biws,r={cnonce}{snonce}"
+        auth_message = f"{first_bare},{server_first},{without_proof}".encode()
+        signature = hmac.digest(hashlib.sha256(client_key).digest(), auth_message, "sha256")
+        proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+        s.authenticate(f"{without_proof},p={base64.b64encode(proof).decode()}".encode())
+        return s
+
+    assert librdkafka_2_0("s3cret").authenticated == "alice"
+    assert librdkafka_2_0("wrong").failed
+    assert librdkafka_2_0("s3cret", tamper=True).failed
