@@ -1,16 +1,24 @@
 """`python -m bench tls`: what TLS costs (issue 18). Target: TLS costs at most 25% of
 plaintext throughput for 1 MiB batches.
 
-One broker with two native listeners, PLAINTEXT and SSL (a certificate from a
-throwaway CA, TLS 1.3), a topic of one partition, RF 1. Each round writes
-`--mib` MiB of 1 MiB batches of 1 KiB records through one listener (raw Produce,
-acks=1, several requests in flight: no per-record client work), then reads the whole
-partition back through it (raw Fetch of whole batches), and the same through the
-other listener; rounds alternate which listener goes first. MB/s per listener and
-direction (median of the rounds) and SSL / PLAINTEXT. Both listeners share the
-broker, its disk and the client process, so what differs is TLS: encryption on both
-ends, and on the broker the copy through a memory BIO (runtime/tls.py) instead of the
-scatter-gather write of a plaintext answer.
+One broker with four listeners: native PLAINTEXT and SSL, Kafka-protocol KAFKA and
+KAFKA_SSL (a certificate from a throwaway CA, TLS 1.3), pinned to one CPU and this
+process to the others (`--no-pin`: not). Each round, for each client and protocol, a
+fresh topic of one partition (RF 1): `--mib` MiB written in `--batch-kib` batches
+(acks=1), then read back whole; rounds alternate which protocol goes first. Clients:
+
+- minibroker: its own client library on the native listeners, raw Produce (4 in
+  flight) and raw Fetch of whole batches (one at a time): no per-record work, TLS by
+  the event loop's SSL transport in Python;
+- librdkafka: confluent-kafka on the Kafka listeners, a Producer of 16 KiB messages
+  and an assigned Consumer (clock from its first message): a C client, TLS in its
+  threads, with its own pipelining.
+
+Per client, direction and protocol: MB/s and the broker's CPU (utime + stime from
+/proc) per MB, medians of the rounds, and SSL / PLAINTEXT against the target. What
+differs between the protocols is TLS: encryption on both ends, and on the broker the
+copies through a memory BIO (runtime/tls.py) instead of the scatter-gather write of a
+plaintext answer.
 """
 
 from __future__ import annotations
