@@ -204,6 +204,16 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def pin(broker_pid: int) -> str:
+    """The broker on the last CPU, this process on the others: no stolen time."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return "not pinned (one CPU)"
+    os.sched_setaffinity(broker_pid, {cpus[-1]})
+    os.sched_setaffinity(0, set(cpus[:-1]))
+    return f"broker on CPU {cpus[-1]}, bench on {cpus[:-1]}"
+
+
 def wait_broker_ready(proc: Any) -> None:
     """Until the broker logs `broker N started` (then its actual ports are known)."""
     match = proc.wait_for(_BROKER_READY)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import time
 import timeit
@@ -35,6 +34,7 @@ from bench.harness import KiB
 from bench.harness import build_batch
 from bench.harness import common_args
 from bench.harness import format_table
+from bench.harness import pin
 from bench.harness import process_cpu_seconds
 from bench.harness import run
 from bench.harness import write_results
@@ -122,16 +122,6 @@ def codec_row(args: argparse.Namespace, kind: str, batch: bytes) -> dict[str, An
     kafka = row["kafka_decode_us"] + row["kafka_encode_us"]
     row["kafka_extra_us"] = round(kafka - row["native_decode_us"] - row["native_encode_us"], 2)
     return row
-
-
-def pin(broker_pid: int) -> str:
-    """The broker on the last CPU, this process on the others: no stolen time."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        return "not pinned (one CPU)"
-    os.sched_setaffinity(broker_pid, {cpus[-1]})
-    os.sched_setaffinity(0, set(cpus[:-1]))
-    return f"broker on CPU {cpus[-1]}, bench on {cpus[:-1]}"
 
 
 class FrameCounter:

@@ -371,7 +371,17 @@ class ServerConnection:
 
     def receive_data(self, data: bytes, now: float | None = None) -> None:
         self._frames.feed(data)
-        if now is not None and data:
+        if data:
+            self._received(now)
+
+    def receive_chunks(self, chunks: list[bytes], now: float | None = None) -> None:
+        """`receive_data` of several chunks, kept as they are (TLS's decrypted records)."""
+        self._frames.feed_chunks(chunks)
+        if chunks:
+            self._received(now)
+
+    def _received(self, now: float | None) -> None:
+        if now is not None:
             self._last_receive = self._last_activity = now
             if self._frame_started is None:
                 self._frame_started = now

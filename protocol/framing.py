@@ -88,6 +88,27 @@ class FrameDecoder:
             self._large_have += take
             return
         self._buf += data
+        # Chunks fed one after another without a next_frame between them (TLS hands
+        # over a 16 KiB record at a time) are gathered by reference from the first
+        # one that shows a large frame's length, not appended to the buffer.
+        self._gather_if_large()
+
+    def feed_chunks(self, chunks: list[bytes]) -> None:
+        """`feed` each of `chunks` (kept by reference), but the chunks that go to a
+        large frame being gathered in one step, not a Python call each: TLS hands over
+        a chunk per record, 64 to a 1 MiB frame."""
+        for i, chunk in enumerate(chunks):
+            if self._large_size:
+                rest = chunks[i:]
+                size = sum(map(len, rest))
+                if self._large_have + size <= self._large_size:
+                    self._large += rest
+                    self._large_have += size
+                    return
+                for later in rest:  # this frame ends among them
+                    self.feed(later)
+                return
+            self.feed(chunk)
 
     @property
     def buffered(self) -> int:
@@ -118,21 +139,31 @@ class FrameDecoder:
             )
         end = pos + 4 + length
         if len(buf) < end:
-            if length >= LARGE_FRAME_BYTES:
-                # Gather it as chunks from now on, starting with what has arrived.
-                with memoryview(buf) as view:
-                    self._large = [bytes(view[pos + 4 :])]
-                self._large_size = length
-                self._large_have = len(buf) - pos - 4
-                buf.clear()
-                self._pos = 0
-            else:
+            if not self._gather_if_large():
                 self._compact()
             return None
         with memoryview(buf) as view:
             payload = bytes(view[pos + 4 : end])  # one copy (slicing a bytearray is two)
         self._pos = end
         return payload
+
+    def _gather_if_large(self) -> bool:
+        """If the next frame is a valid large one not yet whole, gather it as chunks
+        from now on, starting with what has arrived (next_frame reports a bad length)."""
+        buf = self._buf
+        pos = self._pos
+        if self._large_size or len(buf) - pos < 4:
+            return False
+        (length,) = _LENGTH.unpack_from(buf, pos)
+        if not LARGE_FRAME_BYTES <= length <= self.max_frame_size or len(buf) - pos - 4 >= length:
+            return False
+        with memoryview(buf) as view:
+            self._large = [bytes(view[pos + 4 :])]
+        self._large_size = length
+        self._large_have = len(buf) - pos - 4
+        buf.clear()
+        self._pos = 0
+        return True
 
     def _compact(self) -> None:
         if self._pos:

@@ -237,8 +237,8 @@ class _Connection(asyncio.Protocol):
             self._server.log_event(reason, time.monotonic())
         self.close()
 
-    def _from_tls(self, tls: ServerTls, data: bytes) -> bytes | None:
-        """The plaintext `data` carried (None: the connection was closed)."""
+    def _from_tls(self, tls: ServerTls, data: bytes) -> list[bytes] | None:
+        """The plaintext chunks `data` carried (None: the connection was closed)."""
         was_established = tls.established
         try:
             plaintext = tls.receive(data)
@@ -273,8 +273,9 @@ class _Connection(asyncio.Protocol):
             plaintext = self._from_tls(self._tls, data)
             if not plaintext:
                 return
-            data = plaintext
-        self._conn.receive_data(data, time.monotonic())
+            self._conn.receive_chunks(plaintext, time.monotonic())  # not joined: no copy
+        else:
+            self._conn.receive_data(data, time.monotonic())
         self._process()
 
     def eof_received(self) -> bool | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+import tracemalloc
 
 import pytest
 from hypothesis import given
@@ -163,16 +164,23 @@ def test_frames_survive_any_chunking(payloads: list[bytes], cuts: list[int]) -> 
     assert_decoded_whatever_the_chunking(payloads, cuts)
 
 
-def assert_decoded_whatever_the_chunking(payloads: list[bytes], cuts: list[int]) -> None:
+def assert_decoded_whatever_the_chunking(
+    payloads: list[bytes], cuts: list[int], group: int = 0
+) -> None:
     """Frame `payloads` and feed the wire to one FrameDecoder in chunks cut at `cuts`
-    (modulo its length): it gives back the same payloads, never buffers more than the
+    (modulo its length), one at a time or (`group` > 0) `group` chunks to a
+    feed_chunks call: it gives back the same payloads, never buffers more than the
     wire, and ends with nothing buffered."""
     wire = b"".join(frame(p) for p in payloads)
     points = sorted({c % (len(wire) + 1) for c in cuts} | {0, len(wire)})
+    chunks = [wire[start:end] for start, end in itertools.pairwise(points)]
     decoder = FrameDecoder()
     got = []
-    for start, end in itertools.pairwise(points):
-        decoder.feed(wire[start:end])
+    for i in range(0, len(chunks), group or 1):
+        if group:
+            decoder.feed_chunks(chunks[i : i + group])
+        else:
+            decoder.feed(chunks[i])
         assert decoder.buffered <= len(wire)
         while (p := decoder.next_frame()) is not None:
             got.append(p)
@@ -543,6 +551,20 @@ def test_large_frames_survive_any_chunking(payloads: list[bytes], cuts: list[int
     assert_decoded_whatever_the_chunking(payloads, cuts)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    payloads=st.lists(_big_or_small, max_size=5),
+    cuts=st.lists(st.integers(0, 2**20), max_size=12),
+    group=st.integers(1, 6),
+)
+def test_frames_survive_any_grouping_of_chunks(
+    payloads: list[bytes], cuts: list[int], group: int
+) -> None:
+    """feed_chunks (TLS's records of one read, not joined) gives the same payloads as
+    feeding the chunks one by one, whether a group ends a large frame or not."""
+    assert_decoded_whatever_the_chunking(payloads, cuts, group)
+
+
 def test_a_chunk_ending_a_large_frame_may_start_the_next() -> None:
     payload = b"p" * (2 * LARGE_FRAME_BYTES)
     wire = frame(payload) + frame(b"next")
@@ -555,3 +577,29 @@ def test_a_chunk_ending_a_large_frame_may_start_the_next() -> None:
     assert decoder.next_frame() == b"next"
     assert decoder.next_frame() is None
     assert first == payload  # the decoder kept no hold on it
+
+
+@pytest.mark.parametrize("per_call", [1, 16], ids=["feed", "feed_chunks"])
+def test_a_large_frame_fed_as_tls_records_is_not_copied_until_whole(per_call: int) -> None:
+    """A TLS listener feeds a request frame a record (16 KiB of plaintext) at a time,
+    with no next_frame between the records: the decoder keeps them as they are from the
+    first one and copies the frame's bytes once, when it is whole, not into its stream
+    buffer as they come (which would also copy them again to hand the frame out)."""
+    payload = bytes(range(256)) * (4 * 1024 * 1024 // 256)
+    wire = frame(payload) + frame(b"next")
+    records = [wire[i : i + 16 * 1024] for i in range(0, len(wire), 16 * 1024)]
+    decoder = FrameDecoder()
+    tracemalloc.start()
+    try:
+        for i in range(0, len(records), per_call):
+            if per_call == 1:
+                decoder.feed(records[i])
+            else:  # a socket read's worth of records, as the TLS listener hands them
+                decoder.feed_chunks(records[i : i + per_call])
+        _, peak_while_fed = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak_while_fed < 256 * 1024, f"the decoder copied {peak_while_fed} bytes while fed"
+    assert decoder.next_frame() == payload
+    assert decoder.next_frame() == b"next"
+    assert decoder.next_frame() is None
