@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import re
 import ssl
@@ -321,7 +322,7 @@ async def test_kafka_python_gets_kafkas_refusals_and_then_its_records(secured: S
         **security,
     )
     consumer.assign([KTopicPartition("k-orders", 0)])
-    assert [m.value for m in consumer] == [b"granted"]
+    assert [m.value for m in itertools.islice(consumer, 1)] == [b"granted"]
     consumer.close()
 
 

@@ -23,6 +23,7 @@ an empty list. Its create_acls and delete_acls raise them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,7 +126,7 @@ def kafka_python_admin(s: Secured, user: str, password: str) -> KafkaAdminClient
     return KafkaAdminClient(bootstrap_servers=s.kafka, **sasl(user, password))
 
 
-def alice_reads(s: Secured, topic: str) -> list[bytes]:
+def alice_reads(s: Secured, topic: str, want: int = len(RECORDS)) -> list[bytes]:
     """What alice's kafka-python consumer reads of `topic` in 5 s. A topic she may not
     describe is hidden from her Metadata (as Kafka hides it): her consumer waits for it
     and reads nothing."""
@@ -137,7 +138,9 @@ def alice_reads(s: Secured, topic: str) -> list[bytes]:
     )
     try:
         consumer.assign([KTopicPartition(topic, 0)])
-        return [m.value for m in consumer]
+        # Up to `want` records: a consumer that gets them stops at once, one that gets
+        # nothing waits the 5 s out.
+        return [m.value for m in itertools.islice(consumer, want)]
     finally:
         consumer.close()
 

@@ -37,6 +37,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.scenario, pytest.mark.timeout
 
 TOPIC = "stalled"
 LEADER, HEALTHY = 1, (2, 3)
+HW_CATCH_UP_S = 10.0  # the new leader's followers fetch from it within this
 ACKED = [f"v{i}".encode() for i in range(100)]
 STALL_S = 4.0  # > the 3 s session timeout of Cluster.start_controller
 
@@ -77,7 +78,14 @@ async def test_a_controller_stall_with_a_wiped_leader_loses_no_acknowledged_reco
 
             wiped.wait_for(f"broker {LEADER} started")
             after = await c.wait_leader(TOPIC, min_epoch=before.leader_epoch + 1)
+            # A new leader's high watermark may trail its log until its followers fetch
+            # from it (KIP-101: it starts from what it last heard as a follower), so a
+            # consumer can see the last records a moment later. Lost records never come.
+            deadline = asyncio.get_running_loop().time() + HW_CATCH_UP_S
             values = await c.read_values(after.leader_id, TOPIC, replica=False)
+            while values != ACKED and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.1)
+                values = await c.read_values(after.leader_id, TOPIC, replica=False)
             assert values == ACKED, (
                 f"leader {after.leader_id} (epoch {after.leader_epoch}, ISR "
                 f"{after.isr_nodes}) serves {len(values)} of the 100 acknowledged records"
