@@ -134,6 +134,20 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
                         )
                         for principal in ("User:alice", "User:ANONYMOUS")
                     ]
+                    # librdkafka's consumer needs a group; without this ACL it closes
+                    # only after retrying FindCoordinator for 45 s.
+                    + [
+                        AclBinding(
+                            ResourceType.GROUP,
+                            TOPIC_PREFIX,
+                            PatternType.PREFIXED,
+                            principal,
+                            "*",
+                            AclOperation.READ,
+                            AclPermission.ALLOW,
+                        )
+                        for principal in ("User:alice", "User:ANONYMOUS")
+                    ]
                 )
                 for protocol in PROTOCOLS:
                     for topic in [topic_of("N", protocol)] + [
