@@ -30,9 +30,13 @@ from client.epochs import end_offsets_for_epochs
 from client.epochs import epochs_before_offsets
 from client.errors import KafkaTimeoutError
 from client.errors import MinibrokerError
+from client.offsets import list_offsets
 from client.spark.offsets import Position
 from client.sync import _SyncClient
+from client.types import OffsetAndTimestamp
 from client.types import TopicPartition
+from protocol.api import EARLIEST_TIMESTAMP
+from protocol.api import LATEST_TIMESTAMP
 
 log = logging.getLogger(__name__)
 
@@ -128,33 +132,38 @@ class ClusterView(_SyncClient):
 
     def log_starts(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The first offset still in each log."""
-        wanted = list(tps)
-        if not wanted:
-            return {}
-        return self._retrying(
-            "ListOffsets(earliest)", lambda: self._consumer.beginning_offsets(wanted)
-        )
+        found = self._list_offsets(dict.fromkeys(tps, EARLIEST_TIMESTAMP), "earliest")
+        return {tp: r.offset for tp, r in found.items()}
 
     def high_watermarks(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The end of what the leaders say is committed."""
-        wanted = list(tps)
-        if not wanted:
-            return {}
-        return self._retrying("ListOffsets(latest)", lambda: self._consumer.end_offsets(wanted))
+        found = self._list_offsets(dict.fromkeys(tps, LATEST_TIMESTAMP), "latest")
+        return {tp: r.offset for tp, r in found.items()}
 
     def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int]
     ) -> dict[TopicPartition, int | None]:
         """The first offset whose record's timestamp is >= the given ms (ListOffsets by
         time), or None when every record is older."""
+        found = self._list_offsets(dict(timestamps), "by time")
+        return {tp: (r.offset if r.offset >= 0 else None) for tp, r in found.items()}
+
+    def _list_offsets(
+        self, timestamps: dict[TopicPartition, int], what: str
+    ) -> dict[TopicPartition, OffsetAndTimestamp]:
+        """One ListOffsets round per attempt: the retries are _retrying's (so
+        fetchOffset.numRetries counts rounds)."""
         if not timestamps:
             return {}
 
-        async def step() -> dict[TopicPartition, int | None]:
-            found = await self._consumer.offsets_for_times(dict(timestamps))
-            return {tp: (None if r is None else r.offset) for tp, r in found.items()}
+        async def step() -> dict[TopicPartition, OffsetAndTimestamp]:
+            await self._ensure_leaders(timestamps)
+            results, errors = await list_offsets(self._consumer.cluster, timestamps, max_attempts=1)
+            if errors:
+                raise next(iter(errors.values()))
+            return results
 
-        return self._retrying("ListOffsets(by time)", step)
+        return self._retrying(f"ListOffsets({what})", step)
 
     def epoch_ends(
         self, epochs: Mapping[TopicPartition, int]

@@ -4,6 +4,7 @@ shows it, and lag and loss in `query.lastProgress`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -13,8 +14,12 @@ from typing import Any
 import pytest
 
 from client import Producer
+from client.errors import MinibrokerError
+from client.spark.cluster_view import ClusterView
 from client.spark.options import SourceOptions
+from client.types import TopicPartition
 from tests.scenarios.scenario_cluster import ScenarioCluster
+from tests.scenarios.scenario_cluster import scenario_cluster
 from tests.spark.conftest import bootstrap
 from tests.spark.streams import QueryRun
 from tests.spark.streams import create_topic
@@ -263,3 +268,36 @@ def test_group_id_is_said_once_at_info_and_unused_kafka_parameters_warned(
     assert len(infos) == 1 and "'orders-app' is not used" in infos[0], infos
     assert "joins no consumer group" in infos[0]
     assert len(warnings) == 1 and "kafka.fetch.max.bytes" in warnings[0], warnings
+
+
+async def test_fetch_offset_retries_bound_the_drivers_offset_lookups(tmp_path: Path) -> None:
+    """fetchOffset.numRetries / retryIntervalMs: a lookup at a dead leader fails after
+    that many retries, that far apart; without them the planner retries until
+    kafkaConsumer.pollTimeoutMs (a leader election takes longer than Spark's 3 x 10 ms)."""
+    with scenario_cluster(tmp_path) as c:
+        c.start_controller()
+        c.start_broker(1)
+        c.start_broker(2)
+        await c.create_topic("orphan", replicas=[2])
+        await c.wait_leader("orphan", 2)
+        servers = bootstrap(c, (1,))
+        tp = TopicPartition("orphan", 0)
+        bounded = ClusterView(servers, timeout_ms=20_000, retries=2, retry_interval_ms=100)
+        patient = ClusterView(servers, timeout_ms=3_000)
+        try:
+            assert bounded.high_watermarks([tp]) == {tp: 0}  # metadata cached: leader 2
+            assert patient.high_watermarks([tp]) == {tp: 0}
+            c.brokers[2].kill()
+            started = time.monotonic()
+            with pytest.raises(
+                MinibrokerError, match=r"failed 3 times \(fetchOffset\.numRetries=2\)"
+            ):
+                await asyncio.to_thread(bounded.high_watermarks, [tp])
+            assert time.monotonic() - started < 10
+            started = time.monotonic()
+            with pytest.raises(MinibrokerError):
+                await asyncio.to_thread(patient.high_watermarks, [tp])
+            assert time.monotonic() - started >= 2.5
+        finally:
+            bounded.close()
+            patient.close()
