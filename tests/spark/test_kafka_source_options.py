@@ -98,25 +98,25 @@ def test_progress_reports_records_behind_latest_and_data_loss(
 def test_min_offsets_per_trigger_waits_for_records_or_max_trigger_delay(
     spark: Any, cluster: ScenarioCluster, tmp_path: Path
 ) -> None:
-    """minOffsetsPerTrigger=10, maxTriggerDelay=4s: 5 records wait until 4 s after the
-    last micro-batch; 12 records go at the next trigger."""
+    """minOffsetsPerTrigger=10, maxTriggerDelay=4s: 12 records go at the next trigger;
+    5 more wait until 4 s after that micro-batch."""
     servers = bootstrap(cluster)
     create_topic(servers, "trickle", partitions=1)
     options = stream_options(servers, "trickle", minOffsetsPerTrigger=10, maxTriggerDelay="4s")
     run = QueryRun(spark, options, tmp_path / "cp", available_now=False)
     try:
         wait_first_trigger(run)
+        produce(servers, "trickle", [f"many-{i}".encode() for i in range(12)])
+        run.wait_rows(12)
         produce(servers, "trickle", [f"few-{i}".encode() for i in range(5)])
         produced_at = time.monotonic()
-        time.sleep(1.5)
-        assert run.rows() == [], "5 of minOffsetsPerTrigger=10 records went at once"
-        run.wait_rows(5)
-        assert time.monotonic() - produced_at > 2, "released before maxTriggerDelay"
-        produce(servers, "trickle", [f"many-{i}".encode() for i in range(12)])
-        run.wait_rows(17, timeout=3)  # >= 10 records: not held back
+        time.sleep(2)
+        assert len(run.rows()) == 12, "5 of minOffsetsPerTrigger=10 records went at once"
+        run.wait_rows(17)
+        assert time.monotonic() - produced_at > 2.5, "released before maxTriggerDelay"
     finally:
         run.stop()
-    assert run.batch_sizes() == [5, 12]
+    assert run.batch_sizes() == [12, 5]
 
 
 def produce_at(servers: str, topic: str, records: list[tuple[bytes, int]]) -> None:
