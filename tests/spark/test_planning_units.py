@@ -4,12 +4,16 @@ and the planning rules."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from client.epochs import EpochEndOffset
 from client.spark.offsets import Position
 from client.spark.offsets import SourceOffset
+from client.spark.options import SINK_OPTIONS
+from client.spark.options import SOURCE_OPTIONS
 from client.spark.options import OptionError
 from client.spark.options import SinkOptions
 from client.spark.options import SourceOptions
@@ -484,3 +488,16 @@ def test_the_arrow_value_column_is_the_records_values(size: int) -> None:
     assert _value_array(columns.value_pieces, pa.binary()).to_pylist() == expected
     columns.truncate(150)
     assert _value_array(columns.value_pieces, pa.binary()).to_pylist() == expected[:150]
+
+
+def test_readme_option_tables_list_every_option() -> None:
+    """The README's Spark option tables name every option the source and sink take."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+
+    def table(header: str) -> set[str]:
+        rows = readme.split(header, 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+        names = {n.lower() for row in rows for n in re.findall(r"`([\w.]+)`", row.split("|")[1])}
+        return names
+
+    assert set(SOURCE_OPTIONS) <= table("| source option |") | {"bootstrap.servers"}
+    assert set(SINK_OPTIONS) <= table("| sink option |") | {"bootstrap.servers"}
