@@ -122,6 +122,7 @@ class MinibrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         log.info("availableNow: reading up to %s", {str(k): v for k, v in self._target.items()})
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        self._announce()  # a query restarted from its checkpoint gets no initialOffset()
         stored = SourceOffset.from_json(start)
         for attempt in range(1, _PLAN_ATTEMPTS + 1):
             try:
