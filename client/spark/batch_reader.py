@@ -21,6 +21,7 @@ from pyspark.sql.datasource import InputPartition
 from client.spark.offsets import Position
 from client.spark.options import OptionError
 from client.spark.options import SourceOptions
+from client.spark.options import option_errors_first
 from client.spark.partition_reader import read_range
 from client.spark.planner import Planner
 from client.spark.planner import RangePartition
@@ -37,6 +38,9 @@ class MinibrokerBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
+        return option_errors_first(self._plan)
+
+    def _plan(self) -> Sequence[InputPartition]:
         o = self.options
         o.announce()
         planner = Planner(o)

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from typing import TypeVar
 
 from client.cluster import parse_bootstrap_servers
 from client.spark.offsets import EARLIEST
@@ -270,6 +273,32 @@ def _assignment(raw: str) -> tuple[TopicPartition, ...]:
             raise OptionError(f"option assign: negative partition for topic {topic!r}")
         out.update(TopicPartition(topic, p) for p in parts)
     return tuple(sorted(out))
+
+
+T = TypeVar("T")
+
+
+def option_errors_first(build: Callable[[], T]) -> T:
+    """`build()`; when it raises OptionError, raise it so that Spark's text of it starts
+    with the option's message. Spark's Python worker formats the exception it dies of
+    (pyspark.util.handle_worker_exception) and the JVM puts that text after its error
+    class; the worker exits right after, so what is set here lasts only for that:
+
+    - planning workers simplify tracebacks (SPARK_SIMPLIFIED_TRACEBACK), which drops
+      chained exceptions: there SPARK_HIDE_TRACEBACK makes the text the message alone;
+    - the streaming source runner formats the whole chain (the exception it dies of may
+      be a later one): a copy of the error that was never raised, chained as its
+      context, is formatted first and without a traceback."""
+    try:
+        return build()
+    except OptionError as exc:
+        error = exc
+    if os.environ.get("SPARK_SIMPLIFIED_TRACEBACK"):
+        os.environ["SPARK_HIDE_TRACEBACK"] = "1"
+    # Outside the except block, so the raise below keeps this context.
+    error.__context__ = OptionError(str(error))
+    error.__suppress_context__ = False
+    raise error
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from client.epochs import OffsetBeyondLogEndError
 from client.spark.offsets import SourceOffset
 from client.spark.options import SourceOptions
+from client.spark.options import option_errors_first
 from client.spark.partition_reader import read_range
 from client.spark.planner import Planner
 from client.spark.planner import RangePartition
@@ -90,6 +91,9 @@ class MinibrokerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self.options.announce()
 
     def initialOffset(self) -> dict[str, Any]:
+        return option_errors_first(self._initial_offset)
+
+    def _initial_offset(self) -> dict[str, Any]:
         self._announce()
         o = self.options
         partitions = self.planner.current_partitions()

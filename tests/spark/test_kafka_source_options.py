@@ -137,8 +137,11 @@ def test_timestamp_options_and_max_records_per_partition(
     )
     after_the_end = str(base + 60_000)
     assert batch_read(spark, servers, "timed", endingTimestamp=after_the_end) == everything
-    with pytest.raises(Exception, match="no record at or after the time in timed-0"):
+    with pytest.raises(Exception) as err:
         batch_read(spark, servers, "timed", startingTimestamp=after_the_end)
+    first_line = str(err.value).splitlines()[0]  # found while planning: first too
+    assert "option startingTimestamp: no record at or after the time in timed-0" in first_line
+    assert 'set startingOffsetsByTimestampStrategy to "latest"' in first_line
     assert (
         batch_read(
             spark,
