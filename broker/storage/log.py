@@ -393,9 +393,9 @@ class Log:
 
     @_touches_disk("timestamp lookup")
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int, int] | None:
-        """(offset, timestamp, leader epoch) of the first batch whose max timestamp is
-        >= `timestamp`, or None. The offset is the batch's base offset (the broker does
-        not look inside batches), raised to the log start. Kafka's sentinels -2
+        """(offset, timestamp, leader epoch) of the first record at or after the log
+        start whose timestamp is >= `timestamp` (found inside its batch, as Kafka
+        does), or None. Kafka's sentinels -2
         (earliest) and -1 (latest) answer (log start | LEO, -1, epoch)."""
         if timestamp == EARLIEST_TIMESTAMP:
             start = self._local.log_start_offset

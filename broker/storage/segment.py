@@ -48,6 +48,7 @@ from protocol.invariants import InvariantError
 from protocol.invariants import invariant
 from protocol.record_batch import HEADER_SIZE
 from protocol.record_batch import BatchHeader
+from protocol.record_batch import decode_batch
 
 if TYPE_CHECKING:
     from broker.storage.epoch_cache import LeaderEpochFileCache
@@ -320,20 +321,24 @@ class LogSegment:
     def find_offset_by_timestamp(
         self, timestamp: int, start_offset: int = 0
     ) -> tuple[int, int, int] | None:
-        """(offset, max timestamp, leader epoch) of the first batch at or after
-        `start_offset` whose max_timestamp >= `timestamp`, else None."""
+        """(offset, timestamp, leader epoch) of the first record at or after
+        `start_offset` whose timestamp is >= `timestamp`, else None. As Kafka, the
+        batch found by its max_timestamp is decoded to find the record in it (a
+        consumer's offsetsForTimes, and Spark's ending offsets by time, must not stop
+        at the start of a batch that begins before the time)."""
         if self._max_timestamp < timestamp:
             return None
         found = self.translate_offset(max(self.time_index.lookup(timestamp), start_offset))
         if found is None:
             return None
-        for _, header in self._file.scan_headers(found[0]):
-            if header.max_timestamp >= timestamp:
-                return (
-                    max(header.base_offset, start_offset),
-                    header.max_timestamp,
-                    header.partition_leader_epoch,
-                )
+        for position, header in self._file.scan_headers(found[0]):
+            if header.max_timestamp < timestamp:
+                continue
+            data, _ = self._file.read_batches(position, header.size, None)
+            _, records = decode_batch(data, verify_crc=False)
+            for record in records:
+                if record.offset >= start_offset and record.timestamp >= timestamp:
+                    return record.offset, record.timestamp, header.partition_leader_epoch
         return None
 
     def iter_batches(self, start_position: int = 0) -> Iterator[tuple[int, BatchHeader]]:

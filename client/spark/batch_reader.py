@@ -1,5 +1,6 @@
 """The batch source: `spark.read.format("minibroker")` between startingOffsets (default
-earliest) and endingOffsets (default latest).
+earliest; or startingTimestamp / startingOffsetsByTimestamp) and endingOffsets (default
+latest; or endingTimestamp / endingOffsetsByTimestamp).
 
 Planned once on the driver (partitions()); read() runs in executor workers with the
 same code as the stream (client.spark.partition_reader). Starting positions that carry
@@ -20,6 +21,7 @@ from pyspark.sql.datasource import InputPartition
 from client.spark.offsets import Position
 from client.spark.options import OptionError
 from client.spark.options import SourceOptions
+from client.spark.options import option_errors_first
 from client.spark.partition_reader import read_range
 from client.spark.planner import Planner
 from client.spark.planner import RangePartition
@@ -36,30 +38,31 @@ class MinibrokerBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
+        return option_errors_first(self._plan)
+
+    def _plan(self) -> Sequence[InputPartition]:
         o = self.options
+        o.announce()
         planner = Planner(o)
         try:
             partitions = planner.current_partitions()
             if not partitions:
                 raise OptionError(
-                    f"nothing to read: topics {list(o.topics)} / assign "
-                    f"{[str(tp) for tp in o.assignment]} have no partitions in the cluster "
+                    f"nothing to read: {o.describe_subscription()} has no partitions in the "
+                    "cluster "
                     f"(create the topic first: `minibroker topic create NAME`)"
                 )
-            given = planner.positions_from(
-                o.starting.kind, o.starting.as_dict(), "startingOffsets", partitions
-            )
-            decisions, losses = planner.decide_starts(given)
+            given = planner.positions_from(o.starting, partitions, starting=True)
+            decisions, losses = planner.decide_starts(given, given=True)
             planner.report(losses)
             starts = {tp: d.start for tp, d in decisions.items()}
-            ends = planner.positions_from(
-                o.ending.kind, o.ending.as_dict(), "endingOffsets", partitions
-            )
+            ends = planner.positions_from(o.ending, partitions, starting=False)
             for tp, end in sorted(ends.items()):
                 if end.offset < starts[tp].offset:
                     raise OptionError(
                         f"{tp}: the starting offset {starts[tp].offset} is after the ending "
-                        f"offset {end.offset}; check startingOffsets / endingOffsets"
+                        f"offset {end.offset}; check {o.starting.option or 'startingOffsets'} / "
+                        f"{o.ending.option or 'endingOffsets'}"
                     )
             ends = _with_epochs(planner, starts, ends)
             return planner.input_partitions(starts, ends)
@@ -67,7 +70,10 @@ class MinibrokerBatchReader(DataSourceReader):
             planner.close()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition), type(partition)
+        if not isinstance(partition, RangePartition):
+            # Nothing planned (e.g. every start at the end): Spark still runs one task,
+            # with a plain InputPartition.
+            return iter(())
         return read_range(partition.offset_range, partition.options)
 
 

@@ -6,7 +6,10 @@
     df.write.format("minibroker") ... / df.writeStream.format("minibroker") ...
 
 Options are checked when Spark builds the reader or writer (client.spark.options),
-so a bad option fails at once with a message naming it.
+so a bad option fails at once with a message naming it. Spark wraps what a Python data
+source raises in an AnalysisException whose text is the worker's formatted traceback;
+`option_errors_first` makes the option's one-line message the first thing after Spark's
+error class, before that traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from client.spark.batch_reader import MinibrokerBatchReader
 from client.spark.options import OptionError
 from client.spark.options import SinkOptions
 from client.spark.options import SourceOptions
+from client.spark.options import option_errors_first
+from client.spark.options import warn_ignored
 from client.spark.schema import spark_schema
 from client.spark.stream_reader import MinibrokerStreamReader
 from client.spark.writer import MinibrokerBatchWriter
@@ -46,16 +51,20 @@ class MinibrokerDataSource(DataSource):
         return spark_schema(_include_headers(dict(self.options)))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return MinibrokerBatchReader(SourceOptions.parse(self.options, streaming=False))
+        options = option_errors_first(lambda: SourceOptions.parse(self.options, streaming=False))
+        return MinibrokerBatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return MinibrokerStreamReader(SourceOptions.parse(self.options, streaming=True))
+        options = option_errors_first(lambda: SourceOptions.parse(self.options, streaming=True))
+        return MinibrokerStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return MinibrokerBatchWriter(_sink_options(self.options, schema, overwrite))
+        options = option_errors_first(lambda: _sink_options(self.options, schema, overwrite))
+        return MinibrokerBatchWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return MinibrokerStreamWriter(_sink_options(self.options, schema, overwrite))
+        options = option_errors_first(lambda: _sink_options(self.options, schema, overwrite))
+        return MinibrokerStreamWriter(options)
 
 
 def _sink_options(options: dict[str, str], schema: StructType, overwrite: bool) -> SinkOptions:
@@ -65,4 +74,5 @@ def _sink_options(options: dict[str, str], schema: StructType, overwrite: bool) 
         )
     parsed = SinkOptions.parse(options)
     check_sink_schema(schema, parsed)
+    warn_ignored(parsed.ignored_kafka_options, "sink")
     return parsed

@@ -18,7 +18,9 @@ sorted by name, partitions by number, then "offset", "epoch", "epochStart"):
   (rule 3) applies, until the next plan stores a position with it.
 - "dataLoss" counts the truncations and retention losses the source detected and
   skipped over with failOnDataLoss=false (cumulative over the query's life, so it is in
-  the checkpoint and in `query.lastProgress["sources"][0]["endOffset"]`).
+  the checkpoint and in `query.lastProgress["sources"][0]["endOffset"]`);
+  "truncations" how many of them were log truncations, written only when not 0 (so
+  offsets without a truncation read, and compare as text, as before it existed).
 
 Partition keys are strings (JSON object keys). `startingOffsets` / `endingOffsets`
 JSON uses the same per-partition shape, or a plain number like Spark's Kafka source
@@ -63,13 +65,17 @@ class SourceOffset:
 
     positions: Mapping[TopicPartition, Position] = field(default_factory=dict)
     data_loss: int = 0
+    truncations: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The dict Spark serializes, keys in the fixed order."""
         by_topic: dict[str, dict[str, dict[str, int]]] = {}
         for tp in sorted(self.positions):
             by_topic.setdefault(tp.topic, {})[str(tp.partition)] = self.positions[tp].to_json()
-        return {"partitions": by_topic, "dataLoss": self.data_loss}
+        out: dict[str, Any] = {"partitions": by_topic, "dataLoss": self.data_loss}
+        if self.truncations:
+            out["truncations"] = self.truncations
+        return out
 
     def text(self) -> str:
         """The JSON text, as Spark compares it."""
@@ -89,7 +95,7 @@ class SourceOffset:
         for tp, p in positions.items():
             if p.offset < 0:
                 raise ValueError(f"checkpointed offset of {tp} is negative: {p.offset}")
-        return cls(positions, int(data.get("dataLoss", 0)))
+        return cls(positions, int(data.get("dataLoss", 0)), int(data.get("truncations", 0)))
 
 
 def parse_partition_positions(value: Any, *, what: str) -> dict[TopicPartition, Position]:

@@ -52,9 +52,9 @@ from client.record_columns import ValuePiece
 from client.record_columns import decode_columns
 from client.spark.offsets import Position
 from client.spark.options import SourceOptions
-from client.spark.planning import DATA_LOSS_HINT
 from client.spark.planning import DataLossError
 from client.spark.planning import OffsetRange
+from client.spark.planning import data_loss_hint
 from client.spark.planning import describe_divergence
 from client.spark.schema import arrow_schema
 from protocol.api import CONSUMER_REPLICA_ID
@@ -136,9 +136,9 @@ def _read(
                 _loss(
                     options,
                     f"{r.tp.topic} partition {r.tp.partition}: offsets {position} to "
-                    f"{low - 1} were deleted (retention) before this task read them ({why}); "
-                    f"skipping to {low}",
-                    stop=False,
+                    f"{low - 1} were deleted (retention past offset {position}) before this "
+                    f"task read them ({why})",
+                    f"skips to offset {low}, the first offset still in the log",
                 )
                 position, position_epoch, epoch_start, validate = low, NO_EPOCH, -1, False
                 fetcher.forget_prefetch()
@@ -247,10 +247,17 @@ def _no_progress(
     raise TimeoutError(why)
 
 
-def _loss(options: SourceOptions, message: str, *, stop: bool = True) -> None:
+# What a task does with failOnDataLoss=false when the lineage changed under it.
+_STOPS_RANGE = (
+    "stops this task's range there (a stream's next micro-batch finds the divergence and "
+    "resumes at the divergence offset; a batch read returns the records before it)"
+)
+
+
+def _loss(options: SourceOptions, message: str, going_on: str = _STOPS_RANGE) -> None:
     if options.fail_on_data_loss:
-        raise DataLossError(f"{message}. {DATA_LOSS_HINT}")
-    log.warning("%s (failOnDataLoss=false: %s)", message, "range stopped" if stop else "going on")
+        raise DataLossError(f"{message}. {data_loss_hint(going_on)}")
+    log.warning("%s (failOnDataLoss=false: the source %s)", message, going_on)
 
 
 # Errors after which the position is validated again (the leader changed under us).

@@ -17,24 +17,33 @@ from client.spark.offsets import NO_EPOCH
 from client.spark.offsets import Position
 from client.types import TopicPartition
 
-DATA_LOSS_HINT = (
-    'If you want the query to go on in such cases, set the source option "failOnDataLoss" '
-    'to "false" (it then resumes at the first offset still in the log and logs a WARNING).'
-)
+
+def data_loss_hint(going_on: str) -> str:
+    """The last sentence of a data-loss failure: what failOnDataLoss=false would do."""
+    return (
+        'If you want the query to go on in such cases, set the source option "failOnDataLoss" '
+        f'to "false": the source then {going_on}, and logs a WARNING.'
+    )
 
 
 class DataLossError(RuntimeError):
     """Records the query was about to read, or already read, are no longer in the log."""
 
 
+TRUNCATION = "truncation"
+RETENTION = "retention"
+
+
 @dataclass(frozen=True)
 class DataLoss:
-    """One detected loss: which partition, the message naming what was lost, and what
-    the source does about it with failOnDataLoss=false."""
+    """One detected loss: which partition, the message naming what was lost, what the
+    source does about it with failOnDataLoss=false (a phrase after "the source then"),
+    and its kind (TRUNCATION, RETENTION, or another: a partition gone or added late)."""
 
     tp: TopicPartition
     message: str
     going_on: str
+    kind: str = RETENTION
 
 
 @dataclass(frozen=True)
@@ -50,8 +59,11 @@ def validate_stored_position(
     stored: Position,
     epoch_end: EpochEndOffset | None,
     log_start: int,
+    *,
+    given: bool = False,
 ) -> StartDecision:
-    """Check a checkpointed position against the current log.
+    """Check a checkpointed position (or, `given`, a position with an epoch given in
+    startingOffsets) against the current log.
 
     `epoch_end` is the current leader's answer to OffsetsForLeaderEpoch(stored.epoch)
     (None when the position has no epoch: nothing to validate, like Kafka), got under
@@ -63,7 +75,8 @@ def validate_stored_position(
     older source, which only the end offset then validates). The records from the
     divergence up to the stored offset that the query already processed are gone (even
     if the log has since grown back past the stored offset). A position below the log
-    start is a retention loss, as Spark's Kafka source reports it."""
+    start is a retention loss, as Spark's Kafka source reports it. A given position is
+    not blamed on an election: its epoch may simply be wrong."""
     if epoch_end is not None and stored.epoch != NO_EPOCH and stored.offset > 0:
         if epoch_end.unknown:
             raise ValueError(
@@ -72,37 +85,55 @@ def validate_stored_position(
             )
         divergence = epoch_end.diverges_at(stored.offset, stored.epoch, stored.epoch_start)
         if divergence is not None:
+            subject = "the startingOffsets position" if given else "the stored offset"
             detail = describe_divergence(
-                f"the stored offset {stored.offset}", stored, epoch_end, divergence
+                f"{subject} {stored.offset}", stored, epoch_end, divergence
             )
             # The answer's epoch ends at its end offset, so it is the epoch of the record
             # before that offset; before an earlier divergence (rule 4) the epoch is
             # some epoch <= it, not known from this answer: the range starts without one.
             exact = divergence == epoch_end.end_offset
+            if given:
+                what = (
+                    f"topic {tp.topic} partition {tp.partition}: {detail}. The leader epoch "
+                    f"given for offset {stored.offset} is not the one the log has there "
+                    f"(a wrong epoch, or a log truncated at offset {divergence} since the "
+                    f"position was taken)"
+                )
+            else:
+                what = (
+                    f"log truncation detected on topic {tp.topic} partition {tp.partition}: "
+                    f"truncated at offset {divergence} of leader epoch {stored.epoch}: "
+                    f"{detail}. Records {divergence} to {stored.offset - 1} that this query "
+                    f"already read are no longer in the log (an unclean leader election); "
+                    f"offsets from {divergence} on now hold other records"
+                )
             return StartDecision(
                 Position(divergence, epoch_end.leader_epoch if exact else NO_EPOCH),
                 DataLoss(
                     tp,
-                    f"log truncation detected on topic {tp.topic} partition {tp.partition}: "
-                    f"{detail}. Records {divergence} to {stored.offset - 1} that this query "
-                    f"already read are no longer in the log (an unclean leader election); "
-                    f"offsets from {divergence} on now hold other records.",
-                    f"going on from the divergence offset {divergence}, on the new lineage",
+                    what + ".",
+                    f"resumes at offset {divergence}, the divergence offset (on the current "
+                    "leader's lineage)",
+                    TRUNCATION,
                 ),
             )
     if stored.offset < log_start:
-        return StartDecision(
-            Position(log_start),
-            DataLoss(
-                tp,
-                f"{tp.topic} partition {tp.partition}: offsets {stored.offset} to "
-                f"{log_start - 1} are no longer in the log (the log starts at {log_start}): "
-                f"the data was deleted by retention, or the topic was recreated, before the "
-                f"query read it. Some data may have been lost.",
-                f"going on from the log start, offset {log_start}",
-            ),
-        )
+        return StartDecision(Position(log_start), retention_loss(tp, stored.offset, log_start))
     return StartDecision(stored)
+
+
+def retention_loss(tp: TopicPartition, offset: int, log_start: int) -> DataLoss:
+    """Offsets from `offset` up to the log start were deleted before the query read them."""
+    return DataLoss(
+        tp,
+        f"{tp.topic} partition {tp.partition}: retention deleted the log past offset "
+        f"{offset}: offsets {offset} to {log_start - 1} are no longer in the log (the log "
+        f"starts at {log_start}): the data was deleted by retention, or the topic was "
+        f"recreated, before the query read it. Some data may have been lost.",
+        f"resumes at offset {log_start}, the first offset still in the log",
+        RETENTION,
+    )
 
 
 def describe_divergence(subject: str, at: Position, answer: EpochEndOffset, divergence: int) -> str:
@@ -137,7 +168,7 @@ def new_partition_start(tp: TopicPartition, log_start: int) -> StartDecision:
             f"added partition {tp.topic} partition {tp.partition} starts at offset "
             f"{log_start} instead of 0: records before it were deleted before the query "
             f"saw the partition. Some data may have been lost.",
-            f"reading it from offset {log_start}",
+            f"reads it from offset {log_start}, the first offset still in the log",
         ),
     )
 
@@ -149,7 +180,8 @@ def vanished_partition(tp: TopicPartition, stored: Position) -> DataLoss:
         f"{tp.topic} partition {tp.partition} is gone (topic deleted?) while the query "
         f"was at offset {stored.offset} (leader epoch {stored.epoch}). Some data may "
         f"have been lost.",
-        "no longer reading it",
+        "stops reading it",
+        "gone",
     )
 
 
@@ -219,32 +251,46 @@ class OffsetRange:
         )
 
 
-def split_ranges(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
-    """At least `min_partitions` tasks (Spark's Kafka source rule): when there are fewer
-    ranges, split each into pieces in proportion to its size. Only the first piece
-    validates the start epoch and only the last checks the end epoch; all keep the
-    epoch bounds."""
+def split_ranges(
+    ranges: list[OffsetRange], min_partitions: int | None, max_records: int | None = None
+) -> list[OffsetRange]:
+    """Spark's Kafka source rule (KafkaOffsetRangeCalculator): with `max_records`
+    (maxRecordsPerPartition) each range is cut into ceil(size / max_records) pieces;
+    then, while there are fewer than `min_partitions` ranges, each is split into pieces
+    in proportion to its size. Only the first piece of a range validates the start
+    epoch and only the last checks the end epoch; all keep the epoch bounds."""
     ranges = [r for r in ranges if r.size > 0]
+    if max_records is not None:
+        ranges = [p for r in ranges for p in _divide(r, -(-r.size // max_records))]
     if min_partitions is None or len(ranges) >= min_partitions:
         return ranges
     total = sum(r.size for r in ranges)
+    return [
+        p
+        for r in ranges
+        for p in _divide(r, min(r.size, max(1, round(r.size / total * min_partitions))))
+    ]
+
+
+def _divide(r: OffsetRange, pieces: int) -> list[OffsetRange]:
+    """`r` in `pieces` consecutive ranges of (nearly) equal size."""
+    if pieces <= 1:
+        return [r]
     out: list[OffsetRange] = []
-    for r in ranges:
-        pieces = min(r.size, max(1, round(r.size / total * min_partitions)))
-        step, extra = divmod(r.size, pieces)
-        start = r.start
-        for i in range(pieces):
-            end = start + step + (1 if i < extra else 0)
-            out.append(
-                replace(
-                    r,
-                    start=start,
-                    end=end,
-                    start_epoch=r.start_epoch if i == 0 else NO_EPOCH,
-                    start_epoch_start=r.start_epoch_start if i == 0 else -1,
-                    end_epoch=r.end_epoch if i == pieces - 1 else NO_EPOCH,
-                )
+    step, extra = divmod(r.size, pieces)
+    start = r.start
+    for i in range(pieces):
+        end = start + step + (1 if i < extra else 0)
+        out.append(
+            replace(
+                r,
+                start=start,
+                end=end,
+                start_epoch=r.start_epoch if i == 0 else NO_EPOCH,
+                start_epoch_start=r.start_epoch_start if i == 0 else -1,
+                end_epoch=r.end_epoch if i == pieces - 1 else NO_EPOCH,
             )
-            start = end
-        assert start == r.end
+        )
+        start = end
+    assert start == r.end
     return out

@@ -5,12 +5,13 @@ string), `topic` (string; the `topic` option, when set, overrides it), `partitio
 (int; default: the producer's partitioner, murmur2 of the key like Kafka), `headers`
 (array<struct<key string, value binary>>). Other columns are ignored.
 
-Each Spark task writes its rows with its own idempotent AsyncProducer (acks=all):
-retries inside a task never duplicate or reorder. Delivery is AT-LEAST-ONCE across
-task retries and query restarts: a task or micro-batch that Spark runs again (after a
-failure, or a restart from a checkpoint whose last batch was not committed) writes its
-rows again, with a new producer id, so they appear twice. Deduplicate downstream by a
-key of your own if that matters.
+Each Spark task writes its rows with its own AsyncProducer, idempotent with
+kafka.acks=all (the default): retries inside a task never duplicate or reorder
+(kafka.acks=1 or 0 write without idempotence, as a Kafka producer does). Delivery is
+AT-LEAST-ONCE across task retries and query restarts: a task or micro-batch that Spark
+runs again (after a failure, or a restart from a checkpoint whose last batch was not
+committed) writes its rows again, with a new producer id, so they appear twice.
+Deduplicate downstream by a key of your own if that matters.
 
 The schema is checked on the driver (`check_sink_schema`) with errors naming the column.
 """
@@ -109,8 +110,9 @@ async def _produce(batches: Iterator[pa.RecordBatch], options: SinkOptions) -> i
     async with AsyncProducer(
         options.bootstrap_servers,
         client_id="minibroker-spark-sink",
-        acks="all",
-        enable_idempotence=True,
+        acks=options.acks,
+        enable_idempotence=options.idempotent,
+        max_in_flight=options.max_in_flight,
         linger_ms=options.linger_ms,
         batch_size=options.batch_size,
         compression_type=None if options.compression_type == "none" else options.compression_type,

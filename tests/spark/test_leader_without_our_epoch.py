@@ -158,6 +158,7 @@ async def test_a_leader_that_never_had_the_stored_epoch_is_a_truncation(
     assert end == {
         "partitions": {"t": {"0": {"offset": 8, "epoch": 4, "epochStart": 6}}},
         "dataLoss": 1,
+        "truncations": 1,
     }
 
 

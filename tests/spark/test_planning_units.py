@@ -4,12 +4,16 @@ and the planning rules."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from client.epochs import EpochEndOffset
 from client.spark.offsets import Position
 from client.spark.offsets import SourceOffset
+from client.spark.options import SINK_OPTIONS
+from client.spark.options import SOURCE_OPTIONS
 from client.spark.options import OptionError
 from client.spark.options import SinkOptions
 from client.spark.options import SourceOptions
@@ -64,7 +68,9 @@ def test_source_options_all_set() -> None:
     [
         ({"subscribe": "t"}, "kafka.bootstrap.servers is required"),
         ({**SERVERS}, "exactly one of the options subscribe"),
-        ({**SERVERS, "subscribe": "t", "assign": '{"t": [0]}'}, "(both are set)"),
+        ({**SERVERS, "subscribe": "t", "assign": '{"t": [0]}'}, "(subscribe, assign are set)"),
+        ({**SERVERS, "subscribePattern": "t", "assign": '{"t": [0]}'}, "subscribePattern, assign"),
+        ({**SERVERS, "subscribePattern": "t(["}, "is not a regular expression"),
         ({**SERVERS, "subscribe": " , "}, "names no topic"),
         ({**SERVERS, "assign": "[0]"}, "must be a non-empty JSON object"),
         ({**SERVERS, "assign": '{"t": ["0"]}'}, "list of partition numbers"),
@@ -76,7 +82,25 @@ def test_source_options_all_set() -> None:
         ({**SERVERS, "subscribe": "t", "startingOffsets": '{"t": {"x": 1}}'}, "not a number"),
         ({**SERVERS, "subscribe": "t", "startingOffsets": '{"u": {"0": 1}}'}, "does not read"),
         ({**SERVERS, "subscribe": "t", "endingOffsets": "latest"}, "for batch reads"),
-        ({**SERVERS, "subscribe": "t", "kafka.group.id": "g"}, "unknown source option"),
+        ({**SERVERS, "subscribe": "t", "color": "g"}, "unknown source option(s) color"),
+        ({**SERVERS, "subscribe": "t", "kafka.auto.offset.reset": "x"}, "set startingOffsets"),
+        (
+            {**SERVERS, "subscribe": "t", "startingOffsetsByTimestampStrategy": "first"},
+            'startingOffsetsByTimestampStrategy must be "error" or "latest", not \'first\'',
+        ),
+        ({**SERVERS, "subscribe": "t", "startingTimestamp": "yesterday"}, "ms since the epoch"),
+        (
+            {**SERVERS, "subscribe": "t", "startingOffsetsByTimestamp": '{"t": {"0": "x"}}'},
+            "t-0: 'x' must be ms >= 0",
+        ),
+        ({**SERVERS, "subscribe": "t", "endingTimestamp": "5"}, "endingTimestamp is for batch"),
+        ({**SERVERS, "subscribe": "t", "maxTriggerDelay": "soon"}, "a time like 500ms"),
+        (
+            {**SERVERS, "subscribe": "t", "minOffsetsPerTrigger": "9", "maxOffsetsPerTrigger": "5"},
+            "must not exceed maxOffsetsPerTrigger",
+        ),
+        ({**SERVERS, "subscribe": "t", "maxRecordsPerPartition": "0"}, "positive integer"),
+        ({**SERVERS, "subscribe": "t", "fetchOffset.numRetries": "-1"}, "integer >= 0"),
         ({**SERVERS, "bootstrap.servers": "other:1", "subscribe": "t"}, "differ"),
         ({"kafka.bootstrap.servers": "h:port", "subscribe": "t"}, "port must be a number"),
     ],
@@ -110,6 +134,73 @@ def test_sink_options() -> None:
         SinkOptions.parse({**SERVERS, "kafka.compression.type": "brotli"})
     with pytest.raises(OptionError, match="unknown sink option"):
         SinkOptions.parse({**SERVERS, "acks": "1"})
+    o = SinkOptions.parse(
+        {**SERVERS, "kafka.acks": "1", "kafka.max.in.flight.requests.per.connection": "9"}
+    )
+    assert (o.acks, o.idempotent, o.max_in_flight) == ("1", False, 9)
+    assert SinkOptions.parse({**SERVERS, "kafka.acks": "-1"}).idempotent
+    with pytest.raises(OptionError, match=r"must be 1 to 5 with kafka\.acks=all"):
+        SinkOptions.parse({**SERVERS, "kafka.max.in.flight.requests.per.connection": "6"})
+    with pytest.raises(OptionError, match=r"kafka\.acks must be all"):
+        SinkOptions.parse({**SERVERS, "kafka.acks": "2"})
+    ignored = SinkOptions.parse({**SERVERS, "includeHeaders": "true", "kafka.retries": "3"})
+    assert ignored.ignored_kafka_options == ("kafka.retries",)
+
+
+def test_every_option_error_is_one_line() -> None:
+    """The messages Spark shows first: one line naming the option (and what it takes)."""
+    with pytest.raises(OptionError) as err:
+        SourceOptions.parse({**SERVERS, "subscribe": "t", "colour": "x"}, streaming=True)
+    message = str(err.value)
+    assert "\n" not in message and "colour" in message
+    assert "subscribePattern" in message and "startingOffsetsByTimestamp" in message
+
+
+def test_spark_kafka_source_options_parse_to_their_meaning() -> None:
+    o = SourceOptions.parse(
+        {
+            **SERVERS,
+            "subscribePattern": "orders-.*",
+            "startingTimestamp": "1000",
+            "startingOffsetsByTimestamp": '{"orders-a": {"0": 5}}',  # overridden
+            "startingOffsetsByTimestampStrategy": "LATEST",
+            "minOffsetsPerTrigger": "10",
+            "maxTriggerDelay": "2s",
+            "maxRecordsPerPartition": "50",
+            "fetchOffset.numRetries": "2",
+            "fetchOffset.retryIntervalMs": "30",
+            "groupIdPrefix": "spark-kafka-source",
+            "kafka.group.id": "orders-app",
+            "kafka.session.timeout.ms": "6000",
+            "kafka.max.poll.records": "500",
+        },
+        streaming=True,
+    )
+    assert o.topic_pattern == "orders-.*" and o.topics == () and o.assignment == ()
+    assert (o.starting.kind, o.starting.timestamp, o.starting.option) == (
+        "time",
+        1000,
+        "startingTimestamp",
+    )
+    assert o.timestamp_strategy == "latest"
+    assert (o.min_offsets_per_trigger, o.max_trigger_delay_ms) == (10, 2000)
+    assert o.max_records_per_partition == 50
+    assert (o.fetch_offset_retries, o.fetch_offset_retry_interval_ms) == (2, 30)
+    assert o.group_id == "orders-app"
+    assert o.ignored_kafka_options == ("kafka.max.poll.records", "kafka.session.timeout.ms")
+    batch = SourceOptions.parse(
+        {
+            **SERVERS,
+            "subscribe": "t",
+            "startingOffsetsByTimestamp": '{"t": {"0": 5, "1": 7}}',
+            "endingOffsetsByTimestamp": '{"t": {"0": 9, "1": 9}}',
+        },
+        streaming=False,
+    )
+    assert batch.starting.kind == "times" and dict(batch.starting.timestamps) == {T0: 5, T1: 7}
+    assert batch.ending.kind == "times" and batch.ending.option == "endingOffsetsByTimestamp"
+    default = SourceOptions.parse({**SERVERS, "subscribe": "t"}, streaming=True)
+    assert default.max_trigger_delay_ms == 15 * 60 * 1000
 
 
 # ------------------------------------------------------------ offsets JSON
@@ -202,9 +293,27 @@ def test_truncation_below_the_stored_offset_is_found_even_if_the_log_grew_back()
     d = validate_stored_position(T0, Position(9, 0), EpochEndOffset(0, 5), log_start=0)
     assert d.start == Position(5, 0)
     assert d.loss is not None
-    for part in ("topic t partition 0", "stored offset 9 (leader epoch 0)", "diverges at offset 5"):
+    for part in (
+        "topic t partition 0",
+        "truncated at offset 5 of leader epoch 0",
+        "stored offset 9 (leader epoch 0)",
+        "diverges at offset 5",
+        "an unclean leader election",
+    ):
         assert part in d.loss.message, d.loss.message
-    assert d.loss.going_on == "going on from the divergence offset 5, on the new lineage"
+    assert d.loss.going_on.startswith("resumes at offset 5, the divergence offset")
+    assert d.loss.kind == "truncation"
+
+
+def test_a_bad_epoch_given_in_starting_offsets_is_not_blamed_on_an_election() -> None:
+    """A batch read given (offset 9, epoch 0) where epoch 0 ends at 5: the position is
+    refused, saying the epoch may be wrong, not that the query already read records."""
+    d = validate_stored_position(T0, Position(9, 0), EpochEndOffset(0, 5), 0, given=True)
+    assert d.loss is not None and d.start == Position(5, 0)
+    message = d.loss.message
+    assert "the startingOffsets position 9 (leader epoch 0)" in message, message
+    assert "a wrong epoch, or a log truncated at offset 5" in message, message
+    assert "unclean" not in message and "already read" not in message, message
 
 
 def test_a_leader_that_never_had_the_stored_epoch_is_a_truncation() -> None:
@@ -227,7 +336,7 @@ def test_a_leader_that_never_had_the_stored_epoch_is_a_truncation() -> None:
         "Records 4 to 5 that this query already read",
     ):
         assert part in d.loss.message, d.loss.message
-    assert d.loss.going_on == "going on from the divergence offset 4, on the new lineage"
+    assert d.loss.going_on.startswith("resumes at offset 4, the divergence offset")
     # The older epoch ends before the stored epoch began: the divergence is its end,
     # whose epoch is exact.
     d = validate_stored_position(T0, Position(6, 3, 4), EpochEndOffset(2, 3), log_start=0)
@@ -243,6 +352,8 @@ def test_an_unknown_epoch_is_never_a_loss_retention_is() -> None:
         validate_stored_position(T0, Position(9, 0), EpochEndOffset(-1, -1), log_start=0)
     d = validate_stored_position(T0, Position(3), None, log_start=20)
     assert d.start == Position(20) and d.loss and "offsets 3 to 19" in d.loss.message
+    assert "retention deleted the log past offset 3" in d.loss.message
+    assert d.loss.going_on == "resumes at offset 20, the first offset still in the log"
     # Without an epoch there is nothing to validate (Kafka skips too).
     assert validate_stored_position(T0, Position(30), None, log_start=20).loss is None
 
@@ -281,6 +392,23 @@ def test_split_ranges_for_min_partitions_keeps_epoch_checks_at_the_ends() -> Non
     assert {(p.floor_epoch, p.ceiling_epoch) for p in mine} == {(1, 3)}
     assert split_ranges([r, small], None) == [r, small]
     assert split_ranges([OffsetRange(T0, 4, 4)], 3) == []
+
+
+def test_split_ranges_for_max_records_per_partition_then_min_partitions() -> None:
+    """Spark's KafkaOffsetRangeCalculator: ceil(size / max) pieces per range first, then
+    minPartitions over those pieces."""
+    r = OffsetRange.between(T0, Position(0), Position(10, 2))
+    small = OffsetRange(T1, 0, 3)
+    pieces = split_ranges([r, small], None, 4)
+    assert [(p.tp, p.start, p.end) for p in pieces] == [
+        (T0, 0, 4),
+        (T0, 4, 7),
+        (T0, 7, 10),
+        (T1, 0, 3),
+    ]
+    assert [p.end_epoch for p in pieces[:3]] == [-1, -1, 2]
+    assert len(split_ranges([r, small], 8, 4)) >= 8
+    assert split_ranges([r, small], None, 10) == [r, small]
 
 
 # ------------------------------------------------------------ executor epoch checks
@@ -360,3 +488,16 @@ def test_the_arrow_value_column_is_the_records_values(size: int) -> None:
     assert _value_array(columns.value_pieces, pa.binary()).to_pylist() == expected
     columns.truncate(150)
     assert _value_array(columns.value_pieces, pa.binary()).to_pylist() == expected[:150]
+
+
+def test_readme_option_tables_list_every_option() -> None:
+    """The README's Spark option tables name every option the source and sink take."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+
+    def table(header: str) -> set[str]:
+        rows = readme.split(header, 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+        names = {n.lower() for row in rows for n in re.findall(r"`([\w.]+)`", row.split("|")[1])}
+        return names
+
+    assert set(SOURCE_OPTIONS) <= table("| source option |") | {"bootstrap.servers"}
+    assert set(SINK_OPTIONS) <= table("| sink option |") | {"bootstrap.servers"}

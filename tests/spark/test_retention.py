@@ -56,8 +56,15 @@ async def test_offsets_deleted_by_retention_are_reported_like_sparks_kafka_sourc
                 await asyncio.sleep(0.2)
 
         failing = QueryRun(spark, stream_options(servers, TOPIC), checkpoint)
-        with pytest.raises(Exception, match=r"offsets 5 to \d+ are no longer in the log"):
+        with pytest.raises(Exception, match=r"offsets 5 to \d+ are no longer in the log") as err:
             failing.wait()
+        message = str(err.value)
+        for part in (
+            "retention deleted the log past offset 5",
+            "the source then resumes at offset ",
+            "the first offset still in the log",
+        ):
+            assert part in message, message[:3000]
         assert failing.rows() == []
 
         going_on = run_available_now(
@@ -66,3 +73,4 @@ async def test_offsets_deleted_by_retention_are_reported_like_sparks_kafka_sourc
         offsets = [r.offset for r in going_on.rows()]
         assert offsets[0] >= start and offsets == list(range(offsets[0], 65))
         assert going_on.end_offset()["dataLoss"] == 1
+        assert "truncations" not in going_on.end_offset()  # a retention loss only

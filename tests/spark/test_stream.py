@@ -65,33 +65,42 @@ def test_max_offsets_per_trigger_caps_every_micro_batch(
     assert sorted(r.value for r in run.rows()) == sorted(produced)
 
 
-def test_partitions_that_appear_while_running_are_read_from_earliest(
+def test_topics_matching_subscribe_pattern_created_while_running_are_read_from_earliest(
     spark: Any, cluster: ScenarioCluster, tmp_path: Path
 ) -> None:
-    """The topic does not exist when the query starts (startingOffsets=latest); once
-    created, its partitions are read from offset 0. Also includeHeaders and
-    minPartitions."""
+    """subscribePattern matches whole topic names (Java's String.matches); no topic
+    matches when the query starts (startingOffsets=latest); once a matching one is
+    created, its partitions are read from offset 0 and the others never. Also
+    includeHeaders, minPartitions, and kafka.group.id / other kafka.* accepted."""
     servers = bootstrap(cluster)
-    run = QueryRun(
-        spark,
-        stream_options(
-            servers, "late", startingOffsets="latest", includeHeaders=True, minPartitions=4
-        ),
-        tmp_path / "cp",
-        available_now=False,
+    options = stream_options(
+        servers, "unused", startingOffsets="latest", includeHeaders=True, minPartitions=4
     )
+    del options["subscribe"]
+    options |= {
+        "subscribePattern": r"late-[a-z]+",
+        "kafka.group.id": "orders-app",
+        "kafka.session.timeout.ms": "6000",
+    }
+    run = QueryRun(spark, options, tmp_path / "cp", available_now=False)
     try:
         deadline = time.monotonic() + 60
         while not run.query.recentProgress:  # a trigger ran with no partition to read
             assert time.monotonic() < deadline and run.query.isActive, run.query.exception()
             time.sleep(0.2)
-        create_topic(servers, "late")
+        for name in ("late-orders", "late-1", "xlate-orders"):  # only the first matches
+            create_topic(servers, name)
         produced = [f"late-{i}".encode() for i in range(12)]
-        produce(servers, "late", produced, headers=[("source", b"test"), ("empty", None)])
+        produce(servers, "late-orders", produced, headers=[("source", b"test"), ("empty", None)])
+        produce(servers, "late-1", [b"not-matching"])
+        produce(servers, "xlate-orders", [b"matching-only-a-part"])
         rows = run.wait_rows(len(produced))
+        time.sleep(1)  # a trigger more: nothing of the other topics comes
+        rows = run.rows()
     finally:
         run.stop()
     assert sorted(r.value for r in rows) == sorted(produced)
+    assert {r.topic for r in rows} == {"late-orders"}
     assert {r.partition for r in rows} == {0, 1}
     assert all(r.offset < 12 for r in rows) and min(r.offset for r in rows) == 0
     assert {tuple((h.key, h.value) for h in r.headers) for r in rows} == {

@@ -440,16 +440,17 @@ def test_offset_for_timestamp(open_log: OpenLog, make_batch: MakeBatch):
     log = open_log()
     for n in range(12):
         log.append_as_leader(make_batch(3, timestamp=5_000 + 100 * n), n // 4, now_ms=0)
-    assert log.offset_for_timestamp(0) == (0, 5_002, 0)
-    assert log.offset_for_timestamp(5_002) == (0, 5_002, 0)
-    assert log.offset_for_timestamp(5_003) == (3, 5_102, 0)
-    assert log.offset_for_timestamp(5_450) == (15, 5_502, 1)
-    assert log.offset_for_timestamp(6_102) == (33, 6_102, 2)
+    # The first record at or after the time (inside its batch, as Kafka), its own time.
+    assert log.offset_for_timestamp(0) == (0, 5_000, 0)
+    assert log.offset_for_timestamp(5_002) == (2, 5_002, 0)
+    assert log.offset_for_timestamp(5_003) == (3, 5_100, 0)
+    assert log.offset_for_timestamp(5_450) == (15, 5_500, 1)
+    assert log.offset_for_timestamp(6_102) == (35, 6_102, 2)
     assert log.offset_for_timestamp(6_103) is None
     assert log.offset_for_timestamp(-2) == (0, -1, 0)
     assert log.offset_for_timestamp(-1) == (36, -1, 2)
     log.delete_records_before(10)
-    assert log.offset_for_timestamp(0) == (10, 5_302, 0)
+    assert log.offset_for_timestamp(0) == (10, 5_301, 0)
 
 
 # ---------------------------------------------------------------- config

@@ -11,8 +11,8 @@ import pytest
 from broker.storage.errors import CorruptIndexError
 from broker.storage.errors import CorruptSegmentError
 from broker.storage.segment import LogSegment
-from protocol.record_batch import BatchHeader
 from protocol.record_batch import iter_headers
+from protocol.record_batch import iter_records
 from protocol.record_batch import validate_batch
 
 BASE = 100
@@ -197,14 +197,18 @@ def test_find_offset_by_timestamp(tmp_path: Path, make_batch: MakeBatch):
     segment = _segment(tmp_path, interval=100)
     # Batch n holds timestamps 10_000 + 100 n .. + count - 1
     _fill(segment, make_batch, [3, 1, 4, 2, 2, 2])
-    headers: list[BatchHeader] = [h for _, h in iter_headers(segment.read(BASE, 10**6))]
+    records = [r for _, r in iter_records(segment.read(BASE, 10**6))]
     for target in range(9_990, 10_520, 7):
-        expected = next((h for h in headers if h.max_timestamp >= target), None)
+        # The first record (not batch: Kafka looks inside the batch) at or after it.
+        expected = next((r for r in records if r.timestamp >= target), None)
         found = segment.find_offset_by_timestamp(target)
         if expected is None:
             assert found is None
         else:
-            assert found == (expected.base_offset, expected.max_timestamp, 1)
+            assert found == (expected.offset, expected.timestamp, 1)
+    # Inside a batch: batch 2 holds offsets 4-7 at 10_200-10_203.
+    assert segment.find_offset_by_timestamp(10_202) == (BASE + 6, 10_202, 1)
+    assert segment.find_offset_by_timestamp(10_200, start_offset=BASE + 5) == (BASE + 5, 10_201, 1)
     segment.close()
 
 
