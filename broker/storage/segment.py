@@ -48,6 +48,7 @@ from protocol.invariants import InvariantError
 from protocol.invariants import invariant
 from protocol.record_batch import HEADER_SIZE
 from protocol.record_batch import BatchHeader
+from protocol.record_batch import TimestampType
 from protocol.record_batch import decode_batch
 
 if TYPE_CHECKING:
@@ -334,6 +335,10 @@ class LogSegment:
         for position, header in self._file.scan_headers(found[0]):
             if header.max_timestamp < timestamp:
                 continue
+            if header.timestamp_type is TimestampType.LOG_APPEND_TIME:
+                # Every record of the batch carries the batch's time (Kafka's rule).
+                offset = max(header.base_offset, start_offset)
+                return offset, header.max_timestamp, header.partition_leader_epoch
             data, _ = self._file.read_batches(position, header.size, None)
             _, records = decode_batch(data, verify_crc=False)
             for record in records:

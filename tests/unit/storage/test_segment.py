@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from broker.storage.errors import CorruptIndexError
@@ -209,6 +210,21 @@ def test_find_offset_by_timestamp(tmp_path: Path, make_batch: MakeBatch):
     # Inside a batch: batch 2 holds offsets 4-7 at 10_200-10_203.
     assert segment.find_offset_by_timestamp(10_202) == (BASE + 6, 10_202, 1)
     assert segment.find_offset_by_timestamp(10_200, start_offset=BASE + 5) == (BASE + 5, 10_201, 1)
+    segment.close()
+
+
+def test_find_offset_by_timestamp_in_a_log_append_time_batch(tmp_path: Path, make_batch: MakeBatch):
+    """A LogAppendTime batch's records all carry its max timestamp (Kafka's rule): the
+    lookup answers the batch's first offset, whatever the records' own times say."""
+    segment = _segment(tmp_path)
+    batch = bytearray(make_batch(4, base_offset=BASE, epoch=1, timestamp=10_000))
+    attributes = int.from_bytes(batch[21:23], "big") | 0x08  # timestamp type bit
+    batch[21:23] = attributes.to_bytes(2, "big")
+    batch[17:21] = crc32c.crc32c(bytes(batch[21:])).to_bytes(4, "big")
+    header = validate_batch(bytes(batch))
+    segment.append(bytes(batch), [header])
+    assert segment.find_offset_by_timestamp(10_002) == (BASE, 10_003, 1)
+    assert segment.find_offset_by_timestamp(10_000, start_offset=BASE + 2) == (BASE + 2, 10_003, 1)
     segment.close()
 
 
