@@ -125,6 +125,25 @@ async def minibroker_client(
         await client.close()
 
 
+def kafka_consumer_config(common: dict[str, str], batch_bytes: int) -> dict[str, Any]:
+    """The bench's librdkafka Consumer: a batch per partition per Fetch, and no
+    second-long pause when its local queue is full (below)."""
+    return {
+        **common,
+        "group.id": f"bench-{NAME}",
+        "enable.auto.commit": False,
+        "fetch.max.bytes": 4 * batch_bytes,
+        "max.partition.fetch.bytes": batch_bytes,
+        # When its local queue is over queued.max.messages.kbytes (64 MiB), librdkafka
+        # holds the next Fetch for fetch.queue.backoff.ms, 1 s by default: a whole
+        # second of a 0.7 s read, whenever the consuming thread falls 64 MiB behind the
+        # fetcher (a busy CPU). That hit the faster protocol most: plaintext reads
+        # slower than SSL (bench/README.md, "Issue 18"). 10 ms keeps the bound, not
+        # the stall.
+        "fetch.queue.backoff.ms": 10,
+    }
+
+
 def librdkafka_client(
     bootstrap: str, tls: dict[str, str], topic: str, batch_bytes: int, total: int, broker_pid: int
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -167,15 +186,7 @@ def librdkafka_client(
     if failed or left:
         raise RuntimeError(f"librdkafka produce: {len(failed)} failed ({failed[:1]}), {left} left")
     written = count * len(value)
-    consumer = confluent_kafka.Consumer(
-        {
-            **common,
-            "group.id": f"bench-{NAME}",
-            "enable.auto.commit": False,
-            "fetch.max.bytes": 4 * batch_bytes,
-            "max.partition.fetch.bytes": batch_bytes,
-        }
-    )
+    consumer = confluent_kafka.Consumer(kafka_consumer_config(common, batch_bytes))
 
     def consume(wanted: int) -> int:
         # It waits until it has all it asks for: never ask more than is left.
