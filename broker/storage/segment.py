@@ -23,12 +23,18 @@ rebuilds both indexes. Deleting a segment renames its files to `*.deleted` (the
 `.log` first: from then on the segment does not exist) and then unlinks them; the
 log loader removes `*.deleted` leftovers of a crash.
 
-Reads use os.pread on a descriptor kept open (FileRecords); flush() may run on a
-worker thread while the event loop appends, and close() waits for an fsync in progress.
+Reads use os.pread (FileRecords); flush() may run on a worker thread while the event
+loop appends, and close() waits for an fsync in progress. The three descriptors are
+the broker's file-handle cache's (file_handles.py): opened when first used, closed by
+the cache when others were used more recently, reopened transparently. An append or
+a truncation pins all three before it changes anything, so a file that cannot be
+opened fails it before the first byte is written (FileOpenError, for that partition
+only) and leaves the segment as it was.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -40,6 +46,10 @@ from typing import Any
 from typing import NamedTuple
 
 from broker.storage.errors import CorruptIndexError
+from broker.storage.errors import FileOpenError
+from broker.storage.file_handles import SHARED_FILE_HANDLES
+from broker.storage.file_handles import CachedFile
+from broker.storage.file_handles import FileHandleCache
 from broker.storage.file_records import FileRecords
 from broker.storage.offset_index import INT32_MAX
 from broker.storage.offset_index import OffsetIndex
@@ -92,7 +102,9 @@ class LogSegment:
         index_interval_bytes: int,
         now_ms: int,
         create: bool,
+        handles: FileHandleCache | None = None,
     ) -> None:
+        handles = handles or SHARED_FILE_HANDLES
         self.dir = Path(dir)
         self.base_offset = base_offset
         self.log_path = self.dir / segment_file_name(base_offset, LOG_SUFFIX)
@@ -102,17 +114,21 @@ class LogSegment:
         self._io_lock = threading.Lock()
         self._closed = False
         if create:
-            self._file = FileRecords(self.log_path, create=True)
+            self._file = FileRecords(self.log_path, create=True, handles=handles)
             # Index files with no .log are leftovers; a new segment starts them afresh.
             self.index_path.unlink(missing_ok=True)
             self.time_index_path.unlink(missing_ok=True)
             self._indexes_missing = False
         else:
-            self._file = FileRecords(self.log_path, create=False)
+            self._file = FileRecords(self.log_path, create=False, handles=handles)
             self._indexes_missing = not (self.index_path.exists() and self.time_index_path.exists())
         try:
-            self.offset_index = OffsetIndex(self.index_path, base_offset)
-            self.time_index = TimeIndex(self.time_index_path, base_offset)
+            self.offset_index = OffsetIndex(self.index_path, base_offset, handles)
+            try:
+                self.time_index = TimeIndex(self.time_index_path, base_offset, handles)
+            except BaseException:
+                self.offset_index.close()
+                raise
         except BaseException:
             self._file.close()
             raise
@@ -125,16 +141,21 @@ class LogSegment:
         self._bytes_since_last_index_entry = 0
         self._created_ms = now_ms
 
-    # The two ways to get a segment; `sizing` is index_interval_bytes and now_ms.
+    # The two ways to get a segment; `sizing` is index_interval_bytes and now_ms;
+    # `handles` the file-handle cache (None: the process-wide one).
     @classmethod
-    def create(cls, dir: Path, base_offset: int, **sizing: int) -> LogSegment:
+    def create(
+        cls, dir: Path, base_offset: int, handles: FileHandleCache | None = None, **sizing: int
+    ) -> LogSegment:
         """A new empty segment; fails if its `.log` file already exists."""
-        return cls(dir, base_offset, create=True, **sizing)
+        return cls(dir, base_offset, create=True, handles=handles, **sizing)
 
     @classmethod
-    def open(cls, dir: Path, base_offset: int, **sizing: int) -> LogSegment:
+    def open(
+        cls, dir: Path, base_offset: int, handles: FileHandleCache | None = None, **sizing: int
+    ) -> LogSegment:
         """Existing segment files; follow with `sanity_check()` or `recover()`."""
-        return cls(dir, base_offset, create=False, **sizing)
+        return cls(dir, base_offset, create=False, handles=handles, **sizing)
 
     # ------------------------------------------------------------------ state
 
@@ -208,10 +229,11 @@ class LogSegment:
         position = self._file.size
         if position + total > INT32_MAX:
             raise InvariantError(f"segment {self.log_path} would exceed 2 GiB")
-        self._file.append(view)
-        for header in headers:
-            self._index_batch(position, header)
-            position += header.size
+        with self._pinned_files():
+            self._file.append(view)
+            for header in headers:
+                self._index_batch(position, header)
+                position += header.size
 
     def truncate_to(self, offset: int) -> int:
         """Remove the batch containing `offset` and everything after; returns bytes removed.
@@ -224,16 +246,40 @@ class LogSegment:
             return 0
         position, header = found
         removed = self._file.size - position
-        self.offset_index.truncate_to(header.base_offset)
-        self.time_index.truncate_to(header.base_offset)
-        self._file.truncate(position)
-        self._load_tail_state()
+        with self._pinned_files():
+            self.offset_index.truncate_to(header.base_offset)
+            self.time_index.truncate_to(header.base_offset)
+            self._file.truncate(position)
+            self._load_tail_state()
         return removed
 
     def on_become_inactive(self) -> None:
-        """The log rolled past this segment: record its largest timestamp for good."""
+        """The log rolled past this segment: record its largest timestamp for good.
+        Derived data: when the time index cannot be opened the entry is left out
+        (lookups then scan a little more) rather than fail the roll or the close."""
         if self._loaded:
-            self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+            try:
+                self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+            except FileOpenError as exc:
+                logger.warning("segment %s: no final time index entry: %s", self.log_path, exc)
+
+    def release_descriptors(self) -> None:
+        """Close the segment's descriptors now unless in use (they reopen when used):
+        an older segment of a loaded log need hold none until it is read."""
+        for handle in self._handles():
+            handle.evict()
+
+    @contextlib.contextmanager
+    def _pinned_files(self) -> Iterator[None]:
+        """All three files open and pinned (FileOpenError before anything is written)."""
+        with contextlib.ExitStack() as pins:
+            for handle in self._handles():
+                handle.acquire()
+                pins.callback(handle.release)
+            yield
+
+    def _handles(self) -> tuple[CachedFile, CachedFile, CachedFile]:
+        return self._file.handle, self.offset_index.handle, self.time_index.handle
 
     def flush(self) -> None:
         """fsync the log and both indexes (safe from a worker thread)."""
