@@ -56,7 +56,6 @@ class FileHandleCache:
         # Open files, least recently used first.
         self._open: OrderedDict[CachedFile, None] = OrderedDict()
         self.opens = 0  # descriptors opened so far (reopens included), for tests and stats
-        self._failing = False  # the last open failed: logged once until one succeeds
 
     @property
     def open_count(self) -> int:
@@ -84,14 +83,8 @@ class FileHandleCache:
                 try:
                     handle._fd = os.open(handle.path, handle._flags, 0o644)
                 except OSError as exc:
-                    error = FileOpenError(handle.path, exc)
-                    if not self._failing:
-                        self._failing = True
-                        logger.error("%s (%d segment files open)", error, len(self._open))
-                    raise error from exc
-                if self._failing:
-                    self._failing = False
-                    logger.warning("segment files open again (%s)", handle.path)
+                    raise OPEN_FAILURES.failed(FileOpenError(handle.path, exc)) from exc
+                OPEN_FAILURES.succeeded(handle.path)
                 self.opens += 1
                 self._open[handle] = None
                 self._evict_beyond_capacity()
@@ -174,6 +167,31 @@ class CachedFile:
 
     def __repr__(self) -> str:
         return f"CachedFile({self.path}, fd={self._fd}, pins={self._pins})"
+
+
+class OpenFailureLog:
+    """Logs a run of failed opens once: the first at ERROR (what and what to do),
+    the rest at DEBUG until an open succeeds again. Request handlers therefore do not
+    log FileOpenError themselves. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failing = False
+
+    def failed(self, error: FileOpenError) -> FileOpenError:
+        with self._lock:
+            first, self._failing = not self._failing, True
+        logger.log(logging.ERROR if first else logging.DEBUG, "%s", error)
+        return error
+
+    def succeeded(self, path: Path) -> None:
+        if self._failing:
+            with self._lock:
+                self._failing = False
+            logger.warning("files open again (%s): partitions serve again", path)
+
+
+OPEN_FAILURES = OpenFailureLog()
 
 
 def warn_if_open_files_exceed_limit(capacity: int) -> None:

@@ -31,6 +31,7 @@ from broker.storage.errors import OUT_OF_DESCRIPTORS
 from broker.storage.errors import FileOpenError
 from broker.storage.errors import LogDirFailureError
 from broker.storage.errors import StorageError
+from broker.storage.file_handles import OPEN_FAILURES
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class LogDirFailureChannel:
         and it may succeed once descriptors are free. Any other OSError takes the
         directory offline."""
         if cause.errno in OUT_OF_DESCRIPTORS:
-            return FileOpenError(cause.filename, cause)
+            return OPEN_FAILURES.failed(FileOpenError(cause.filename, cause))
         return self.fail(operation, cause)
 
     @contextlib.contextmanager

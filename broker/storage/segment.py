@@ -131,6 +131,10 @@ class LogSegment:
                 raise
         except BaseException:
             self._file.close()
+            if create:
+                # Just created, empty: left behind it would refuse the next attempt
+                # (O_EXCL) after, say, the indexes found no file descriptor.
+                self.log_path.unlink(missing_ok=True)
             raise
         # Derived state, valid once `_loaded` (always for a new segment).
         self._loaded = create
