@@ -22,10 +22,8 @@ from cluster import Cluster
 from cluster import TestClient
 from cluster import open_fds
 
+from client.admin import AsyncAdmin
 from protocol.errors import ErrorCode
-from protocol.messages import CreatableTopic
-from protocol.messages import CreateTopicsRequest
-from protocol.messages import CreateTopicsResponse
 from protocol.messages import FetchPartition
 from protocol.messages import FetchRequest
 from protocol.messages import FetchResponse
@@ -52,21 +50,8 @@ def value(topic: str, partition: int, round_: int, size: int = 0) -> bytes:
 async def create_topic(
     client: TestClient, name: str, partitions: int, configs: dict[str, str] | None = None
 ) -> None:
-    resp = await client.call(
-        CreateTopicsRequest(
-            topics=[
-                CreatableTopic(
-                    name=name,
-                    num_partitions=partitions,
-                    replication_factor=1,
-                    configs=configs or {},
-                )
-            ]
-        ),
-        timeout=30,
-    )
-    assert isinstance(resp, CreateTopicsResponse)
-    assert resp.topics[0].error_code == 0, resp.topics[0].error_message
+    async with AsyncAdmin(f"{client.host}:{client.port}") as admin:
+        await admin.create_topic(name, partitions, 1, configs)
     deadline = time.monotonic() + 30
     while True:
         md = await client.call(MetadataRequest(topics=[name]))
