@@ -24,6 +24,7 @@ online and the other partitions keep serving. Thread-safe.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import resource
@@ -118,7 +119,10 @@ class FileHandleCache:
         excess = len(self._open) - self.capacity
         if excess <= 0:
             return
-        for victim in [h for h in self._open if not h._pins][:excess]:
+        # From the least recently used end, stopping once enough are found (the
+        # pinned ones are few): O(excess), not O(open files).
+        unpinned = (handle for handle in self._open if not handle._pins)
+        for victim in list(itertools.islice(unpinned, excess)):
             self._close_locked(victim)
 
     def _close_locked(self, handle: CachedFile) -> None:

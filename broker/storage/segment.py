@@ -34,7 +34,6 @@ only) and leaves the segment as it was.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -233,11 +232,14 @@ class LogSegment:
         position = self._file.size
         if position + total > INT32_MAX:
             raise InvariantError(f"segment {self.log_path} would exceed 2 GiB")
-        with self._pinned_files():
+        self._pin_files()
+        try:
             self._file.append(view)
             for header in headers:
                 self._index_batch(position, header)
                 position += header.size
+        finally:
+            self._unpin_files()
 
     def truncate_to(self, offset: int) -> int:
         """Remove the batch containing `offset` and everything after; returns bytes removed.
@@ -250,11 +252,14 @@ class LogSegment:
             return 0
         position, header = found
         removed = self._file.size - position
-        with self._pinned_files():
+        self._pin_files()
+        try:
             self.offset_index.truncate_to(header.base_offset)
             self.time_index.truncate_to(header.base_offset)
             self._file.truncate(position)
             self._load_tail_state()
+        finally:
+            self._unpin_files()
         return removed
 
     def on_become_inactive(self) -> None:
@@ -273,14 +278,25 @@ class LogSegment:
         for handle in self._handles():
             handle.evict()
 
-    @contextlib.contextmanager
-    def _pinned_files(self) -> Iterator[None]:
-        """All three files open and pinned (FileOpenError before anything is written)."""
-        with contextlib.ExitStack() as pins:
-            for handle in self._handles():
-                handle.acquire()
-                pins.callback(handle.release)
-            yield
+    def _pin_files(self) -> None:
+        """Open and pin all three files (FileOpenError, none left pinned, before
+        anything is written); `_unpin_files` after. No ExitStack: the append path."""
+        log_file, index, time_index = self._handles()
+        log_file.acquire()
+        try:
+            index.acquire()
+            try:
+                time_index.acquire()
+            except BaseException:
+                index.release()
+                raise
+        except BaseException:
+            log_file.release()
+            raise
+
+    def _unpin_files(self) -> None:
+        for handle in self._handles():
+            handle.release()
 
     def _handles(self) -> tuple[CachedFile, CachedFile, CachedFile]:
         return self._file.handle, self.offset_index.handle, self.time_index.handle
