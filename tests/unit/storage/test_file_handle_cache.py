@@ -160,3 +160,30 @@ def test_running_out_of_descriptors_fails_one_partition_not_the_directory(
     checkpoint = (hot.dir / "leader-epoch-checkpoint").read_text()
     assert checkpoint.splitlines()[-1] == "1 2"
     manager.shutdown()
+
+
+def test_older_segments_of_a_loaded_log_hold_no_descriptor_until_read(
+    tmp_path: Path, make_batch: MakeBatch
+):
+    config = LogConfig(segment_bytes=300, index_interval_bytes=0, retention_ms=-1)
+    manager = LogManager(tmp_path, config, max_open_segment_files=CAPACITY)
+    manager.startup()
+    log = manager.get_or_create_log(("rolled", 0))
+    for _ in range(8):
+        log.append_as_leader(make_batch(2, value_size=100), 0, now_ms=0)
+    written = log.read(0, 1 << 20)
+    manager.shutdown()
+
+    for clean in (False, True):
+        manager = LogManager(tmp_path, config, max_open_segment_files=CAPACITY)
+        manager.startup()
+        log = manager.get_log(("rolled", 0))
+        assert log is not None and len(log.segments) == 8
+        for segment in log.segments[:-1]:
+            assert not any(handle.is_open for handle in segment._handles())
+        assert log.read(0, 1 << 20) == written  # reopened to be read
+        assert log.segments[0]._file.handle.is_open
+        if clean:
+            manager.shutdown()
+        else:
+            manager.close()  # as after a crash: the next load recovers
