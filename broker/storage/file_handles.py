@@ -88,9 +88,10 @@ class FileHandleCache:
                 OPEN_FAILURES.succeeded(handle.path)
                 self.opens += 1
                 self._open[handle] = None
+                handle._pins += 1  # before evicting: never the file just opened
                 self._evict_beyond_capacity()
-            else:
-                self._open.move_to_end(handle)
+                return handle._fd
+            self._open.move_to_end(handle)
             handle._pins += 1
             return handle._fd
 

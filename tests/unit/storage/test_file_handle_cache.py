@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import threading
 from collections.abc import Callable
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,3 +188,43 @@ def test_older_segments_of_a_loaded_log_hold_no_descriptor_until_read(
             manager.shutdown()
         else:
             manager.close()  # as after a crash: the next load recovers
+
+
+def test_flushes_on_threads_and_appends_share_a_tiny_cache(tmp_path: Path, make_batch: MakeBatch):
+    """Worker threads fsync while the main thread appends and reads, with a cache
+    of one segment's files: every operation reopens, evicts or waits on pins; none may
+    use a descriptor closed (or reused for another file) under it."""
+    config = LogConfig(index_interval_bytes=0, retention_ms=-1)
+    manager = LogManager(tmp_path, config, max_open_segment_files=3)
+    manager.startup()
+    logs = [manager.get_or_create_log((f"c{i}", 0)) for i in range(8)]
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def flush_all() -> None:
+        while not stop.is_set():
+            for log in logs:
+                try:
+                    log.flush()
+                except BaseException as exc:  # reported to the test below
+                    failures.append(exc)
+                    return
+
+    flushers = [threading.Thread(target=flush_all) for _ in range(2)]
+    for thread in flushers:
+        thread.start()
+    expected: dict[int, bytes] = {i: b"" for i in range(len(logs))}
+    try:
+        for round_ in range(25):
+            for i, log in enumerate(logs):
+                info = log.append_as_leader(make_batch(2, timestamp=round_), 0, now_ms=0)
+                expected[i] += log.read(info.first_offset, 1 << 20)
+    finally:
+        stop.set()
+        for thread in flushers:
+            thread.join(10)
+    assert not failures, failures
+    assert manager.dir_failure.failure is None
+    for i, log in enumerate(logs):
+        assert log.read(0, 1 << 20) == expected[i] and log.log_end_offset == 50
+    manager.shutdown()
