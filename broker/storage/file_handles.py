@@ -136,8 +136,8 @@ class FileHandleCache:
 class CachedFile:
     """One file whose descriptor the cache may close and reopen between uses.
 
-    Use as `fd = f.acquire()` ... `f.release()` (in a finally) around each operation;
-    never keep the descriptor past `release`."""
+    Use as `with f as fd:` (or `fd = f.acquire()` ... `f.release()`) around each
+    operation; never keep the descriptor past the block."""
 
     __slots__ = ("_cache", "_closed", "_fd", "_flags", "_pins", "path")
 
@@ -160,6 +160,13 @@ class CachedFile:
         return self._cache._acquire(self)
 
     def release(self) -> None:
+        self._cache._release(self)
+
+    # `with handle as fd:` pins the descriptor for the block (acquire ... release).
+    def __enter__(self) -> int:
+        return self._cache._acquire(self)
+
+    def __exit__(self, *exc: object) -> None:
         self._cache._release(self)
 
     def evict(self) -> None:

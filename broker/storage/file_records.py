@@ -57,45 +57,34 @@ class FileRecords:
     def append(self, view: memoryview) -> None:
         """Write `view` (whole batches) at the end of the file."""
         position = self.size
-        fd = self.handle.acquire()
-        try:
-            write_all(fd, view)
-        except OSError as exc:
-            # Leave no partial batch behind for readers; recovery would cut it anyway.
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, position)
-            # os.write names no file: say which one (the log directory goes offline).
-            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
-        finally:
-            self.handle.release()
+        with self.handle as fd:
+            try:
+                write_all(fd, view)
+            except OSError as exc:
+                # Leave no partial batch behind for readers; recovery would cut it anyway.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, position)
+                # os.write names no file: say which one (the log directory goes offline).
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         self.size += len(view)
 
     def truncate(self, position: int) -> None:
-        fd = self.handle.acquire()
-        try:
+        with self.handle as fd:
             os.ftruncate(fd, position)
-        finally:
-            self.handle.release()
         self.size = position
 
     def fsync(self) -> None:
         # An evicted descriptor is reopened: fsync flushes the file, whichever
         # descriptor wrote it.
-        fd = self.handle.acquire()
-        try:
+        with self.handle as fd:
             os.fsync(fd)
-        finally:
-            self.handle.release()
 
     def close(self) -> None:
         self.handle.close()
 
     def _pread(self, size: int, position: int) -> bytes:
-        fd = self.handle.acquire()
-        try:
+        with self.handle as fd:
             return os.pread(fd, size, position)
-        finally:
-            self.handle.release()
 
     def header_at(self, position: int) -> BatchHeader:
         """The batch header at `position` (CorruptRecordError when there is none)."""

@@ -31,14 +31,12 @@ class IndexFile:
         self.base_offset = base_offset
         self._entry_size = entry_size
         self.handle: CachedFile = (handles or SHARED_FILE_HANDLES).lazy(self.path, _OPEN_FLAGS)
-        fd = self.handle.acquire()
         try:
-            raw = read_all(fd)
+            with self.handle as fd:
+                raw = read_all(fd)
         except BaseException:
-            self.handle.release()
             self.handle.close()
             raise
-        self.handle.release()
         self._file_size = len(raw)
         # Whole entries only: a torn last entry is left for sanity_check to refuse.
         self._raw_entries = raw[: len(raw) - len(raw) % entry_size]
@@ -50,21 +48,15 @@ class IndexFile:
         return len(self._columns()[0])
 
     def flush(self) -> None:
-        fd = self.handle.acquire()
-        try:
+        with self.handle as fd:
             os.fsync(fd)
-        finally:
-            self.handle.release()
 
     def close(self) -> None:
         self.handle.close()
 
     def _write_entry(self, entry: bytes) -> None:
-        fd = self.handle.acquire()
-        try:
+        with self.handle as fd:
             write_all(fd, entry)
-        finally:
-            self.handle.release()
 
     def delete(self) -> None:
         """Close and remove the file (a missing file is fine)."""
@@ -76,11 +68,8 @@ class IndexFile:
         size = keep * self._entry_size
         if keep == len(first) and self._file_size == size:
             return
-        fd = self.handle.acquire()
-        try:
+        with self.handle as fd:
             os.ftruncate(fd, size)
-        finally:
-            self.handle.release()
         del first[keep:]
         del second[keep:]
         self._file_size = size
