@@ -11,12 +11,9 @@ are free again."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import resource
 import threading
 from collections.abc import Callable
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,42 +22,12 @@ from broker.storage.errors import FileOpenError
 from broker.storage.file_handles import FileHandleCache
 from broker.storage.log import LogConfig
 from broker.storage.log_manager import LogManager
+from tests.open_file_limits import descriptors_exhausted
+from tests.open_file_limits import open_fds
 
 MakeBatch = Callable[..., bytes]
 CAPACITY = 12
 PARTITIONS = 60  # 180 segment files, 15 times the cache
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-@contextlib.contextmanager
-def open_file_limit(soft: int) -> Iterator[None]:
-    """Lower this process's open-file soft limit for the block (restored after)."""
-    old_soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (old_soft, hard))
-
-
-@contextlib.contextmanager
-def descriptors_exhausted() -> Iterator[None]:
-    """No descriptor left for this process (EMFILE on the next open), restored after."""
-    fillers: list[int] = []
-    with open_file_limit(open_fds()):
-        try:
-            while True:  # take whatever is left below the limit
-                fillers.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError:
-            pass
-        try:
-            yield
-        finally:
-            for fd in fillers:
-                os.close(fd)
 
 
 def test_open_files_stay_bounded_across_many_partitions(tmp_path: Path, make_batch: MakeBatch):
