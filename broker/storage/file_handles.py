@@ -157,17 +157,28 @@ class CachedFile:
     def acquire(self) -> int:
         """The descriptor, opened if needed and pinned until `release`; FileOpenError
         when it cannot be opened."""
-        return self._cache._acquire(self)
+        cache = self._cache
+        with cache._lock:  # the hot path, inline: an open file used again
+            fd = self._fd
+            if fd >= 0:
+                self._pins += 1
+                cache._open.move_to_end(self)
+                return fd
+        return cache._acquire(self)  # opens (checks again under the lock)
 
     def release(self) -> None:
-        self._cache._release(self)
+        cache = self._cache
+        with cache._lock:  # the hot path, inline: nothing to close
+            if self._pins > 1 or not (self._closed or len(cache._open) > cache.capacity):
+                self._pins -= 1
+                return
+        cache._release(self)
 
     # `with handle as fd:` pins the descriptor for the block (acquire ... release).
-    def __enter__(self) -> int:
-        return self._cache._acquire(self)
+    __enter__ = acquire
 
     def __exit__(self, *exc: object) -> None:
-        self._cache._release(self)
+        self.release()
 
     def evict(self) -> None:
         """Close the descriptor now unless in use; the next `acquire` reopens it."""

@@ -26,10 +26,11 @@ log loader removes `*.deleted` leftovers of a crash.
 Reads use os.pread (FileRecords); flush() may run on a worker thread while the event
 loop appends, and close() waits for an fsync in progress. The three descriptors are
 the broker's file-handle cache's (file_handles.py): opened when first used, closed by
-the cache when others were used more recently, reopened transparently. An append or
-a truncation pins all three before it changes anything, so a file that cannot be
-opened fails it before the first byte is written (FileOpenError, for that partition
-only) and leaves the segment as it was.
+the cache when others were used more recently, reopened transparently. A `.log` that
+cannot be opened fails the append before anything is written (FileOpenError, for that
+partition only); an index that cannot be opened only loses the entry (sparse, derived
+data: a lookup scans a little further). A truncation pins all three files before it
+changes anything.
 """
 
 from __future__ import annotations
@@ -232,14 +233,10 @@ class LogSegment:
         position = self._file.size
         if position + total > INT32_MAX:
             raise InvariantError(f"segment {self.log_path} would exceed 2 GiB")
-        self._pin_files()
-        try:
-            self._file.append(view)
-            for header in headers:
-                self._index_batch(position, header)
-                position += header.size
-        finally:
-            self._unpin_files()
+        self._file.append(view)
+        for header in headers:
+            self._index_batch(position, header)
+            position += header.size
 
     def truncate_to(self, offset: int) -> int:
         """Remove the batch containing `offset` and everything after; returns bytes removed.
@@ -280,7 +277,7 @@ class LogSegment:
 
     def _pin_files(self) -> None:
         """Open and pin all three files (FileOpenError, none left pinned, before
-        anything is written); `_unpin_files` after. No ExitStack: the append path."""
+        anything is changed); `_unpin_files` after."""
         log_file, index, time_index = self._handles()
         log_file.acquire()
         try:
@@ -481,8 +478,14 @@ class LogSegment:
             self._max_timestamp = header.max_timestamp
             self._offset_of_max_timestamp = header.base_offset
         if self._bytes_since_last_index_entry > self._index_interval_bytes:
-            self.offset_index.append(header.base_offset, position)
-            self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+            try:
+                self.offset_index.append(header.base_offset, position)
+                self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+            except FileOpenError as exc:
+                # The batch is written: account for it whatever happens. The indexes
+                # are sparse, derived data: an entry left out only lengthens the scan
+                # of a lookup (the file-handle cache logged the failure).
+                logger.debug("segment %s: index entry left out: %s", self.log_path, exc)
             self._bytes_since_last_index_entry = 0
         self._bytes_since_last_index_entry += header.size
         self._next_offset = header.next_offset
