@@ -11,6 +11,7 @@ from broker.delayed_requests import DelayedProduce
 from broker.delayed_requests import log
 from broker.partition import Partition
 from broker.partition import Role
+from broker.storage.errors import FileOpenError
 from broker.storage.errors import InvalidAppendError
 from broker.storage.errors import RecordTooLargeError
 from broker.storage.errors import StorageError
@@ -37,6 +38,8 @@ _REFUSALS: dict[type[Exception], tuple[ErrorCode | None, int | None, str]] = {
     # None: the producer-state error carries its own code (OUT_OF_ORDER_SEQUENCE...).
     ProducerStateError: (None, logging.INFO, "refused an idempotent produce"),
     StorageError: (ErrorCode.KAFKA_STORAGE_ERROR, logging.ERROR, "append failed"),
+    # Logged once per run of failures by the storage layer (file_handles.OpenFailureLog).
+    FileOpenError: (ErrorCode.KAFKA_STORAGE_ERROR, logging.DEBUG, "append failed"),
 }
 _REFUSED_APPENDS = tuple(_REFUSALS)
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from dataclasses import replace
 from pathlib import Path
 
+from broker.storage.file_handles import DEFAULT_MAX_OPEN_SEGMENT_FILES
+from broker.storage.file_handles import MIN_OPEN_SEGMENT_FILES
 from broker.storage.log_config import LogConfig
 from protocol.connection_limits import ConnectionLimits
 from protocol.topic_configs import FLUSH_MESSAGES
@@ -232,6 +234,14 @@ class BrokerConfig:
     flush_messages: int | None = topic_setting(FLUSH_MESSAGES)
     flush_ms: int | None = topic_setting(FLUSH_MS)
     max_message_bytes: int = topic_setting(MAX_MESSAGE_BYTES)
+    max_open_segment_files: int = setting(
+        DEFAULT_MAX_OPEN_SEGMENT_FILES,
+        minimum=MIN_OPEN_SEGMENT_FILES,
+        doc="Most segment files (.log, .index, .timeindex of every partition) open at "
+        "once: files are opened when used and the least recently used are closed beyond "
+        "this, so open files do not grow with the partition count. Keep it well below "
+        "the open-file limit (ulimit -n), which sockets share.",
+    )
     replica_lag_time_max_ms: int = setting(
         10_000, minimum=1, doc="A follower that has not caught up for this long leaves the ISR."
     )

@@ -43,8 +43,8 @@ class NoFsyncLogManager(LogManager):
     """--unsafe-skip-fsync: every log's `flush` is a no-op (no fsync, the recovery
     point stays where it is). Everything else, including checkpoints, is unchanged."""
 
-    def __init__(self, data_dir: Path, default_config: LogConfig) -> None:
-        super().__init__(data_dir, default_config)
+    def __init__(self, data_dir: Path, default_config: LogConfig, **sizing: int) -> None:
+        super().__init__(data_dir, default_config, **sizing)
         self._warned: set[TopicPartition] = set()
 
     def startup(self) -> set[TopicPartition]:

@@ -30,6 +30,7 @@ from broker.isr import ReplicaState
 from broker.isr import high_watermark_candidate
 from broker.partition_isr import PartitionIsr
 from broker.partition_role import Role
+from broker.storage.errors import StorageError
 from protocol.api import NO_EPOCH
 from protocol.errors import ErrorCode
 from protocol.invariants import invariant
@@ -203,7 +204,13 @@ class Partition(PartitionIsr):
         if new_term:
             # KIP-101: the new epoch starts at our log end offset; every batch we
             # append from now on is stamped with it.
-            self.log.assign_epoch_at_end(self.leader_epoch)
+            try:
+                self.log.assign_epoch_at_end(self.leader_epoch)
+            except StorageError as exc:
+                # The cache holds the epoch; its checkpoint is written again before the
+                # first append (which fails with KAFKA_STORAGE_ERROR until it can be).
+                # The metadata handler goes on with the other partitions.
+                log.error("%s: leader epoch checkpoint not written: %s", self.name, exc)
             self.leader_epoch_start_offset = self.log.log_end_offset
             # Every follower's LEO is unknown until it fetches in this epoch, so the
             # high watermark waits for all of them (KIP-320's fencing argument).

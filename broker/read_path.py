@@ -4,12 +4,15 @@ OffsetsForLeaderEpoch."""
 
 from __future__ import annotations
 
+import logging
+
 from broker.delayed_requests import DelayedFetch
 from broker.delayed_requests import _FetchWatch
 from broker.delayed_requests import fetch_response_max_bytes
 from broker.delayed_requests import log
 from broker.delayed_requests import mono_ms
 from broker.partition import Partition
+from broker.storage.errors import FileOpenError
 from broker.storage.errors import OffsetOutOfRangeError
 from broker.storage.errors import StorageError
 from protocol.api import DEBUGGING_REPLICA_ID
@@ -103,7 +106,9 @@ class ReadPath:
                         answer_now = True
                         continue
                     except StorageError as exc:
-                        log.error("%s: read at %d failed: %s", p.name, fp.fetch_offset, exc)
+                        # FileOpenError: logged once per run by the storage layer.
+                        level = logging.DEBUG if isinstance(exc, FileOpenError) else logging.ERROR
+                        log.log(level, "%s: read at %d failed: %s", p.name, fp.fetch_offset, exc)
                         r.error_code = ErrorCode.KAFKA_STORAGE_ERROR
                         answer_now = True
                         continue

@@ -51,6 +51,7 @@ from broker.request_authorization import BrokerRequestAccess
 from broker.storage.errors import StorageError
 from broker.storage.errors import describe_os_error
 from broker.storage.errors import os_error_advice
+from broker.storage.file_handles import warn_if_open_files_exceed_limit
 from broker.storage.log import LogConfig
 from broker.storage.log_manager import LogManager
 from broker.storage.meta_properties import MetaProperties
@@ -305,7 +306,12 @@ class Broker:
 
     async def _load_logs(self) -> None:
         manager = NoFsyncLogManager if self.config.unsafe_skip_fsync else LogManager
-        self.log_manager = manager(self.config.data_dir, base_log_config(self.config))
+        self.log_manager = manager(
+            self.config.data_dir,
+            base_log_config(self.config),
+            max_open_segment_files=self.config.max_open_segment_files,
+        )
+        warn_if_open_files_exceed_limit(self.config.max_open_segment_files)
         try:
             loaded = await asyncio.to_thread(self.log_manager.startup)
             hws = self.log_manager.read_high_watermarks()

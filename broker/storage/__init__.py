@@ -5,6 +5,7 @@ Modules, one job each (the owner of an on-disk format documents it at its top):
 - segment.py          a segment: `.log` file of record batches
 - offset_index.py     its `.index` (offset -> position)
 - time_index.py       its `.timeindex` (timestamp -> offset)
+- file_handles.py     the bounded cache of open segment files (descriptors)
 - epoch_cache.py      `leader-epoch-checkpoint` and the leader epoch cache (KIP-101;
                       its rules: runtime/epoch_lineage.py)
 - log_loader.py       loading and crash recovery of a partition directory

@@ -15,9 +15,11 @@ increase, start offsets never decrease, both are >= 0.
 The file is replaced atomically on every change (temp file, fsync, rename, fsync the
 directory), and every change happens BEFORE the batches it describes are appended,
 so after a crash the file may be ahead of the log (the loader drops entries at or
-past the log end offset) but never behind it. A file that does not parse raises
-CorruptCheckpointError naming the file and line; `Log.open` then rebuilds the cache
-from the partition leader epoch stamped in every batch header.
+past the log end offset) but never behind it. When a write fails (say, no file
+descriptor left) the change stays in memory and the next append writes the file
+again before any batch (`ensure_written`), failing while it cannot. A file that
+does not parse raises CorruptCheckpointError naming the file and line; `Log.open`
+then rebuilds the cache from the partition leader epoch stamped in every batch header.
 """
 
 from __future__ import annotations
@@ -107,6 +109,10 @@ class LeaderEpochFileCache:
         self._checkpoint = checkpoint
         self._name = name or str(checkpoint.path.parent.name)
         self._lineage = EpochLineage(entries)
+        # A change whose checkpoint write failed (e.g. no file descriptor left): the
+        # file is behind the cache until a write succeeds, so no batch may be
+        # appended before `ensure_written`.
+        self._unwritten = False
 
     @classmethod
     def load(cls, path: Path, *, name: str = "") -> LeaderEpochFileCache:
@@ -225,9 +231,18 @@ class LeaderEpochFileCache:
     def flush(self) -> None:
         """Write the checkpoint file now (the cache writes it itself on every change)."""
         self._checkpoint.write(self._lineage.entries)
+        self._unwritten = False
+
+    def ensure_written(self) -> None:
+        """Write the checkpoint again if the last change's write failed (raises if it
+        fails again): called before batches are appended, so the file on disk is
+        never behind the log."""
+        if self._unwritten:
+            self.flush()
 
     def _changed(self) -> None:
         self._check_invariants()
+        self._unwritten = True
         self.flush()
 
     def _check_invariants(self) -> None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
+# The process or the system has no file descriptor left: no disk failure.
+OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+
 
 class StorageError(Exception):
     """Base of every storage exception."""
@@ -80,6 +83,30 @@ class LogDirFailureError(StorageError):
         self.data_dir = data_dir
         self.operation = operation
         self.cause = cause
+
+
+class FileOpenError(StorageError):
+    """A file of one partition could not be opened (no descriptor left: EMFILE or
+    ENFILE; or any other OSError of open). Only the operation that needed it fails,
+    answered KAFKA_STORAGE_ERROR: it is not a disk failure, the data directory stays
+    online and the operation may succeed once descriptors are free again."""
+
+    def __init__(self, path: Path | str | None, cause: OSError) -> None:
+        named = cause if cause.filename else OSError(cause.errno, cause.strerror, str(path))
+        super().__init__(f"cannot open {describe_os_error(named)}; {open_advice(cause)}")
+        self.path = path
+        self.cause = cause
+
+
+def open_advice(exc: OSError) -> str:
+    """What to do about a file the broker could not open."""
+    if exc.errno in OUT_OF_DESCRIPTORS:
+        return (
+            "the broker is out of file descriptors: raise its open-file limit (ulimit -n, "
+            "LimitNOFILE) or lower --max-open-segment-files; the partition serves again "
+            "once descriptors are free"
+        )
+    return "check the file and its permissions; the partition serves again once it opens"
 
 
 def describe_os_error(exc: OSError) -> str:

@@ -3,9 +3,11 @@
 Format: a concatenation of Kafka RecordBatch v2 batches exactly as they travel on the
 wire (layout in protocol/record_batch.py), with no file header, no padding and no
 trailer. The broker writes and reads whole batches and only ever looks at their
-61-byte headers. Appends go through one O_APPEND descriptor; a failed write is cut
+61-byte headers. Appends go through an O_APPEND descriptor; a failed write is cut
 back so no partial batch is left for readers (recovery would cut it anyway). Reads
-use os.pread on the same descriptor, so they need no seek and no lock.
+use os.pread, so they need no seek and no lock. The descriptor is the file-handle
+cache's (file_handles.py): opened on first use, possibly closed and reopened between
+operations, which changes nothing since no operation depends on a file position.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from pathlib import Path
 
 from broker.storage.errors import CorruptIndexError
 from broker.storage.errors import CorruptSegmentError
+from broker.storage.file_handles import SHARED_FILE_HANDLES
+from broker.storage.file_handles import CachedFile
+from broker.storage.file_handles import FileHandleCache
 from protocol.errors import CorruptRecordError
 from protocol.record_batch import HEADER_SIZE
 from protocol.record_batch import BatchHeader
@@ -30,49 +35,60 @@ from runtime.fileio import write_all
 _SCAN_CHUNK = 16 * 1024
 # Recovery validates CRCs over large reads.
 _RECOVERY_CHUNK = 4 * 1024 * 1024
+# An evicted descriptor is reopened like this: the file exists, appends go to its end.
+_REOPEN_FLAGS = os.O_RDWR | os.O_APPEND
 
 
 class FileRecords:
     """One `.log` file: its size, appends, cuts and header scans."""
 
-    def __init__(self, path: Path, *, create: bool) -> None:
+    def __init__(self, path: Path, *, create: bool, handles: FileHandleCache | None = None) -> None:
         self.path = path
+        handles = handles or SHARED_FILE_HANDLES
         if create:
-            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            self.handle: CachedFile = handles.adopt(path, fd, _REOPEN_FLAGS)
+            self.size = 0
         else:
-            self.fd = os.open(path, os.O_RDWR | os.O_APPEND)
-        try:
-            self.size = os.fstat(self.fd).st_size
-        except BaseException:
-            os.close(self.fd)
-            raise
+            # Not opened until used (a recovered log's older segments may never be).
+            self.size = os.stat(path).st_size
+            self.handle = handles.lazy(path, _REOPEN_FLAGS)
 
     def append(self, view: memoryview) -> None:
         """Write `view` (whole batches) at the end of the file."""
         position = self.size
-        try:
-            write_all(self.fd, view)
-        except OSError as exc:
-            # Leave no partial batch behind for readers; recovery would cut it anyway.
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, position)
-            # os.write names no file: say which one (the log directory goes offline).
-            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
+        with self.handle as fd:
+            try:
+                write_all(fd, view)
+            except OSError as exc:
+                # Leave no partial batch behind for readers; recovery would cut it anyway.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, position)
+                # os.write names no file: say which one (the log directory goes offline).
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         self.size += len(view)
 
     def truncate(self, position: int) -> None:
-        os.ftruncate(self.fd, position)
+        with self.handle as fd:
+            os.ftruncate(fd, position)
         self.size = position
 
     def fsync(self) -> None:
-        os.fsync(self.fd)
+        # An evicted descriptor is reopened: fsync flushes the file, whichever
+        # descriptor wrote it.
+        with self.handle as fd:
+            os.fsync(fd)
 
     def close(self) -> None:
-        os.close(self.fd)
+        self.handle.close()
+
+    def _pread(self, size: int, position: int) -> bytes:
+        with self.handle as fd:
+            return os.pread(fd, size, position)
 
     def header_at(self, position: int) -> BatchHeader:
         """The batch header at `position` (CorruptRecordError when there is none)."""
-        return parse_header(os.pread(self.fd, HEADER_SIZE, position))
+        return parse_header(self._pread(HEADER_SIZE, position))
 
     def check_index_entry(self, index: Path, offset: int, position: int) -> None:
         """CorruptIndexError unless the batch at `position` starts at `offset`."""
@@ -95,7 +111,7 @@ class FileRecords:
         """The whole batches in `window` bytes from `position` (one pread, cut without
         copying), none starting at or past `max_offset`; and whether `max_offset`
         stopped the read."""
-        chunk = os.pread(self.fd, window, position)
+        chunk = self._pread(window, position)
         end = 0
         bounded = False
         try:
@@ -113,7 +129,7 @@ class FileRecords:
         end = self.size
         position = start
         while position < end:
-            chunk = os.pread(self.fd, min(_SCAN_CHUNK, end - position), position)
+            chunk = self._pread(min(_SCAN_CHUNK, end - position), position)
             if len(chunk) < HEADER_SIZE:
                 raise self.corrupt(position, "partial batch header at the end of the file")
             offset = 0
@@ -134,7 +150,7 @@ class FileRecords:
         position = 0
         want = _RECOVERY_CHUNK
         while position < self.size:
-            chunk = os.pread(self.fd, min(want, self.size - position), position)
+            chunk = self._pread(min(want, self.size - position), position)
             at_eof = position + len(chunk) >= self.size
             valid, batches = scan_valid_prefix(chunk)
             for batch_position, header in batches:
@@ -159,12 +175,12 @@ class FileRecords:
     def describe_invalid(self, position: int) -> str:
         """Why the batch at `position` is not valid (for recovery's warning)."""
         remaining = self.size - position
-        head = os.pread(self.fd, min(remaining, HEADER_SIZE), position)
+        head = self._pread(min(remaining, HEADER_SIZE), position)
         try:
             header = parse_header(head)
             if header.size > remaining:
                 return f"batch claims {header.size} bytes but only {remaining} remain (torn write)"
-            validate_batch(os.pread(self.fd, header.size, position))
+            validate_batch(self._pread(header.size, position))
         except CorruptRecordError as exc:
             return str(exc)
         return "invalid batch"

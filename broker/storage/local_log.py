@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from broker.storage.errors import OffsetOutOfRangeError
+from broker.storage.file_handles import FileHandleCache
 from broker.storage.log_config import LogConfig
 from broker.storage.offset_index import INT32_MAX
 from broker.storage.segment import LogSegment
@@ -61,8 +62,10 @@ class LocalLog:
         recovery_point: int,
         now_ms: int,
         on_roll: Callable[[], None],
+        handles: FileHandleCache | None = None,
     ) -> None:
         self._dir = dir
+        self._handles = handles  # where the segments' descriptors live (None: shared)
         self.config = config
         self._name = name
         self._segments = segments
@@ -171,6 +174,7 @@ class LocalLog:
         segment = LogSegment.create(
             self._dir,
             base_offset,
+            self._handles,
             index_interval_bytes=self.config.index_interval_bytes,
             now_ms=now_ms,
         )
@@ -295,6 +299,7 @@ class LocalLog:
             segment = LogSegment.create(
                 self._dir,
                 offset,
+                self._handles,
                 index_interval_bytes=self.config.index_interval_bytes,
                 now_ms=now_ms,
             )

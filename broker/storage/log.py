@@ -42,6 +42,7 @@ from typing import TypeVar
 
 from broker.storage.epoch_cache import LeaderEpochFileCache
 from broker.storage.errors import StorageError
+from broker.storage.file_handles import FileHandleCache
 from broker.storage.local_log import LocalLog
 from broker.storage.local_log import current_ms
 from broker.storage.log_append import EMPTY_APPEND
@@ -89,7 +90,8 @@ def _touches_disk(
     operation: str,
 ) -> Callable[[Callable[Concatenate[Log, _P], _R]], Callable[Concatenate[Log, _P], _R]]:
     """A Log method that reads or writes files: refused once the data directory is
-    offline, and an OSError in it takes the directory offline (LogDirFailureError)."""
+    offline, and an OSError in it takes the directory offline (LogDirFailureError),
+    except running out of file descriptors (FileOpenError, this partition only)."""
 
     def decorate(method: Callable[Concatenate[Log, _P], _R]) -> Callable[Concatenate[Log, _P], _R]:
         @functools.wraps(method)
@@ -101,7 +103,7 @@ def _touches_disk(
             try:
                 return method(self, *args, **kwargs)
             except OSError as exc:
-                raise channel.fail(f"{operation} of log {self._name}", exc) from exc
+                raise channel.error_for(f"{operation} of log {self._name}", exc) from exc
 
         return guarded
 
@@ -125,6 +127,7 @@ class Log:
         writer: SerialWriter | None = None,
         dir_failure: LogDirFailureChannel | None = None,
         topic_id: str | None = None,
+        handles: FileHandleCache | None = None,
     ) -> None:
         self._dir = dir
         self._topic_id = topic_id
@@ -142,6 +145,7 @@ class Log:
             recovery_point=recovery_point,
             now_ms=now_ms,
             on_roll=self._on_roll,
+            handles=handles,
         )
         self.epoch_cache: LeaderEpochFileCache = epoch_cache
         if producer_state is None:
@@ -165,6 +169,7 @@ class Log:
         now_ms: int | None = None,
         writer: SerialWriter | None = None,
         dir_failure: LogDirFailureChannel | None = None,
+        handles: FileHandleCache | None = None,
     ) -> Log:
         """Open (creating if needed) and, after an unclean shutdown, recover the log in
         `dir`. See log_loader.py for the procedure."""
@@ -181,6 +186,7 @@ class Log:
             log_start_offset=log_start_offset,
             had_clean_shutdown=had_clean_shutdown,
             now_ms=now,
+            handles=handles,
         ).load()
         log = cls(
             dir,
@@ -193,6 +199,7 @@ class Log:
             writer=writer,
             dir_failure=dir_failure,
             topic_id=topic_id,
+            handles=handles,
         )
         log.producer_state.remove_expired(now)
         logger.info(
@@ -316,6 +323,7 @@ class Log:
                 return duplicate_append(check.duplicate)
         # Normally a no-op: the leader assigned (epoch, LEO) when it took over.
         self.epoch_cache.assign(leader_epoch, first_offset)
+        self.epoch_cache.ensure_written()
         self._local.append(memoryview(buf), stamped, current_ms() if now_ms is None else now_ms)
         if check is not None:
             self.producer_state.commit(check, self.log_end_offset)
@@ -349,6 +357,7 @@ class Log:
             self.epoch_cache.learn_from_leader(
                 header.partition_leader_epoch, header.base_offset, log_end
             )
+        self.epoch_cache.ensure_written()
         self._local.append(memoryview(records), batches, current_ms() if now_ms is None else now_ms)
         # A new leader must deduplicate the retries of batches it only replicated.
         self.producer_state.apply_replicated(h for _, h in batches)

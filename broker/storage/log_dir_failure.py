@@ -9,6 +9,10 @@ data directory, so "offline" means: no append, read, roll, truncation, flush or
 checkpoint touches the directory again until the process restarts, and the broker
 asks the controller to fence it so that its leaderships move to other replicas.
 
+Running out of file descriptors (EMFILE, ENFILE) is not a failure of the directory:
+the operation that needed a descriptor fails alone (FileOpenError, answered
+KAFKA_STORAGE_ERROR for its partition) and the directory stays online.
+
 Thread-safe: failures are reported from the event loop and from worker threads
 (fsyncs, checkpoints). Listeners run on the reporting thread, once, after the
 state is set; they must only hand the news over (e.g. `call_soon_threadsafe`).
@@ -23,7 +27,11 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from pathlib import Path
 
+from broker.storage.errors import OUT_OF_DESCRIPTORS
+from broker.storage.errors import FileOpenError
 from broker.storage.errors import LogDirFailureError
+from broker.storage.errors import StorageError
+from broker.storage.file_handles import OPEN_FAILURES
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +84,22 @@ class LogDirFailureChannel:
                 logger.exception("a log directory failure listener failed")
         return error
 
+    def error_for(self, operation: str, cause: OSError) -> StorageError:
+        """What a failed file operation raises. Running out of file descriptors
+        (EMFILE, ENFILE) fails only that operation (FileOpenError): the disk is fine
+        and it may succeed once descriptors are free. Any other OSError takes the
+        directory offline."""
+        if cause.errno in OUT_OF_DESCRIPTORS:
+            return OPEN_FAILURES.failed(FileOpenError(cause.filename, cause))
+        return self.fail(operation, cause)
+
     @contextlib.contextmanager
     def guard(self, operation: str) -> Iterator[None]:
         """Run a file operation on the directory: refused while it is offline, and an
-        OSError takes it offline (raised as LogDirFailureError)."""
+        OSError takes it offline (raised as LogDirFailureError), except running out
+        of descriptors (`error_for`)."""
         self.check()
         try:
             yield
         except OSError as exc:
-            raise self.fail(operation, exc) from exc
+            raise self.error_for(operation, exc) from exc

@@ -51,6 +51,7 @@ from broker.storage.errors import CorruptCheckpointError
 from broker.storage.errors import CorruptIndexError
 from broker.storage.errors import CorruptSegmentError
 from broker.storage.errors import StorageError
+from broker.storage.file_handles import FileHandleCache
 from broker.storage.partition_metadata import PARTITION_METADATA
 from broker.storage.producer_state import is_snapshot_file
 from broker.storage.segment import DELETED_SUFFIX
@@ -88,6 +89,7 @@ class LogLoader:
     log_start_offset: int
     had_clean_shutdown: bool
     now_ms: int
+    handles: FileHandleCache | None = None  # None: the process-wide cache
     # Files were created, removed or cut: fsync the directory.
     _dir_changed: bool = field(default=False, init=False)
 
@@ -111,6 +113,7 @@ class LogLoader:
                     LogSegment.open(
                         self.dir,
                         base,
+                        self.handles,
                         index_interval_bytes=self.index_interval_bytes,
                         now_ms=self.now_ms,
                     )
@@ -139,6 +142,9 @@ class LogLoader:
                 segment.flush()
             if self._dir_changed or recovered:
                 fsync_directory(self.dir)
+            # Older segments hold no descriptor until they are read again.
+            for segment in segments[:-1]:
+                segment.release_descriptors()
         except BaseException:
             for segment in segments:
                 segment.close()
@@ -275,6 +281,7 @@ class LogLoader:
         return LogSegment.create(
             self.dir,
             base_offset,
+            self.handles,
             index_interval_bytes=self.index_interval_bytes,
             now_ms=self.now_ms,
         )

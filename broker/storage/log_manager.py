@@ -46,6 +46,8 @@ from broker.storage.checkpoints import RECOVERY_POINT_CHECKPOINT
 from broker.storage.checkpoints import REPLICATION_OFFSET_CHECKPOINT
 from broker.storage.checkpoints import OffsetCheckpointFile
 from broker.storage.errors import StorageError
+from broker.storage.file_handles import DEFAULT_MAX_OPEN_SEGMENT_FILES
+from broker.storage.file_handles import FileHandleCache
 from broker.storage.log import Log
 from broker.storage.log import LogConfig
 from broker.storage.log import TopicPartition
@@ -119,8 +121,16 @@ def _in_use(lock: Path) -> StorageError:
 class LogManager:
     """Opens, creates, checkpoints and deletes the logs of one data directory."""
 
-    def __init__(self, data_dir: Path, default_config: LogConfig) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        default_config: LogConfig,
+        *,
+        max_open_segment_files: int = DEFAULT_MAX_OPEN_SEGMENT_FILES,
+    ) -> None:
         self.data_dir = Path(data_dir)
+        # Every segment file of every log here is opened through it (file_handles.py).
+        self.file_handles = FileHandleCache(max_open_segment_files)
         self.default_config = default_config
         self._logs: dict[TopicPartition, Log] = {}
         self._strays: dict[str, StrayLog] = {}  # by directory name
@@ -207,6 +217,7 @@ class LogManager:
                 had_clean_shutdown=self._had_clean_shutdown,
                 writer=self._writer,
                 dir_failure=self.dir_failure,
+                handles=self.file_handles,
             )
             found.add(tp)
         self._started = True
@@ -243,6 +254,7 @@ class LogManager:
                 had_clean_shutdown=not dir.exists(),
                 writer=self._writer,
                 dir_failure=self.dir_failure,
+                handles=self.file_handles,
             )
             fsync_directory(self.data_dir)  # the new directory entry survives a crash
         self._logs[tp] = log

@@ -28,9 +28,9 @@ from collections.abc import MutableSequence
 from pathlib import Path
 
 from broker.storage.errors import CorruptIndexError
+from broker.storage.file_handles import FileHandleCache
 from broker.storage.index_file import IndexFile
 from protocol.invariants import InvariantError
-from runtime.fileio import write_all
 
 ENTRY_SIZE = 8
 _ENTRY = struct.Struct(">ii")
@@ -38,10 +38,12 @@ INT32_MAX = 2**31 - 1
 
 
 class OffsetIndex(IndexFile):
-    """One `.index` file, kept open for appends, mirrored in two int32 arrays."""
+    """One `.index` file, mirrored in two int32 arrays."""
 
-    def __init__(self, path: Path, base_offset: int) -> None:
-        super().__init__(path, base_offset, ENTRY_SIZE)
+    def __init__(
+        self, path: Path, base_offset: int, handles: FileHandleCache | None = None
+    ) -> None:
+        super().__init__(path, base_offset, ENTRY_SIZE, handles)
         pairs = array("i")
         pairs.frombytes(self._raw_entries)
         del self._raw_entries
@@ -90,7 +92,7 @@ class OffsetIndex(IndexFile):
                 )
             if position <= self._positions[-1]:
                 raise InvariantError(f"index positions must increase: {self.path}")
-        write_all(self._fd, _ENTRY.pack(relative, position))
+        self._write_entry(_ENTRY.pack(relative, position))
         self._relative_offsets.append(relative)
         self._positions.append(position)
         self._file_size += ENTRY_SIZE

@@ -23,8 +23,14 @@ rebuilds both indexes. Deleting a segment renames its files to `*.deleted` (the
 `.log` first: from then on the segment does not exist) and then unlinks them; the
 log loader removes `*.deleted` leftovers of a crash.
 
-Reads use os.pread on a descriptor kept open (FileRecords); flush() may run on a
-worker thread while the event loop appends, and close() waits for an fsync in progress.
+Reads use os.pread (FileRecords); flush() may run on a worker thread while the event
+loop appends, and close() waits for an fsync in progress. The three descriptors are
+the broker's file-handle cache's (file_handles.py): opened when first used, closed by
+the cache when others were used more recently, reopened transparently. A `.log` that
+cannot be opened fails the append before anything is written (FileOpenError, for that
+partition only); an index that cannot be opened only loses the entry (sparse, derived
+data: a lookup scans a little further). A truncation pins all three files before it
+changes anything.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ from typing import Any
 from typing import NamedTuple
 
 from broker.storage.errors import CorruptIndexError
+from broker.storage.errors import FileOpenError
+from broker.storage.file_handles import SHARED_FILE_HANDLES
+from broker.storage.file_handles import CachedFile
+from broker.storage.file_handles import FileHandleCache
 from broker.storage.file_records import FileRecords
 from broker.storage.offset_index import INT32_MAX
 from broker.storage.offset_index import OffsetIndex
@@ -93,7 +103,9 @@ class LogSegment:
         index_interval_bytes: int,
         now_ms: int,
         create: bool,
+        handles: FileHandleCache | None = None,
     ) -> None:
+        handles = handles or SHARED_FILE_HANDLES
         self.dir = Path(dir)
         self.base_offset = base_offset
         self.log_path = self.dir / segment_file_name(base_offset, LOG_SUFFIX)
@@ -103,19 +115,27 @@ class LogSegment:
         self._io_lock = threading.Lock()
         self._closed = False
         if create:
-            self._file = FileRecords(self.log_path, create=True)
+            self._file = FileRecords(self.log_path, create=True, handles=handles)
             # Index files with no .log are leftovers; a new segment starts them afresh.
             self.index_path.unlink(missing_ok=True)
             self.time_index_path.unlink(missing_ok=True)
             self._indexes_missing = False
         else:
-            self._file = FileRecords(self.log_path, create=False)
+            self._file = FileRecords(self.log_path, create=False, handles=handles)
             self._indexes_missing = not (self.index_path.exists() and self.time_index_path.exists())
         try:
-            self.offset_index = OffsetIndex(self.index_path, base_offset)
-            self.time_index = TimeIndex(self.time_index_path, base_offset)
+            self.offset_index = OffsetIndex(self.index_path, base_offset, handles)
+            try:
+                self.time_index = TimeIndex(self.time_index_path, base_offset, handles)
+            except BaseException:
+                self.offset_index.close()
+                raise
         except BaseException:
             self._file.close()
+            if create:
+                # Just created, empty: left behind it would refuse the next attempt
+                # (O_EXCL) after, say, the indexes found no file descriptor.
+                self.log_path.unlink(missing_ok=True)
             raise
         # Derived state, valid once `_loaded` (always for a new segment).
         self._loaded = create
@@ -126,16 +146,21 @@ class LogSegment:
         self._bytes_since_last_index_entry = 0
         self._created_ms = now_ms
 
-    # The two ways to get a segment; `sizing` is index_interval_bytes and now_ms.
+    # The two ways to get a segment; `sizing` is index_interval_bytes and now_ms;
+    # `handles` the file-handle cache (None: the process-wide one).
     @classmethod
-    def create(cls, dir: Path, base_offset: int, **sizing: int) -> LogSegment:
+    def create(
+        cls, dir: Path, base_offset: int, handles: FileHandleCache | None = None, **sizing: int
+    ) -> LogSegment:
         """A new empty segment; fails if its `.log` file already exists."""
-        return cls(dir, base_offset, create=True, **sizing)
+        return cls(dir, base_offset, create=True, handles=handles, **sizing)
 
     @classmethod
-    def open(cls, dir: Path, base_offset: int, **sizing: int) -> LogSegment:
+    def open(
+        cls, dir: Path, base_offset: int, handles: FileHandleCache | None = None, **sizing: int
+    ) -> LogSegment:
         """Existing segment files; follow with `sanity_check()` or `recover()`."""
-        return cls(dir, base_offset, create=False, **sizing)
+        return cls(dir, base_offset, create=False, handles=handles, **sizing)
 
     # ------------------------------------------------------------------ state
 
@@ -225,16 +250,54 @@ class LogSegment:
             return 0
         position, header = found
         removed = self._file.size - position
-        self.offset_index.truncate_to(header.base_offset)
-        self.time_index.truncate_to(header.base_offset)
-        self._file.truncate(position)
-        self._load_tail_state()
+        self._pin_files()
+        try:
+            self.offset_index.truncate_to(header.base_offset)
+            self.time_index.truncate_to(header.base_offset)
+            self._file.truncate(position)
+            self._load_tail_state()
+        finally:
+            self._unpin_files()
         return removed
 
     def on_become_inactive(self) -> None:
-        """The log rolled past this segment: record its largest timestamp for good."""
+        """The log rolled past this segment: record its largest timestamp for good.
+        Derived data: when the time index cannot be opened the entry is left out
+        (lookups then scan a little more) rather than fail the roll or the close."""
         if self._loaded:
-            self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+            try:
+                self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+            except FileOpenError as exc:
+                logger.warning("segment %s: no final time index entry: %s", self.log_path, exc)
+
+    def release_descriptors(self) -> None:
+        """Close the segment's descriptors now unless in use (they reopen when used):
+        an older segment of a loaded log need hold none until it is read."""
+        for handle in self._handles():
+            handle.evict()
+
+    def _pin_files(self) -> None:
+        """Open and pin all three files (FileOpenError, none left pinned, before
+        anything is changed); `_unpin_files` after."""
+        log_file, index, time_index = self._handles()
+        log_file.acquire()
+        try:
+            index.acquire()
+            try:
+                time_index.acquire()
+            except BaseException:
+                index.release()
+                raise
+        except BaseException:
+            log_file.release()
+            raise
+
+    def _unpin_files(self) -> None:
+        for handle in self._handles():
+            handle.release()
+
+    def _handles(self) -> tuple[CachedFile, CachedFile, CachedFile]:
+        return self._file.handle, self.offset_index.handle, self.time_index.handle
 
     def flush(self) -> None:
         """fsync the log and both indexes (safe from a worker thread)."""
@@ -420,8 +483,14 @@ class LogSegment:
             self._max_timestamp = header.max_timestamp
             self._offset_of_max_timestamp = header.base_offset
         if self._bytes_since_last_index_entry > self._index_interval_bytes:
-            self.offset_index.append(header.base_offset, position)
-            self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+            try:
+                self.offset_index.append(header.base_offset, position)
+                self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+            except FileOpenError as exc:
+                # The batch is written: account for it whatever happens. The indexes
+                # are sparse, derived data: an entry left out only lengthens the scan
+                # of a lookup (the file-handle cache logged the failure).
+                logger.debug("segment %s: index entry left out: %s", self.log_path, exc)
             self._bytes_since_last_index_entry = 0
         self._bytes_since_last_index_entry += header.size
         self._next_offset = header.next_offset

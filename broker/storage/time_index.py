@@ -28,20 +28,22 @@ from collections.abc import MutableSequence
 from pathlib import Path
 
 from broker.storage.errors import CorruptIndexError
+from broker.storage.file_handles import FileHandleCache
 from broker.storage.index_file import IndexFile
 from broker.storage.offset_index import INT32_MAX
 from protocol.invariants import InvariantError
-from runtime.fileio import write_all
 
 ENTRY_SIZE = 12
 _ENTRY = struct.Struct(">qi")
 
 
 class TimeIndex(IndexFile):
-    """One `.timeindex` file, kept open for appends, mirrored in two lists."""
+    """One `.timeindex` file, mirrored in two lists."""
 
-    def __init__(self, path: Path, base_offset: int) -> None:
-        super().__init__(path, base_offset, ENTRY_SIZE)
+    def __init__(
+        self, path: Path, base_offset: int, handles: FileHandleCache | None = None
+    ) -> None:
+        super().__init__(path, base_offset, ENTRY_SIZE, handles)
         self._timestamps: list[int] = []
         self._relative_offsets: list[int] = []
         for timestamp, relative in _ENTRY.iter_unpack(self._raw_entries):
@@ -83,7 +85,7 @@ class TimeIndex(IndexFile):
             raise InvariantError(f"relative offset {relative} out of int32 range")
         if self._relative_offsets and relative < self._relative_offsets[-1]:
             raise InvariantError(f"time index offsets must not decrease: {offset} in {self.path}")
-        write_all(self._fd, _ENTRY.pack(timestamp, relative))
+        self._write_entry(_ENTRY.pack(timestamp, relative))
         self._timestamps.append(timestamp)
         self._relative_offsets.append(relative)
         self._file_size += ENTRY_SIZE

@@ -385,10 +385,16 @@ class Cluster:
         ]
 
     def start_broker(
-        self, node_id: int, *extra: str, wait: bool = True, kafka: bool | None = None
+        self,
+        node_id: int,
+        *extra: str,
+        wait: bool = True,
+        kafka: bool | None = None,
+        launcher: tuple[str, ...] = (),
     ) -> BrokerProcess:
         """Start (or restart, on the same ports and data dir) broker `node_id`; with
-        `kafka`, it has a Kafka listener as well (`kafka_address`); None: as before."""
+        `kafka`, it has a Kafka listener as well (`kafka_address`); None: as before.
+        `launcher` runs the command (e.g. `prlimit --nofile=512 --`)."""
         old = self.brokers.get(node_id)
         port = old.port if old is not None else 0
         old_kafka = old.kafka_port if old is not None else None
@@ -397,7 +403,7 @@ class Cluster:
         kafka_port = (old_kafka or 0) if kafka else None
         proc = BrokerProcess(
             name=f"broker-{node_id}",
-            args=self.broker_args(node_id, port, *extra, kafka_port=kafka_port),
+            args=[*launcher, *self.broker_args(node_id, port, *extra, kafka_port=kafka_port)],
             log_path=self.root / f"broker-{node_id}.log",
             node_id=node_id,
             data_dir=self.root / f"broker-{node_id}",

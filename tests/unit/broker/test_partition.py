@@ -10,10 +10,12 @@ from broker_harness import partition_state
 
 from broker.partition import Partition
 from broker.partition import Role
+from broker.storage.errors import FileOpenError
 from broker.storage.log import Log
 from broker.storage.log import LogConfig
 from protocol.errors import ErrorCode
 from protocol.record_batch import encode_batch
+from tests.open_file_limits import descriptors_exhausted
 
 # Partition t-0 on brokers 1 and 2.
 state = partial(partition_state, replicas=(1, 2), isr=(1, 2))
@@ -90,3 +92,22 @@ def test_unsafe_ignore_leader_epoch(tmp_path: Path, caplog: pytest.LogCaptureFix
         assert p.check_leader_epoch(9) == ErrorCode.NOT_LEADER_OR_FOLLOWER
     finally:
         log.close()
+
+
+def test_becoming_leader_without_a_descriptor_for_the_epoch_checkpoint(
+    partition: Partition,
+) -> None:
+    """Issue 20: the leader-epoch checkpoint cannot be written (EMFILE): make_leader
+    (the metadata handler's step) goes on; appends answer a storage error until the
+    checkpoint is on disk, and then carry the new epoch."""
+    p = partition
+    with descriptors_exhausted():
+        p.make_leader(state(1, 3), now_ms=0)  # must not raise
+        assert p.is_leader and p.log.latest_epoch == 3
+        with pytest.raises(FileOpenError):
+            p.append_as_leader(encode_batch([(None, b"v")]))
+    assert p.log.log_end_offset == 0
+    assert not (p.log.dir / "leader-epoch-checkpoint").read_text().endswith("3 0\n")
+    p.append_as_leader(encode_batch([(None, b"v")]))
+    assert p.log.log_end_offset == 1
+    assert (p.log.dir / "leader-epoch-checkpoint").read_text().endswith("3 0\n")
