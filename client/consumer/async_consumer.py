@@ -36,6 +36,7 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import Any
+from typing import TypeVar
 
 from client.cluster import ClusterClient
 from client.consumer.assignors import Assignor
@@ -51,9 +52,12 @@ from client.consumer.subscription_state import SubscriptionState
 from client.consumer.truncation import TruncationValidation
 from client.errors import IllegalStateError
 from client.lifecycle import AsyncClient
+from client.record_columns import ColumnBuffer
 from client.types import ConsumerRecord
 from client.types import OffsetAndMetadata
 from client.types import TopicPartition
+
+_T = TypeVar("_T")
 
 
 class AsyncConsumer(
@@ -150,6 +154,7 @@ class AsyncConsumer(
         self._started = False
         self._closed = False
         self._iter_buffer: deque[ConsumerRecord] = deque()
+        self._want_columns = False  # fetches decode into columns (poll_batches)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -197,11 +202,33 @@ class AsyncConsumer(
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Records fetched for the assigned partitions, at most `max_records`
         (default max_poll_records), waiting up to `timeout_ms` for some."""
+        limit = max_records or self.max_poll_records
+        self._want_columns = False
+        return await self._poll_with(lambda: self._drain(limit), timeout_ms)
+
+    async def poll_batches(self, timeout_ms: int = 0) -> dict[TopicPartition, ColumnBuffer]:
+        """For bulk readers: each assigned partition's next fetch (up to
+        max_partition_fetch_bytes) as columns, waiting up to `timeout_ms` for some. No
+        ConsumerRecord per record: offsets, timestamps and keys are lists, values come
+        as pieces (`value_pieces`: runs of alike records cut out of the batch, or
+        lists; `values` joins them). Positions, CRC checks, corruption and truncation
+        handling are poll()'s; key and value are raw bytes (no deserializers)."""
+        if self._key_deserializer is not None or self._value_deserializer is not None:
+            raise ValueError(
+                "poll_batches() returns raw bytes: create the consumer without "
+                "key_deserializer / value_deserializer, or use poll()"
+            )
+        self._want_columns = True
+        return await self._poll_with(self._drain_columns, timeout_ms)
+
+    async def _poll_with(
+        self, drain: Callable[[], dict[TopicPartition, _T]], timeout_ms: int
+    ) -> dict[TopicPartition, _T]:
+        """poll()'s loop around `drain`, which takes what is buffered."""
         self._check()
         if self._pending_error is not None:
             error, self._pending_error = self._pending_error, None
             raise error
-        limit = max_records or self.max_poll_records
         deadline = time.monotonic() + timeout_ms / 1000
         if self._group is not None:
             await self._group.poll(max(0.0, deadline - time.monotonic()))
@@ -211,7 +238,7 @@ class AsyncConsumer(
                 timeout_ms=max(0, int((deadline - time.monotonic()) * 1000))
             )
             self._notice_leader_changes()
-            drained = self._drain(limit)
+            drained = drain()
             if drained:
                 return drained
             if self._pending_error is not None:

@@ -18,6 +18,8 @@ from client.errors import BrokerResponseError
 from client.errors import LeaderEpochBehindError
 from client.errors import MinibrokerError
 from client.errors import error_for
+from client.record_columns import ColumnBuffer
+from client.record_columns import decode_columns
 from client.types import ConsumerRecord
 from client.types import TopicPartition
 from protocol.api import CONSUMER_REPLICA_ID
@@ -32,6 +34,16 @@ from protocol.messages import FetchTopic
 from protocol.record_batch import check_batch
 from protocol.record_batch import decode_batch_into
 from protocol.record_batch import iter_headers
+
+
+def _corrupt_batch(tp: TopicPartition, offset: int, exc: Exception) -> MinibrokerError:
+    """The error poll() raises for a batch at `offset` that failed its checks."""
+    return error_for(
+        ErrorCode.CORRUPT_MESSAGE,
+        f"at offset {offset}: {exc}",
+        topic=tp.topic,
+        partition=tp.partition,
+    )
 
 
 class Fetcher:
@@ -80,7 +92,12 @@ class Fetcher:
                 break
             fetched = self._buffer[tp]
             state = self._states.get(tp)
-            if state is None or state.paused or state.position != fetched.fetch_offset:
+            if (
+                state is None
+                or state.paused
+                or state.position != fetched.fetch_offset
+                or fetched.columns is not None  # fetched for poll_batches: fetch again
+            ):
                 del self._buffer[tp]  # unassigned, paused or seeked since the fetch
                 continue
             chunk = fetched.records[fetched.index : fetched.index + limit]
@@ -109,6 +126,41 @@ class Fetcher:
                     state.position_epoch = fetched.next_epoch
             else:
                 fetched.fetch_offset = state.position
+        return out
+
+    def _drain_columns(self) -> dict[TopicPartition, ColumnBuffer]:
+        """poll_batches()'s _drain: each partition's whole fetch as columns, positions
+        moved past it as _drain moves them past records."""
+        out: dict[TopicPartition, ColumnBuffer] = {}
+        for tp in list(self._buffer):
+            fetched = self._buffer.pop(tp)
+            state = self._states.get(tp)
+            columns = fetched.columns
+            if (
+                state is None
+                or state.paused
+                or state.position != fetched.fetch_offset
+                or columns is None  # decoded for poll(): fetch again as columns
+            ):
+                continue
+            if columns.offsets:
+                out[tp] = columns
+                runs = [run for run in columns.epoch_runs if run[1]]
+                epoch = runs[-1][0]
+                in_last_epoch = 0  # rows at the end carrying the last epoch
+                for run_epoch, rows in reversed(runs):
+                    if run_epoch != epoch:
+                        break
+                    in_last_epoch += rows
+                if in_last_epoch < len(columns) or state.position_epoch != epoch:
+                    state.position_epoch_start = columns.offsets[len(columns) - in_last_epoch]
+                state.position = columns.offsets[-1] + 1
+                state.position_epoch = epoch
+            if fetched.next_offset > state.position:
+                if fetched.next_epoch != state.position_epoch:
+                    state.position_epoch_start = -1  # not seen: compacted away
+                state.position = fetched.next_offset
+                state.position_epoch = fetched.next_epoch
         return out
 
     def _send_fetches(self) -> None:
@@ -242,6 +294,9 @@ class Fetcher:
     ) -> None:
         if not data:
             return
+        if self._want_columns:
+            self._buffer_columns(tp, state, fetch_offset, data)
+            return
         # Whole batches decode straight into ConsumerRecords, one pass per batch
         # (decode_batch_into); control batches only move the next offset.
         records: list[ConsumerRecord] = []
@@ -263,12 +318,7 @@ class Fetcher:
         except ProtocolCorruptRecordError as exc:
             # Records decoded before the bad batch are still good: return them first.
             if not records:
-                self._pending_error = error_for(
-                    ErrorCode.CORRUPT_MESSAGE,
-                    f"at offset {next_offset}: {exc}",
-                    topic=tp.topic,
-                    partition=tp.partition,
-                )
+                self._pending_error = _corrupt_batch(tp, next_offset, exc)
                 return
         kd, vd = self._key_deserializer, self._value_deserializer
         if kd is not None or vd is not None:
@@ -280,3 +330,26 @@ class Fetcher:
                 for r in records
             ]
         self._buffer[tp] = _Fetched(fetch_offset, records, next_offset, next_epoch)
+
+    def _buffer_columns(
+        self, tp: TopicPartition, state: _PartitionState, fetch_offset: int, data: bytes
+    ) -> None:
+        """_buffer_records for poll_batches(): the batches decoded into columns
+        (decode_columns: runs of alike records are cut out, no object per value), the
+        same checks and the same next offset."""
+        columns = ColumnBuffer(with_headers=True)
+        next_offset, next_epoch = fetch_offset, state.position_epoch
+        try:
+            for pos, header in iter_headers(data):
+                decode_columns(
+                    data, pos, columns, min_offset=fetch_offset, verify_crc=self.check_crcs
+                )
+                if header.next_offset > next_offset:
+                    next_offset = header.next_offset
+                    next_epoch = header.partition_leader_epoch
+        except ProtocolCorruptRecordError as exc:
+            # Records decoded before the bad batch are still good: return them first.
+            if not columns.offsets:
+                self._pending_error = _corrupt_batch(tp, next_offset, exc)
+                return
+        self._buffer[tp] = _Fetched(fetch_offset, [], next_offset, next_epoch, columns)

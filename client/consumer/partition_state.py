@@ -8,6 +8,7 @@ import logging
 
 from client.errors import BrokerResponseError
 from client.errors import error_for
+from client.record_columns import ColumnBuffer
 from client.types import ConsumerRecord
 from protocol.api import EARLIEST_TIMESTAMP
 from protocol.api import LATEST_TIMESTAMP
@@ -101,15 +102,22 @@ class _PartitionState:
 
 
 class _Fetched:
-    """Decoded records of one partition not yet returned by poll()."""
+    """Decoded records of one partition not yet returned by poll(), or (`columns`
+    set, `records` empty) the columns of one fetch not yet returned by poll_batches()."""
 
-    __slots__ = ("fetch_offset", "index", "next_epoch", "next_offset", "records")
+    __slots__ = ("columns", "fetch_offset", "index", "next_epoch", "next_offset", "records")
 
     def __init__(
-        self, fetch_offset: int, records: list[ConsumerRecord], next_offset: int, next_epoch: int
+        self,
+        fetch_offset: int,
+        records: list[ConsumerRecord],
+        next_offset: int,
+        next_epoch: int,
+        columns: ColumnBuffer | None = None,
     ) -> None:
         self.fetch_offset = fetch_offset
         self.records = records
+        self.columns = columns
         self.index = 0
         self.next_offset = next_offset
         self.next_epoch = next_epoch

@@ -35,6 +35,14 @@ def put(broker: FakeBroker, batch: bytes | bytearray, count: int) -> None:
     part.log_end += count
 
 
+def put_two_good_then_a_corrupt_batch(broker: FakeBroker) -> None:
+    """Records a, b (offsets 0-1), then a batch at offset 2 whose CRC does not match."""
+    put(broker, encode_batch([(None, b"a"), (None, b"b")]), 2)
+    bad = bytearray(encode_batch([(None, b"c")]))
+    bad[-1] ^= 0xFF  # inside the CRC: the batch no longer matches it
+    put(broker, bad, 1)
+
+
 def control_batch() -> bytearray:
     """A one-record batch with the control bit set (a transaction marker's shape)."""
     data = bytearray(encode_batch([(b"\x00\x00\x00\x00", b"marker")]))
@@ -92,10 +100,7 @@ async def test_a_fetch_inside_a_batch_skips_the_records_below_the_position(
 async def test_records_before_a_corrupt_batch_come_first_then_the_error(
     broker: FakeBroker,
 ) -> None:
-    put(broker, encode_batch([(None, b"a"), (None, b"b")]), 2)
-    bad = bytearray(encode_batch([(None, b"c")]))
-    bad[-1] ^= 0xFF  # inside the CRC: the batch no longer matches it
-    put(broker, bad, 1)
+    put_two_good_then_a_corrupt_batch(broker)
     async with AsyncConsumer(broker.address, auto_offset_reset="earliest") as consumer:
         consumer.assign([T0])
         got = await poll_until(consumer, 2)

@@ -1,0 +1,102 @@
+"""AsyncConsumer.poll_batches() against the in-test broker: the columns of each fetch
+with exact offsets, keys and values, positions advanced as poll() advances them, poll()
+and poll_batches() taking turns, a corrupt batch and a diverging epoch reported as
+poll() reports them."""
+
+from __future__ import annotations
+
+import pytest
+from client_fakes import FakeBroker
+from client_fakes import StartBroker
+from test_client_consumer_decode import EPOCH
+from test_client_consumer_decode import control_batch
+from test_client_consumer_decode import put
+from test_client_consumer_decode import put_two_good_then_a_corrupt_batch
+from test_client_producer_consumer import consumer_told_of_divergence
+
+from client.consumer import AsyncConsumer
+from client.errors import CorruptRecordError
+from client.errors import LogTruncationError
+from client.record_columns import ColumnBuffer
+from client.types import OffsetAndMetadata
+from client.types import TopicPartition
+from protocol.record_batch import encode_batch
+
+T0 = TopicPartition("t", 0)
+
+
+@pytest.fixture
+async def broker(start_broker: StartBroker) -> FakeBroker:
+    return await start_broker(1, leader_epoch=EPOCH)
+
+
+async def batches_until(consumer: AsyncConsumer, rows: int) -> list[ColumnBuffer]:
+    out: list[ColumnBuffer] = []
+    for _ in range(50):
+        got = await consumer.poll_batches(timeout_ms=100)
+        assert set(got) <= {T0}
+        out.extend(got.values())
+        if sum(len(c) for c in out) >= rows:
+            break
+    return out
+
+
+async def test_columns_hold_exact_offsets_keys_values_and_move_the_position(
+    broker: FakeBroker,
+) -> None:
+    put(broker, encode_batch([(b"k%d" % i, b"value-%d" % i) for i in range(40)]), 40)
+    put(broker, control_batch(), 1)
+    put(broker, encode_batch([(None, b"x"), (b"k", None)]), 2)
+    put(broker, encode_batch([(None, b"after")]), 1)
+    async with AsyncConsumer(broker.address, max_partition_fetch_bytes=1 << 20) as consumer:
+        consumer.assign([T0])
+        consumer.seek(T0, 3)  # inside the first batch: offsets 0-2 are left out
+        columns = await batches_until(consumer, 40)
+        offsets = [o for c in columns for o in c.offsets]
+        assert offsets == [*range(3, 40), 41, 42, 43]
+        assert [k for c in columns for k in c.keys] == [
+            *(b"k%d" % i for i in range(3, 40)),
+            None,
+            b"k",
+            None,
+        ]
+        assert [v for c in columns for v in c.values] == [
+            *(b"value-%d" % i for i in range(3, 40)),
+            b"x",
+            None,
+            b"after",
+        ]
+        assert all(e == EPOCH for c in columns for e in c.epochs())
+        assert await consumer.position_with_epoch(T0) == OffsetAndMetadata(44, "", EPOCH)
+        # poll() takes over at the position poll_batches() left.
+        put(broker, encode_batch([(None, b"by poll")]), 1)
+        for _ in range(50):
+            records = (await consumer.poll(timeout_ms=100)).get(T0)
+            if records:
+                break
+        assert [(r.offset, r.value) for r in records] == [(44, b"by poll")]
+
+
+async def test_a_corrupt_batch_comes_after_the_good_columns(broker: FakeBroker) -> None:
+    put_two_good_then_a_corrupt_batch(broker)
+    async with AsyncConsumer(broker.address, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T0])
+        columns = await batches_until(consumer, 2)
+        assert [v for c in columns for v in c.values] == [b"a", b"b"]
+        with pytest.raises(CorruptRecordError, match="at offset 2"):
+            await batches_until(consumer, 1)
+
+
+async def test_deserializers_are_refused(broker: FakeBroker) -> None:
+    async with AsyncConsumer(broker.address, value_deserializer=bytes.decode) as consumer:
+        with pytest.raises(ValueError, match="without key_deserializer"):
+            await consumer.poll_batches()
+
+
+async def test_a_diverging_epoch_raises_log_truncation(start_broker: StartBroker) -> None:
+    broker = await start_broker(3, leader_epoch=2)
+    async with consumer_told_of_divergence(broker, "none") as consumer:
+        with pytest.raises(LogTruncationError) as info:
+            for _ in range(20):
+                await consumer.poll_batches(timeout_ms=50)
+        assert info.value.divergent_offsets == {T0: OffsetAndMetadata(5, "", 2)}
