@@ -44,7 +44,7 @@ from client.consumer import AsyncConsumer
 from client.types import TopicPartition
 
 NAME = "consume"
-READERS = ("client", "raw", "confluent")
+READERS = ("client", "batches", "raw", "confluent")
 RECORD_SIZE = 100
 
 
@@ -59,8 +59,8 @@ def parser() -> argparse.ArgumentParser:
         "--reader",
         type=lambda s: [x for x in s.split(",") if x],
         default=["client", "raw"],
-        help="client (AsyncConsumer), raw (a fetch loop) and/or confluent (librdkafka "
-        "through the Kafka listeners) [client,raw]",
+        help="client (AsyncConsumer.poll), batches (AsyncConsumer.poll_batches), raw (a "
+        "fetch loop) and/or confluent (librdkafka through the Kafka listeners) [client,raw]",
     )
     p.add_argument("--brokers", type=int, default=1, help="brokers in the cluster [1]")
     p.add_argument("--data-mib", type=int, help="MiB written per topic [256; 32 with --quick]")
@@ -88,11 +88,25 @@ async def fill(
         await client.close()
 
 
-async def read_client(
+async def read_batches(
     bootstrap: str, topic: str, partitions: int, seconds: float, fetch_bytes: int
 ) -> tuple[int, int, float]:
-    """(records, 0, seconds) read by AsyncConsumer in one pass or `seconds` (the bytes
-    on the wire are not visible through the consumer: the caller works them out)."""
+    """read_client through AsyncConsumer.poll_batches() (columns, no record objects)."""
+    return await read_client(bootstrap, topic, partitions, seconds, fetch_bytes, batches=True)
+
+
+async def read_client(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    seconds: float,
+    fetch_bytes: int,
+    *,
+    batches: bool = False,
+) -> tuple[int, int, float]:
+    """(records, 0, seconds) read by AsyncConsumer.poll() (or poll_batches()) in one
+    pass or `seconds` (the bytes on the wire are not visible through the consumer: the
+    caller works them out)."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     consumer = AsyncConsumer(
         bootstrap,
@@ -110,7 +124,8 @@ async def read_client(
         start = time.perf_counter()
         end = start + seconds
         while records < total and time.perf_counter() < end:
-            for batch in (await consumer.poll(timeout_ms=500)).values():
+            polled = consumer.poll_batches if batches else consumer.poll
+            for batch in (await polled(timeout_ms=500)).values():
                 records += len(batch)
         return records, 0, time.perf_counter() - start
     finally:
@@ -203,7 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     datasets = [(p, b) for p in args.partitions for b in args.batch_size]
     progress = Progress(len(datasets) * (1 + len(args.reader)), NAME)
     rows: list[dict[str, Any]] = []
-    readers = {"client": read_client, "raw": read_raw, "confluent": read_confluent}
+    readers = {
+        "client": read_client,
+        "batches": read_batches,
+        "raw": read_raw,
+        "confluent": read_confluent,
+    }
     kafka = "confluent" in args.reader  # librdkafka reads through the Kafka listeners
     with BenchCluster(args.brokers, keep_data=args.keep_data, kafka=kafka) as cluster:
         for i, (partitions, batch_size) in enumerate(datasets):
