@@ -26,6 +26,7 @@ from cluster import mb
 from dev_process import DevProcess
 from dev_process import free_base_port
 from dev_process import pids_mentioning
+from dev_process import running_dev
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
 
@@ -36,18 +37,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def dev(tmp_path: Path) -> Iterator[DevProcess]:
-    process = DevProcess(tmp_path / "data", brokers=3)
-    try:
+    with running_dev(tmp_path / "data") as process:
         yield process
-    finally:
-        if process.proc.poll() is None:
-            process.proc.send_signal(signal.SIGINT)
-            try:
-                process.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                process.proc.kill()
-        for pid in pids_mentioning(str(process.data_dir)):
-            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
