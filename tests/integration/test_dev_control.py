@@ -108,8 +108,10 @@ def test_a_killed_broker_leaves_the_others_serving_and_restarts_into_the_isr(
     assert dev.proc.poll() is None
 
 
-def test_bad_control_requests_are_one_line_errors(dev: DevProcess, tmp_path: Path) -> None:
-    dev.wait_for_bootstrap()
+def test_bad_control_requests_are_one_line_errors_and_an_unfenced_dead_leader_is_marked(
+    dev: DevProcess, tmp_path: Path
+) -> None:
+    bootstrap = dev.wait_for_bootstrap()
     for args, message in [
         (("kill", "7"), "error: no node '7' in this dev cluster (nodes: c0, 1, 2, 3)"),
         (("stop", "x1"), "error: unknown node name 'x1'"),
@@ -121,9 +123,27 @@ def test_bad_control_requests_are_one_line_errors(dev: DevProcess, tmp_path: Pat
     nothing = mb("dev", "status", "--data-dir", str(tmp_path / "none"))
     assert nothing.returncode == 1
     assert nothing.stderr.startswith(f"error: no `minibroker dev` running at {tmp_path / 'none'}")
+
+    created = mb("topic", "create", "solo", "-p", "3", "-r", "1", "-b", bootstrap)
+    assert created.returncode == 0, created.stderr
+    # With the controller stopped nobody fences broker 2: its leaderships stay its own.
     stopped = dev_cmd(dev, "stop", "c0")
     assert stopped.returncode == 0, stopped.stderr
     assert stopped.stdout.strip() == "controller stopped on request (exit code 0)"
+    assert dev_cmd(dev, "kill", "2").returncode == 0
+    described = mb("topic", "describe", "solo", "-b", bootstrap)
+    assert described.returncode == 0, described.stderr
+    rows = [line for line in described.stdout.splitlines() if line[:1].isdigit()]
+    dead_led = [row for row in rows if row.split()[1] == "2"]
+    assert len(dead_led) == 1, described.stdout
+    assert " leader-unreachable " in dead_led[0]
+    assert (
+        "leader 2 not answering (Connection refused); the controller has not fenced it yet"
+        in (dead_led[0])
+    )
+    assert "minibroker dev" not in described.stdout  # no hint to start a cluster
+    assert all(" ok " in row for row in rows if row not in dead_led)
+
     restarted = dev_cmd(dev, "restart", "controller-0")
     assert restarted.returncode == 0, restarted.stderr
     assert restarted.stdout.startswith("controller restarted (pid ")
