@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from cluster import CLI
-from cluster import CLI_ENV as ENV
+
+from tests.integration.cluster import CLI
+from tests.integration.cluster import CLI_ENV as ENV
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 90
