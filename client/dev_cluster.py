@@ -729,8 +729,19 @@ class DevCluster:
                     writer.write(dev_control.encode_reply(lines=lines))
                 except dev_control.DevControlError as exc:
                     writer.write(dev_control.encode_reply(error=str(exc)))
-                except (TimeoutError, ValueError):  # ValueError: line over the limit
-                    writer.write(dev_control.encode_reply(error="no request line in time"))
+                except TimeoutError:
+                    writer.write(
+                        dev_control.encode_reply(
+                            error="no request line within "
+                            f"{dev_control.REQUEST_READ_TIMEOUT_S:.0f} s"
+                        )
+                    )
+                except ValueError:  # readline past the stream's limit
+                    writer.write(
+                        dev_control.encode_reply(
+                            error=f"request over {dev_control.MAX_REQUEST_BYTES} bytes"
+                        )
+                    )
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(dev_control.REQUEST_READ_TIMEOUT_S):
                     await writer.drain()

@@ -4,8 +4,10 @@ real processes throughout."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,3 +149,16 @@ def test_bad_control_requests_are_one_line_errors_and_an_unfenced_dead_leader_is
     restarted = dev_cmd(dev, "restart", "controller-0")
     assert restarted.returncode == 0, restarted.stderr
     assert restarted.stdout.startswith("controller restarted (pid ")
+
+    # The socket is bounded: an oversized or malformed request gets a one-line refusal.
+    for request, refusal in [
+        (b"x" * 5000 + b"\n", "request over 1024 bytes"),
+        (b"not json\n", "request is not a JSON line"),
+        (b'{"op": "format"}\n', "unknown operation: use one of status, kill, stop, restart"),
+    ]:
+        with socket.socket(socket.AF_UNIX) as raw:
+            raw.settimeout(10)
+            raw.connect(str(dev.data_dir / "dev.sock"))
+            raw.sendall(request)
+            reply = json.loads(raw.makefile("rb").readline())
+        assert reply == {"ok": False, "error": refusal}
