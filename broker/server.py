@@ -321,10 +321,10 @@ class Broker:
             raise StartupError(self._disk_error("cannot load the logs", exc)) from exc
         self._logs_loaded = True
         log.info(
-            "loaded %d logs from %s (%s shutdown)",
+            "loaded %d logs from %s %s",
             len(loaded),
             self.config.data_dir,
-            "clean" if self.log_manager.had_clean_shutdown else "unclean",
+            self.log_manager.shutdown_description,
         )
         self.replica_manager = ReplicaManager(
             self.config,

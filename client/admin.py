@@ -40,6 +40,7 @@ from client.descriptions import TopicDescription
 from client.descriptions import _cluster_description
 from client.descriptions import topics_from_metadata
 from client.errors import BrokerResponseError
+from client.errors import ConnectionFailedError
 from client.errors import IllegalStateError
 from client.errors import MinibrokerError
 from client.errors import UnknownTopicOrPartitionError
@@ -300,6 +301,13 @@ class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AclAdmin, QuotaAdmin, Async
                 pm = meta.partition(tp)
                 assert pm is not None
                 err = errors.get(tp)
+                unreachable = isinstance(err, ConnectionFailedError) and pm.leader >= 0
+                why = None if err is None else _short(err)
+                if isinstance(err, ConnectionFailedError) and unreachable:
+                    why = (
+                        f"leader {pm.leader} not answering ({err.reason}); the controller "
+                        "has not fenced it yet"
+                    )
                 parts.append(
                     PartitionDescription(
                         partition=p,
@@ -310,7 +318,8 @@ class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AclAdmin, QuotaAdmin, Async
                         offline_replicas=pm.offline_replicas,
                         log_start_offset=earliest[tp].offset if tp in earliest else -1,
                         high_watermark=latest[tp].offset if tp in latest else -1,
-                        error=_short(err) if err is not None else None,
+                        error=why,
+                        leader_unreachable=unreachable,
                     )
                 )
             out.append(TopicDescription(name, meta.topic_id(name) or "", parts))

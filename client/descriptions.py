@@ -55,6 +55,9 @@ class PartitionDescription(NamedTuple):
     log_start_offset: int = -1  # -1: not asked, or the leader could not answer
     high_watermark: int = -1
     error: str | None = None  # why the offsets are missing
+    # The leader did not answer (process dead or stuck) while the metadata still names
+    # it: the controller has not fenced it yet (its session has not expired).
+    leader_unreachable: bool = False
 
 
 class TopicDescription(NamedTuple):

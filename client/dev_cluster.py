@@ -19,6 +19,12 @@ Layout under the data dir::
     secure/                with --secure: the CA, the servers' certificates, the servers'
                            and the admin's passwords (client/secure_setup.py), reused
     dev.lock               flock held while a `minibroker dev` runs here (text: its pid)
+    dev.sock               the control socket while it runs (client/dev_control.py):
+                           `minibroker dev status|kill|stop|restart` from another shell
+
+A server that dies (or is killed) once the cluster is up does not stop the others: one
+line says which and how, and the cluster keeps serving; `minibroker dev restart N` starts
+it again with the same data dir and ports.
 
 Stopping (Ctrl-C or SIGTERM): SIGTERM to every broker (controlled shutdown needs the
 controller, so it goes last), bounded wait, SIGKILL what is left; then the same for
@@ -54,6 +60,7 @@ from pathlib import Path
 from typing import IO
 from typing import TextIO
 
+from client import dev_control
 from client.connection import BrokerConnection
 from client.errors import MinibrokerError
 from client.secure_setup import SERVER_USER
@@ -125,8 +132,15 @@ class _Child:
         self.proc: subprocess.Popen[bytes] | None = None
         self._log_start = 0
         self._log_file: IO[bytes] | None = None
+        # Set by `minibroker dev stop/kill`: its exit is neither reported nor unclean.
+        self.stopped_on_request = False
+        # This incarnation's exit has been reported (once).
+        self.exit_reported = False
 
     def start(self, env: dict[str, str]) -> None:
+        self.close_log()
+        self.stopped_on_request = False
+        self.exit_reported = False
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
         self._log_start = self._log_file.tell()
@@ -273,6 +287,10 @@ class DevCluster:
         self._stop = asyncio.Event()
         self._kill_now = False
         self._lock_file: IO[str] | None = None
+        self._control_server: asyncio.Server | None = None
+        # One control operation at a time: a stop and a restart of one node must not mix.
+        self._control_lock = asyncio.Lock()
+        self._control_slots = asyncio.Semaphore(dev_control.MAX_CONNECTIONS)
 
     def _controller_children(self, python: str, logs: Path, log_level: str) -> list[_Child]:
         """One controller (node 0, in controller/), or a quorum of them (nodes 0..N-1,
@@ -481,25 +499,17 @@ class DevCluster:
                     self.secure, self.bootstrap, self.kafka_bootstrap
                 ):
                     self._say(line)
+            await self._start_control_socket()
             self._say("Press Ctrl-C to stop.")
-            dead = await self._watch()
-            if dead is not None:
-                code = dead.returncode
-                assert code is not None
-                print(
-                    f"error: {dead.name} exited unexpectedly ({describe_exit(code)}); "
-                    f"last lines of {dead.log_path}:\n{dead.tail()}",
-                    file=self.err,
-                    flush=True,
-                )
-                await self._shutdown(reason=f"{dead.name} died")
-                return 1
+            await self._watch()
+            await self._stop_control_socket()
             return await self._shutdown(reason="signal")
         except DevClusterError as exc:
             print(f"error: {exc}", file=self.err, flush=True)
             await self._shutdown(reason="startup failed", quiet=True)
             return 1
         finally:
+            await self._stop_control_socket()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             for child in self.children:
@@ -626,35 +636,207 @@ class DevCluster:
                 return False
         return True
 
-    async def _watch(self) -> _Child | None:
-        """Until a signal (None) or a child exits (that child). In a quorum a dead
-        controller is reported and the cluster goes on while a majority of the
-        controllers runs (that is what a quorum is for)."""
-        reported: set[str] = set()
-        majority = len(self.controllers) // 2 + 1
+    async def _watch(self) -> None:
+        """Until a signal. A server that exits is reported once (which, how, where its
+        log is) and the others keep serving: it may be restarted with `minibroker dev
+        restart`. A quorum says how many controllers run on."""
         while not self._stop.is_set():
-            dead_controllers = [c for c in self.controllers if c.returncode is not None]
             for child in self.children:
-                if child.returncode is None:
+                code = child.returncode
+                if code is None or child.exit_reported or child.stopped_on_request:
                     continue
-                quorum_holds = len(self.controllers) - len(dead_controllers) >= majority
-                if child in self.controllers and len(self.controllers) > 1 and quorum_holds:
-                    if child.name not in reported:
-                        reported.add(child.name)
-                        code = child.returncode
-                        print(
-                            f"{child.name} exited ({describe_exit(code)}); "
-                            f"{len(self.controllers) - len(dead_controllers)} of "
-                            f"{len(self.controllers)} controllers run on (log: {child.log_path})",
-                            file=self.err,
-                            flush=True,
-                        )
-                    continue
-                return child
+                child.exit_reported = True
+                print(
+                    f"{child.name} exited ({describe_exit(code)}); {self._who_runs_on(child)} "
+                    f"(log: {child.log_path}; `minibroker dev restart {self.node_name(child)}` "
+                    "starts it again)",
+                    file=self.err,
+                    flush=True,
+                )
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.2):
                     await self._stop.wait()
-        return None
+
+    def _who_runs_on(self, dead: _Child) -> str:
+        if dead in self.controllers and len(self.controllers) > 1:
+            running = sum(c.returncode is None for c in self.controllers)
+            return f"{running} of {len(self.controllers)} controllers run on"
+        running = sum(b.returncode is None for b in self.brokers)
+        return f"the others keep serving ({running} of {len(self.brokers)} brokers up)"
+
+    # ------------------------------------------------------------ control socket
+
+    def node_name(self, child: _Child) -> str:
+        """The name `minibroker dev kill/stop/restart` takes (client/dev_control.py)."""
+        return f"c{child.node_id}" if child in self.controllers else str(child.node_id)
+
+    def _find_node(self, name: str) -> _Child:
+        kind, node_id = dev_control.parse_node(name)
+        group = self.controllers if kind == "controller" else self.brokers
+        for child in group:
+            if child.node_id == node_id:
+                return child
+        known = ", ".join(self.node_name(c) for c in self.children)
+        raise dev_control.DevControlError(f"no node {name!r} in this dev cluster (nodes: {known})")
+
+    async def _start_control_socket(self) -> None:
+        path = dev_control.socket_path(self.data_dir)
+        if len(str(path).encode()) > dev_control.MAX_SOCKET_PATH_BYTES:
+            print(
+                f"warning: {path} is too long for a unix socket: no `minibroker dev "
+                "status/kill/stop/restart` for this cluster (use a shorter --data-dir)",
+                file=self.err,
+                flush=True,
+            )
+            return
+        # A leftover of a dev that died: the data dir's lock says none other runs here.
+        path.unlink(missing_ok=True)
+        self._control_server = await asyncio.start_unix_server(
+            self._serve_control, path=str(path), limit=dev_control.MAX_REQUEST_BYTES + 1
+        )
+        path.chmod(0o600)
+        self._say(
+            f"control: `minibroker dev status|kill|stop|restart NODE --data-dir {self.data_dir}` "
+            f"(nodes: {', '.join(self.node_name(c) for c in self.children)})"
+        )
+
+    async def _stop_control_socket(self) -> None:
+        if self._control_server is None:
+            return
+        self._control_server.close()
+        self._control_server = None
+        dev_control.socket_path(self.data_dir).unlink(missing_ok=True)
+
+    async def _serve_control(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            if self._control_slots.locked():
+                writer.write(
+                    dev_control.encode_reply(error="too many control connections: try again")
+                )
+                return
+            async with self._control_slots:
+                try:
+                    async with asyncio.timeout(dev_control.REQUEST_READ_TIMEOUT_S):
+                        line = await reader.readline()
+                    if len(line) > dev_control.MAX_REQUEST_BYTES:
+                        raise dev_control.DevControlError(
+                            f"request over {dev_control.MAX_REQUEST_BYTES} bytes"
+                        )
+                    op, node = dev_control.decode_request(line)
+                    lines = await self._control(op, node)
+                    writer.write(dev_control.encode_reply(lines=lines))
+                except dev_control.DevControlError as exc:
+                    writer.write(dev_control.encode_reply(error=str(exc)))
+                except TimeoutError:
+                    writer.write(
+                        dev_control.encode_reply(
+                            error="no request line within "
+                            f"{dev_control.REQUEST_READ_TIMEOUT_S:.0f} s"
+                        )
+                    )
+                except ValueError:  # readline past the stream's limit
+                    writer.write(
+                        dev_control.encode_reply(
+                            error=f"request over {dev_control.MAX_REQUEST_BYTES} bytes"
+                        )
+                    )
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(dev_control.REQUEST_READ_TIMEOUT_S):
+                    await writer.drain()
+        except (ConnectionError, OSError):
+            pass  # the asking shell went away: nothing to tell it
+        finally:
+            writer.close()
+
+    async def _control(self, op: str, node: str | None) -> list[str]:
+        if op == "status":
+            return self._status_lines()
+        assert node is not None
+        child = self._find_node(node)
+        name = self.node_name(child)
+        async with self._control_lock:
+            if self._stop.is_set():
+                raise dev_control.DevControlError("the dev cluster is stopping")
+            running = child.returncode is None and child.proc is not None
+            if op in ("kill", "stop") and not running:
+                raise dev_control.DevControlError(
+                    f"{child.name} is not running: `minibroker dev restart {name}` starts it"
+                )
+            if op == "kill":
+                child.stopped_on_request = True
+                child.signal(signal.SIGKILL)
+                await self._wait_exit(child, self.stop_timeout)
+                return self._announce(f"{child.name} killed (SIGKILL) on request")
+            if op == "stop" or running:
+                child.stopped_on_request = True
+                child.signal(signal.SIGTERM)
+                if not await self._wait_exit(child, self.stop_timeout):
+                    child.signal(signal.SIGKILL)
+                    await self._wait_exit(child, 5.0)
+                code = child.returncode
+                said = f"{child.name} stopped on request ({describe_exit(code or 0)})"
+                if op == "stop":
+                    return self._announce(said)
+            child.start(self._env())
+            try:
+                await self._wait_until(
+                    (lambda: self._listening(child))
+                    if child in self.controllers
+                    else (lambda: self._broker_registered(child)),
+                    time.monotonic() + self.startup_timeout,
+                    [child],
+                    f"{child.name} to come back",
+                )
+            except DevClusterError as exc:
+                child.exit_reported = True  # said here, not again by the watcher
+                raise dev_control.DevControlError(str(exc).splitlines()[0]) from None
+            assert child.proc is not None
+            return self._announce(f"{child.name} restarted (pid {child.proc.pid})")
+
+    def _announce(self, line: str) -> list[str]:
+        """Said in the dev cluster's shell and returned to the asking one."""
+        self._say(line)
+        return [line]
+
+    async def _wait_exit(self, child: _Child, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while child.returncode is None:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(POLL_INTERVAL)
+        return True
+
+    async def _listening(self, controller: _Child) -> bool:
+        port = self.controller_ports[self.controllers.index(controller)]
+        _, writer = await asyncio.open_connection(self.host, port)
+        writer.close()
+        return True
+
+    async def _broker_registered(self, broker: _Child) -> bool:
+        port = self.broker_ports[self.brokers.index(broker)]
+        response = await self._ask(port, MetadataRequest(topics=[]))
+        return isinstance(response, MetadataResponse) and broker.node_id in {
+            b.node_id for b in response.brokers
+        }
+
+    def _status_lines(self) -> list[str]:
+        lines = [f"{'NODE':<6} {'ROLE':<11} {'ADDRESS':<22} STATE"]
+        ports = [*self.controller_ports, *self.broker_ports]
+        for child, port in zip(self.children, ports, strict=True):
+            code = child.returncode
+            if child.proc is None:
+                state = "not started"
+            elif code is None:
+                state = f"running (pid {child.proc.pid})"
+            else:
+                how = "stopped on request" if child.stopped_on_request else "dead"
+                state = f"{how} ({describe_exit(code)})"
+            role = "controller" if child in self.controllers else "broker"
+            address = f"{self.host}:{port}"
+            lines.append(f"{self.node_name(child):<6} {role:<11} {address:<22} {state}")
+        return lines
 
     # ------------------------------------------------------------ stop
 
@@ -664,9 +846,10 @@ class DevCluster:
         running = [c for c in self.children if c.proc is not None]
         if not running:
             return 0
-        # Those already dead were reported by the caller; they still make it unclean.
+        # Those already dead were reported by the watcher; they make it unclean unless
+        # stopped or killed on request (`minibroker dev stop/kill`).
         dead_before = {c.name for c in running if c.returncode is not None}
-        clean = not dead_before
+        clean = all(c.stopped_on_request for c in running if c.returncode is not None)
         if not quiet:
             self._say(f"stopping ({reason}): brokers first, then the controller")
         for group in (self.brokers, self.controllers):
@@ -694,7 +877,9 @@ class DevCluster:
                 await asyncio.sleep(POLL_INTERVAL)
             for child in procs:
                 code = child.returncode
-                if code not in (0, None):
+                if code not in (0, None) and not (
+                    child.name in dead_before and child.stopped_on_request
+                ):
                     clean = False
                     if not quiet and child.name not in dead_before:
                         print(

@@ -53,11 +53,13 @@ from broker.storage.log import LogConfig
 from broker.storage.log import TopicPartition
 from broker.storage.log_dir_failure import LogDirFailureChannel
 from broker.storage.partition_metadata import read_topic_id
+from runtime.fileio import LOCK_FILE
 from runtime.fileio import TMP_SUFFIX
 from runtime.fileio import DataDirLock
 from runtime.fileio import SerialWriter
 from runtime.fileio import atomic_write
 from runtime.fileio import fsync_directory
+from runtime.meta_properties import META_PROPERTIES
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +137,7 @@ class LogManager:
         self._logs: dict[TopicPartition, Log] = {}
         self._strays: dict[str, StrayLog] = {}  # by directory name
         self._had_clean_shutdown = False
+        self._is_new = False
         self._lock = DataDirLock(self.data_dir, _in_use)
         self._started = False
         # Producer snapshots of segment rolls are written here, off the event loop.
@@ -152,11 +155,28 @@ class LogManager:
         """Whether the previous process stopped through `shutdown()`."""
         return self._had_clean_shutdown
 
+    @property
+    def shutdown_description(self) -> str:
+        """How the previous process ended, for the startup log lines."""
+        if self._is_new:
+            return "(a new, empty data directory)"
+        return f"after a{' clean' if self._had_clean_shutdown else 'n unclean'} shutdown"
+
+    @property
+    def is_new(self) -> bool:
+        """Whether the directory held no logs nor checkpoints at startup (a first start:
+        no shutdown to call clean or unclean)."""
+        return self._is_new
+
     def startup(self) -> set[TopicPartition]:
         """Lock the directory, consume the clean-shutdown marker, finish interrupted
         deletions and open (recovering if needed) every log. Returns the partitions found.
         CorruptCheckpointError if a checkpoint file does not parse."""
         assert not self._started, "startup() called twice"
+        # meta.properties is written before the logs are loaded; the lock is ours.
+        self._is_new = not self.data_dir.exists() or all(
+            name in (META_PROPERTIES, LOCK_FILE) for name in os.listdir(self.data_dir)
+        )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock.acquire()
         self._writer = SerialWriter(f"storage-writer {self.data_dir.name}")
@@ -177,9 +197,9 @@ class LogManager:
         log_starts = self._log_start_checkpoint.read()
         self._hw_checkpoint.read()  # refuse a corrupt one now rather than later
         logger.info(
-            "Loading logs from %s after a%s shutdown",
+            "Loading logs from %s %s",
             self.data_dir,
-            " clean" if self._had_clean_shutdown else "n unclean",
+            self.shutdown_description,
         )
         found: set[TopicPartition] = set()
         for entry in sorted(os.scandir(self.data_dir), key=lambda e: e.name):

@@ -1,6 +1,7 @@
 """The `minibroker` command line (entry point `client.cli:main`).
 
     minibroker dev                      a local cluster in the foreground
+    minibroker dev status|kill|stop|restart [NODE]   control it from another shell
     minibroker controller|broker ARGS   run a server (`python -m controller|broker ARGS`)
     minibroker topic create|list|describe|delete
     minibroker group list|describe|reset-offsets|delete

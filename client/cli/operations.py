@@ -361,7 +361,9 @@ def topic_describe(
     replicas, ISR, offline replicas (on a broker that is down or fenced, e.g. for a
     failed disk), status, log start offset and high watermark (as the leader reports
     them). STATUS is `ok`, or `under-replicated` (ISR smaller than the replicas)
-    and/or `leaderless` (no leader: unavailable until an ISR member returns)."""
+    and/or `leaderless` (no leader: unavailable until an ISR member returns) and/or
+    `leader-unreachable` (the leader does not answer but the controller has not fenced
+    it yet: its session has not expired)."""
 
     async def go() -> list[TopicDescription]:
         async with cli_admin(bootstrap) as admin:
@@ -436,6 +438,8 @@ def _partition_status(p: PartitionDescription) -> str:
     states = []
     if is_leaderless(p.leader):
         states.append("leaderless")
+    if p.leader_unreachable:
+        states.append("leader-unreachable")
     if is_under_replicated(p.replicas, p.isr):
         states.append("under-replicated")
     return ",".join(states) or "ok"

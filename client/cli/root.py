@@ -15,6 +15,7 @@ from typing import NoReturn
 import click
 import uvloop
 
+from client import dev_control
 from client.cli.plumbing import BOOTSTRAP_ENV
 from client.cli.plumbing import DEFAULT_BOOTSTRAP
 from client.cli.plumbing import LOG_FORMAT
@@ -146,11 +147,14 @@ def broker(args: tuple[str, ...]) -> None:
     _exec_module("broker", args)
 
 
-@cli.command()
+_DEV_DATA_DIR = Path("minibroker-data")
+
+
+@cli.group(invoke_without_command=True)
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("minibroker-data"),
+    default=_DEV_DATA_DIR,
     show_default=True,
     help="Where the controller (controller/), the brokers (broker-N/) and the logs "
     "(logs/) live. Reused across runs.",
@@ -218,14 +222,21 @@ def broker(args: tuple[str, ...]) -> None:
     show_default=True,
     help="Log level of the servers (their logs go to DATA_DIR/logs/).",
 )
-def dev(log_level: str, **options: Any) -> None:
+@click.pass_context
+def dev(ctx: click.Context, log_level: str, **options: Any) -> None:
     """Run a local cluster in the foreground: one controller (or a quorum of 3 or 5)
-    and N brokers.
+    and N brokers; or, with a subcommand, control one that runs.
 
     Prints the bootstrap address once every broker is up; Ctrl-C (or SIGTERM) stops
-    the brokers, then the controller, and exits 0 when all stopped cleanly. If a
-    server dies or a port is busy it exits 1 and shows that server's last log lines.
+    the brokers, then the controller, and exits 0 when all stopped cleanly. A server
+    that dies once the cluster is up is reported in one line and the others keep
+    serving; from another shell, `minibroker dev status`, `dev kill N`, `dev stop N`
+    and `dev restart N` (N: a broker's node id, or c0, c1... for a controller) act on
+    the running cluster at --data-dir. If a server dies at startup or a port is busy
+    it exits 1 and shows that server's last log lines.
     """
+    if ctx.invoked_subcommand is not None:
+        return
     # The options are DevCluster's parameters, by name.
     try:
         cluster = DevCluster(**options, log_level=log_level.upper())
@@ -234,6 +245,50 @@ def dev(log_level: str, **options: Any) -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         code = runner.run(cluster.run())
     sys.exit(code)
+
+
+_control_data_dir = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=_DEV_DATA_DIR,
+    show_default=True,
+    help="The running dev cluster's --data-dir.",
+)
+
+
+def _dev_request(data_dir: Path, op: str, node: str | None = None) -> None:
+    try:
+        lines = dev_control.request(data_dir, op, node)
+    except dev_control.DevControlError as exc:
+        _fail(str(exc))
+    for line in lines:
+        click.echo(line)
+
+
+@dev.command("status")
+@_control_data_dir
+def dev_status(data_dir: Path) -> None:
+    """Each node of the running dev cluster: its name, role, address, state."""
+    _dev_request(data_dir, "status")
+
+
+def _dev_node_command(op: str, help_text: str) -> None:
+    @dev.command(op, help=help_text)
+    @click.argument("node")
+    @_control_data_dir
+    def command(node: str, data_dir: Path) -> None:
+        _dev_request(data_dir, op, node)
+
+
+_dev_node_command("kill", "SIGKILL node NODE (a broker's node id, or c0, c1... for a controller).")
+_dev_node_command(
+    "stop", "Stop node NODE cleanly (SIGTERM; SIGKILL after the dev cluster's --stop-timeout)."
+)
+_dev_node_command(
+    "restart",
+    "Start node NODE again (stopping it first if it runs), same data dir and ports; "
+    "returns once it is back (a broker: registered).",
+)
 
 
 def _reserve_std_fds() -> None:

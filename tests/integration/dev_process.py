@@ -12,11 +12,14 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from cluster import CLI
-from cluster import CLI_ENV as ENV
+
+from tests.integration.cluster import CLI
+from tests.integration.cluster import CLI_ENV as ENV
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 90
@@ -122,3 +125,20 @@ class DevProcess:
             for pid in pids_mentioning(str(self.data_dir)):
                 os.kill(pid, signal.SIGKILL)
             raise
+
+
+@contextmanager
+def running_dev(data_dir: Path, brokers: int = 3, *extra: str) -> Iterator[DevProcess]:
+    """A `minibroker dev` for one test: Ctrl-C at the end, then SIGKILL to any server left."""
+    process = DevProcess(data_dir, brokers, *extra)
+    try:
+        yield process
+    finally:
+        if process.proc.poll() is None:
+            process.proc.send_signal(signal.SIGINT)
+            try:
+                process.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                process.proc.kill()
+        for pid in pids_mentioning(str(process.data_dir)):
+            os.kill(pid, signal.SIGKILL)

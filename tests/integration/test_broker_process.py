@@ -288,10 +288,13 @@ async def test_sigterm_is_a_clean_shutdown(cluster: Cluster) -> None:
     assert broker.terminate() == 0
     assert (broker.data_dir / ".clean-shutdown").exists()
     assert "controlled shutdown acknowledged" in broker.log_text()
+    # Its first start had no shutdown before it, clean or not.
+    assert "(a new, empty data directory)" in broker.log_text()
+    assert "unclean shutdown" not in broker.log_text()
     hw = (broker.data_dir / "replication-offset-checkpoint").read_text()
     assert "t 0 1" in hw
     restarted = cluster.start_broker(1)
-    assert "(clean shutdown)" in restarted.log_text()
+    assert "after a clean shutdown" in restarted.log_text()
 
 
 async def test_topic_deleted_while_down_is_removed_at_restart(cluster: Cluster) -> None:

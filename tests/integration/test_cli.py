@@ -26,6 +26,7 @@ from cluster import mb
 from dev_process import DevProcess
 from dev_process import free_base_port
 from dev_process import pids_mentioning
+from dev_process import running_dev
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
 
@@ -36,18 +37,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def dev(tmp_path: Path) -> Iterator[DevProcess]:
-    process = DevProcess(tmp_path / "data", brokers=3)
-    try:
+    with running_dev(tmp_path / "data") as process:
         yield process
-    finally:
-        if process.proc.poll() is None:
-            process.proc.send_signal(signal.SIGINT)
-            try:
-                process.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                process.proc.kill()
-        for pid in pids_mentioning(str(process.data_dir)):
-            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -185,9 +176,21 @@ def test_dev_with_a_quorum_of_three_controllers_survives_the_active_ones_death(
             "consume", "q", "--from-beginning", "-n", "3", "--timeout-ms", "30000", "-b", bootstrap
         )
         assert sorted(consumed.stdout.split()) == ["a", "b", "c"], consumed.stderr
+        # A second shell brings it back: it rejoins as a voter.
+        back = mb("dev", "restart", f"c{leader}", "--data-dir", str(dev.data_dir))
+        assert back.returncode == 0, back.stderr
+        status = mb("dev", "status", "--data-dir", str(dev.data_dir))
+        assert status.stdout.count("controller  ") == 3
+        assert status.stdout.count("running (pid") == 5, status.stdout
+        deadline = time.monotonic() + 30
+        while "MaxFollowerLag: 0\n" not in (
+            quorum := mb("metadata-quorum", "describe", "--controller", controllers).stdout
+        ):  # every follower caught up, the restarted one included
+            assert time.monotonic() < deadline, quorum
+            time.sleep(0.5)
     finally:
         dev.stop()
-    assert "stopped, not cleanly" in dev.output()  # one controller was killed
+    assert "stopped\n" in dev.output()  # all running again, all stopped cleanly
 
 
 def test_dev_refuses_a_busy_port(tmp_path: Path) -> None:

@@ -236,6 +236,18 @@ def test_dev_secure_prints_settings_that_work_refuses_strangers_and_restarts_the
         # Refused by the authorizer (an idempotent producer first asks for a producer id).
         assert "AUTHORIZATION_FAILED" in bob.stderr and "User:bob" in bob.stderr, bob.stderr
 
+        # The control commands under --secure: a broker restarted is checked over
+        # SASL_SSL and serves the admin again.
+        for command in ("kill", "restart"):
+            control = run_command(
+                [*CLI, "dev", command, "2", "--data-dir", str(data)], timeout=90, env=CLI_ENV
+            )
+            assert control.returncode == 0, control.stderr
+        again = with_printed_env(
+            settings, f"{MB} consume t --from-beginning -n 100 --timeout-ms 30000"
+        )
+        assert again.returncode == 0, again.stderr
+
         check_healthcheck_probes(dev)
     finally:
         first_stop = stop_and_sweep(dev)
