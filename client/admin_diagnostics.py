@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from client.cluster import parse_bootstrap_servers
+from client.bootstrap_servers import parse_bootstrap_servers
 from client.connection import BrokerConnection
 from client.descriptions import ClusterDescription
 from client.descriptions import EpochEntry

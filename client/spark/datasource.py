@@ -21,17 +21,12 @@ from pyspark.sql.datasource import DataSourceStreamWriter
 from pyspark.sql.datasource import DataSourceWriter
 from pyspark.sql.types import StructType
 
-from client.spark.batch_reader import MinibrokerBatchReader
 from client.spark.options import OptionError
 from client.spark.options import SinkOptions
 from client.spark.options import SourceOptions
 from client.spark.options import option_errors_first
 from client.spark.options import warn_ignored
 from client.spark.schema import spark_schema
-from client.spark.stream_reader import MinibrokerStreamReader
-from client.spark.writer import MinibrokerBatchWriter
-from client.spark.writer import MinibrokerStreamWriter
-from client.spark.writer import check_sink_schema
 
 
 def _include_headers(options: dict[str, str]) -> bool:
@@ -52,18 +47,26 @@ class MinibrokerDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         options = option_errors_first(lambda: SourceOptions.parse(self.options, streaming=False))
+        from client.spark.batch_reader import MinibrokerBatchReader
+
         return MinibrokerBatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = option_errors_first(lambda: SourceOptions.parse(self.options, streaming=True))
+        from client.spark.stream_reader import MinibrokerStreamReader
+
         return MinibrokerStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         options = option_errors_first(lambda: _sink_options(self.options, schema, overwrite))
+        from client.spark.writer import MinibrokerBatchWriter
+
         return MinibrokerBatchWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         options = option_errors_first(lambda: _sink_options(self.options, schema, overwrite))
+        from client.spark.writer import MinibrokerStreamWriter
+
         return MinibrokerStreamWriter(options)
 
 
@@ -72,6 +75,8 @@ def _sink_options(options: dict[str, str], schema: StructType, overwrite: bool) 
         raise OptionError(
             'a topic cannot be overwritten: write with mode("append") (records are appended)'
         )
+    from client.spark.writer import check_sink_schema
+
     parsed = SinkOptions.parse(options)
     check_sink_schema(schema, parsed)
     warn_ignored(parsed.ignored_kafka_options, "sink")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from typing import TypeVar
 
-from client.cluster import parse_bootstrap_servers
+from client.bootstrap_servers import parse_bootstrap_servers
 from client.spark.offsets import EARLIEST
 from client.spark.offsets import LATEST
 from client.spark.offsets import Position

@@ -6,11 +6,11 @@ loss per failOnDataLoss; turn ranges into Spark InputPartitions.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
-from client.spark.cluster_view import ClusterView
 from client.spark.offsets import EARLIEST
 from client.spark.offsets import LATEST
 from client.spark.offsets import NO_EPOCH
@@ -28,6 +28,10 @@ from client.spark.planning import split_ranges
 from client.spark.planning import validate_stored_position
 from client.spark.planning import vanished_partition
 from client.types import TopicPartition
+
+if TYPE_CHECKING:
+    # Imported when first used: the tasks that unpickle a reader never open a view.
+    from client.spark.cluster_view import ClusterView
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,8 @@ class Planner:
     @property
     def view(self) -> ClusterView:
         if self._view is None:
+            from client.spark.cluster_view import ClusterView
+
             self._view = ClusterView(
                 self.options.bootstrap_servers,
                 timeout_ms=self.options.poll_timeout_ms,

@@ -9,9 +9,9 @@ import pytest
 from client_fakes import StartBroker
 from client_fakes import dead_port
 
+from client.bootstrap_servers import parse_bootstrap_servers
 from client.cluster import ClusterClient
 from client.cluster import ClusterMetadata
-from client.cluster import parse_bootstrap_servers
 from client.errors import LeaderNotAvailableError
 from client.errors import NoBrokersAvailableError
 from client.types import TopicPartition
