@@ -47,6 +47,7 @@ from bench.harness import raw_fill
 from bench.harness import report
 from bench.harness import run
 from client.cluster import ClusterClient
+from client.spark.session import local_session
 
 NAME = "spark"
 TOPIC = "bench-spark"
@@ -63,6 +64,20 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--queries", type=int, default=2, help="queries in one session, the first cold [2]"
+    )
+    p.add_argument(
+        "--source",
+        choices=("minibroker", "floor"),
+        default="minibroker",
+        help="floor: the same query over an in-memory Python source "
+        "(bench/spark_floor_source.py), Spark's own cost for a Python streaming source",
+    )
+    p.add_argument(
+        "--compiled-workers",
+        choices=("on", "off"),
+        default="on",
+        help="local_session(compiled_workers=...): Spark's Python processes import the "
+        "byte-compiled pyspark (on) or compile it from pyspark.zip (off) [on]",
     )
     return p
 
@@ -88,28 +103,6 @@ async def fill(cluster: BenchCluster, records: int, partitions: int) -> int:
     finally:
         await client.close()
     return written // len(batch) * per_batch
-
-
-def start_spark() -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    from client.spark import MinibrokerDataSource
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("minibroker-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.memory", "1g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(MinibrokerDataSource)
-    return session
 
 
 def spark_cpu_seconds() -> dict[str, float]:
@@ -156,12 +149,19 @@ def spark_cpu_seconds() -> dict[str, float]:
 def stream_once(session: Any, cluster: BenchCluster, args: argparse.Namespace) -> dict[str, Any]:
     checkpoint = tempfile.mkdtemp(prefix="minibroker-bench-spark-")
     try:
-        reader = (
-            session.readStream.format("minibroker")
-            .option("kafka.bootstrap.servers", cluster.bootstrap)
-            .option("subscribe", TOPIC)
-            .option("startingOffsets", "earliest")
-        )
+        if args.source == "floor":
+            reader = (
+                session.readStream.format("bench_floor")
+                .option("rows", str(args.written))
+                .option("partitions", str(args.partitions))
+            )
+        else:
+            reader = (
+                session.readStream.format("minibroker")
+                .option("kafka.bootstrap.servers", cluster.bootstrap)
+                .option("subscribe", TOPIC)
+                .option("startingOffsets", "earliest")
+            )
         if args.max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets_per_trigger))
         query = (
@@ -211,7 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         progress.update(f"writing {args.records:,} records")
         written = run(fill(cluster, args.records, args.partitions))
         progress.step("starting Spark (not timed)")
-        session = start_spark()
+        session = local_session("minibroker-bench", compiled_workers=args.compiled_workers == "on")
+        args.written = written
+        if args.source == "floor":
+            from bench.spark_floor_source import FloorDataSource
+
+            session.dataSource.register(FloorDataSource)
         rows: list[dict[str, Any]] = []
         try:
             for query in range(1, args.queries + 1):
@@ -260,7 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for row in rows
     ]
-    extra = {"spark": "local[2], noop sink, trigger availableNow"}
+    extra = {
+        "spark": "local[2], noop sink, trigger availableNow",
+        "compiled_workers": args.compiled_workers,
+        "source": args.source,
+    }
     return report(NAME, args, progress, columns, table, rows, **extra)
 
 
