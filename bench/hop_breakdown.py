@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 Key = tuple[str, int, int]  # topic, partition, offset
+# A GC pause or late wake-up counts against a record when it is at least this long
+# (shorter ones are everywhere on a busy machine and explain no tail).
+SIGNIFICANT_PAUSE_NS = 1_000_000
 
 # (label, from hop, to hop); "follower.*" and "leader.fetch.follower" are resolved to
 # the gating follower.
@@ -121,9 +124,12 @@ def breakdown(trace: Trace, warmup_until_ns: int = 0) -> dict[str, Any]:
             "records": len(group),
             "end_to_end_median_ms": round(statistics.median(e2e), 3),
             "segments_ms": segments,
-            "overlapping_gc": _share_overlapping(group, [(s, s + d) for _, _, s, d in trace.gc]),
+            "overlapping_gc": _share_overlapping(
+                group, [(s, s + d) for _, _, s, d in trace.gc if d >= SIGNIFICANT_PAUSE_NS]
+            ),
             "overlapping_loop_lag": _share_overlapping(
-                group, [(s, s + late) for _, s, late in trace.lag]
+                group,
+                [(s, s + late) for _, s, late in trace.lag if late >= SIGNIFICANT_PAUSE_NS],
             ),
         }
     out["gc_by_process"] = _pauses_by_role([(r, d) for r, _, _, d in trace.gc])
@@ -180,11 +186,12 @@ def format_breakdown(result: dict[str, Any]) -> str:
     for label, _, _ in ACK_SEGMENTS:
         cells = "".join(f"{groups[n]['segments_ms'][label]:>10.3f}" for n in names)
         lines.append(f"{label:<{width}}{cells}")
-    for what in ("overlapping_gc", "overlapping_loop_lag"):
+    for what, label in (
+        ("overlapping_gc", "share during a GC pause >= 1 ms"),
+        ("overlapping_loop_lag", "share during a wake-up >= 1 ms late"),
+    ):
         cells = "".join(f"{groups[n][what]:>10.0%}" for n in names)
-        lines.append(
-            f"{'records during a ' + what.split('_', 1)[1].replace('_', ' '):<{width}}{cells}"
-        )
+        lines.append(f"{label:<{width}}{cells}")
     for what, rows in (
         ("GC pauses", result["gc_by_process"]),
         ("late loop wake-ups", result["loop_lag_by_process"]),
