@@ -36,7 +36,7 @@ TRACE_DIR_ENV = "MINIBROKER_TRACE_DIR"
 TRACE_SAMPLE_ENV = "MINIBROKER_TRACE_SAMPLE"
 DEFAULT_SAMPLE = 100
 GC_LOG_MIN_NS = 20_000  # shorter collections are not logged (they are the many gen-0 ones)
-LAG_TICK_S = 0.002  # the loop-lag probe's period
+LAG_TICK_S = 0.01  # the loop-lag probe's period (each tick is a wake-up of its own)
 LAG_LOG_MIN_NS = 500_000  # a wake-up later than this is logged
 
 
