@@ -32,7 +32,8 @@ SIGNIFICANT_PAUSE_NS = 1_000_000
 # (label, from hop, to hop); "follower.*" and "leader.fetch.follower" are resolved to
 # the gating follower.
 SEGMENTS: tuple[tuple[str, str, str], ...] = (
-    ("producer -> leader reads the Produce", "send", "leader.recv"),
+    ("send() -> producer writes the Produce", "send", "producer.write"),
+    ("written -> leader reads the Produce", "producer.write", "leader.recv"),
     ("leader append", "leader.recv", "leader.append"),
     ("append -> follower's fetch answered", "leader.append", "leader.fetch.follower"),
     ("answer -> follower has it", "leader.fetch.follower", "follower.fetched"),
@@ -44,7 +45,8 @@ SEGMENTS: tuple[tuple[str, str, str], ...] = (
 )
 ACK_SEGMENTS: tuple[tuple[str, str, str], ...] = (
     ("HW -> leader answers the Produce", "leader.hw", "leader.ack"),
-    ("answer -> producer's ack", "leader.ack", "producer.ack"),
+    ("answer -> producer reads it", "leader.ack", "producer.answer"),
+    ("-> the record's future is done", "producer.answer", "producer.ack"),
 )
 
 
@@ -82,7 +84,14 @@ def resolve_hops(hops: dict[str, list[tuple[int, str]]]) -> dict[str, int] | Non
         if hop not in hops:
             return None
         out[hop] = min(t for t, _ in hops[hop])
-    for hop in ("producer.ack", "leader.fetch.consumer", "consumer.fetched", "consumer.sees"):
+    for hop in (
+        "producer.write",
+        "producer.answer",
+        "producer.ack",
+        "leader.fetch.consumer",
+        "consumer.fetched",
+        "consumer.sees",
+    ):
         if hop not in hops:
             return None
         out[hop] = min(t for t, _ in hops[hop])

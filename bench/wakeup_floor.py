@@ -6,7 +6,8 @@ trip per sample is the scheduling and wake-up floor of the end-to-end latency he
 
     python -m bench.wakeup_floor [--processes 4] [--rate 5000] [--seconds 10] [--asyncio]
 
-Each sample: process 0 stamps CLOCK_MONOTONIC, writes 100 B to process 1, which
+Each sample: process 0 stamps CLOCK_MONOTONIC, writes 100 B to process 1 (the time of
+that send() call, which runs the receiver's TCP stack and wake-up, is reported too), which
 forwards to 2, ... back to 0; the sample is the trip time. Blocking sockets by default
 (the bare kernel); --asyncio runs every hop on a uvloop event loop (what our
 processes do). Samples are paced at --rate per second (the token waits in process 0
@@ -70,7 +71,10 @@ async def _forward_async(inbound: socket.socket, outbound: socket.socket) -> Non
     await done
 
 
-def run_ring(processes: int, rate: int, seconds: float, use_asyncio: bool) -> list[int]:
+def run_ring(
+    processes: int, rate: int, seconds: float, use_asyncio: bool
+) -> tuple[list[int], list[int]]:
+    """(trip times, times of process 0's send() call, which wakes process 1) in ns."""
     ctx = multiprocessing.get_context("fork")
     listeners = [_listen() for _ in range(processes)]
     ports = [s.getsockname()[1] for s in listeners]
@@ -83,6 +87,7 @@ def run_ring(processes: int, rate: int, seconds: float, use_asyncio: bool) -> li
     outbound = _connect(ports[1])
     inbound, _ = listeners[0].accept()
     samples: list[int] = []
+    sends: list[int] = []
     interval = 1 / rate
     deadline = time.monotonic() + seconds
     next_at = time.monotonic()
@@ -94,6 +99,7 @@ def run_ring(processes: int, rate: int, seconds: float, use_asyncio: bool) -> li
                 time.sleep(pause)
             start = time.monotonic_ns()
             outbound.sendall(PAYLOAD)
+            sends.append(time.monotonic_ns() - start)
             got = 0
             while got < len(PAYLOAD):
                 got += len(inbound.recv(65536))
@@ -105,7 +111,7 @@ def run_ring(processes: int, rate: int, seconds: float, use_asyncio: bool) -> li
             child.join(2)
             if child.is_alive():
                 child.kill()
-    return samples
+    return samples, sends
 
 
 def summary(samples_ns: list[int]) -> dict[str, Any]:
@@ -125,9 +131,10 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--asyncio", action="store_true", help="forward on uvloop event loops")
     args = p.parse_args()
-    samples = run_ring(args.processes, args.rate, args.seconds, args.asyncio)
+    samples, sends = run_ring(args.processes, args.rate, args.seconds, args.asyncio)
     kind = "uvloop" if args.asyncio else "blocking sockets"
     print(f"ring of {args.processes} processes ({kind}), {args.rate}/s: {summary(samples)}")
+    print(f"  the send() that wakes the next process: {summary(sends)}")
 
 
 if __name__ == "__main__":

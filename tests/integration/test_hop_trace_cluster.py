@@ -30,6 +30,7 @@ RECORDS = 3
 # The chain of an acks=all record, and the producer's ack beside it.
 CHAIN = (
     "send",
+    "producer.write",
     "leader.recv",
     "leader.append",
     "leader.fetch.follower",
@@ -40,7 +41,7 @@ CHAIN = (
     "consumer.fetched",
     "consumer.sees",
 )
-ACK_CHAIN = ("leader.hw", "leader.ack", "producer.ack")
+ACK_CHAIN = ("leader.hw", "leader.ack", "producer.answer", "producer.ack")
 
 
 @pytest.fixture
