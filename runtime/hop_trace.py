@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import time
 from collections.abc import Iterable
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from protocol.records.batch_headers import iter_headers
+
+log = logging.getLogger(__name__)
 
 TRACE_DIR_ENV = "MINIBROKER_TRACE_DIR"
 TRACE_SAMPLE_ENV = "MINIBROKER_TRACE_SAMPLE"
@@ -137,7 +140,11 @@ def _from_environment(role: str) -> HopTracer | None:
         sample = int(os.environ.get(TRACE_SAMPLE_ENV) or DEFAULT_SAMPLE)
     except ValueError:
         sample = DEFAULT_SAMPLE
-    return HopTracer(Path(directory), role, sample)
+    try:
+        return HopTracer(Path(directory), role, sample)
+    except OSError as exc:  # tracing must never stop what it traces
+        log.warning("%s=%s: cannot trace there: %s", TRACE_DIR_ENV, directory, exc)
+        return None
 
 
 TRACER: HopTracer | None = None

@@ -66,3 +66,11 @@ def test_off_unless_the_directory_is_given(tmp_path: Path, monkeypatch) -> None:
         assert hop_trace.enable_from_environment("other") is tracer
     finally:
         tracer.close()
+
+
+def test_a_directory_that_cannot_be_made_leaves_tracing_off(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(hop_trace, "TRACER", None)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(hop_trace.TRACE_DIR_ENV, str(blocker / "sub"))
+    assert hop_trace.enable_from_environment("t") is None
