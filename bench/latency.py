@@ -18,13 +18,17 @@ bench/results/produce.json, or 5,000/s when there is none (the JSON says which).
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import json
 import multiprocessing
+import os
 import queue
 import struct
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.harness import RESULTS_DIR
@@ -34,9 +38,14 @@ from bench.harness import common_args
 from bench.harness import percentile
 from bench.harness import report
 from bench.harness import run
+from bench.hop_breakdown import breakdown
+from bench.hop_breakdown import format_breakdown
+from bench.hop_breakdown import read_traces
 from client.consumer import AsyncConsumer
 from client.producer import AsyncProducer
 from client.types import TopicPartition
+from runtime import hop_trace
+from runtime.process_start import freeze_start_up_heap
 
 NAME = "latency"
 RECORD_SIZE = 100
@@ -59,6 +68,15 @@ def parser() -> argparse.ArgumentParser:
     # see what each one costs.
     p.add_argument("--rf", type=int, choices=(1, 2, 3), default=3, help="replication factor [3]")
     p.add_argument("--acks", choices=("all", "1"), default="all", help="producer acks [all]")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="trace sampled records through every hop (runtime/hop_trace.py) and print "
+        "the per-hop breakdown of the p50 and p99 records",
+    )
+    p.add_argument(
+        "--trace-sample", type=int, default=50, help="with --trace: every Nth offset [50]"
+    )
     return p
 
 
@@ -94,18 +112,26 @@ async def _consume(bootstrap: str, partitions: int, ready: Any, stop: Any) -> di
         consumer.assign(tps)
         for tp in tps:
             await consumer.position(tp)  # resolve "latest" before the producer starts
+        freeze_start_up_heap()  # as the servers do once started (runtime/process_start.py)
         ready.set()
-        stamps: list[int] = []
-        latencies: list[int] = []
+        stamps = array.array("q")  # int arrays: nothing for the collector to walk
+        latencies = array.array("q")
+        seen: dict[TopicPartition, list[tuple[int, int]]] = {tp: [] for tp in tps}
+        tracer = hop_trace.TRACER
         clock = time.monotonic_ns
         while not stop.is_set():
-            for records in (await consumer.poll(timeout_ms=100)).values():
+            for tp, records in (await consumer.poll(timeout_ms=100)).items():
                 now = clock()
                 for r in records:
                     sent = STAMP.unpack_from(r.value)[0]
                     stamps.append(sent)
                     latencies.append(now - sent)
-        return {"stamps": stamps, "latencies_ns": latencies}
+                if tracer is not None:
+                    seen[tp].extend((r.offset, now) for r in records)
+        if tracer is not None:  # written at the end: no trace writes in the measured loop
+            for tp, pairs in seen.items():
+                tracer.stamp_each("consumer.sees", tp.topic, tp.partition, pairs)
+        return {"stamps": list(stamps), "latencies_ns": list(latencies)}
     finally:
         await consumer.close()
 
@@ -117,13 +143,21 @@ async def produce_at_rate(
     bootstrap: str, rate: int, seconds: float, progress: Progress, producer_acks: str = "all"
 ) -> tuple[int, list[tuple[int, int]]]:
     """Send `rate` records/s for `seconds`; returns (count, [(stamp, ack ns)])."""
-    acks: list[tuple[int, int]] = []
+    # Plain int arrays, not a list of tuples: nothing the collector walks grows with
+    # the run (a full collection over 10^5-10^6 results paused the producer for tens
+    # of ms, and its records with it).
+    ack_stamps = array.array("q")
+    ack_latencies = array.array("q")
+    # With --trace: (partition, offset, send ns, ack ns) of the sampled records, flat.
+    traced = array.array("q")
     clock = time.monotonic_ns
     padding = b"\0" * (RECORD_SIZE - STAMP.size)
     async with AsyncProducer(
         bootstrap, acks="all" if producer_acks == "all" else int(producer_acks), linger_ms=0
     ) as producer:
         await producer.partitions_for(TOPIC)
+        freeze_start_up_heap()  # as the servers do once started (runtime/process_start.py)
+        tracer = hop_trace.TRACER
         start = time.monotonic()
         sent = 0
         next_report = start + 1
@@ -133,15 +167,34 @@ async def produce_at_rate(
                 stamp = clock()
                 future = await producer.send(TOPIC, STAMP.pack(stamp) + padding)
                 future.add_done_callback(
-                    lambda f, s=stamp: f.exception() is None and acks.append((s, clock() - s))
+                    lambda f, s=stamp: (
+                        f.exception() is None
+                        and (ack_stamps.append(s), ack_latencies.append(clock() - s))
+                    )
                 )
+                if tracer is not None:
+                    future.add_done_callback(
+                        lambda f, s=stamp: f.exception() is None and _keep_traced(f, s, traced)
+                    )
                 sent += 1
             if now >= next_report:
                 progress.update(f"{sent:,} sent", int(now - start))
                 next_report += 1
             await asyncio.sleep(0.001)
         await producer.flush()
-    return sent, acks
+    if tracer is not None:  # written at the end: no trace writes in the measured loop
+        for i in range(0, len(traced), 4):
+            partition, offset, sent_ns, ack_ns = traced[i : i + 4]
+            tracer.stamp_each("send", TOPIC, partition, [(offset, sent_ns)])
+            tracer.stamp_each("producer.ack", TOPIC, partition, [(offset, ack_ns)])
+    return sent, list(zip(ack_stamps, ack_latencies, strict=True))
+
+
+def _keep_traced(future: Any, sent_ns: int, traced: array.array[int]) -> None:
+    meta = future.result()
+    tracer = hop_trace.TRACER
+    if tracer is not None and meta.offset % tracer.sample == 0:
+        traced.extend((meta.partition, meta.offset, sent_ns, time.monotonic_ns()))
 
 
 def summarize(samples_ns: list[int]) -> dict[str, Any]:
@@ -171,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     total = args.warmup + args.seconds
     progress = Progress(int(total) + 1, NAME)
     ctx = multiprocessing.get_context("spawn")
+    trace_dir: Path | None = None
+    if args.trace:
+        # Every process started from here on (controller, brokers, the consumer, this
+        # process's producer) writes its trace file there.
+        trace_dir = Path(tempfile.mkdtemp(prefix="minibroker-trace-"))
+        os.environ[hop_trace.TRACE_DIR_ENV] = str(trace_dir)
+        os.environ[hop_trace.TRACE_SAMPLE_ENV] = str(args.trace_sample)
+        hop_trace.enable_from_environment("bench")
     with BenchCluster(3, keep_data=args.keep_data) as cluster:
         progress.update("creating the topic")
         run(cluster.create_topic(TOPIC, partitions=args.partitions, replication_factor=args.rf))
@@ -225,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         "acks": args.acks,
         "record_size": RECORD_SIZE,
     }
+    if trace_dir is not None:
+        result = breakdown(read_traces(trace_dir), warmup_until_ns=cutoff)
+        print(format_breakdown(result))
+        print(f"trace files in {trace_dir}")
+        extra["trace"] = result
     return report(NAME, args, progress, columns, table, rows, **extra)
 
 

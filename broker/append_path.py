@@ -5,6 +5,7 @@ partition lookup with its leader-epoch answer."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Protocol
 
 from broker.delayed_requests import DelayedProduce
@@ -26,6 +27,7 @@ from protocol.messages import ProducePartitionResponse
 from protocol.messages import ProduceRequest
 from protocol.messages import ProduceResponse
 from protocol.messages import ProduceTopicResponse
+from runtime import hop_trace
 
 # What a refused append answers, by the exception's class (the most specific listed
 # class of the exception wins), and how loudly it is logged (None: not logged).
@@ -101,6 +103,8 @@ class AppendPath:
 
     async def produce(self, request: ProduceRequest) -> ProduceResponse:
         acks = request.acks
+        tracer = hop_trace.TRACER
+        received_ns = time.monotonic_ns() if tracer is not None else 0
         topics_out: list[ProduceTopicResponse] = []
         waits: list[tuple[Partition, int, int]] = []
         pending: list[ProducePartitionResponse] = []
@@ -147,6 +151,10 @@ class AppendPath:
                         waits.append((p, info.last_offset + 1, p.leader_generation))
                         pending.append(r)
                     continue
+                if tracer is not None:
+                    first, last = info.first_offset, info.last_offset
+                    tracer.stamp("leader.recv", topic.name, part.index, first, last, received_ns)
+                    tracer.stamp("leader.append", topic.name, part.index, first, last)
                 self._notify(p.tp)
                 flush_messages = p.log.config.flush_messages
                 if flush_messages is not None and p.log.unflushed_messages >= flush_messages:
@@ -178,4 +186,6 @@ class AppendPath:
                 elif outcome == ErrorCode.NOT_LEADER_OR_FOLLOWER:
                     r.error_code = outcome
                     r.current_leader = self._current_leader(*p.tp)
+                elif tracer is not None:
+                    tracer.stamp("leader.ack", p.topic, p.index, r.base_offset, required - 1)
         return ProduceResponse(topics=topics_out)

@@ -67,6 +67,7 @@ from protocol.messages import FetchPartitionResponse
 from protocol.messages import FetchRequest
 from protocol.messages import FetchResponse
 from protocol.messages import FetchTopic
+from runtime import hop_trace
 from runtime.epoch_lineage import offset_truncation_state
 from runtime.peer_rpc import RpcClient
 from runtime.peer_rpc import RpcError
@@ -455,12 +456,18 @@ class SourceFetcher(FollowerTruncation):
         s.failures = 0
         s.out_of_range = 0
         if r.records:
+            tracer = hop_trace.TRACER
+            if tracer is not None:
+                tracer.stamp_batches("follower.fetched", p.topic, p.index, r.records)
             try:
-                p.append_as_follower(r.records)
+                info = p.append_as_follower(r.records)
             except InvalidAppendError as exc:
                 log.error("%s: cannot append the leader's batches: %s", p.name, exc)
                 self._back_off(s, "invalid batches")
                 return False
+            if tracer is not None and info.batch_count:
+                first, last = info.first_offset, info.last_offset
+                tracer.stamp("follower.append", p.topic, p.index, first, last)
             after = self.manager.after_append
             if after is not None:
                 await after(p)

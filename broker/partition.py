@@ -37,6 +37,7 @@ from protocol.invariants import invariant
 from protocol.messages import LeaderIdAndEpoch
 from protocol.metadata_records import LEADER_RECOVERED
 from protocol.metadata_records import NO_LEADER
+from runtime import hop_trace
 
 if TYPE_CHECKING:
     from broker.metadata_image import PartitionState
@@ -358,6 +359,10 @@ class Partition(PartitionIsr):
                 f"{self.name}: high watermark {new_hw} past the log end {self.log.log_end_offset}"
             ),
         )
+        tracer = hop_trace.TRACER
+        if tracer is not None and new_hw > self.high_watermark:
+            hop = "leader.hw" if self.role is Role.LEADER else "follower.hw"
+            tracer.stamp(hop, self.topic, self.index, self.high_watermark, new_hw - 1)
         self.high_watermark = new_hw
 
     def on_log_start_moved(self) -> None:

@@ -36,8 +36,19 @@ from protocol.messages import OffsetForLeaderEpochRequest
 from protocol.messages import OffsetForLeaderEpochResponse
 from protocol.messages import OffsetForLeaderPartition
 from protocol.messages import OffsetForLeaderTopicResult
+from runtime import hop_trace
 from runtime.epoch_lineage import OUT_OF_RANGE
 from runtime.epoch_lineage import diverging_epoch
+
+
+def _trace_fetch_answer(
+    tracer: hop_trace.HopTracer, request: FetchRequest, responses: list[FetchTopicResponse]
+) -> None:
+    replica = request.replica_id
+    hop = f"leader.fetch.follower-{replica}" if replica >= 0 else "leader.fetch.consumer"
+    for topic in responses:
+        for r in topic.partitions:
+            tracer.stamp_batches(hop, topic.topic, r.partition_index, r.records)
 
 
 class ReadPath:
@@ -50,10 +61,14 @@ class ReadPath:
         # Kafka's rule: never wait for more than the response may carry.
         min_bytes = min(request.min_bytes, fetch_response_max_bytes(self.config, request))
         if answer_now or total >= min_bytes or max_wait_ms <= 0 or not watches:
+            if hop_trace.TRACER is not None:
+                _trace_fetch_answer(hop_trace.TRACER, request, responses)
             return FetchResponse(responses=responses)
         op = DelayedFetch(watches, min_bytes=min_bytes, have_bytes=total, to_leo=to_leo)
         await self.fetch_purgatory.wait(op, max_wait_ms / 1000)
         responses, _, _, _ = self._read_fetch(request, first=False)
+        if hop_trace.TRACER is not None:
+            _trace_fetch_answer(hop_trace.TRACER, request, responses)
         return FetchResponse(responses=responses)
 
     def _read_fetch(

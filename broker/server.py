@@ -62,6 +62,7 @@ from protocol.messages import FetchMetadataResponse
 from protocol.messages import Listener
 from runtime.access import RequestAccess
 from runtime.authorization_settings import authorizer_settings
+from runtime.process_start import after_start
 from runtime.sasl import image_lookup
 from runtime.server import ListenerServer
 from runtime.server import SaslConfig
@@ -264,6 +265,7 @@ class Broker:
             len(self.replica_manager.partitions),
             security,
         )
+        after_start(f"broker-{self.node_id}")
         self.started.set()
 
     def _disk_error(self, what: str, exc: OSError) -> str:

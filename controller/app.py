@@ -39,6 +39,7 @@ from controller.quorum.replica import Role
 from controller.quorum.replicated_log import ReplicatedMetadataLog
 from controller.server import ControllerServer
 from controller.state import MetadataImage
+from runtime.process_start import after_start
 from runtime.settings import ConfigError
 from runtime.tls import TlsConfigError
 from runtime.tls_settings import listener_tls
@@ -223,6 +224,7 @@ class ControllerProcess:
             len(image.topics),
             config.data_dir,
         )
+        after_start(f"controller-{config.node_id}")
         return host, port
 
     def _on_committed(self, high_watermark: int) -> None:

@@ -62,7 +62,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import ssl
 import time
 from collections.abc import Awaitable
@@ -92,6 +91,7 @@ from runtime.faults import DROP
 from runtime.faults import DROP_RESPONSE
 from runtime.faults import Faults
 from runtime.request_time import TimedSteps
+from runtime.rpc import set_no_delay
 from runtime.sasl import Lookup
 from runtime.sasl import SaslSession
 from runtime.tls import ANONYMOUS
@@ -211,9 +211,7 @@ class _Connection(asyncio.Protocol):
             transport.abort()
             return
         self._slot = admission.slot
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        set_no_delay(transport.get_extra_info("socket"))
         # Never more unsent than the connection may hold in all.
         high = min(WRITE_BUFFER_HIGH, server.table.limits.max_pending_bytes)
         self._transport.set_write_buffer_limits(high=high, low=min(WRITE_BUFFER_LOW, high // 4))

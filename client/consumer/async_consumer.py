@@ -56,6 +56,7 @@ from client.record_columns import ColumnBuffer
 from client.types import ConsumerRecord
 from client.types import OffsetAndMetadata
 from client.types import TopicPartition
+from runtime import hop_trace
 
 _T = TypeVar("_T")
 
@@ -107,6 +108,7 @@ class AsyncConsumer(
         # Called (partition, old position, divergence point) when a truncation is
         # detected and the position reset to the divergence point (not under 'none').
         self.on_truncation = on_truncation
+        hop_trace.enable_from_environment("client")  # opt-in, MINIBROKER_TRACE_DIR
         self._subscription: set[str] | None = None
         self._coordinator: int | None = None
         # Group membership (subscribe() with a group_id): Kafka's names and defaults.

@@ -34,6 +34,7 @@ from protocol.messages import FetchTopic
 from protocol.record_batch import check_batch
 from protocol.record_batch import decode_batch_into
 from protocol.record_batch import iter_headers
+from runtime import hop_trace
 
 
 def _corrupt_batch(tp: TopicPartition, offset: int, exc: Exception) -> MinibrokerError:
@@ -264,6 +265,9 @@ class Fetcher:
                     tp, state, p.diverging_epoch.epoch, p.diverging_epoch.end_offset
                 )
                 return
+            tracer = hop_trace.TRACER
+            if tracer is not None:
+                tracer.stamp_batches("consumer.fetched", tp.topic, tp.partition, p.records)
             self._buffer_records(tp, state, fetch_offset, p.records)
             return
         error = error_for(code, topic=tp.topic, partition=tp.partition)

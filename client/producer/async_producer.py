@@ -84,6 +84,7 @@ from protocol.record_batch import HEADER_SIZE
 from protocol.record_batch import NO_PRODUCER_EPOCH
 from protocol.record_batch import NO_PRODUCER_ID
 from protocol.record_batch import Compression
+from runtime import hop_trace
 
 
 class AsyncProducer(RecordAccumulator, Sender, IdempotenceState, AsyncClient):
@@ -117,6 +118,7 @@ class AsyncProducer(RecordAccumulator, Sender, IdempotenceState, AsyncClient):
         sasl_plain_username: str | None = None,
         sasl_plain_password: str | None = None,
     ) -> None:
+        hop_trace.enable_from_environment("client")  # opt-in, MINIBROKER_TRACE_DIR
         self.acks = parse_acks(acks)
         if enable_idempotence is None:
             enable_idempotence = self.acks == -1

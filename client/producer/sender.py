@@ -31,6 +31,25 @@ from protocol.messages import ProduceTopic
 from protocol.record_batch import NO_PRODUCER_EPOCH
 from protocol.record_batch import NO_PRODUCER_ID
 from protocol.record_batch import NO_SEQUENCE
+from runtime import hop_trace
+
+
+def _trace_produce_answer(
+    tracer: hop_trace.HopTracer, batches: list[_Batch], response: object, written_ns: int
+) -> None:
+    """Opt-in tracing: when each appended batch's Produce was written, and now (its
+    answer read); the offsets are known only from the answer."""
+    if not isinstance(response, ProduceResponse):
+        return
+    now = time.monotonic_ns()
+    base = {(t.name, p.index): p.base_offset for t in response.topics for p in t.partitions}
+    for batch in batches:
+        first = base.get((batch.tp.topic, batch.tp.partition), -1)
+        if first >= 0:
+            last = first + batch.record_count - 1
+            tp = batch.tp
+            tracer.stamp("producer.write", tp.topic, tp.partition, first, last, written_ns)
+            tracer.stamp("producer.answer", tp.topic, tp.partition, first, last, now)
 
 
 class Sender:
@@ -174,7 +193,11 @@ class Sender:
                 for batch in batches:
                     self._complete(batch, -1, -1, -1)
                 return
+            tracer = hop_trace.TRACER
+            written_ns = time.monotonic_ns() if tracer is not None else 0
             response = await self._cluster.send(node, request)
+            if tracer is not None:
+                _trace_produce_answer(tracer, batches, response, written_ns)
         except MinibrokerError as exc:
             for batch in batches:
                 # The request may have reached the leader (or never left: the client

@@ -10,6 +10,7 @@ behind the lost request.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -111,3 +112,14 @@ async def test_a_peer_that_never_reads_cannot_hold_a_fire_and_forget_sender() ->
         writer.transport.abort()
     server.close()
     await server.wait_closed()
+
+
+async def test_outgoing_connections_set_tcp_nodelay(silent_peer: int) -> None:
+    # Small requests (a follower's fetch, an acks=all produce) must not wait for the
+    # peer's delayed ACK (Nagle). uvloop sets it today; PipelinedConnection states it.
+    conn = await connection(silent_peer, timeout_s=1.0)
+    try:
+        sock = conn._transport.get_extra_info("socket")  # type: ignore[union-attr]
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        await conn.close()
