@@ -4,6 +4,9 @@ set it aside as stray), topic configs, and a log directory's failure."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from broker.delayed_requests import log
 from broker.delayed_requests import mono_ms
 from broker.metadata_image import MetadataDelta
@@ -16,6 +19,23 @@ from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
 from broker.storage.log_manager import STRAY_ADVICE
 
+# A delta may move thousands of partitions (a topic of 10,000 created, the leaderships
+# of a fenced broker): the loop is handed back this often meanwhile, so heartbeats and
+# requests keep flowing. Held for longer than the session timeout, the broker would be
+# fenced and its partitions moved, which brings another such delta.
+_LOOP_SHARE_S = 0.01
+
+
+class _LoopShare:
+    def __init__(self) -> None:
+        self._since = time.monotonic()
+
+    async def turn(self) -> None:
+        """Yield to the loop if this delta has held it for _LOOP_SHARE_S."""
+        if time.monotonic() - self._since >= _LOOP_SHARE_S:
+            await asyncio.sleep(0)
+            self._since = time.monotonic()
+
 
 class ReplicaTransitions:
     """Replica transitions from metadata: apply the local part of each delta (lead, follow,"""
@@ -26,6 +46,7 @@ class ReplicaTransitions:
             return  # nothing here can be led, followed or deleted until a restart
         changes = delta.local_changes(self.node_id)
         ts = mono_ms()
+        share = _LoopShare()
         for tp, topic_id in changes.deletes.items():
             # A replica of a newer topic with the same name is not the one to delete.
             if self._local_topic_id(tp) == topic_id:
@@ -51,6 +72,7 @@ class ReplicaTransitions:
                 self._isr_retry_after.pop(tp, None)
                 self._notify(tp)
                 self._leadership_changed(p, True)
+            await share.turn()
         for tp, state in changes.followers.items():
             p = await self._get_or_create(state)
             if p is not None:
@@ -61,6 +83,7 @@ class ReplicaTransitions:
                     self.fetchers.add_partition(p)
                 self._notify(tp)
                 self._leadership_changed(p, False)
+            await share.turn()
         for tp, state in changes.offline.items():
             p = await self._get_or_create(state)
             if p is not None:
@@ -68,6 +91,7 @@ class ReplicaTransitions:
                 p.make_offline(state)
                 self._notify(tp)
                 self._leadership_changed(p, False)
+            await share.turn()
         if delta.brokers_changed:
             self.fetchers.on_brokers_changed()
         for topic, configs in delta.topic_configs.items():

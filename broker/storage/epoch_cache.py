@@ -15,7 +15,10 @@ increase, start offsets never decrease, both are >= 0.
 The file is replaced atomically on every change (temp file, fsync, rename, fsync the
 directory), and every change happens BEFORE the batches it describes are appended,
 so after a crash the file may be ahead of the log (the loader drops entries at or
-past the log end offset) but never behind it. When a write fails (say, no file
+past the log end offset) but never behind it. The one change written later: a new
+leader's epoch at its log end (`assign(..., write_now=False)`), written by the first
+append of the epoch or the log's close; lost in a crash before either, it had
+described no record. When a write fails (say, no file
 descriptor left) the change stays in memory and the next append writes the file
 again before any batch (`ensure_written`), failing while it cannot. A file that
 does not parse raises CorruptCheckpointError naming the file and line; `Log.open`
@@ -152,12 +155,18 @@ class LeaderEpochFileCache:
     def __len__(self) -> int:
         return len(self._lineage)
 
-    def assign(self, epoch: int, start_offset: int) -> bool:
+    def assign(self, epoch: int, start_offset: int, *, write_now: bool = True) -> bool:
         """Record that `epoch` starts at `start_offset`; returns whether anything changed.
 
         A no-op when the latest entry has this epoch and starts at or before the
         offset. Otherwise every entry that would break monotonicity (epoch >= the new
         epoch, or start offset >= the new start offset) is removed first.
+
+        `write_now=False` (a new leader's epoch at its log end) leaves the file to
+        `ensure_written()`, which every append calls first, and to the log's close: an
+        epoch that has written nothing yet tells a reader nothing the log does not, and
+        a broker taking over thousands of partitions at once must not spend an fsync
+        pair on each of them on its event loop (its heartbeats would stop).
         """
         removed = self._lineage.assign(epoch, start_offset)
         if removed is None:
@@ -172,7 +181,7 @@ class LeaderEpochFileCache:
                 ", ".join(_fmt(e) for e in removed),
                 " (which had no data)" if wrote_nothing else "",
             )
-        self._changed()
+        self._changed(write_now=write_now)
         return True
 
     def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]:
@@ -234,16 +243,17 @@ class LeaderEpochFileCache:
         self._unwritten = False
 
     def ensure_written(self) -> None:
-        """Write the checkpoint again if the last change's write failed (raises if it
-        fails again): called before batches are appended, so the file on disk is
-        never behind the log."""
+        """Write the checkpoint if a change is not on disk yet (a deferred assign, or
+        a write that failed; raises if it fails): called before batches are appended,
+        so the file on disk is never behind the log."""
         if self._unwritten:
             self.flush()
 
-    def _changed(self) -> None:
+    def _changed(self, *, write_now: bool = True) -> None:
         self._check_invariants()
         self._unwritten = True
-        self.flush()
+        if write_now:
+            self.flush()
 
     def _check_invariants(self) -> None:
         # Kept under python -O (item 7 of issue 14): epochs never decrease.

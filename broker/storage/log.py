@@ -335,7 +335,7 @@ class Log:
     def assign_epoch_at_end(self, epoch: int) -> None:
         """KIP-101: a new leader's epoch starts at the log end offset (written to the
         leader-epoch checkpoint before any batch of the epoch is appended)."""
-        self.epoch_cache.assign(epoch, self.log_end_offset)
+        self.epoch_cache.assign(epoch, self.log_end_offset, write_now=False)
 
     @_touches_disk("append")
     def append_as_follower(
@@ -475,6 +475,11 @@ class Log:
         online = self._dir_failure.failure is None  # else nothing is written any more
         if snapshot and online:
             self._snapshots.take()
+        if online:
+            try:
+                self.epoch_cache.ensure_written()  # a new leader's epoch, never appended to
+            except (OSError, StorageError) as exc:
+                logger.warning("[Log %s] leader-epoch checkpoint not written: %s", self._name, exc)
         for segment in segments:
             segment.close(final_time_entry=online)
 

@@ -563,3 +563,26 @@ def test_closed_log_refuses_writes_and_delete_removes_the_directory(
     log.flush()  # a late flush of a closed log is a no-op
     log.delete()
     assert not log_dir.exists()
+
+
+def test_a_new_leaders_epoch_reaches_the_checkpoint_before_its_first_batch(open_log, make_batch):
+    """KIP-101's order kept with the deferred write (issue 20: a broker taking over
+    3,333 partitions spent an fsync pair on each on its event loop, stopped
+    heartbeating and was fenced, over and over): `assign_epoch_at_end` writes nothing
+    yet, the epoch's first append writes the checkpoint before its batch, and a close
+    writes an epoch that never got a batch. The file is never behind the log."""
+    log = open_log()
+    log.append_as_leader(make_batch(2), 0, now_ms=0)
+    checkpoint = log.dir / "leader-epoch-checkpoint"
+    assert checkpoint.read_text().splitlines()[2:] == ["0 0"]
+
+    log.assign_epoch_at_end(3)
+    assert log.latest_epoch == 3
+    assert checkpoint.read_text().splitlines()[2:] == ["0 0"]  # not yet: no batch of it
+
+    log.append_as_leader(make_batch(2), 3, now_ms=0)
+    assert checkpoint.read_text().splitlines()[2:] == ["0 0", "3 2"]
+
+    log.assign_epoch_at_end(5)  # an epoch that never writes a batch here
+    log.close()
+    assert checkpoint.read_text().splitlines()[2:] == ["0 0", "3 2", "5 4"]
