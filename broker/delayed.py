@@ -30,6 +30,12 @@ class DelayedOperation:
     def try_complete(self) -> bool:
         raise NotImplementedError
 
+    def try_complete_key(self, key: Hashable) -> bool:
+        """What `notify(key)` checks: only what `key` changed can complete the operation
+        now. Override when the full check costs more than that key's part (a fetch of
+        thousands of partitions, notified for each of them, is quadratic otherwise)."""
+        return self.try_complete()
+
 
 class Purgatory:
     def __init__(self, name: str, *, max_size: int = 10_000) -> None:
@@ -79,7 +85,7 @@ class Purgatory:
             if fut is None or fut.done():
                 continue
             try:
-                done = op.try_complete()
+                done = op.try_complete_key(key)
             except Exception:
                 log.exception("%s: delayed operation check failed; completing it", self.name)
                 done = True

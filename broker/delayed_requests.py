@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Hashable
 
 from broker.config import BrokerConfig
 from broker.delayed import DelayedOperation
@@ -69,19 +70,44 @@ class DelayedFetch(DelayedOperation):
         self.min_bytes = min_bytes
         self.have_bytes = have_bytes
         self.to_leo = to_leo
+        # Per partition, the bytes it counts toward min_bytes, and their sum: a notify
+        # re-checks one partition, not all (a follower's fetch watches thousands).
+        self._by_tp = {w.partition.tp: w for w in watches}
+        self._counted: dict[Hashable, int] = {}
+        self._total = have_bytes
+
+    def _check(self, w: _FetchWatch) -> int | None:
+        """None: the partition changed so the fetch must answer now; else the bytes it
+        has readable for this fetch (an estimate, never late)."""
+        p = w.partition
+        if p.role is not Role.LEADER or p.leader_epoch != w.epoch:
+            return None
+        end = p.log_end_offset if self.to_leo else p.high_watermark
+        if end < w.fetch_offset or p.log_start_offset > w.fetch_offset:
+            return None  # out of range now: answer with the error
+        return max(1, p.appended_bytes - w.appended_at_start) if end > w.fetch_offset else 0
 
     def try_complete(self) -> bool:
-        total = self.have_bytes
+        self._counted.clear()
+        self._total = self.have_bytes
         for w in self.watches:
-            p = w.partition
-            if p.role is not Role.LEADER or p.leader_epoch != w.epoch:
+            readable = self._check(w)
+            if readable is None:
                 return True
-            end = p.log_end_offset if self.to_leo else p.high_watermark
-            if end < w.fetch_offset or p.log_start_offset > w.fetch_offset:
-                return True  # out of range now: answer with the error
-            if end > w.fetch_offset:
-                total += max(1, p.appended_bytes - w.appended_at_start)
-        return total >= self.min_bytes
+            self._counted[w.partition.tp] = readable
+            self._total += readable
+        return self._total >= self.min_bytes
+
+    def try_complete_key(self, key: Hashable) -> bool:
+        w = self._by_tp.get(key)
+        if w is None or len(self._by_tp) != len(self.watches):
+            return self.try_complete()
+        readable = self._check(w)
+        if readable is None:
+            return True
+        self._total += readable - self._counted.get(key, 0)
+        self._counted[key] = readable
+        return self._total >= self.min_bytes
 
 
 class DelayedProduce(DelayedOperation):
@@ -100,23 +126,36 @@ class DelayedProduce(DelayedOperation):
         super().__init__(p.tp for p, _, _ in waits)
         self.waits = waits  # (partition, required high watermark, leader generation)
         self.outcomes: list[ErrorCode | None] = [None] * len(waits)
+        self._undecided = len(waits)
+        self._by_tp: dict[Hashable, list[int]] = {}
+        for i, (p, _, _) in enumerate(waits):
+            self._by_tp.setdefault(p.tp, []).append(i)
+
+    def _decide(self, i: int) -> None:
+        if self.outcomes[i] is not None:
+            return
+        p, required, generation = self.waits[i]
+        if p.role is not Role.LEADER or p.leader_generation != generation:
+            self.outcomes[i] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+        elif p.high_watermark >= required:
+            self.outcomes[i] = (
+                ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+                if len(p.maximal_isr) < p.min_insync_replicas
+                else ErrorCode.NONE
+            )
+        else:
+            return
+        self._undecided -= 1
 
     def try_complete(self) -> bool:
-        done = True
-        for i, (p, required, generation) in enumerate(self.waits):
-            if self.outcomes[i] is not None:
-                continue
-            if p.role is not Role.LEADER or p.leader_generation != generation:
-                self.outcomes[i] = ErrorCode.NOT_LEADER_OR_FOLLOWER
-            elif p.high_watermark >= required:
-                self.outcomes[i] = (
-                    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
-                    if len(p.maximal_isr) < p.min_insync_replicas
-                    else ErrorCode.NONE
-                )
-            else:
-                done = False
-        return done
+        for i in range(len(self.waits)):
+            self._decide(i)
+        return self._undecided == 0
+
+    def try_complete_key(self, key: Hashable) -> bool:
+        for i in self._by_tp.get(key, ()):
+            self._decide(i)
+        return self._undecided == 0
 
 
 def fetch_response_max_bytes(config: BrokerConfig, request: FetchRequest) -> int:
