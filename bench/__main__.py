@@ -24,6 +24,7 @@ BENCHES = {
     "listener-cpu": "bench.listener_cpu",
     "rebalance": "bench.rebalance",
     "tls": "bench.tls",
+    "scale": "bench.scale",
 }
 # Options a bench name implies: produce-batch is the produce bench through
 # create_batch()/send_batch(), only the RF 3 acks=all cells the targets are about.
@@ -37,6 +38,7 @@ ALL = [
     "latency",
     "failover",
     "recovery",
+    "scale",
     "spark",
     "plot",
     "summary",

@@ -124,6 +124,39 @@ def plot_latency(doc: dict[str, Any], out: Path) -> Path:
     return _save(fig, title, doc, out / "latency_cdf.png")
 
 
+SCALE_PANELS = [
+    ("replicas_created_s", "topic creation until every replica's log exists, s"),
+    ("idle_core_pct", "idle CPU, busiest broker, % of a core"),
+    ("rss_mb", "broker RSS, MB"),
+    ("fds", "broker open descriptors"),
+    ("produce_mb_s", "produce, send_batch() acks=all, MB/s"),
+    ("ack_p99_ms", "produce ack p99, ms"),
+    ("failover_s", "failover after SIGKILL, s"),
+    ("isr_back_s", "restarted broker back in every ISR, s"),
+    ("controller_serving_s", "controller restart until it serves, s"),
+]
+
+
+def plot_scale(doc: dict[str, Any], out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    rows = sorted((r for r in doc["results"] if "error" not in r), key=lambda r: r["partitions"])
+    xs = [r["partitions"] for r in rows]
+    fig, axes = plt.subplots(3, 3, figsize=(11, 9))
+    for ax, (key, label) in zip(axes.flat, SCALE_PANELS, strict=True):
+        ax.plot(xs, [r[key] for r in rows], marker="o")
+        ax.set_xscale("log")
+        ax.set_title(label, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        if key == "idle_core_pct":
+            ax.axhline(5, color="red", linestyle="--", linewidth=1)
+        if key == "failover_s":
+            ax.axhline(doc.get("session_timeout_ms", 4000) / 1000 + 2, color="red", ls="--", lw=1)
+    for ax in axes[-1]:
+        ax.set_xlabel("partitions, RF 3 (log scale)")
+    return _save(fig, "Cost against the partition count", doc, out / "scale.png")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench plot", description=__doc__.split("\n")[0])
     p.add_argument("--results", type=Path, default=RESULTS_DIR, help="where the JSON files are")
@@ -139,7 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     matplotlib.use("Agg")
     args.plots.mkdir(parents=True, exist_ok=True)
-    plots = {"produce": plot_produce, "consume": plot_consume, "latency": plot_latency}
+    plots = {
+        "produce": plot_produce,
+        "consume": plot_consume,
+        "latency": plot_latency,
+        "scale": plot_scale,
+    }
     for name, plot in plots.items():
         doc = _load(args.results, name)
         if doc is not None:

@@ -180,3 +180,27 @@ def test_tls_bench_measures_both_listeners_with_both_clients(tmp_path: Path) -> 
         assert row["ssl_over_plaintext"] == pytest.approx(
             row["ssl_mb_per_s"] / row["plaintext_mb_per_s"], rel=0.01
         )
+
+
+def test_bench_scale_smoke(tmp_path: Path) -> None:
+    """bench scale (issue 20 item 5) at one small size: every step ran and measured."""
+    doc = run_bench(
+        "scale",
+        tmp_path / "scale.json",
+        "--partitions",
+        "6",
+        "--idle-seconds",
+        "1",
+        "--produce-seconds",
+        "1",
+        "--session-timeout-ms",
+        "2000",
+    )
+    (row,) = doc["results"]
+    assert row["partitions"] == 6 and row["led_by_victim"] >= 2  # 6 over 3 brokers
+    assert row["produce_mb_s"] > 0 and row["ack_p99_ms"] > 0
+    assert row["fds"] >= 6  # at least the log of each replica it holds
+    # The killed broker's partitions moved only after the controller fenced it.
+    assert 2.0 <= row["failover_s"] < 2.0 + 30
+    assert row["broker_restart_s"] > 0 and row["isr_back_s"] >= row["broker_restart_s"]
+    assert 0 < row["controller_restart_s"] <= row["controller_serving_s"]
