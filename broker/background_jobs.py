@@ -10,6 +10,7 @@ from broker.delayed_requests import log
 from broker.delayed_requests import now_ms
 from broker.partition import Partition
 from broker.partition import Role
+from broker.replica_transitions import REPLICA_RETRY_BACKOFF_MS
 from broker.storage.errors import LogDirFailureError
 from broker.storage.errors import StorageError
 from runtime.fileio import off_loop
@@ -34,6 +35,9 @@ class BackgroundJobs:
             ),
             asyncio.create_task(
                 self._every(self.config.retention_check_interval_ms, self._retention)
+            ),
+            asyncio.create_task(
+                self._every(REPLICA_RETRY_BACKOFF_MS[0], self.retry_failed_replicas)
             ),
         ]
 

@@ -106,6 +106,8 @@ class ReplicaManager(ReplicaTransitions, AppendPath, ReadPath, IsrMaintenance, B
             config.replica_fetch_backoff_ms, min(1000, config.replica_lag_time_max_ms // 2)
         )
         self._isr_retry_after: dict[TopicPartition, int] = {}
+        # Replicas whose log could not be created or opened: (retry at, backoff) in ms.
+        self._failed_replicas: dict[TopicPartition, tuple[int, int]] = {}
         self.fetchers = FetcherManager(
             config,
             image,

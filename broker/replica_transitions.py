@@ -18,6 +18,12 @@ from broker.storage.errors import LogDirFailureError
 from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
 from broker.storage.log_manager import STRAY_ADVICE
+from protocol.metadata_records import NO_LEADER
+
+# A replica whose log could not be created or opened (EMFILE, a full disk) is tried
+# again after the first backoff, doubling up to the second (ms): it comes back once
+# descriptors are free without a broker restart, and costs little while they are not.
+REPLICA_RETRY_BACKOFF_MS = (200, 5_000)
 
 # A delta may move thousands of partitions (a topic of 10,000 created, the leaderships
 # of a fenced broker): the loop is handed back this often meanwhile, so heartbeats and
@@ -63,39 +69,65 @@ class ReplicaTransitions:
                     reason=f"topic id {topic_id} vanished from the cluster metadata (a "
                     "snapshot without it) and no deletion record names it",
                 )
-        for tp, state in changes.leaders.items():
-            p = await self._get_or_create(state)
-            if p is not None:
-                # Stop fetching first: no fetched batch may land once we lead.
-                self.fetchers.remove_partition(tp)
-                p.make_leader(state, ts)
-                self._isr_retry_after.pop(tp, None)
-                self._notify(tp)
-                self._leadership_changed(p, True)
-            await share.turn()
-        for tp, state in changes.followers.items():
-            p = await self._get_or_create(state)
-            if p is not None:
-                was_leader = p.is_leader
-                # A deposed leader's waiting produces fail with NOT_LEADER_OR_FOLLOWER
-                # (the notify below); the fetcher reconciles by epoch before fetching.
-                if p.make_follower(state) or was_leader:
-                    self.fetchers.add_partition(p)
-                self._notify(tp)
-                self._leadership_changed(p, False)
-            await share.turn()
-        for tp, state in changes.offline.items():
-            p = await self._get_or_create(state)
-            if p is not None:
-                self.fetchers.remove_partition(tp)
-                p.make_offline(state)
-                self._notify(tp)
-                self._leadership_changed(p, False)
-            await share.turn()
+        for states in (changes.leaders, changes.followers, changes.offline):
+            for state in states.values():
+                await self._take_role(state, ts)
+                await share.turn()
         if delta.brokers_changed:
             self.fetchers.on_brokers_changed()
         for topic, configs in delta.topic_configs.items():
             self._apply_topic_configs(topic, configs)
+
+    async def _take_role(self, state: PartitionState, ts: int) -> None:
+        """Lead, follow or go offline as `state` says for this broker; a replica whose
+        log cannot be created or opened (out of descriptors, say) is retried later."""
+        tp = state.tp
+        p = await self._get_or_create(state)
+        if p is None:
+            return
+        if state.leader == self.node_id:
+            # Stop fetching first: no fetched batch may land once we lead.
+            self.fetchers.remove_partition(tp)
+            p.make_leader(state, ts)
+            self._isr_retry_after.pop(tp, None)
+            self._notify(tp)
+            self._leadership_changed(p, True)
+        elif state.leader == NO_LEADER:
+            self.fetchers.remove_partition(tp)
+            p.make_offline(state)
+            self._notify(tp)
+            self._leadership_changed(p, False)
+        else:
+            was_leader = p.is_leader
+            # A deposed leader's waiting produces fail with NOT_LEADER_OR_FOLLOWER
+            # (the notify below); the fetcher reconciles by epoch before fetching.
+            if p.make_follower(state) or was_leader:
+                self.fetchers.add_partition(p)
+            self._notify(tp)
+            self._leadership_changed(p, False)
+
+    async def retry_failed_replicas(self) -> None:
+        """Create again the replicas whose log could not be created or opened, once
+        their backoff is over, as the metadata now assigns them (background job)."""
+        if not self._failed_replicas:
+            return
+        ts = mono_ms()
+        share = _LoopShare()
+        for tp, (retry_at, _) in list(self._failed_replicas.items()):
+            if retry_at > ts:
+                continue
+            state = self.image.partition(*tp)
+            if state is None or self.node_id not in state.replicas or tp in self.partitions:
+                self._failed_replicas.pop(tp, None)  # moved away, deleted, or back
+                continue
+            await self._take_role(state, ts)
+            await share.turn()
+
+    def _replica_failed(self, tp: TopicPartition) -> None:
+        """Back off before the next try: doubling from the first, at most the last."""
+        _, backoff = self._failed_replicas.get(tp, (0, REPLICA_RETRY_BACKOFF_MS[0] // 2))
+        backoff = min(backoff * 2, REPLICA_RETRY_BACKOFF_MS[1])
+        self._failed_replicas[tp] = (mono_ms() + backoff, backoff)
 
     async def handle_unassigned_logs(self) -> None:
         """After the first metadata catch-up (and `apply_delta` of the whole image): a
@@ -176,9 +208,19 @@ class ReplicaTransitions:
             # New, or written by a version without partition.metadata: from now on the
             # directory names its topic id (before any record of the topic lands).
             log_.assign_topic_id(state.topic_id)
-        except (StorageError, OSError, ValueError) as exc:
+        except (StorageError, OSError) as exc:
+            log.error(
+                "%s-%d: cannot open the log (tried again later): %s",
+                state.topic,
+                state.partition,
+                exc,
+            )
+            self._replica_failed(tp)
+            return None
+        except ValueError as exc:  # an illegal name: no retry makes it legal
             log.error("%s-%d: cannot open the log: %s", state.topic, state.partition, exc)
             return None
+        self._failed_replicas.pop(tp, None)
         hw = self._checkpointed_hws.pop(tp, 0)
         p = Partition(
             state.topic,

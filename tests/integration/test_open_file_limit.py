@@ -150,3 +150,42 @@ async def test_exhausted_descriptors_fail_partitions_not_the_broker(cluster: Clu
     log_text = broker.log_text()
     assert "out of file descriptors" in log_text
     assert "is offline" not in log_text  # the disk is fine: the directory stays online
+
+
+async def test_replica_created_once_descriptors_are_free(cluster: Cluster) -> None:
+    """Every descriptor of the broker taken by idle connections while a topic is
+    created: its replicas cannot be created (EMFILE). Once the connections close the
+    broker creates them on its own (retried with backoff), no restart: produce and
+    fetch work on every partition."""
+    partitions = 20
+    cluster.start_controller()
+    broker = cluster.start_broker(1, "--max-open-segment-files", "64", launcher=LIMITED)
+    async with (
+        TestClient(*broker.address) as client,
+        AsyncAdmin(f"{client.host}:{client.port}") as admin,
+    ):
+        await create_topic(client, "warmup", 1)  # the admin's connections are made
+        hogs: list[asyncio.StreamWriter] = []
+        try:
+            deadline = time.monotonic() + 30
+            # Connect until the broker accepts no more (its descriptors are all in use;
+            # later connections wait in the listen backlog).
+            while len(open_fds(broker.pid)) < FILE_LIMIT - 1:
+                assert time.monotonic() < deadline, len(open_fds(broker.pid))
+                for _ in range(FILE_LIMIT - len(open_fds(broker.pid))):
+                    _, writer = await asyncio.open_connection(*broker.address)
+                    hogs.append(writer)
+                await asyncio.sleep(0.3)
+            await admin.create_topic("later", partitions, 1)
+            broker.wait_for(r"cannot open the log \(tried again later\)", timeout=30)
+        finally:
+            for writer in hogs:
+                writer.close()
+        # The replicas come back within the retry backoff once descriptors are free.
+        deadline = time.monotonic() + 30
+        while set((codes := await produce_round(client, "later", partitions, 0)).values()) != {0}:
+            assert time.monotonic() < deadline, codes
+            await asyncio.sleep(0.5)
+        values = await read_all(client, "later", partitions)
+    assert values[partitions - 1][-1] == value("later", partitions - 1, 0)
+    assert broker.alive
