@@ -320,7 +320,7 @@ class Fetcher:
                     check_batch(data, pos, header)
                 if not header.is_control:
                     start = len(records)
-                    decode_batch_into(records, data, pos, header, tuple, topic, partition)
+                    decode_batch_into(records, data, pos, header, topic, partition)
                     if header.base_offset < fetch_offset:  # the batch holding the position
                         records[start:] = [r for r in records[start:] if r[2] >= fetch_offset]
                 if header.next_offset > next_offset:
