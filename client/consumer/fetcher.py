@@ -9,7 +9,9 @@ import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from itertools import repeat
 
+from client.consumer.partition_state import RecordFields
 from client.consumer.partition_state import _Fetched
 from client.consumer.partition_state import _PartitionState
 from client.consumer.partition_state import log
@@ -35,6 +37,8 @@ from protocol.record_batch import check_batch
 from protocol.record_batch import decode_batch_into
 from protocol.record_batch import iter_headers
 from runtime import hop_trace
+
+_new_tuple = tuple.__new__
 
 
 def _corrupt_batch(tp: TopicPartition, offset: int, exc: Exception) -> MinibrokerError:
@@ -101,10 +105,13 @@ class Fetcher:
             ):
                 del self._buffer[tp]  # unassigned, paused or seeked since the fetch
                 continue
-            chunk = fetched.records[fetched.index : fetched.index + limit]
-            fetched.index += len(chunk)
-            limit -= len(chunk)
-            if chunk:
+            fields = fetched.records[fetched.index : fetched.index + limit]
+            fetched.index += len(fields)
+            limit -= len(fields)
+            if fields:
+                # The ConsumerRecords are made only now, as they are handed out: held
+                # in the buffer they would be GC-tracked (see RecordFields).
+                chunk = list(map(_new_tuple, repeat(ConsumerRecord, len(fields)), fields))
                 out[tp] = chunk
                 last = chunk[-1]
                 epoch = last.leader_epoch
@@ -301,9 +308,9 @@ class Fetcher:
         if self._want_columns:
             self._buffer_columns(tp, state, fetch_offset, data)
             return
-        # Whole batches decode straight into ConsumerRecords, one pass per batch
+        # Whole batches decode straight into RecordFields tuples, one pass per batch
         # (decode_batch_into); control batches only move the next offset.
-        records: list[ConsumerRecord] = []
+        records: list[RecordFields] = []
         next_offset, next_epoch = fetch_offset, state.position_epoch
         topic, partition = tp.topic, tp.partition
         verify = self.check_crcs
@@ -313,7 +320,7 @@ class Fetcher:
                     check_batch(data, pos, header)
                 if not header.is_control:
                     start = len(records)
-                    decode_batch_into(records, data, pos, header, ConsumerRecord, topic, partition)
+                    decode_batch_into(records, data, pos, header, topic, partition)
                     if header.base_offset < fetch_offset:  # the batch holding the position
                         records[start:] = [r for r in records[start:] if r[2] >= fetch_offset]
                 if header.next_offset > next_offset:
@@ -327,9 +334,11 @@ class Fetcher:
         kd, vd = self._key_deserializer, self._value_deserializer
         if kd is not None or vd is not None:
             records = [
-                r._replace(
-                    key=kd(r.key) if kd is not None and r.key is not None else r.key,
-                    value=vd(r.value) if vd is not None and r.value is not None else r.value,
+                (
+                    *r[:5],
+                    kd(r[5]) if kd is not None and r[5] is not None else r[5],
+                    vd(r[6]) if vd is not None and r[6] is not None else r[6],
+                    r[7],
                 )
                 for r in records
             ]

@@ -5,11 +5,11 @@ and the error answers of the coordinator APIs."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from client.errors import BrokerResponseError
 from client.errors import error_for
 from client.record_columns import ColumnBuffer
-from client.types import ConsumerRecord
 from protocol.api import EARLIEST_TIMESTAMP
 from protocol.api import LATEST_TIMESTAMP
 from protocol.api import NO_EPOCH
@@ -101,16 +101,25 @@ class _PartitionState:
         self.epoch_waits = 0
 
 
+# A decoded record as the fetch buffer holds it: ConsumerRecord's fields in an exact
+# tuple. CPython's GC untracks an exact tuple of atomic fields (str, int, bytes, None,
+# ()) at its first collection, but never a tuple subclass such as ConsumerRecord, so
+# a buffered fetch (up to ~20k records) would otherwise be rescanned by every
+# collection until poll() hands it out; _drain makes the ConsumerRecords.
+RecordFields = tuple[str, int, int, int, int, Any, Any, tuple[tuple[str, bytes | None], ...]]
+
+
 class _Fetched:
-    """Decoded records of one partition not yet returned by poll(), or (`columns`
-    set, `records` empty) the columns of one fetch not yet returned by poll_batches()."""
+    """Decoded records of one partition not yet returned by poll() (as RecordFields),
+    or (`columns` set, `records` empty) the columns of one fetch not yet returned by
+    poll_batches()."""
 
     __slots__ = ("columns", "fetch_offset", "index", "next_epoch", "next_offset", "records")
 
     def __init__(
         self,
         fetch_offset: int,
-        records: list[ConsumerRecord],
+        records: list[RecordFields],
         next_offset: int,
         next_epoch: int,
         columns: ColumnBuffer | None = None,

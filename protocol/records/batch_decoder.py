@@ -6,7 +6,6 @@ from collections.abc import Iterator
 
 from protocol.errors import CorruptRecordError
 from protocol.records.batch_format import _ATTR_TIMESTAMP_TYPE
-from protocol.records.batch_format import _T
 from protocol.records.batch_format import HEADER_SIZE
 from protocol.records.batch_format import BatchHeader
 from protocol.records.batch_format import Header
@@ -53,31 +52,35 @@ def decode_record_headers(
 
 _new_tuple = tuple.__new__
 
+# One decoded record: (topic, partition, offset, leader_epoch, timestamp, key, value,
+# headers), an exact tuple so that CPython's GC untracks it at its first pass.
+DecodedRecord = tuple[str, int, int, int, int, bytes | None, bytes | None, tuple[Header, ...]]
+
 
 def decode_batch(
     buf: bytes | bytearray | memoryview, pos: int = 0, *, verify_crc: bool = True
 ) -> tuple[BatchHeader, list[Record]]:
     """Decode one batch at `pos` into records with absolute offsets."""
     header = validate_batch(buf, pos) if verify_crc else parse_header(buf, pos)
-    full: list[tuple[object, ...]] = []
-    decode_batch_into(full, buf, pos, header, tuple, "", 0)
+    full: list[DecodedRecord] = []
+    decode_batch_into(full, buf, pos, header, "", 0)
     return header, [_new_tuple(Record, r[2:3] + r[4:]) for r in full]
 
 
 def decode_batch_into(
-    out: list[_T],
+    out: list[DecodedRecord],
     buf: bytes | bytearray | memoryview,
     pos: int,
     header: BatchHeader,
-    record_type: type[_T],
     topic: str,
     partition: int,
 ) -> None:
     """Append the records of the batch at `pos` (whose header, already parsed and
-    checked as the caller wishes, is `header`) to `out`, each made as
-    ``record_type((topic, partition, offset, leader_epoch, timestamp, key, value,
-    headers))`` with tuple.__new__ (the field order of client.types.ConsumerRecord),
-    key and value as bytes. On CorruptRecordError `out` is left as it was.
+    checked as the caller wishes, is `header`) to `out`, each an exact tuple
+    ``(topic, partition, offset, leader_epoch, timestamp, key, value, headers)`` (the
+    field order of client.types.ConsumerRecord: the consumer makes its records from
+    them with tuple.__new__), key and value as bytes. On CorruptRecordError `out` is
+    left as it was.
 
     The per-record loop is the consumer's hot path, so it is one pass with no
     function call per field: a varint whose first byte has the high bit clear (every
@@ -91,7 +94,6 @@ def decode_batch_into(
     body = decompress(header.compression, memoryview(buf)[pos + HEADER_SIZE : end])
     start = len(out)
     append = out.append
-    new = _new_tuple
     p = 0
     body_len = len(body)
     base_offset = header.base_offset
@@ -188,18 +190,15 @@ def decode_batch_into(
             if p != record_end:
                 raise CorruptRecordError("record length does not match its fields")
             append(
-                new(
-                    record_type,
-                    (
-                        topic,
-                        partition,
-                        base_offset + offset_delta,
-                        epoch,
-                        log_append_ts if log_append else base_ts + ts_delta,
-                        key,
-                        value,
-                        headers,
-                    ),
+                (
+                    topic,
+                    partition,
+                    base_offset + offset_delta,
+                    epoch,
+                    log_append_ts if log_append else base_ts + ts_delta,
+                    key,
+                    value,
+                    headers,
                 )
             )
         if p != body_len:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import struct
 from enum import IntEnum
 from typing import NamedTuple
-from typing import TypeVar
 
 HEADER_SIZE = 61
 MAGIC = 2
@@ -55,7 +54,6 @@ class TimestampType(IntEnum):
 
 
 Header = tuple[str, bytes | None]
-_T = TypeVar("_T", bound=tuple)  # type: ignore[type-arg]
 
 
 class Record(NamedTuple):

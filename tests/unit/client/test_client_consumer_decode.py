@@ -4,6 +4,7 @@ deserializers, and the records before a corrupt batch returned before its error.
 
 from __future__ import annotations
 
+import gc
 import struct
 
 import crc32c
@@ -13,6 +14,7 @@ from client_fakes import StartBroker
 
 from client.consumer import AsyncConsumer
 from client.errors import CorruptRecordError
+from client.types import ConsumerRecord
 from client.types import TopicPartition
 from protocol.record_batch import encode_batch
 from protocol.record_batch import stamp
@@ -107,3 +109,26 @@ async def test_records_before_a_corrupt_batch_come_first_then_the_error(
         assert [r.value for r in got] == [b"a", b"b"]
         with pytest.raises(CorruptRecordError, match="at offset 2"):
             await poll_until(consumer, 1)
+
+
+async def test_buffered_records_cost_the_gc_nothing_until_poll_hands_them_out(
+    broker: FakeBroker,
+) -> None:
+    # A ConsumerRecord is a tuple subclass, which CPython's GC never untracks; the
+    # fetch buffer holds exact tuples instead, untracked at the first collection, so
+    # a fetch of thousands of records is not rescanned by every collection.
+    put(broker, encode_batch([(b"k", b"%d" % i) for i in range(1000)]), 1000)
+    async with AsyncConsumer(
+        broker.address, auto_offset_reset="earliest", max_poll_records=1
+    ) as consumer:
+        consumer.assign([T0])
+        first = await poll_until(consumer, 1)
+        gc.collect()
+        tracked = [o for o in gc.get_objects() if isinstance(o, ConsumerRecord)]
+        assert tracked == first  # only the one handed out; 999 more are buffered
+        assert first == [ConsumerRecord("t", 0, 0, EPOCH, first[0].timestamp, b"k", b"0", ())]
+        consumer.max_poll_records = 500
+        rest = await poll_until(consumer, 999)
+        assert [(r.offset, r.value) for r in rest] == [(i, b"%d" % i) for i in range(1, 1000)]
+        assert all(type(r) is ConsumerRecord and r.leader_epoch == EPOCH for r in rest)
+        assert await consumer.position(T0) == 1000

@@ -688,13 +688,14 @@ def test_decode_batch_into_makes_full_records_with_topic_partition_and_epoch() -
     buf = bytearray(rb.encode_batch(items, base_offset=40))
     rb.stamp(buf, 0, 40, 7)
     out: list[tuple[object, ...]] = [("earlier",)]
-    rb.decode_batch_into(out, buf, 0, rb.validate_batch(buf), tuple, "t", 3)
+    rb.decode_batch_into(out, buf, 0, rb.validate_batch(buf), "t", 3)
     assert out == [
         ("earlier",),
         ("t", 3, 40, 7, 1000, b"k", b"v", (("h", b"x"),)),
         ("t", 3, 41, 7, 1001, None, None, ()),
     ]
     assert all(type(r[5]) is bytes and type(r[6]) is bytes for r in out[1:2])
+    assert all(type(r) is tuple for r in out)  # exact: the GC can untrack them
 
 
 @pytest.mark.parametrize(
@@ -708,5 +709,5 @@ def test_decode_batch_into_leaves_out_as_it_was_on_a_bad_batch(name: str, buf: b
     """Records of a batch that turns out corrupt half-way are not half-appended."""
     out: list[tuple[object, ...]] = [("earlier",)]
     with pytest.raises(CorruptRecordError):
-        rb.decode_batch_into(out, buf, 0, rb.validate_batch(buf), tuple, "t", 0)
+        rb.decode_batch_into(out, buf, 0, rb.validate_batch(buf), "t", 0)
     assert out == [("earlier",)]
