@@ -200,7 +200,9 @@ def test_bench_scale_smoke(tmp_path: Path) -> None:
     assert row["partitions"] == 6 and row["led_by_victim"] >= 2  # 6 over 3 brokers
     assert row["produce_mb_s"] > 0 and row["ack_p99_ms"] > 0
     assert row["fds"] >= 6  # at least the log of each replica it holds
-    # The killed broker's partitions moved only after the controller fenced it.
-    assert 2.0 <= row["failover_s"] < 2.0 + 30
+    # The killed broker's partitions moved only after the controller fenced it: a session
+    # timeout (2 s) after its last heartbeat, which came up to one heartbeat interval
+    # (500 ms by default) before the kill.
+    assert 2.0 - 0.5 <= row["failover_s"] < 2.0 + 30
     assert row["broker_restart_s"] > 0 and row["isr_back_s"] >= row["broker_restart_s"]
     assert 0 < row["controller_restart_s"] <= row["controller_serving_s"]

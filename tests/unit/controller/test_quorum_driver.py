@@ -137,10 +137,22 @@ async def commit(leader: Voter, names: list[str]) -> int:
 
 
 async def all_at(voters: list[Voter], hw: int, timeout: float = 10.0) -> None:
+    """Every voter knows `hw` is committed and has its log written that far. A follower
+    learns the high watermark from the leader before its own write of those entries
+    completes, so a test that reads its disk waits for both."""
+
+    def behind(v: Voter) -> bool:
+        if v.driver is None:
+            return False
+        replica = v.driver.replica
+        return replica.high_watermark < hw or replica.log.flushed_end < hw
+
     deadline = time.monotonic() + timeout
-    while any(v.driver is not None and v.driver.replica.high_watermark < hw for v in voters):
+    while any(behind(v) for v in voters):
         assert time.monotonic() < deadline, [
-            (v.node_id, v.driver.replica.high_watermark) for v in voters if v.driver
+            (v.node_id, v.driver.replica.high_watermark, v.driver.replica.log.flushed_end)
+            for v in voters
+            if v.driver
         ]
         await asyncio.sleep(0.01)
 
