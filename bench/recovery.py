@@ -48,7 +48,8 @@ NAME = "recovery"
 TOPIC = "bench-recovery"
 NODE = 1
 LOADING = re.compile(r"^(\S+ \S+) \w+ .*Loading logs from", re.M)
-LOADED = re.compile(r"^(\S+ \S+) \w+ .*loaded (\d+) logs from .*\((\w+) shutdown\)", re.M)
+# LogManager.shutdown_description: "after a clean shutdown" / "after an unclean shutdown".
+LOADED = re.compile(r"^(\S+ \S+) \w+ .*loaded (\d+) logs from .* after an? (\w+) shutdown", re.M)
 RECOVERING = re.compile(r"unclean shutdown: recovering (\d+) segment")
 STARTED = re.compile(rf"broker {NODE} started")
 RESTART_TIMEOUT_S = 300.0

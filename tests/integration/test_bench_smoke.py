@@ -206,3 +206,13 @@ def test_bench_scale_smoke(tmp_path: Path) -> None:
     assert 2.0 - 0.5 <= row["failover_s"] < 2.0 + 30
     assert row["broker_restart_s"] > 0 and row["isr_back_s"] >= row["broker_restart_s"]
     assert 0 < row["controller_restart_s"] <= row["controller_serving_s"]
+
+
+def test_bench_recovery_smoke(tmp_path: Path) -> None:
+    """bench recovery reads the broker's own load lines: a change of their wording broke
+    it once unnoticed (the clean/unclean words moved out of parentheses)."""
+    doc = run_bench("recovery", tmp_path / "recovery.json", "--gib", "0.01")
+    shutdowns = [row["shutdown"] for row in doc["results"]]
+    assert "unclean" in shutdowns and "clean" in shutdowns, shutdowns
+    for row in doc["results"]:
+        assert 0 <= row["scan_s"] <= row["to_loaded_s"] <= row["to_serving_s"], row
