@@ -8,9 +8,13 @@ On-disk format (all integers big-endian), in the controller's data directory:
         int32   length    bytes of payload (1 .. 64 MiB)
         uint32  crc       CRC-32C (Castagnoli) of payload
         bytes   payload   MessagePack of protocol.messages.MetadataEntry
-                          {offset, record, epoch}: `epoch` is the controller quorum's
-                          epoch when its leader appended the entry, absent (read as
-                          -1, "before the quorum") in logs written before issue 17
+                          {offset, record, epoch, change_continues}: `epoch` is the
+                          controller quorum's epoch when its leader appended the
+                          entry, absent (read as -1, "before the quorum") in logs
+                          written before issue 17 and left out when -1;
+                          `change_continues` (true on every entry of a change but its
+                          last, left out when false, absent in older logs) keeps the
+                          records of one commit together: readers apply whole changes
 
     Offsets are dense: the first entry of a file has the offset in its name and each
     next entry the previous one plus one; a file continues where the previous one
@@ -39,9 +43,11 @@ written first, then every log file goes and a new one starts after it).
 Recovery (`MetadataLog.open`): load the newest snapshot, then replay the log entries
 after it. A damaged *tail* of the last log file (a partial entry, or a bad entry
 with no valid entry after it: a write the crash interrupted, never acknowledged) is
-cut with a WARNING. Damage anywhere else (a bad entry followed by valid ones, a gap in
-the offsets, a bad snapshot, a CRC-valid entry that does not decode) means
-acknowledged metadata is lost: the controller refuses to start and says so.
+cut with a WARNING, and so is a change the last file ends inside of (each change is
+one write, so such a write was torn and never acknowledged). Damage anywhere else (a
+bad entry followed by valid ones, a gap in the offsets, a bad snapshot, a CRC-valid
+entry that does not decode) means acknowledged metadata is lost: the controller
+refuses to start and says so.
 """
 
 from __future__ import annotations
@@ -228,6 +234,9 @@ def _replay_file(
     offset after its last entry."""
     data = path.read_bytes()
     pos = 0
+    # Where the change being read began: a change is written in one write, so one
+    # that the file ends inside of is the torn tail of an unacknowledged write.
+    change_pos, change_cursor, change_kept = 0, cursor, len(recovered.entries)
     while pos < len(data):
         try:
             parsed = _parse_at(data, pos)
@@ -235,6 +244,7 @@ def _replay_file(
             raise CorruptMetadataError(f"{path}: {exc}") from None
         if isinstance(parsed, str):
             _cut_torn_tail(path, data, pos, parsed, cursor, recovered, is_last=is_last)
+            data = data[:pos]
             break
         entry = parsed.entry
         if entry.offset != cursor:
@@ -246,7 +256,40 @@ def _replay_file(
             recovered.entries.append(entry)
         cursor += 1
         pos = parsed.end
+        if not entry.change_continues:
+            change_pos, change_cursor, change_kept = pos, cursor, len(recovered.entries)
+    if is_last and change_cursor < cursor:
+        _cut_partial_change(path, len(data), change_pos, change_cursor, cursor, recovered)
+        del recovered.entries[change_kept:]
+        cursor = change_cursor
     return cursor
+
+
+def _truncate_durably(path: Path, pos: int) -> None:
+    os.truncate(path, pos)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _cut_partial_change(
+    path: Path, size: int, pos: int, first: int, end: int, recovered: Recovered
+) -> None:
+    """The last file ends inside a change (entries `first`..`end - 1`, from byte `pos`):
+    its write was torn, so it was never acknowledged; cut it so that no reader applies
+    part of a change (half of a topic's partitions, say)."""
+    log.warning(
+        "metadata log %s: cutting a partial change at byte %d, offsets %d..%d (its "
+        "write was torn; never acknowledged)",
+        path,
+        pos,
+        first,
+        end - 1,
+    )
+    _truncate_durably(path, pos)
+    recovered.truncated_bytes += size - pos
 
 
 def _cut_torn_tail(
@@ -272,12 +315,7 @@ def _cut_torn_tail(
         why,
         cursor,
     )
-    os.truncate(path, pos)
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _truncate_durably(path, pos)
     recovered.truncated_bytes += cut
 
 

@@ -24,6 +24,8 @@ from controller.errors import invariant
 from controller.metadata_log import MetadataLog
 from controller.state import MetadataImage
 from protocol.messages import MetadataEntry
+from protocol.messages.quorum_apis import as_change
+from protocol.messages.quorum_apis import through_change_end
 from protocol.metadata_records import MetadataRecord
 
 log = logging.getLogger(__name__)
@@ -89,7 +91,9 @@ class MetadataWriter:
     async def _append(self, records: list[MetadataRecord]) -> None:
         base = self.image.next_offset
         self.image.check(base, records)
-        entries = [MetadataEntry(offset=base + i, record=r) for i, r in enumerate(records)]
+        entries = as_change(
+            [MetadataEntry(offset=base + i, record=r) for i, r in enumerate(records)]
+        )
         try:
             await self.log.append(entries)
         except MetadataLogWriteError as exc:
@@ -174,14 +178,16 @@ class MetadataWriter:
         return self.image.next_offset - len(self._retained)
 
     def entries_from(self, from_offset: int, max_records: int) -> list[MetadataEntry] | None:
-        """Entries starting at `from_offset`, or None when the reader needs a snapshot
-        (older than what is retained, or beyond the end of the log)."""
+        """Entries starting at `from_offset`, about `max_records` of them but only whole
+        changes (a topic of more partitions than that comes in one answer), or None when
+        the reader needs a snapshot (older than what is retained, or beyond the end of
+        the log)."""
         end = self.image.next_offset
         base = end - len(self._retained)
         if from_offset < base or from_offset > end:
             return None
         start = from_offset - base
-        return self._retained[start : start + max_records]
+        return self._retained[start : through_change_end(self._retained, start, max_records)]
 
     async def wait_for_append(self, from_offset: int, timeout_s: float) -> None:
         """Return when the log has an entry at `from_offset` or after `timeout_s`.

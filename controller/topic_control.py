@@ -31,6 +31,8 @@ from protocol.metadata_records import RemoveTopicRecord
 from protocol.metadata_records import TopicRecord
 
 log = logging.getLogger(__name__)
+# How many partitions' replicas the "created topic" line names.
+LOGGED_ASSIGNMENTS = 20
 
 
 class _Refused(Exception):
@@ -242,11 +244,12 @@ class TopicControl(ControllerPart):
             for result in response.topics:
                 if result.error_code == 0:
                     topic = self.image.topic_by_name(result.name)
-                    assignment = (
-                        {p: part.replicas for p, part in sorted(topic.partitions.items())}
-                        if topic
-                        else {}
-                    )
+                    # The first partitions' replicas only: a line per topic, whatever
+                    # its size (10,000 partitions made one of 150 KB).
+                    shown = sorted(topic.partitions.items())[:LOGGED_ASSIGNMENTS] if topic else []
+                    assignment: dict[int | str, object] = {p: r.replicas for p, r in shown}
+                    if topic and len(topic.partitions) > len(shown):
+                        assignment["..."] = f"{len(topic.partitions) - len(shown)} more"
                     log.info(
                         "created topic %s (id %s): %d partitions, replication factor %d, "
                         "replicas %s, configs %s",

@@ -437,7 +437,6 @@ class QuorumDriver:
         self._waiter_count = 0
 
     def committed_entries(self, start: int, limit: int) -> list[MetadataEntry]:
-        """Committed entries from `start` (at least the log start), at most `limit`."""
-        qlog = self.replica.log
-        end = min(self.replica.high_watermark, start + limit)
-        return qlog.read(start, max(0, end - start))
+        """Committed entries from `start` (at least the log start), about `limit` of
+        them: whole changes only."""
+        return self.replica.log.read(start, limit, stop=self.replica.high_watermark)

@@ -19,6 +19,7 @@ from typing import Any
 from protocol.invariants import InvariantError
 from protocol.messages.quorum_apis import MetadataEntry
 from protocol.messages.quorum_apis import SnapshotId
+from protocol.messages.quorum_apis import through_change_end
 from runtime.epoch_lineage import EpochEntry
 from runtime.epoch_lineage import EpochLineage
 
@@ -80,9 +81,12 @@ class QuorumLog:
             )
         return self.entries[offset - self.start_offset]
 
-    def read(self, offset: int, max_entries: int) -> list[MetadataEntry]:
+    def read(self, offset: int, max_entries: int, stop: int | None = None) -> list[MetadataEntry]:
+        """About `max_entries` from `offset`, below offset `stop` (default: the log end),
+        whole changes only (see MetadataEntry)."""
         i = offset - self.start_offset
-        return self.entries[i : i + max_entries]
+        last = None if stop is None else stop - self.start_offset
+        return self.entries[i : through_change_end(self.entries, i, max_entries, last)]
 
     def epochs(self) -> list[EpochEntry]:
         return self.lineage.entries

@@ -55,6 +55,7 @@ from protocol.messages.quorum_apis import QuorumFetchResponse
 from protocol.messages.quorum_apis import SnapshotId
 from protocol.messages.quorum_apis import VoteRequest
 from protocol.messages.quorum_apis import VoteResponse
+from protocol.messages.quorum_apis import as_change
 from protocol.metadata_records import LeaderChangeRecord
 from runtime.epoch_lineage import OUT_OF_RANGE
 from runtime.epoch_lineage import UNDEFINED_EPOCH
@@ -374,10 +375,12 @@ class QuorumReplica:
             raise InvariantError(f"append on a {self.role.value} (epoch {self.epoch})")
         start = self.log.end_offset
         self.log.append(
-            [
-                MetadataEntry(offset=start + i, epoch=self.epoch, record=r)
-                for i, r in enumerate(records)
-            ]
+            as_change(
+                [
+                    MetadataEntry(offset=start + i, epoch=self.epoch, record=r)
+                    for i, r in enumerate(records)
+                ]
+            )
         )
         return self.log.end_offset
 
@@ -634,6 +637,8 @@ class QuorumReplica:
         progress.end_offset = req.fetch_offset
         self._advance_high_watermark()
         answer.high_watermark = self.high_watermark
+        # Whole changes only: a voter's log, and so the high watermark, never ends
+        # inside one.
         answer.entries = self.log.read(req.fetch_offset, max(1, min(req.max_entries, 10_000)))
         return answer
 

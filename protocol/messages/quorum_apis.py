@@ -9,6 +9,8 @@ cluster id: a controller of another cluster is refused (INCONSISTENT_CLUSTER_ID)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from protocol.messages.client_apis import Message
 from protocol.metadata_records import MetadataRecord
 
@@ -31,15 +33,56 @@ __all__ = [
 ]
 
 
-class MetadataEntry(Message, kw_only=True):
+class MetadataEntry(Message, kw_only=True, omit_defaults=True):
     """One entry of the metadata log: on the controllers' disks, between the quorum's
-    voters (QuorumFetch) and to the brokers that follow it (FetchMetadata)."""
+    voters (QuorumFetch) and to the brokers that follow it (FetchMetadata).
+
+    A change (the records of one commit: a topic with all its partitions, say) is
+    applied whole or not at all, as Kafka's atomic metadata batches (KIP-868): every
+    entry of a change but its last has `change_continues`. Logs written before it have
+    none, so each of their entries is a change of its own. Default-valued fields are
+    left out of the encoding."""
 
     offset: int
     record: MetadataRecord
     # The controller quorum's epoch when its leader appended the entry (issue 17);
     # -1 in logs a single controller wrote before the quorum.
     epoch: int = -1
+    change_continues: bool = False
+
+
+def as_change(entries: list[MetadataEntry]) -> list[MetadataEntry]:
+    """Mark `entries` (one commit's, in order) as one change: all but the last continue."""
+    for entry in entries[:-1]:
+        entry.change_continues = True
+    return entries
+
+
+def whole_changes(entries: Sequence[MetadataEntry]) -> int:
+    """How many of `entries` (from a change's start) form whole changes: a reader
+    applies that many and asks again from the next."""
+    n = len(entries)
+    while n and entries[n - 1].change_continues:
+        n -= 1
+    return n
+
+
+def through_change_end(
+    entries: Sequence[MetadataEntry], start: int, count: int, stop: int | None = None
+) -> int:
+    """The end index of a read of `count` entries at index `start` (a change's start)
+    that may not pass index `stop`: moved past the end of a change it would split, or
+    back to the last change end when the change is not all there before `stop`.
+    Changes are never read in part."""
+    stop = len(entries) if stop is None else min(stop, len(entries))
+    if count <= 0 or start >= stop:
+        return start
+    end = min(stop, start + count)
+    while end < stop and entries[end - 1].change_continues:
+        end += 1
+    while end > start and entries[end - 1].change_continues:
+        end -= 1
+    return end
 
 
 class SnapshotId(Message, kw_only=True):

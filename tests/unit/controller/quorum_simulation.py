@@ -324,6 +324,12 @@ class Simulation:
                     f"committed {entry}"
                 )
         node.last_hw = hw
+        # KIP-868: a change (one append's records) is committed whole: the high
+        # watermark never ends inside one. (A diverging uncommitted suffix may be cut
+        # anywhere on the way to a snapshot install; only the committed part counts.)
+        log = replica.log
+        if hw > log.start_offset and log.entry(hw - 1).change_continues:
+            self.fail(f"node {node.node_id}: its high watermark {hw} is inside a change")
         self._acknowledge()
 
     def _check_leader_completeness(self, leader: QuorumReplica) -> None:

@@ -11,10 +11,12 @@ import pytest
 from controller.errors import CorruptMetadataError
 from controller.errors import InvariantViolation
 from controller.metadata_log import MetadataLog
+from controller.metadata_log import Recovered
 from controller.metadata_log import encode_entry
 from controller.metadata_log import log_file_name
 from controller.metadata_log import snapshot_file_name
 from protocol.messages import MetadataEntry
+from protocol.messages.quorum_apis import as_change
 from protocol.metadata_records import FenceBrokerRecord
 from protocol.metadata_records import ListenerInfo
 from protocol.metadata_records import PartitionRecord
@@ -52,6 +54,20 @@ async def write_log(directory: Path, batches: list[int]) -> list[MetadataEntry]:
     return written
 
 
+def open_cut(
+    tmp_path: Path, data: bytes, cut: int, caplog: pytest.LogCaptureFixture
+) -> tuple[Path, MetadataLog, Recovered]:
+    """A data dir whose only log file is `data` cut at byte `cut`, opened (warnings in
+    `caplog`, cleared first)."""
+    d = tmp_path / f"cut{cut}"
+    d.mkdir()
+    (d / log_file_name(0)).write_bytes(data[:cut])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        mlog, recovered = MetadataLog.open(d)
+    return d, mlog, recovered
+
+
 async def test_append_and_replay(tmp_path: Path) -> None:
     written = await write_log(tmp_path, [1, 3, 2])
     mlog, recovered = MetadataLog.open(tmp_path)
@@ -84,12 +100,7 @@ async def test_torn_tail_cut_at_every_byte_of_last_entry(
     last_len = len(encode_entry(written[-1]))
     start = len(data) - last_len
     for cut in range(start, len(data)):
-        d = tmp_path / f"cut{cut}"
-        d.mkdir()
-        (d / log_file_name(0)).write_bytes(data[:cut])
-        caplog.clear()
-        with caplog.at_level(logging.WARNING):
-            mlog, recovered = MetadataLog.open(d)
+        d, mlog, recovered = open_cut(tmp_path, data, cut, caplog)
         assert recovered.entries == written[:-1], cut
         assert mlog.next_offset == len(written) - 1
         assert (d / log_file_name(0)).stat().st_size == start
@@ -323,3 +334,70 @@ async def test_install_replaces_the_whole_log_with_the_leaders_snapshot(tmp_path
     assert (recovered.snapshot_offset, recovered.snapshot_epoch) == (9, 5)
     assert recovered.snapshot_records == [TopicRecord(name="x", topic_id="C" * 22)]
     assert recovered.entries == [register(10)]
+
+
+# ------------------------------------------------------------------ whole changes
+
+
+async def test_a_change_the_log_ends_inside_of_is_cut(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """KIP-868's atomicity on disk: a change (a topic and its partitions) is one write;
+    a crash that left only its first entries on disk, even whole ones, must not bring
+    back part of the change (a topic with some of its partitions)."""
+    directory = tmp_path / "orig"
+    directory.mkdir()
+    mlog, _ = MetadataLog.open(directory)
+    first = as_change(entries(0, 2))
+    await mlog.append(first)
+    change = as_change(entries(2, 4))
+    await mlog.append(change)
+    mlog.close()
+    data = (directory / log_file_name(0)).read_bytes()
+    first_change_end = sum(len(encode_entry(e)) for e in first)
+    assert len(data) == first_change_end + sum(len(encode_entry(e)) for e in change)
+    for cut in range(first_change_end + 1, len(data)):
+        d, mlog, recovered = open_cut(tmp_path, data, cut, caplog)
+        assert [e.offset for e in recovered.entries] == [0, 1], cut
+        assert mlog.next_offset == 2
+        assert (d / log_file_name(0)).stat().st_size == first_change_end
+        assert recovered.truncated_bytes == cut - first_change_end
+        assert "partial change" in caplog.text or "torn tail" in caplog.text
+        mlog.close()
+    # The whole change is kept, and the entries carry the mark they were written with.
+    _, whole = MetadataLog.open(directory)
+    assert [e.change_continues for e in whole.entries] == [True, False, True, True, True, False]
+
+
+# A log of this format (KIP-868 marks): a two-entry change (a topic, a fence) then a
+# one-entry change, quorum epoch 4, written by the build that introduced the marks.
+FIXTURE_LOG_WITH_CHANGES = bytes.fromhex(
+    "000000656b38152684a66f666673657400a67265636f726484a474797065a5746f706963a46e616d65a1"
+    "77a8746f7069635f6964b643434343434343434343434343434343434343434343a7636f6e6669677380"
+    "a565706f636804b06368616e67655f636f6e74696e756573c300000043fbab485083a66f666673657401"
+    "a67265636f726483a474797065ac66656e63655f62726f6b6572a962726f6b65725f696402ac62726f6b"
+    "65725f65706f636809a565706f63680400000043fb7c303883a66f666673657402a67265636f726483a4"
+    "74797065ac66656e63655f62726f6b6572a962726f6b65725f696403ac62726f6b65725f65706f636809"
+    "a565706f636804"
+)
+
+
+async def test_the_change_marks_fixture_opens_whole(tmp_path: Path) -> None:
+    """The format with change marks is a contract too: its fixture opens with the marks,
+    and cut inside its first change it opens as the empty log it was before."""
+    (tmp_path / log_file_name(0)).write_bytes(FIXTURE_LOG_WITH_CHANGES)
+    mlog, recovered = MetadataLog.open(tmp_path)
+    mlog.close()
+    assert [(e.offset, e.epoch, e.change_continues) for e in recovered.entries] == [
+        (0, 4, True),
+        (1, 4, False),
+        (2, 4, False),
+    ]
+    assert recovered.entries[0].record == TopicRecord(name="w", topic_id="C" * 22)
+    first_entry = 4 + 4 + 0x65
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / log_file_name(0)).write_bytes(FIXTURE_LOG_WITH_CHANGES[:first_entry])
+    mlog, recovered = MetadataLog.open(cut)
+    mlog.close()
+    assert recovered.entries == [] and mlog.next_offset == 0

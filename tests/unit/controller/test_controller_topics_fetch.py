@@ -321,3 +321,29 @@ async def test_new_replicas_only_on_brokers_heard_from_since_the_controller_star
     assert assigned.error_code == 0
     p = h.partition("a")
     assert p.isr == [1] and p.leader == 1
+
+
+async def test_fetch_metadata_answers_hold_whole_changes(harness) -> None:
+    """KIP-868: a topic reaches a broker with all its partitions or not at all. With
+    answers of at most 5 records, a 50-partition topic (51 records of one change) still
+    comes in one answer; before, a broker applied it 5 records at a time and showed
+    clients a topic of 4, then 9, ... partitions (keys hashed over the wrong count)."""
+    h = harness
+    epoch = await h.start_broker(1)
+    start = h.image.next_offset
+    await create(h, CreatableTopic(name="wide", num_partitions=50, replication_factor=1))
+    await create(h, CreatableTopic(name="next", num_partitions=2, replication_factor=1))
+    offset, answers = start, []
+    while offset < h.image.next_offset:
+        answer = await h.handlers.fetch_metadata(
+            FetchMetadataRequest(broker_id=1, broker_epoch=epoch, from_offset=offset, max_records=5)
+        )
+        answers.append([e.offset for e in answer.entries])
+        assert answer.next_offset == offset + len(answer.entries)
+        assert not answer.entries[-1].change_continues  # ends on a change's end
+        offset = answer.next_offset
+    assert answers == [list(range(start, start + 51)), list(range(start + 51, start + 54))]
+    # The records of each change are marked as such, on the wire and on disk.
+    wide = h.writer.entries_from(start, 1)
+    assert wide is not None and len(wide) == 51
+    assert [e.change_continues for e in wide] == [True] * 50 + [False]

@@ -188,11 +188,15 @@ def test_metadata_record_tags_are_distinct_and_on_the_wire() -> None:
     assert len(tags) == len(METADATA_RECORD_TYPES)
     entry = MetadataEntry(offset=5, record=mr.FenceBrokerRecord(broker_id=1, broker_epoch=3))
     raw = msgspec.msgpack.decode(encode_body(entry))
+    # The controller quorum's epoch (issue 17) and the change mark (KIP-868) are left
+    # out at their defaults (-1: none given; false: the change's last entry).
     assert raw == {
         "offset": 5,
         "record": {"type": "fence_broker", "broker_id": 1, "broker_epoch": 3},
-        "epoch": -1,  # the controller quorum's epoch (issue 17): none given
     }
+    entry = MetadataEntry(offset=5, record=entry.record, epoch=2, change_continues=True)
+    raw = msgspec.msgpack.decode(encode_body(entry))
+    assert (raw["epoch"], raw["change_continues"]) == (2, True)
 
 
 def test_metadata_record_type_union_matches_the_list() -> None:
