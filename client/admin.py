@@ -57,6 +57,7 @@ from client.types import OffsetAndTimestamp
 from client.types import TopicPartition
 from client.user_admin import UserAdmin
 from protocol.api import EARLIEST_TIMESTAMP
+from protocol.api import ELECTION_PREFERRED
 from protocol.api import ELECTION_UNCLEAN
 from protocol.api import LATEST_TIMESTAMP
 from protocol.errors import ErrorCode
@@ -210,28 +211,33 @@ class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AclAdmin, QuotaAdmin, Async
         self,
         partitions: Iterable[TopicPartition],
         *,
-        unclean: bool,
+        unclean: bool = False,
+        preferred: bool = False,
         replica: int | None = None,
         timeout_ms: int | None = None,
     ) -> dict[TopicPartition, LeaderElection]:
-        """Kafka's electLeaders, unclean only, for leaderless partitions: an in-sync
-        replica if one is up, else one outside the ISR: `replica`, or the controller's
-        choice. `unclean=True` says the caller accepts losing acknowledged records the
+        """Kafka's electLeaders. `preferred=True`: the partitions (every partition of
+        the cluster when none are named) led again by their preferred replica, the first
+        listed, where it is in sync. `unclean=True`, for leaderless partitions: an
+        in-sync replica if one is up, else one outside the ISR: `replica`, or the
+        controller's choice; it says the caller accepts losing acknowledged records the
         new leader lacks. Per-partition errors are in the results."""
         self._check()
-        if not unclean:
+        if unclean == preferred:
             raise ValueError(
-                "only unclean elections are served (a leaderless partition gets its in-sync "
-                "replica back as leader by itself): pass unclean=True to accept losing "
-                "acknowledged records the new leader lacks"
+                "say which election: preferred=True (back to the preferred replica) or "
+                "unclean=True (a leaderless partition, accepting to lose acknowledged "
+                "records the new leader lacks)"
             )
+        if preferred and replica is not None:
+            raise ValueError("a preferred election elects the first replica listed: no replica")
         tps = list(dict.fromkeys(partitions))
-        if not tps:
+        if unclean and not tps:
             raise ValueError("name the partitions to elect a leader for")
         timeout_ms = self._request_timeout_ms if timeout_ms is None else timeout_ms
         chosen = -1 if replica is None else replica
         request = ElectLeadersRequest(
-            election_type=ELECTION_UNCLEAN,
+            election_type=ELECTION_PREFERRED if preferred else ELECTION_UNCLEAN,
             partitions=[
                 ElectLeadersPartition(topic=tp.topic, partition=tp.partition, replica=chosen)
                 for tp in tps

@@ -106,6 +106,7 @@ class ControllerProcess:
         self.driver: QuorumDriver | None = None
         self.sessions: BrokerSessions | None = None
         self._liveness: asyncio.Task[None] | None = None
+        self._rebalance: asyncio.Task[None] | None = None
         self._bootstrap_password: str | None = None  # --sasl-bootstrap-username's
         self._bootstrap: asyncio.Task[None] | None = None
 
@@ -212,6 +213,8 @@ class ControllerProcess:
             # A quorum of one: DescribeQuorum names the address actually bound.
             self.driver.voters[config.node_id] = (host, port)
         self._liveness = asyncio.create_task(self._liveness_loop())
+        if config.auto_leader_rebalance_enable:
+            self._rebalance = asyncio.create_task(self._rebalance_loop())
         listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         log.info(
             "controller %d listening on %s (cluster %s, metadata offset %d, %d brokers, "
@@ -295,6 +298,27 @@ class ControllerProcess:
             except Exception:
                 log.exception("fencing expired brokers failed")
 
+    async def _rebalance_loop(self) -> None:
+        """The active controller moves leaderships back to preferred replicas now and
+        then (auto.leader.rebalance.enable), so that after failures and restarts the
+        load does not stay piled on the brokers that survived."""
+        assert self.handlers is not None and self.driver is not None
+        interval = self.config.leader_imbalance_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            if not self.driver.replica.is_leader:
+                continue
+            try:
+                await self.handlers.rebalance_leaders()
+            except asyncio.CancelledError:
+                raise
+            except NotLeaderError:
+                continue
+            except ControllerError:
+                return  # the writer failed and asked the process to stop
+            except Exception:
+                log.exception("the leader rebalance failed")
+
     async def _release(self) -> None:
         if self.driver is not None:
             await self.driver.stop(resign=True)
@@ -307,9 +331,10 @@ class ControllerProcess:
         if self._bootstrap is not None:
             self._bootstrap.cancel()
             await asyncio.gather(self._bootstrap, return_exceptions=True)
-        if self._liveness is not None:
-            self._liveness.cancel()
-            await asyncio.gather(self._liveness, return_exceptions=True)
+        for task in (self._liveness, self._rebalance):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.server is not None:
             await self.server.close()
         await self._release()

@@ -130,6 +130,26 @@ class ControllerConfig:
         doc="A broker without a heartbeat for this long (while the controller runs) is "
         "fenced: its leaderships move.",
     )
+    auto_leader_rebalance_enable: bool = setting(
+        True,
+        doc="Move leaderships back to each partition's preferred replica (the first "
+        "listed) once it is in sync again, when a broker leads fewer of its preferred "
+        "partitions than --leader-imbalance-per-broker-percentage allows "
+        "(auto.leader.rebalance.enable).",
+    )
+    leader_imbalance_check_interval_ms: int = setting(
+        300_000,
+        minimum=100,
+        doc="How often the active controller checks the leader imbalance "
+        "(leader.imbalance.check.interval.seconds, in ms).",
+    )
+    leader_imbalance_per_broker_percentage: int = setting(
+        10,
+        minimum=0,
+        maximum=100,
+        doc="The share of a broker's preferred partitions that may be led by others before "
+        "the check moves them back (leader.imbalance.per.broker.percentage).",
+    )
     default_partitions: int = setting(
         1, minimum=1, doc="Partitions of a new topic that does not say."
     )

@@ -9,6 +9,9 @@ PartitionRecord with the epochs bumped) or None when nothing changes. Rules:
 - an unclean election (only when the topic allows it and no clean candidate exists)
   picks the first usable replica outside the ISR; the ISR becomes just that replica
   and the leader is RECOVERING (KIP-704);
+- a preferred election (ElectLeaders PREFERRED, the controller's leader rebalance)
+  gives the leadership back to the first replica listed, only when it is in the ISR
+  and usable;
 - a broker that goes away (fenced, shutting down, replaced by a new incarnation)
   leaves every ISR except where it is the last member (KIP-903's exception: there is
   no better replica to keep), and if it led the partition a new leader is elected;
@@ -47,6 +50,7 @@ __all__ = [
     "change_partition",
     "elect_if_leaderless",
     "elect_leader",
+    "elect_preferred",
     "remove_broker",
 ]
 
@@ -76,6 +80,22 @@ def elect_leader(
         if outside:  # the first in replica order, the last resort after the others
             return Election(min(outside, key=lambda b: b in last_resort), True)
     return Election(NO_LEADER, False)
+
+
+def elect_preferred(partition: PartitionRecord, is_usable: IsUsable) -> PartitionRecord | None:
+    """The partition led by its preferred replica (the first listed) when that replica
+    is in sync, usable and not leading already; None otherwise. A partition recovering
+    from an unclean election keeps its leader until it has recovered."""
+    preferred = partition.replicas[0] if partition.replicas else NO_LEADER
+    if (
+        preferred == NO_LEADER
+        or partition.leader == preferred
+        or preferred not in partition.isr
+        or not is_usable(preferred)
+        or partition.leader_recovery_state == LEADER_RECOVERING
+    ):
+        return None
+    return change_partition(partition, leader=preferred)
 
 
 def remove_broker(

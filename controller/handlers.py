@@ -130,6 +130,7 @@ class ControllerHandlers(ControllerPart):
         self.fence_expired_brokers = self.membership.fence_expired_brokers
         self.alter_partition = self.replication.alter_partition
         self.elect_leaders = self.replication.elect_leaders
+        self.rebalance_leaders = self.replication.rebalance_leaders
         self.create_topics = self.topic_control.create_topics
         self.delete_topics = self.topic_control.delete_topics
         self.allocate_producer_ids = self.producer_ids.allocate_producer_ids

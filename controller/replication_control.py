@@ -11,11 +11,13 @@ from collections.abc import Callable
 
 from controller.context import ControllerPart
 from controller.election import elect_if_leaderless
+from controller.election import elect_preferred
 from controller.election import remove_broker
 from controller.epochs import change_partition
 from controller.epochs import stale_broker_epoch
 from controller.state import MetadataImage
 from controller.topic_validation import unclean_election_enabled
+from protocol.api import ELECTION_PREFERRED
 from protocol.api import ELECTION_UNCLEAN
 from protocol.errors import ErrorCode
 from protocol.messages import AlterPartitionPartition
@@ -39,6 +41,19 @@ def partition_name(image: MetadataImage, record: PartitionRecord) -> str:
     """ "topic-partition" for log lines (the topic id when the topic is unknown)."""
     topic = image.topics.get(record.topic_id)
     return f"{topic.name if topic else record.topic_id}-{record.partition_id}"
+
+
+def _election_result(
+    topic: str, partition: int, code: ErrorCode, why: str, state: PartitionRecord | None
+) -> ElectLeadersResult:
+    return ElectLeadersResult(
+        topic=topic,
+        partition=partition,
+        error_code=int(code),
+        error_message=why or None,
+        leader=-1 if state is None else state.leader,
+        leader_epoch=-1 if state is None else state.leader_epoch,
+    )
 
 
 class ReplicationControl(ControllerPart):
@@ -163,16 +178,18 @@ class ReplicationControl(ControllerPart):
     # ------------------------------------------------------------------ ElectLeaders
 
     async def elect_leaders(self, request: ElectLeadersRequest) -> ElectLeadersResponse:
-        """Kafka's ElectLeaders, unclean only, for leaderless partitions: a usable ISR
-        member if there is one, else (the operator accepting the loss of what it lacks)
-        the replica named, or the first usable one outside the ISR in replica order,
-        replicas known to have lost their data last."""
+        """Kafka's ElectLeaders. PREFERRED: the named partitions (all, when none are
+        named) led by their preferred replica where it is in sync. UNCLEAN, for
+        leaderless partitions: a usable ISR member if there is one, else (the operator
+        accepting the loss of what it lacks) the replica named, or the first usable one
+        outside the ISR in replica order, replicas known to have lost their data last."""
+        if request.election_type == ELECTION_PREFERRED:
+            return await self._elect_preferred(request)
         if request.election_type != ELECTION_UNCLEAN:
             return ElectLeadersResponse(
                 error_code=int(ErrorCode.INVALID_REQUEST),
-                error_message=f"election type {request.election_type} is not served: only "
-                f"unclean elections ({ELECTION_UNCLEAN}); a leaderless partition gets its "
-                "in-sync replica back as leader by itself",
+                error_message=f"election type {request.election_type} is not served: "
+                f"preferred ({ELECTION_PREFERRED}) or unclean ({ELECTION_UNCLEAN})",
             )
         if not request.partitions:
             return ElectLeadersResponse(
@@ -210,17 +227,86 @@ class ReplicationControl(ControllerPart):
                         )
                         records.append(changed)
                         state = changed
-                results.append(
-                    ElectLeadersResult(
-                        topic=item.topic,
-                        partition=item.partition,
-                        error_code=int(code),
-                        error_message=why or None,
-                        leader=-1 if state is None else state.leader,
-                        leader_epoch=-1 if state is None else state.leader_epoch,
-                    )
-                )
+                results.append(_election_result(item.topic, item.partition, code, why, state))
             return records, ElectLeadersResponse(results=results)
+
+        return await self.writer.commit(build)
+
+    def _usable_leader(self, image: MetadataImage) -> Callable[[int], bool]:
+        stopping = {broker for broker, _ in self.ctx.shutting_down}
+        return lambda b: b not in stopping and image.is_unfenced(b)
+
+    async def _elect_preferred(self, request: ElectLeadersRequest) -> ElectLeadersResponse:
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], ElectLeadersResponse]:
+            usable = self._usable_leader(image)
+            named = [(p.topic, p.partition) for p in request.partitions] or [
+                (topic.name, record.partition_id) for topic, record in image.topic_partitions()
+            ]
+            records: list[MetadataRecord] = []
+            results: list[ElectLeadersResult] = []
+            for topic_name, partition_id in dict.fromkeys(named):
+                tp = f"{topic_name}-{partition_id}"
+                topic = image.topic_by_name(topic_name)
+                state = None if topic is None else topic.partitions.get(partition_id)
+                code, why = ErrorCode.NONE, ""
+                if state is None:
+                    code, why = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{tp} does not exist"
+                elif state.replicas and state.leader == state.replicas[0]:
+                    code, why = (
+                        ErrorCode.ELECTION_NOT_NEEDED,
+                        (f"{tp} is led by its preferred replica, broker {state.leader}"),
+                    )
+                elif (changed := elect_preferred(state, usable)) is None:
+                    code, why = (
+                        ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+                        (
+                            f"the preferred replica of {tp}, broker {state.replicas[0]}, is not "
+                            f"in sync and up (ISR {state.isr}); it leads again once it caught up"
+                        ),
+                    )
+                else:
+                    self.log_partition_change(image, state, changed, "preferred election")
+                    records.append(changed)
+                    state = changed
+                results.append(_election_result(topic_name, partition_id, code, why, state))
+            return records, ElectLeadersResponse(results=results)
+
+        return await self.writer.commit(build)
+
+    async def rebalance_leaders(self) -> int:
+        """Kafka's auto leader rebalance: for each broker that leads fewer of the
+        partitions it is preferred for than the imbalance percentage allows, give those
+        whose preferred replica is in sync back to it (in one change). How many moved."""
+        allowed = self.config.leader_imbalance_per_broker_percentage
+
+        def build(image: MetadataImage) -> tuple[list[MetadataRecord], int]:
+            usable = self._usable_leader(image)
+            preferred: dict[int, int] = {}
+            elsewhere: dict[int, list[PartitionRecord]] = {}
+            for _topic, state in image.topic_partitions():
+                if not state.replicas:
+                    continue
+                broker = state.replicas[0]
+                preferred[broker] = preferred.get(broker, 0) + 1
+                if state.leader != broker:
+                    elsewhere.setdefault(broker, []).append(state)
+            records: list[MetadataRecord] = []
+            for broker, states in sorted(elsewhere.items()):
+                if len(states) * 100 <= allowed * preferred[broker]:
+                    continue
+                moved = [c for s in states if (c := elect_preferred(s, usable)) is not None]
+                if moved:
+                    log.info(
+                        "leader rebalance: broker %d led %d of the %d partitions it is "
+                        "preferred for (imbalance allowed: %d%%); %d go back to it",
+                        broker,
+                        preferred[broker] - len(states),
+                        preferred[broker],
+                        allowed,
+                        len(moved),
+                    )
+                records.extend(moved)
+            return records, len(records)
 
         return await self.writer.commit(build)
 

@@ -66,7 +66,7 @@ def api_name(api_key: int) -> str:
         return f"api {api_key}"
 
 
-# ElectLeaders election types (Kafka's numbers); only UNCLEAN is served.
+# ElectLeaders election types (Kafka's numbers).
 ELECTION_PREFERRED = 0
 ELECTION_UNCLEAN = 1
 

@@ -461,60 +461,90 @@ def topic_delete(names: tuple[str, ...], bootstrap: str) -> None:
 
 
 @topic.command("elect-leader")
-@click.argument("name")
+@click.argument("name", required=False)
 @click.option(
     "-p",
     "--partition",
     "partitions",
     type=int,
     multiple=True,
-    required=True,
     metavar="N",
-    help="A leaderless partition of NAME (repeat for several).",
+    help="A partition of NAME (repeat for several).  [--preferred: default every "
+    "partition of NAME, or of the cluster without NAME]",
+)
+@click.option(
+    "--preferred",
+    is_flag=True,
+    help="Give the leadership back to each partition's preferred replica (the first "
+    "listed) where it is in sync (kafka-leader-election.sh --election-type preferred; "
+    "the controller also does it by itself, see --auto-leader-rebalance-enable).",
 )
 @click.option(
     "--unclean",
     is_flag=True,
-    help="Required: elect a replica outside the ISR when no in-sync replica is up, "
-    "accepting the loss of acknowledged records it lacks.",
+    help="For leaderless partitions: elect a replica outside the ISR when no in-sync "
+    "replica is up, accepting the loss of acknowledged records it lacks.",
 )
 @click.option(
     "--replica",
     type=int,
     default=None,
     metavar="ID",
-    help="The broker whose replica to elect (compare them with `minibroker debug "
-    "replica-log`).  [default: the controller's choice: the first live replica in "
-    "replica order, one known to have lost its data last]",
+    help="With --unclean: the broker whose replica to elect (compare them with "
+    "`minibroker debug replica-log`).  [default: the controller's choice: the first "
+    "live replica in replica order, one known to have lost its data last]",
 )
 @client_command
 def topic_elect_leader(
-    name: str, partitions: tuple[int, ...], unclean: bool, replica: int | None, bootstrap: str
+    name: str | None,
+    partitions: tuple[int, ...],
+    preferred: bool,
+    unclean: bool,
+    replica: int | None,
+    bootstrap: str,
 ) -> None:
-    """Elect a leader for leaderless partitions (kafka-leader-election.sh --election-type
-    unclean): the way back when no in-sync replica can return, e.g. the last one lost
-    its disk. Partitions that have a leader are left alone."""
-    if not unclean:
+    """Elect leaders (kafka-leader-election.sh). --preferred: partitions led again by
+    their preferred replica, once it is back in sync after a failure. --unclean: the way
+    back for a leaderless partition when no in-sync replica can return, e.g. the last
+    one lost its disk. Partitions that need nothing are left alone."""
+    if preferred == unclean:
         _fail(
-            "only unclean elections are supported (a leaderless partition gets its in-sync "
-            "replica back as leader by itself); pass --unclean to elect a replica outside the "
-            "ISR, accepting the loss of acknowledged records it lacks"
+            "say which election: --preferred (back to the preferred replica, once in sync) "
+            "or --unclean (a leaderless partition gets a replica outside the ISR, accepting "
+            "the loss of acknowledged records it lacks)"
         )
+    if preferred and replica is not None:
+        _fail("--replica goes with --unclean: a preferred election elects the first replica")
+    if unclean and (name is None or not partitions):
+        _fail("--unclean needs NAME and the leaderless partitions (-p N)")
+    if partitions and name is None:
+        _fail("-p N needs the topic NAME")
 
     async def go() -> dict[TopicPartition, LeaderElection]:
         async with cli_admin(bootstrap) as admin:
-            tps = [TopicPartition(name, p) for p in partitions]
-            return await admin.elect_leaders(tps, unclean=True, replica=replica)
+            if unclean:
+                tps = [TopicPartition(name or "", p) for p in partitions]
+                return await admin.elect_leaders(tps, unclean=True, replica=replica)
+            if name is not None and not partitions:
+                described = await admin.describe_topics([name], include_offsets=False)
+                tps = [TopicPartition(name, p.partition) for p in described[0].partitions]
+            else:
+                tps = [TopicPartition(name or "", p) for p in partitions]
+            return await admin.elect_leaders(tps, preferred=True)
 
-    failed = 0
+    failed = moved = 0
     for tp, result in sorted(run(go).items()):
         if result.error is None:
+            moved += 1
             click.echo(f"{tp}: broker {result.leader} leads at leader epoch {result.leader_epoch}")
         elif result.error.error_code == ErrorCode.ELECTION_NOT_NEEDED:
-            click.echo(f"{tp}: nothing to do, {result.error.message}")
+            if unclean:
+                click.echo(f"{tp}: nothing to do, {result.error.message}")
         else:
             click.echo(f"{tp}: {result.error}", err=True)
             failed += 1
+    if preferred and not moved and not failed:
+        click.echo("every partition is led by its preferred replica: nothing to do")
     if failed:
         _fail(f"no leader elected for {_plural(failed, 'partition')}")
 

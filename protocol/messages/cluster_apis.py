@@ -267,10 +267,12 @@ class ElectLeadersPartition(Message, kw_only=True):
 
 
 class ElectLeadersRequest(Message, kw_only=True):
-    """Kafka's ElectLeaders (API 43), for leaderless partitions only: the operator's
-    way out when no in-sync replica can come back (e.g. the last one lost its disk)."""
+    """Kafka's ElectLeaders (API 43). UNCLEAN, for leaderless partitions: the
+    operator's way out when no in-sync replica can come back (e.g. the last one lost its
+    disk). PREFERRED: back to each partition's preferred replica where it is in sync
+    (no partitions named: every partition of the cluster)."""
 
-    election_type: int = ELECTION_UNCLEAN  # the only type served
+    election_type: int = ELECTION_UNCLEAN
     partitions: list[ElectLeadersPartition] = []
     timeout_ms: int = 30_000
 

@@ -246,11 +246,14 @@ def test_unreachable_cluster_is_one_clear_line() -> None:
         assert "minibroker dev" in err[0]
 
 
-def test_elect_leader_is_unclean_only_and_says_so() -> None:
+def test_elect_leader_asks_which_election_and_says_so() -> None:
     result = mb("topic", "elect-leader", "t", "-p", "0", "-b", "127.0.0.1:1")
     assert result.returncode == 1
-    assert result.stderr.startswith("error: only unclean elections are supported"), result.stderr
-    assert "pass --unclean" in result.stderr
+    assert result.stderr.startswith("error: say which election: --preferred"), result.stderr
+    assert "--unclean" in result.stderr
+    unclean = mb("topic", "elect-leader", "t", "--unclean", "-b", "127.0.0.1:1")
+    assert unclean.returncode == 1
+    assert "--unclean needs NAME and the leaderless partitions" in unclean.stderr
 
 
 def test_bootstrap_from_the_environment() -> None:

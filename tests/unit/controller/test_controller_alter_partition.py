@@ -39,7 +39,10 @@ async def alter(
     partition: int = 0,
     recovery: int = 0,
 ) -> AlterPartitionResponse:
-    current = h.partition("t", 0)
+    # The epochs default to the partition's own; one that does not exist gets t-0's.
+    image_topic = h.image.topic_by_name(topic)
+    exists = image_topic is not None and partition in image_topic.partitions
+    current = h.partition(topic, partition) if exists else h.partition("t", 0)
     return await h.handlers.alter_partition(
         AlterPartitionRequest(
             broker_id=broker_id,

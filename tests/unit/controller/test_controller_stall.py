@@ -231,9 +231,9 @@ async def test_elect_leaders_says_what_is_wrong(harness) -> None:
     h = harness
     epochs = await _last_in_sync_is_1(h)
     await h.register(1, empty_disk=True)
-    bad_type = await elect(h, ("t", 0, -1), election_type=0)
+    bad_type = await elect(h, ("t", 0, -1), election_type=7)
     assert bad_type.error_code == ErrorCode.INVALID_REQUEST
-    assert "only unclean elections" in (bad_type.error_message or "")
+    assert "preferred (0) or unclean (1)" in (bad_type.error_message or "")
     assert (await elect(h)).error_code == ErrorCode.INVALID_REQUEST
     results = (await elect(h, ("nope", 0, -1), ("u", 0, -1), ("t", 5, -1), ("u", 0, 2))).results
     codes = [(r.error_code, r.error_message or "") for r in results]
