@@ -47,6 +47,7 @@ from client.health import ClusterHealth
 from client.producer import AsyncProducer
 from client.producer import ProducerBatch
 from client.producer.accumulator import RecordAccumulator
+from client.record_columns import ColumnBuffer
 from client.signatures import parameters_of
 from client.types import ConsumerRecord
 from client.types import OffsetAndMetadata
@@ -360,6 +361,12 @@ class Consumer(_SyncClient):
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Records per partition, waiting up to `timeout_ms` for some."""
         return self._run(self._client.poll(timeout_ms, max_records), timeout_ms)
+
+    def poll_batches(self, timeout_ms: int = 0) -> dict[TopicPartition, ColumnBuffer]:
+        """For bulk readers: each partition's next fetch as columns (raw bytes, no
+        ConsumerRecord per record), waiting up to `timeout_ms`; AsyncConsumer.poll_batches.
+        The next fetch is on its way while the caller works on these."""
+        return self._run(self._client.poll_batches(timeout_ms), timeout_ms)
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         """Records one by one until close()."""

@@ -242,6 +242,11 @@ class AsyncConsumer(
             self._notice_leader_changes()
             drained = drain()
             if drained:
+                # Pipelining, as Kafka's consumer does before poll returns: the next
+                # fetch of the partitions just drained goes out now, while the caller
+                # works on these (at most one fetch per leader in flight; an answer for a
+                # position that a seek, pause or rebalance changed meanwhile is dropped).
+                self._send_fetches()
                 return drained
             if self._pending_error is not None:
                 error, self._pending_error = self._pending_error, None

@@ -5,6 +5,8 @@ poll() reports them."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from client_fakes import FakeBroker
 from client_fakes import StartBroker
@@ -20,6 +22,7 @@ from client.errors import LogTruncationError
 from client.record_columns import ColumnBuffer
 from client.types import OffsetAndMetadata
 from client.types import TopicPartition
+from protocol.messages import FetchRequest
 from protocol.record_batch import encode_batch
 
 T0 = TopicPartition("t", 0)
@@ -100,3 +103,29 @@ async def test_a_diverging_epoch_raises_log_truncation(start_broker: StartBroker
             for _ in range(20):
                 await consumer.poll_batches(timeout_ms=50)
         assert info.value.divergent_offsets == {T0: OffsetAndMetadata(5, "", 2)}
+
+
+async def test_the_next_fetch_is_on_its_way_when_poll_batches_returns(broker: FakeBroker) -> None:
+    """Pipelining (issue 20 item 2), as Kafka's consumer: when poll_batches() returns a
+    fetch, the fetch of what follows is already sent, so the broker's read and the
+    network overlap the caller's work. A seek while it is out drops its answer: the
+    records come from the seek, each once, in order."""
+    one = encode_batch([(None, b"v%d" % i) for i in range(10)])
+    for _ in range(3):
+        put(broker, one, 10)
+    async with AsyncConsumer(broker.address, max_partition_fetch_bytes=len(one)) as consumer:
+        consumer.assign([T0])
+        consumer.seek(T0, 0)
+        first = await consumer.poll_batches(timeout_ms=1000)
+        assert first[T0].offsets == list(range(10))
+        await asyncio.sleep(0.1)  # the caller at work; no poll meanwhile
+        asked = [
+            p.fetch_offset
+            for r in broker.requests_of(FetchRequest)
+            for t in r.topics
+            for p in t.partitions
+        ]
+        assert asked[-1] == 10, asked  # sent before the caller came back
+        consumer.seek(T0, 5)  # the prefetched answer (offsets 10-19) is now stale
+        offsets = [o for c in await batches_until(consumer, 25) for o in c.offsets]
+        assert offsets == list(range(5, 30))

@@ -185,3 +185,25 @@ def test_cli_consume_reports_truncation(broker: FakeBroker, reset: str) -> None:
         assert result.exit_code == 0, result.stderr
         assert lines[0].startswith("warning: ")
         assert values[10:] == [f"new{i}" for i in range(4)]
+
+
+def test_sync_poll_batches(broker: FakeBroker) -> None:
+    """Consumer.poll_batches: the blocking twin of AsyncConsumer.poll_batches."""
+    with Producer(broker.address, linger_ms=0) as producer:
+        for i in range(5):
+            producer.send_and_wait("t", b"b%d" % i, key=b"k%d" % i, partition=1)
+    t1 = TopicPartition("t", 1)
+    with Consumer(broker.address, auto_offset_reset="earliest", fetch_max_wait_ms=50) as c:
+        c.assign([t1])
+        offsets: list[int] = []
+        values: list[bytes | None] = []
+        for _ in range(50):
+            for tp, columns in c.poll_batches(timeout_ms=200).items():
+                assert tp == t1
+                offsets += columns.offsets
+                values += columns.values
+            if len(offsets) >= 5:
+                break
+        assert offsets == [0, 1, 2, 3, 4]
+        assert values == [b"b0", b"b1", b"b2", b"b3", b"b4"]
+        assert c.position(t1) == 5
