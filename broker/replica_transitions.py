@@ -69,6 +69,20 @@ class ReplicaTransitions:
                     reason=f"topic id {topic_id} vanished from the cluster metadata (a "
                     "snapshot without it) and no deletion record names it",
                 )
+        # The new replicas' directories first, made durable by one fsync for the whole
+        # delta, before any of them leads or follows.
+        created = False
+        for states in (changes.leaders, changes.followers, changes.offline):
+            for state in states.values():
+                if state.tp not in self.partitions:
+                    config = self._log_config_for(state.topic)
+                    created |= self.log_manager.prepare_new_log(state.tp, config)
+                    await share.turn()
+        if created:
+            try:
+                self.log_manager.sync_new_logs()
+            except StorageError as exc:  # each replica's creation tries again, and says
+                log.warning("new replicas: %s", exc)
         for states in (changes.leaders, changes.followers, changes.offline):
             for state in states.values():
                 await self._take_role(state, ts)

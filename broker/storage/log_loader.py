@@ -315,5 +315,9 @@ class LogLoader:
                 "[Log %s] %s; the log is empty, starting an empty cache", self.name, problem
             )
         cache = LeaderEpochFileCache(checkpoint, entries, name=self.name)
-        cache.flush()
+        if entries or checkpoint.path.exists():
+            cache.flush()
+        # else a new, empty log: an absent checkpoint reads as the empty cache it is,
+        # and the first epoch assigned writes the file before any batch (two fsyncs
+        # saved per replica created).
         return cache

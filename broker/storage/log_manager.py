@@ -135,6 +135,8 @@ class LogManager:
         self.file_handles = FileHandleCache(max_open_segment_files)
         self.default_config = default_config
         self._logs: dict[TopicPartition, Log] = {}
+        # Logs created whose directory entry is not fsynced yet (prepare_new_log).
+        self._unsynced: set[TopicPartition] = set()
         self._strays: dict[str, StrayLog] = {}  # by directory name
         self._had_clean_shutdown = False
         self._is_new = False
@@ -250,14 +252,47 @@ class LogManager:
     def get_log(self, tp: TopicPartition) -> Log | None:
         return self._logs.get(tp)
 
+    def prepare_new_log(self, tp: TopicPartition, config: LogConfig) -> bool:
+        """Create the log of `tp` if it has no directory yet, leaving the fsync of its
+        directory entry to `sync_new_logs`, which must run before the log is used: a
+        metadata delta of 10,000 new replicas makes them durable with one fsync of the
+        data directory, not one each. True if created; a log that cannot be created is
+        left for `get_or_create_log`, which says why."""
+        if tp in self._logs or (self.data_dir / f"{tp[0]}-{tp[1]}").exists():
+            return False
+        try:
+            self._create_log(tp, config)
+        except (StorageError, OSError, ValueError):
+            return False
+        return True
+
+    def sync_new_logs(self) -> None:
+        """Make the directory entries of the logs `prepare_new_log` created durable.
+        If it fails, `get_or_create_log` tries again for each before handing it out."""
+        if not self._unsynced:
+            return
+        with self.dir_failure.guard("making new log directories durable"):
+            fsync_directory(self.data_dir)
+        self._unsynced.clear()
+
     def get_or_create_log(self, tp: TopicPartition, config: LogConfig | None = None) -> Log:
-        """The log of `tp`, created empty if absent; `config` replaces its settings."""
+        """The log of `tp`, created empty if absent; `config` replaces its settings.
+        The directory entry of a log it hands out is durable."""
         self._check_started()
         log = self._logs.get(tp)
-        if log is not None:
-            if config is not None:
-                log.update_config(config)
-            return log
+        if log is None:
+            log = self._create_log(tp, config)
+        elif config is not None:
+            log.update_config(config)
+        if tp in self._unsynced:
+            with self.dir_failure.guard(f"creating the log of {tp[0]}-{tp[1]}"):
+                fsync_directory(self.data_dir)  # the new directory entry survives a crash
+            self._unsynced.discard(tp)
+        return log
+
+    def _create_log(self, tp: TopicPartition, config: LogConfig | None) -> Log:
+        """Open a log of `tp` not known yet (new, or a directory that appeared since
+        startup) and register it, its directory entry not yet fsynced (`_unsynced`)."""
         topic, partition = tp
         if not _LEGAL_TOPIC.match(topic) or topic in (".", ".."):
             raise ValueError(
@@ -276,8 +311,8 @@ class LogManager:
                 dir_failure=self.dir_failure,
                 handles=self.file_handles,
             )
-            fsync_directory(self.data_dir)  # the new directory entry survives a crash
         self._logs[tp] = log
+        self._unsynced.add(tp)
         logger.info("Created log for partition %s-%d in %s", topic, partition, dir)
         return log
 
@@ -298,6 +333,7 @@ class LogManager:
         log.flush()
         log.close()
         del self._logs[tp]
+        self._unsynced.discard(tp)
         aside = log.dir.with_name(aside_dir_name(tp, STRAY_DIR_SUFFIX))
         with self.dir_failure.guard(f"setting aside the log of {tp[0]}-{tp[1]}"):
             os.rename(log.dir, aside)
@@ -320,6 +356,7 @@ class LogManager:
         self._check_started()
         self.dir_failure.check()
         log = self._logs.pop(tp, None)
+        self._unsynced.discard(tp)
         if log is None:
             return False
         log.close(snapshot=False)

@@ -274,13 +274,21 @@ def test_corrupt_or_missing_epoch_checkpoint_is_rebuilt_from_batch_headers(
     log.close()
 
 
-def test_missing_epoch_checkpoint_of_an_empty_log_is_recreated_quietly(
+def test_missing_epoch_checkpoint_of_an_empty_log_is_an_empty_cache_quietly(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
-    with caplog.at_level(logging.WARNING):
-        log = Log.open(tmp_path / "fresh-0", CONFIG, had_clean_shutdown=False)
-    assert caplog.records == []
-    assert (tmp_path / "fresh-0" / LEADER_EPOCH_CHECKPOINT).read_text() == "0\n0\n"
+    """A new, empty log writes no empty checkpoint (issue 20: two fsyncs per replica
+    created), and opens again without one quietly; its first epoch writes the file."""
+    for _ in range(2):
+        with caplog.at_level(logging.WARNING):
+            log = Log.open(tmp_path / "fresh-0", CONFIG, had_clean_shutdown=False)
+        assert caplog.records == []
+        assert log.latest_epoch == -1
+        assert not (tmp_path / "fresh-0" / LEADER_EPOCH_CHECKPOINT).exists()
+        log.close()
+    log = Log.open(tmp_path / "fresh-0", CONFIG, had_clean_shutdown=True)
+    log.epoch_cache.assign(2, 0)
+    assert (tmp_path / "fresh-0" / LEADER_EPOCH_CHECKPOINT).read_text() == "0\n1\n2 0\n"
     log.close()
 
 
