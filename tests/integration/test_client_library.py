@@ -114,3 +114,69 @@ def test_sync_api_from_a_plain_thread(cluster: Cluster) -> None:
     thread.join(90)
     assert not errors, errors
     assert values == [b"v%d" % i for i in range(15)]
+
+
+async def create_and_fill(servers: str, topic: str, n: int) -> None:
+    """A 1-partition topic holding values v000000.. in 4 KiB batches."""
+    async with AsyncAdmin(servers) as admin:
+        await admin.create_topic(topic, 1, 1)
+    async with AsyncProducer(servers, linger_ms=0, batch_size=4096) as producer:
+        for i in range(n):
+            await producer.send(topic, b"v%06d" % i, partition=0)
+        await producer.flush()
+
+
+def test_sync_poll_batches_many_fetches_in_order(cluster: Cluster) -> None:
+    """Consumer.poll_batches (sync) over many small fetches, each prefetched while the
+    caller works: every record once, in order, position just past the last one."""
+    servers = bootstrap(cluster)
+    tp = TopicPartition("syncb", 0)
+    n = 3000
+
+    asyncio.run(create_and_fill(servers, "syncb", n))
+    offsets: list[int] = []
+    values: list[bytes | None] = []
+    # 4 KiB per partition per fetch: dozens of fetches, each sent before the
+    # previous answer's columns are handed out.
+    with Consumer(
+        servers, auto_offset_reset="earliest", max_partition_fetch_bytes=4096
+    ) as consumer:
+        consumer.assign([tp])
+        deadline = time.monotonic() + 60
+        while len(offsets) < n and time.monotonic() < deadline:
+            for got_tp, columns in consumer.poll_batches(500).items():
+                assert got_tp == tp
+                offsets.extend(columns.offsets)
+                values.extend(columns.values)
+                time.sleep(0.002)  # the caller's work, overlapping the next fetch
+        assert consumer.position(tp) == n
+    assert offsets == list(range(n))
+    assert values == [b"v%06d" % i for i in range(n)]
+
+
+def test_seek_while_poll_batches_prefetches(cluster: Cluster) -> None:
+    """A seek() while the next fetch is in flight: the prefetched answer (for the old
+    position) is dropped, the next batches start at the seeked offset."""
+    servers = bootstrap(cluster)
+    tp = TopicPartition("seekb", 0)
+    n = 2000
+
+    asyncio.run(create_and_fill(servers, "seekb", n))
+    with Consumer(
+        servers, auto_offset_reset="earliest", max_partition_fetch_bytes=4096
+    ) as consumer:
+        consumer.assign([tp])
+        first: list[int] = []
+        deadline = time.monotonic() + 30
+        while not first and time.monotonic() < deadline:
+            first = [o for c in consumer.poll_batches(500).values() for o in c.offsets]
+        assert first and first[0] == 0
+        time.sleep(0.2)  # the prefetch (from first[-1] + 1) has its answer by now
+        for target in (1500, 7):
+            consumer.seek(tp, target)
+            got: list[int] = []
+            while not got and time.monotonic() < deadline:
+                got = [o for c in consumer.poll_batches(500).values() for o in c.offsets]
+            assert got and got[0] == target, (target, got[:3])
+            assert got == list(range(target, target + len(got)))
+            assert consumer.position(tp) == got[-1] + 1
