@@ -51,7 +51,6 @@ class ReplicaTransitions:
         if self.log_dir_failure is not None:
             return  # nothing here can be led, followed or deleted until a restart
         changes = delta.local_changes(self.node_id)
-        ts = mono_ms()
         share = _LoopShare()
         for tp, topic_id in changes.deletes.items():
             # A replica of a newer topic with the same name is not the one to delete.
@@ -85,14 +84,14 @@ class ReplicaTransitions:
                 log.warning("new replicas: %s", exc)
         for states in (changes.leaders, changes.followers, changes.offline):
             for state in states.values():
-                await self._take_role(state, ts)
+                await self._take_role(state)
                 await share.turn()
         if delta.brokers_changed:
             self.fetchers.on_brokers_changed()
         for topic, configs in delta.topic_configs.items():
             self._apply_topic_configs(topic, configs)
 
-    async def _take_role(self, state: PartitionState, ts: int) -> None:
+    async def _take_role(self, state: PartitionState) -> None:
         """Lead, follow or go offline as `state` says for this broker; a replica whose
         log cannot be created or opened (out of descriptors, say) is retried later."""
         tp = state.tp
@@ -102,7 +101,10 @@ class ReplicaTransitions:
         if state.leader == self.node_id:
             # Stop fetching first: no fetched batch may land once we lead.
             self.fetchers.remove_partition(tp)
-            p.make_leader(state, ts)
+            # Now, not when the delta began: creating its replicas can take longer
+            # than replica.lag.time.max.ms, and the ISR's followers get a full lag
+            # window from the moment we lead (Kafka's makeLeader).
+            p.make_leader(state, mono_ms())
             self._isr_retry_after.pop(tp, None)
             self._notify(tp)
             self._leadership_changed(p, True)
@@ -134,7 +136,7 @@ class ReplicaTransitions:
             if state is None or self.node_id not in state.replicas or tp in self.partitions:
                 self._failed_replicas.pop(tp, None)  # moved away, deleted, or back
                 continue
-            await self._take_role(state, ts)
+            await self._take_role(state)
             await share.turn()
 
     def _replica_failed(self, tp: TopicPartition) -> None:

@@ -5,14 +5,17 @@ min.insync.replicas along the way."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from broker_harness import Harness
 from replication_harness import LocalCluster
 
 from broker.alter_partition import AlterPartitionManager
 from broker.alter_partition import IsrChange
+from broker.delayed_requests import mono_ms
 from broker.isr import ReplicaState
 from broker.isr import caught_up_for_expand
 from broker.isr import ineligibility
@@ -320,3 +323,27 @@ async def test_acks_all_is_not_answered_by_a_later_leadership(cluster: LocalClus
     await c.elect("t", 1)
     r = await asyncio.wait_for(waiting, 5)
     assert r.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+async def test_a_slow_delta_still_gives_followers_a_full_lag_window(tmp_path: Path) -> None:
+    """Found at 10,000 partitions: creating a delta's replicas took longer than
+    replica.lag.time.max.ms, the new leaders dated their followers' last catch-up to
+    the delta's start, and the first ISR check shrank every ISR to the leader alone
+    (the failover that followed found partitions with no one to elect). The window
+    starts when the broker takes the lead (Kafka's makeLeader)."""
+    lag_ms = 200
+    h = Harness(tmp_path / "b1", 1, replica_lag_time_max_ms=lag_ms)
+    try:
+        sync_new_logs = h.log_manager.sync_new_logs
+
+        def slow_sync() -> None:
+            time.sleep(lag_ms * 1.5 / 1000)  # many replicas created by this delta
+            sync_new_logs()
+
+        h.log_manager.sync_new_logs = slow_sync  # type: ignore[method-assign]
+        await h.create_topic("t", 1, leader=1, replicas=[1, 2, 3])
+        p = h.rm.partitions[("t", 0)]
+        assert p.is_leader
+        assert p.out_of_sync_replicas(mono_ms(), lag_ms) == []
+    finally:
+        await h.close()
