@@ -322,6 +322,20 @@ class BrokerConfig:
         minimum=0,
         doc="Pause of a follower's fetcher after a failed fetch (replica.fetch.backoff.ms).",
     )
+    # Incremental fetch sessions (KIP-227, broker/fetch_sessions.py), Kafka's names.
+    max_incremental_fetch_session_cache_slots: int = setting(
+        1000,
+        minimum=0,
+        doc="Followers' fetch sessions this broker keeps as leader (one per follower); "
+        "0 turns sessions off and every follower fetch names all its partitions "
+        "(max.incremental.fetch.session.cache.slots).",
+    )
+    min_incremental_fetch_session_eviction_ms: int = setting(
+        120_000,
+        minimum=0,
+        doc="How long a fetch session must have been unused before a new one may take its "
+        "slot when all are taken (min.incremental.fetch.session.eviction.ms).",
+    )
     # What one Fetch may return, all partitions (KIP-74: at least the first batch
     # whole): a consumer's is capped at fetch.max.bytes, a follower's at
     # replica.fetch.response.max.bytes above.

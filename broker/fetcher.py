@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import random
 from collections.abc import Awaitable
@@ -49,6 +51,7 @@ from typing import TYPE_CHECKING
 
 from broker.faults import NO_FAULTS
 from broker.faults import Faults
+from broker.fetch_sessions import NO_SESSION
 from broker.fetch_state import IDLE_WAKE_S
 from broker.fetch_state import MAX_BACKOFF_FACTOR
 from broker.fetch_state import Client
@@ -56,6 +59,7 @@ from broker.fetch_state import ClientFactory
 from broker.fetch_state import PartitionFetchState
 from broker.fetch_state import Phase
 from broker.fetch_state import TopicPartition
+from broker.follower_fetch_session import FollowerFetchSession
 from broker.follower_truncation import FollowerTruncation
 from broker.partition import Partition
 from broker.partition import Role
@@ -66,7 +70,6 @@ from protocol.messages import FetchPartition
 from protocol.messages import FetchPartitionResponse
 from protocol.messages import FetchRequest
 from protocol.messages import FetchResponse
-from protocol.messages import FetchTopic
 from runtime import hop_trace
 from runtime.epoch_lineage import offset_truncation_state
 from runtime.peer_rpc import RpcClient
@@ -237,6 +240,15 @@ class SourceFetcher(FollowerTruncation):
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._failures = 0
+        # KIP-227: the leader is told only what changed, and nothing here walks every
+        # partition per fetch: a partition whose state may have changed is touched,
+        # and only touched ones are looked at again (`_refresh`).
+        self.session = FollowerFetchSession()
+        self._touched: dict[TopicPartition, None] = {}
+        self._fetching: dict[TopicPartition, PartitionFetchState] = {}  # ready to fetch
+        self._truncating: dict[TopicPartition, PartitionFetchState] = {}
+        self._backoffs: list[tuple[float, int, TopicPartition]] = []  # heap: ready at
+        self._backoff_seq = itertools.count()
         cfg = self.config
         self.backoff_s = max(0.001, cfg.replica_fetch_backoff_ms / 1000)
         self.unsafe_hw = cfg.unsafe_truncate_to_high_watermark
@@ -253,10 +265,51 @@ class SourceFetcher(FollowerTruncation):
 
     def add(self, state: PartitionFetchState) -> None:
         self.states[state.tp] = state
+        self._touch(state.tp)
         self._wake.set()
 
     def remove(self, tp: TopicPartition) -> bool:
+        self._touch(tp)
         return self.states.pop(tp, None) is not None
+
+    def _touch(self, tp: TopicPartition) -> None:
+        self._touched[tp] = None
+
+    def _refresh(self, now: float) -> None:
+        """Sort the touched partitions (and those whose backoff ended) into truncating,
+        fetching (their position goes to the session) or waiting."""
+        backoffs = self._backoffs
+        while backoffs and backoffs[0][0] <= now:
+            self._touch(heapq.heappop(backoffs)[2])
+        touched, self._touched = self._touched, {}
+        for tp in touched:
+            self._fetching.pop(tp, None)
+            self._truncating.pop(tp, None)
+            s = self.states.get(tp)
+            if s is None or not s.still_valid():
+                if s is not None:
+                    del self.states[tp]
+                self.session.drop(tp)
+            elif s.phase is Phase.TRUNCATING:
+                self._truncating[tp] = s
+                self.session.drop(tp)
+            elif s.ready_at > now:
+                heapq.heappush(backoffs, (s.ready_at, next(self._backoff_seq), tp))
+                self.session.drop(tp)
+            else:
+                self._fetching[tp] = s
+                self.session.set(tp, self._position(s))
+
+    def _position(self, s: PartitionFetchState) -> FetchPartition:
+        p = s.partition
+        return FetchPartition(
+            partition=p.index,
+            current_leader_epoch=s.leader_epoch,
+            fetch_offset=p.log_end_offset,
+            last_fetched_epoch=-1 if self.unsafe_hw else p.log.latest_epoch,
+            log_start_offset=p.log_start_offset,
+            partition_max_bytes=self.config.replica_fetch_max_bytes,
+        )
 
     def start(self) -> None:
         if self._task is None and not self._stopped:
@@ -281,14 +334,17 @@ class SourceFetcher(FollowerTruncation):
         try:
             while not self._stopped:
                 now = loop.time()
-                ready = [s for s in self.states.values() if s.ready_at <= now]
-                truncating = [s for s in ready if s.phase is Phase.TRUNCATING]
-                fetching = [s for s in ready if s.phase is Phase.FETCHING]
+                self._refresh(now)
+                truncating = [s for s in self._truncating.values() if s.ready_at <= now]
                 try:
                     if truncating:
-                        await self._truncate(truncating)
-                    elif fetching:
-                        await self._fetch(fetching)
+                        try:
+                            await self._truncate(truncating)
+                        finally:
+                            for s in truncating:
+                                self._touch(s.tp)
+                    elif self._fetching:
+                        await self._fetch()
                     else:
                         await self._idle(now)
                         continue
@@ -317,7 +373,12 @@ class SourceFetcher(FollowerTruncation):
 
     async def _idle(self, now: float) -> None:
         self._wake.clear()
-        next_at = min((s.ready_at for s in self.states.values()), default=now + IDLE_WAKE_S)
+        if self._touched:
+            return
+        waits = [s.ready_at for s in self._truncating.values()]
+        if self._backoffs:
+            waits.append(self._backoffs[0][0])
+        next_at = min(waits, default=now + IDLE_WAKE_S)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(min(IDLE_WAKE_S, max(0.0, next_at - now))):
                 await self._wake.wait()
@@ -329,6 +390,7 @@ class SourceFetcher(FollowerTruncation):
     def _back_off(self, state: PartitionFetchState, why: str) -> None:
         state.failures += 1
         state.ready_at = asyncio.get_running_loop().time() + self._backoff(state.failures)
+        self._touch(state.tp)
         if state.failures in (1, 10) or state.failures % 100 == 0:  # not every retry
             log.info(
                 "%s: fetch from broker %d at leader epoch %d: %s (%d in a row); backing off",
@@ -344,6 +406,7 @@ class SourceFetcher(FollowerTruncation):
         (the replica manager re-adds the partition when it follows again)."""
         if self.states.get(state.tp) is state:
             del self.states[state.tp]
+            self._touch(state.tp)
 
     def _current(self, state: PartitionFetchState) -> bool:
         """`state` is still this source's state for its partition, and valid."""
@@ -353,68 +416,86 @@ class SourceFetcher(FollowerTruncation):
 
     # ------------------------------------------------------------------ fetching
 
-    async def _fetch(self, states: list[PartitionFetchState]) -> None:
+    async def _fetch(self) -> None:
+        """One Fetch for the ready partitions: in a session, naming only those whose
+        position changed; the answer is applied partition by partition."""
         cfg = self.config
-        topics: dict[str, list[FetchPartition]] = {}
-        sent: dict[TopicPartition, tuple[PartitionFetchState, int]] = {}
-        for s in states:
-            if not self._current(s):
-                self._prune(s)
-                continue
-            p = s.partition
-            fetch_offset = p.log_end_offset
-            topics.setdefault(p.topic, []).append(
-                FetchPartition(
-                    partition=p.index,
-                    current_leader_epoch=s.leader_epoch,
-                    fetch_offset=fetch_offset,
-                    last_fetched_epoch=-1 if self.unsafe_hw else p.log.latest_epoch,
-                    log_start_offset=p.log_start_offset,
-                    partition_max_bytes=cfg.replica_fetch_max_bytes,
-                )
-            )
-            sent[s.tp] = (s, fetch_offset)
-        if not sent:
-            return
+        session = self.session.request()
         request = FetchRequest(
             replica_id=self.manager.node_id,
             replica_epoch=self.manager.broker_epoch(),
             max_wait_ms=cfg.replica_fetch_wait_max_ms,
             min_bytes=1,
             max_bytes=cfg.replica_fetch_response_max_bytes,
-            topics=[FetchTopic(topic=t, partitions=ps) for t, ps in topics.items()],
+            topics=session.topics,
+            session_id=session.session_id,
+            session_epoch=session.session_epoch,
+            forgotten=session.forgotten,
         )
-        resp = await self.client.request(request, timeout_s=self.fetch_timeout_s)
+        try:
+            resp = await self.client.request(request, timeout_s=self.fetch_timeout_s)
+        except BaseException:
+            self.session.reset()  # the leader may or may not have served it
+            raise
         assert isinstance(resp, FetchResponse)
-        if resp.error_code != ErrorCode.NONE:
-            for s, _ in sent.values():
-                self._back_off(s, f"Fetch answered {ErrorCode.of(resp.error_code).name}")
+        code = ErrorCode.of(resp.error_code)
+        if code in (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH):
+            # The leader restarted or dropped the session: the next fetch is full.
+            log.info(
+                "%s: fetch session %d: %s; opening a new one",
+                self.name,
+                session.session_id,
+                code.name,
+            )
+            self.session.reset()
             return
+        if code != ErrorCode.NONE:
+            self.session.reset()
+            for s in list(self._fetching.values()):
+                self._back_off(s, f"Fetch answered {code.name}")
+            return
+        positions = self.session.answered(resp.session_id)
+        sessionless = resp.session_id == NO_SESSION
+        seen: set[TopicPartition] = set()
         reset: list[PartitionFetchState] = []
         for topic in resp.responses:
             for r in topic.partitions:
-                entry = sent.pop((topic.topic, r.partition_index), None)
-                if entry is None:
+                tp = (topic.topic, r.partition_index)
+                position = positions.get(tp)
+                s = self.states.get(tp)
+                if position is None or s is None:
                     continue
-                s, fetch_offset = entry
+                seen.add(tp)
+                fetch_offset = position.fetch_offset
+                self._touch(tp)  # its position may change, or it backs off
+                if r.error_code:
+                    self.session.unsend(tp)
                 if (
                     not self._current(s)
                     or s.phase is not Phase.FETCHING
+                    or s.leader_epoch != position.current_leader_epoch
                     or s.partition.log_end_offset != fetch_offset
                 ):
                     continue  # the partition moved on while the fetch was out
-                if r.records and self.states.get(s.tp) is s:
+                if r.records:
                     # Kafka's fairness: who got data goes to the back, so a partition
                     # whose next batch is larger than its share gets the "at least
                     # one batch" turn (KIP-74) soon.
-                    self.states[s.tp] = self.states.pop(s.tp)
+                    self.states[tp] = self.states.pop(tp)
                 if await self._process_partition(s, fetch_offset, r):
                     reset.append(s)
-        for s, _ in sent.values():
-            if self._current(s):
-                self._back_off(s, "no Fetch answer for the partition")
+        if sessionless:
+            # A full answer names every partition; in a session, silence is "no news".
+            for tp in positions.keys() - seen:
+                s = self.states.get(tp)
+                if s is not None and self._current(s):
+                    self._back_off(s, "no Fetch answer for the partition")
         if reset:
-            await self._reset_to_leader_end(reset)
+            try:
+                await self._reset_to_leader_end(reset)
+            finally:
+                for s in reset:
+                    self._touch(s.tp)
 
     async def _process_partition(
         self, s: PartitionFetchState, fetch_offset: int, r: FetchPartitionResponse

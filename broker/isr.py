@@ -70,6 +70,15 @@ class ReplicaState:
         self.last_fetch_leader_leo = leader_leo
         self.last_fetch_time_ms = now_ms
 
+    def still_caught_up(self, now_ms: int) -> None:
+        """It fetched again at `now_ms` from the same offset, which was the leader's
+        LEO then (what `update` records for such a fetch, given by a fetch session
+        that found nothing new for it: broker/fetch_sessions.py)."""
+        self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, now_ms)
+        if now_ms > self.last_fetch_time_ms:
+            self.last_fetch_time_ms = now_ms
+            self.last_fetch_leader_leo = self.log_end_offset
+
     def is_caught_up(self, leader_leo: int, now_ms: int, lag_ms: int) -> bool:
         return self.log_end_offset == leader_leo or now_ms - self.last_caught_up_time_ms <= lag_ms
 

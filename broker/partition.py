@@ -331,6 +331,17 @@ class Partition(PartitionIsr):
         )
         return self.maybe_increment_high_watermark()
 
+    def follower_still_caught_up(self, replica_id: int, now_ms: int) -> None:
+        """A fetch session of `replica_id` that began at `now_ms` had nothing new for
+        it: it was at our LEO then, in this epoch."""
+        state = self.replica_states.get(replica_id)
+        if (
+            state is not None
+            and self.role is Role.LEADER
+            and state.fetch_epoch == self.leader_epoch
+        ):
+            state.still_caught_up(now_ms)
+
     def maybe_increment_high_watermark(self) -> bool:
         """HW = min LEO over the maximal ISR once every member fetched in this epoch;
         moves only forward. True when it moved."""

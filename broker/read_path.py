@@ -4,13 +4,23 @@ OffsetsForLeaderEpoch."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 
 from broker.delayed_requests import DelayedFetch
 from broker.delayed_requests import _FetchWatch
 from broker.delayed_requests import fetch_response_max_bytes
 from broker.delayed_requests import log
 from broker.delayed_requests import mono_ms
+from broker.fetch_sessions import FINAL_EPOCH
+from broker.fetch_sessions import INITIAL_EPOCH
+from broker.fetch_sessions import NO_SESSION
+from broker.fetch_sessions import FetchSession
+from broker.fetch_sessions import FetchSessionCache
+from broker.fetch_sessions import next_epoch
+from broker.metadata_image import TopicPartition
 from broker.partition import Partition
 from broker.storage.errors import FileOpenError
 from broker.storage.errors import OffsetOutOfRangeError
@@ -51,10 +61,90 @@ def _trace_fetch_answer(
             tracer.stamp_batches(hop, topic.topic, r.partition_index, r.records)
 
 
+class _FetchPass:
+    """One pass over a fetch's partitions, in the order given: the answers, the bytes
+    read (the fetch's byte budget shared by all of them, the first partition with data
+    returning at least one whole batch), what to watch if the fetch waits, and
+    whether it must answer now (an error)."""
+
+    def __init__(self, read_path: ReadPath, request: FetchRequest, *, first: bool) -> None:
+        self.read_path = read_path
+        self.replica_id = request.replica_id
+        self.replica_epoch = request.replica_epoch
+        self.is_follower = self.replica_id >= 0
+        self.to_leo = self.is_follower or self.replica_id == DEBUGGING_REPLICA_ID
+        self.first = first
+        self.remaining = fetch_response_max_bytes(read_path.config, request)
+        self.min_one = True
+        self.total = 0
+        self.answer_now = False
+        self.watches: list[_FetchWatch] = []
+        self.ts = mono_ms()
+
+    def read(
+        self, topic: str, fp: FetchPartition
+    ) -> tuple[FetchPartitionResponse, Partition | None]:
+        """The answer for one partition, and the partition when it passed the checks."""
+        replica_id = self.replica_id
+        # Kafka lets a debugging consumer read any replica, not only the leader.
+        r, p = self.read_path._fetch_partition_checks(
+            topic, fp, require_leader=replica_id != DEBUGGING_REPLICA_ID
+        )
+        if p is None:
+            self.answer_now = True
+            return r, None
+        if self.is_follower and replica_id not in p.replicas:
+            # Only assigned replicas may read past the high watermark.
+            r.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+            self.answer_now = True
+            return r, None
+        if self.is_follower and self.first:
+            self.read_path._record_follower_fetch(p, replica_id, self.replica_epoch, fp, self.ts)
+        r.high_watermark = p.high_watermark
+        r.last_stable_offset = p.high_watermark
+        max_offset = p.log_end_offset if self.to_leo else p.high_watermark
+        limit = min(max(0, fp.partition_max_bytes), self.remaining)
+        data = b""
+        if fp.fetch_offset < max_offset and (limit > 0 or self.min_one):
+            try:
+                data = p.log.read(
+                    fp.fetch_offset, limit, max_offset=max_offset, min_one_batch=self.min_one
+                )
+            except OffsetOutOfRangeError:
+                r.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+                r.log_start_offset = p.log_start_offset
+                self.answer_now = True
+                return r, None
+            except StorageError as exc:
+                # FileOpenError: logged once per run by the storage layer.
+                level = logging.DEBUG if isinstance(exc, FileOpenError) else logging.ERROR
+                log.log(level, "%s: read at %d failed: %s", p.name, fp.fetch_offset, exc)
+                r.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+                self.answer_now = True
+                return r, None
+        if data:
+            r.records = data
+            self.total += len(data)
+            self.remaining = max(0, self.remaining - len(data))
+            self.min_one = False
+        self.watches.append(_FetchWatch(p, fp.fetch_offset))
+        return r, p
+
+
 class ReadPath:
-    """The read path: Fetch with long-poll (consumers below the high watermark, followers up"""
+    """The read path: Fetch with long-poll (consumers below the high watermark, followers up
+    to the log end; a follower's fetch may use an incremental session)."""
+
+    fetch_sessions: FetchSessionCache
 
     async def fetch(self, request: FetchRequest) -> FetchResponse:
+        if request.replica_id >= 0 and (
+            request.session_id != NO_SESSION or request.session_epoch != FINAL_EPOCH
+        ):
+            return await self._session_fetch(request)
+        return await self._sessionless_fetch(request)
+
+    async def _sessionless_fetch(self, request: FetchRequest) -> FetchResponse:
         to_leo = request.replica_id >= 0 or request.replica_id == DEBUGGING_REPLICA_ID
         responses, total, watches, answer_now = self._read_fetch(request, first=True)
         max_wait_ms = min(request.max_wait_ms, self.config.max_fetch_wait_ms)
@@ -76,64 +166,106 @@ class ReadPath:
     ) -> tuple[list[FetchTopicResponse], int, list[_FetchWatch], bool]:
         """One pass over the requested partitions: (responses, bytes read, what to
         watch if the fetch waits, whether it must answer now)."""
-        replica_id = request.replica_id
-        is_follower = replica_id >= 0
-        to_leo = is_follower or replica_id == DEBUGGING_REPLICA_ID
-        remaining = fetch_response_max_bytes(self.config, request)
-        min_one = True  # the first partition with data returns at least one whole batch
-        total = 0
-        answer_now = False
-        watches: list[_FetchWatch] = []
-        ts = mono_ms()
+        fetch_pass = _FetchPass(self, request, first=first)
         out: list[FetchTopicResponse] = []
         for topic in request.topics:
-            parts: list[FetchPartitionResponse] = []
+            parts = [fetch_pass.read(topic.topic, fp)[0] for fp in topic.partitions]
             out.append(FetchTopicResponse(topic=topic.topic, partitions=parts))
-            for fp in topic.partitions:
-                # Kafka lets a debugging consumer read any replica, not only the leader.
-                r, p = self._fetch_partition_checks(
-                    topic.topic, fp, require_leader=replica_id != DEBUGGING_REPLICA_ID
-                )
-                parts.append(r)
-                if p is None:
-                    answer_now = True
-                    continue
-                if is_follower and replica_id not in p.replicas:
-                    # Only assigned replicas may read past the high watermark.
-                    r.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
-                    answer_now = True
-                    continue
-                if is_follower and first:
-                    self._record_follower_fetch(p, replica_id, request.replica_epoch, fp, ts)
-                r.high_watermark = p.high_watermark
-                r.last_stable_offset = p.high_watermark
-                max_offset = p.log_end_offset if to_leo else p.high_watermark
-                limit = min(max(0, fp.partition_max_bytes), remaining)
-                data = b""
-                if fp.fetch_offset < max_offset and (limit > 0 or min_one):
-                    try:
-                        data = p.log.read(
-                            fp.fetch_offset, limit, max_offset=max_offset, min_one_batch=min_one
-                        )
-                    except OffsetOutOfRangeError:
-                        r.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
-                        r.log_start_offset = p.log_start_offset
-                        answer_now = True
-                        continue
-                    except StorageError as exc:
-                        # FileOpenError: logged once per run by the storage layer.
-                        level = logging.DEBUG if isinstance(exc, FileOpenError) else logging.ERROR
-                        log.log(level, "%s: read at %d failed: %s", p.name, fp.fetch_offset, exc)
-                        r.error_code = ErrorCode.KAFKA_STORAGE_ERROR
-                        answer_now = True
-                        continue
-                if data:
-                    r.records = data
-                    total += len(data)
-                    remaining = max(0, remaining - len(data))
-                    min_one = False
-                watches.append(_FetchWatch(p, fp.fetch_offset))
-        return out, total, watches, answer_now
+        return out, fetch_pass.total, fetch_pass.watches, fetch_pass.answer_now
+
+    # ------------------------------------------------------------------ fetch sessions
+
+    async def _session_fetch(self, request: FetchRequest) -> FetchResponse:
+        """A follower's fetch that opens, continues or closes a session
+        (broker/fetch_sessions.py). Only the session's partitions that may have news
+        are looked at, and only those with news are answered."""
+        sessions = self.fetch_sessions
+        if request.session_epoch in (INITIAL_EPOCH, FINAL_EPOCH):
+            if request.session_id != NO_SESSION:
+                sessions.close(request.session_id, request.replica_id)
+            session = (
+                sessions.open(request.replica_id)
+                if request.session_epoch == INITIAL_EPOCH
+                else None
+            )
+            if session is None:
+                return await self._sessionless_fetch(request)
+        else:
+            found = sessions.lookup(request)
+            if isinstance(found, ErrorCode):
+                return FetchResponse(error_code=found)
+            session = found
+        session.in_use = True
+        session.last_request_ms = mono_ms()
+        session.next_epoch = next_epoch(request.session_epoch)
+        try:
+            return await self._serve_session(session, request)
+        finally:
+            session.in_use = False
+            session.last_used = time.monotonic()
+
+    async def _serve_session(self, session: FetchSession, request: FetchRequest) -> FetchResponse:
+        sessions = self.fetch_sessions
+        unknown = sessions.update(
+            session,
+            ((t.topic, fp) for t in request.topics for fp in t.partitions),
+            known=self.partitions.__contains__,
+        )
+        sessions.forget(session, ((t.topic, i) for t in request.forgotten for i in t.partitions))
+        max_wait_s = max(0, min(request.max_wait_ms, self.config.max_fetch_wait_ms)) / 1000
+        deadline = asyncio.get_running_loop().time() + max_wait_s
+        first = True
+        while True:
+            session.wake.clear()
+            responses = self._read_session(session, request, first=first, unknown=unknown)
+            first, unknown = False, []
+            remaining_s = deadline - asyncio.get_running_loop().time()
+            if responses or remaining_s <= 0 or session.id not in sessions.sessions:
+                break
+            # Kafka's min_bytes is 1 for followers: any news answers at once.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining_s):
+                    await session.wake.wait()
+        if hop_trace.TRACER is not None:
+            _trace_fetch_answer(hop_trace.TRACER, request, responses)
+        return FetchResponse(responses=responses, session_id=session.id)
+
+    def _read_session(
+        self,
+        session: FetchSession,
+        request: FetchRequest,
+        *,
+        first: bool,
+        unknown: list[tuple[str, FetchPartition]],
+    ) -> list[FetchTopicResponse]:
+        """One pass over the session's partitions that may have news. A partition stays
+        marked while the follower is behind (records sent, the byte budget ran out, an
+        error) or outside the ISR: it is looked at again next time, with the position
+        the follower states by then."""
+        fetch_pass = _FetchPass(self, request, first=first)
+        by_topic: dict[str, list[FetchPartitionResponse]] = {}
+        answered: list[TopicPartition] = []
+        for topic, fp in unknown:  # not kept in the session: answered once
+            by_topic.setdefault(topic, []).append(fetch_pass.read(topic, fp)[0])
+        for tp in list(session.dirty):
+            fp = session.partitions[tp].fetch
+            r, p = fetch_pass.read(tp[0], fp)
+            # Outside the ISR, every fetch may let the follower join it (Kafka looks
+            # at each session partition on each fetch): it stays marked until then.
+            behind = (
+                p is None or fp.fetch_offset < p.log_end_offset or request.replica_id not in p.isr
+            )
+            if not behind:
+                del session.dirty[tp]
+            if session.news(tp, r):
+                by_topic.setdefault(tp[0], []).append(r)
+                if r.records:
+                    answered.append(tp)
+        for tp in answered:  # to the back: the others get the byte budget first next time
+            if tp in session.dirty:
+                del session.dirty[tp]
+                session.dirty[tp] = None
+        return [FetchTopicResponse(topic=t, partitions=ps) for t, ps in by_topic.items()]
 
     def fetch_reservation(self, body: Message) -> int:
         """What a request may add to its connection's pending bytes beyond its own

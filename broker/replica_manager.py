@@ -42,6 +42,7 @@ from broker.delayed import Purgatory
 from broker.delayed_requests import log
 from broker.faults import NO_FAULTS
 from broker.faults import Faults
+from broker.fetch_sessions import FetchSessionCache
 from broker.fetcher import ClientFactory
 from broker.fetcher import FetcherManager
 from broker.isr_maintenance import IsrMaintenance
@@ -84,6 +85,11 @@ class ReplicaManager(ReplicaTransitions, AppendPath, ReadPath, IsrMaintenance, B
         self.partitions: dict[TopicPartition, Partition] = {}
         self.fetch_purgatory = Purgatory("fetch", max_size=config.max_delayed_operations)
         self.produce_purgatory = Purgatory("produce", max_size=config.max_delayed_operations)
+        self.fetch_sessions = FetchSessionCache(
+            max_slots=config.max_incremental_fetch_session_cache_slots,
+            eviction_ms=config.min_incremental_fetch_session_eviction_ms,
+            still_caught_up=self._follower_still_caught_up,
+        )
         self._checkpointed_hws = dict(checkpointed_high_watermarks or {})
         self._flush_locks: dict[TopicPartition, asyncio.Lock] = {}
         self._timed_flush: set[TopicPartition] = set()  # partitions with flush.ms set
@@ -153,9 +159,15 @@ class ReplicaManager(ReplicaTransitions, AppendPath, ReadPath, IsrMaintenance, B
 
     # ------------------------------------------------------------------ metadata
 
+    def _follower_still_caught_up(self, replica_id: int, tp: TopicPartition, ms: int) -> None:
+        p = self.partitions.get(tp)
+        if p is not None:
+            p.follower_still_caught_up(replica_id, ms)
+
     def _notify(self, tp: TopicPartition) -> None:
         self.fetch_purgatory.notify(tp)
         self.produce_purgatory.notify(tp)
+        self.fetch_sessions.touch(tp)
 
     # ------------------------------------------------------------------ lookups
 
@@ -181,6 +193,7 @@ class ReplicaManager(ReplicaTransitions, AppendPath, ReadPath, IsrMaintenance, B
             await self._own_channel.close()
         self.fetch_purgatory.close()
         self.produce_purgatory.close()
+        self.fetch_sessions.clear()
         await cancel_and_wait(self._tasks)
         for lock in list(self._flush_locks.values()):
             async with lock:

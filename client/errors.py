@@ -372,6 +372,20 @@ class GroupIdNotFoundError(BrokerResponseError):
     error_code = ErrorCode.GROUP_ID_NOT_FOUND
 
 
+class FetchSessionIdNotFoundError(BrokerResponseError):
+    """The leader holds no such fetch session (KIP-227; restarted, or the session was
+    evicted): fetch again with a full request, which opens a new one."""
+
+    error_code = ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+
+
+class InvalidFetchSessionEpochError(BrokerResponseError):
+    """A fetch session's request came out of order (KIP-227): fetch again with a
+    full request, which opens a new session."""
+
+    error_code = ErrorCode.INVALID_FETCH_SESSION_EPOCH
+
+
 class MemberIdRequiredError(BrokerResponseError):
     """JoinGroup v4+: join again with the member id the coordinator handed out."""
 

@@ -24,6 +24,7 @@ __all__ = [
     "FetchTopicResponse",
     "FindCoordinatorRequest",
     "FindCoordinatorResponse",
+    "ForgottenTopic",
     "InitProducerIdRequest",
     "InitProducerIdResponse",
     "LeaderIdAndEpoch",
@@ -208,7 +209,12 @@ class FetchTopic(Message, kw_only=True):
     partitions: list[FetchPartition]
 
 
-class FetchRequest(Message, kw_only=True):
+class ForgottenTopic(Message, kw_only=True):
+    topic: str
+    partitions: list[int]
+
+
+class FetchRequest(Message, kw_only=True, omit_defaults=True):
     replica_id: int = -1  # broker id of a follower, -1 for consumers
     replica_epoch: int = -1  # the follower's broker epoch (KIP-903)
     max_wait_ms: int = 500
@@ -216,6 +222,13 @@ class FetchRequest(Message, kw_only=True):
     max_bytes: int = 50 * 1024 * 1024
     isolation_level: int = 0
     topics: list[FetchTopic]
+    # Incremental fetch sessions (KIP-227), followers only (broker/fetch_sessions.py).
+    # The defaults are a sessionless full fetch, which is what a peer that predates
+    # sessions sends (unknown fields are ignored, missing ones take these defaults;
+    # fields at their default are not encoded, so a sessionless fetch costs nothing).
+    session_id: int = 0  # 0: none
+    session_epoch: int = -1  # -1: no session (closes session_id); 0: full, new session
+    forgotten: list[ForgottenTopic] = []  # incremental: partitions leaving the session
 
 
 class FetchPartitionResponse(Message, kw_only=True):
@@ -234,10 +247,13 @@ class FetchTopicResponse(Message, kw_only=True):
     partitions: list[FetchPartitionResponse]
 
 
-class FetchResponse(Message, kw_only=True):
+class FetchResponse(Message, kw_only=True, omit_defaults=True):
     error_code: int = 0
     throttle_time_ms: int = 0
     responses: list[FetchTopicResponse] = []
+    # The fetch session the answer belongs to; 0: sessionless (a full answer). An
+    # incremental answer holds only the partitions with news (KIP-227).
+    session_id: int = 0
 
 
 # ------------------------------------------------------------------ ListOffsets (KIP-320)
