@@ -8,6 +8,9 @@ each step bounded in time:
 - `create_s`: from CreateTopics until the metadata gives every partition a leader and
   a full ISR; `replicas_created_s`: until every broker has created its replicas' logs
   (their directories; the brokers create them after the metadata says so);
+  `isr_settled_s`: when that took more than half of replica.lag.time.max.ms, followers
+  may have started fetching after their leader's first ISR check (and left the ISR):
+  one lag window more and a full ISR again, before anything is measured;
 - `idle_core_pct`: CPU of the busiest broker over `--idle-seconds` with nothing
   produced (followers long-polling, heartbeats, timers), % of one core, and
   `idle_us_per_partition`: the three brokers' idle CPU per partition per second;
@@ -44,6 +47,7 @@ from bench.harness import report
 from bench.harness import run
 from bench.harness import wait_broker_ready
 from bench.harness import wait_full_isr
+from broker.config import BrokerConfig
 from client.admin import AsyncAdmin
 from client.admin import NewTopic
 from client.producer import AsyncProducer
@@ -57,6 +61,8 @@ RECORD_SIZE = 100
 BATCH_BYTES = 16 * 1024
 FAILOVER_TIMEOUT_S = 120.0
 IN_FLIGHT_BATCHES = 64  # send_batch() futures outstanding at once, over all partitions
+# The brokers' replica.lag.time.max.ms (their default, which the bench keeps).
+REPLICA_LAG_S = BrokerConfig.__dataclass_fields__["replica_lag_time_max_ms"].default / 1000
 
 
 def parser() -> argparse.ArgumentParser:
@@ -162,6 +168,15 @@ def measure_size(partitions: int, args: argparse.Namespace, progress: Progress) 
                 raise TimeoutError(f"{partitions} replicas not created on every broker in bound")
             time.sleep(0.2)
         row["replicas_created_s"] = round(time.perf_counter() - t0, 2)
+        if row["replicas_created_s"] > REPLICA_LAG_S / 2:
+            # The brokers took their roles late and not together (each creates its
+            # replicas first): followers that started fetching more than the lag limit
+            # after their leader left its ISR, and rejoin it. Measure once it settled:
+            # one lag window after the last replica, then a full ISR again.
+            progress.update(f"{partitions:,} partitions: ISR settling")
+            time.sleep(REPLICA_LAG_S + 1)
+            run(_wait_full_isr(cluster, partitions))
+        row["isr_settled_s"] = round(time.perf_counter() - t0, 2)
 
         progress.update(f"{partitions:,} partitions: idle")
         time.sleep(2.0)  # let the followers' first fetches and the ISR settle
@@ -184,6 +199,11 @@ def measure_size(partitions: int, args: argparse.Namespace, progress: Progress) 
         progress.update(f"{partitions:,} partitions: controller restart")
         row.update(run(_controller_restart(cluster)))
     return row
+
+
+async def _wait_full_isr(cluster: BenchCluster, partitions: int) -> None:
+    async with AsyncAdmin(cluster.bootstrap) as admin:
+        await wait_full_isr(admin, TOPIC, 3, timeout_s=_ready_timeout_s(partitions))
 
 
 async def _create(cluster: BenchCluster, partitions: int) -> None:
