@@ -313,7 +313,14 @@ async def test_topic_deleted_while_down_is_removed_at_restart(cluster: Cluster) 
         assert r.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
         assert r.current_leader.leader_id == 2
     async with TestClient(*b2.address) as client2:
-        assert (await produce(client2, "spread", batch(b"x"), index=on_2)).error_code == 0
+        # Broker 1 knowing the leaders does not mean broker 2 has applied them yet:
+        # until it has, it answers UNKNOWN_TOPIC_OR_PARTITION (retriable), as Kafka does.
+        deadline = time.monotonic() + 10
+        while (
+            r := await produce(client2, "spread", batch(b"x"), index=on_2)
+        ).error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert r.error_code == 0, r
     assert (b2.data_dir / f"spread-{on_2}").exists()
     assert b2.terminate() == 0
     async with TestClient(*b1.address) as client:
