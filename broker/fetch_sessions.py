@@ -10,10 +10,11 @@ position (`FetchPartition`) and what its last answer told about it (high waterma
 log start). The follower's requests then carry only the partitions whose position
 changed, plus the ones leaving the session (`forgotten`); the leader answers only
 the partitions with news: records, an error, a diverging epoch, a high watermark or
-log start that moved. Which partitions may have news is known without looking at
-the others: every change of a partition here (append, high watermark, log start,
-role or epoch: `ReplicaManager._notify`) marks it in each session holding it
-(`touch`), and a waiting session fetch wakes on that mark.
+log start that moved (these last two do not end a wait: `urgent`). Which partitions
+may have news is known without looking at the others: every change of a partition
+here (append, high watermark, log start, role or epoch: `ReplicaManager._notify`)
+marks it in each session holding it (`touch`), and a waiting session fetch wakes on
+that mark.
 
 Request shapes (session_id, session_epoch), as in Kafka:
 
@@ -87,21 +88,34 @@ class FetchSession:
         self.in_use = False  # a fetch of this session is being served
 
     def news(self, tp: TopicPartition, r: FetchPartitionResponse) -> bool:
-        """Whether the answer `r` for `tp` tells the follower anything; records what
-        it told when it does."""
+        """Whether the answer `r` for `tp` tells the follower anything it was not told."""
         entry = self.partitions[tp]
-        if not (
-            r.records
-            or r.error_code
-            or r.diverging_epoch.epoch >= 0
-            or r.diverging_epoch.end_offset >= 0
+        return bool(
+            urgent(r)
             or r.high_watermark != entry.sent_high_watermark
             or r.log_start_offset != entry.sent_log_start
-        ):
-            return False
-        entry.sent_high_watermark = r.high_watermark
-        entry.sent_log_start = r.log_start_offset
-        return True
+        )
+
+    def sent(self, tp: TopicPartition, r: FetchPartitionResponse) -> None:
+        """`r` went out: what it told about `tp` is no longer news."""
+        entry = self.partitions.get(tp)
+        if entry is not None:  # forgotten while the fetch waited
+            entry.sent_high_watermark = r.high_watermark
+            entry.sent_log_start = r.log_start_offset
+
+
+def urgent(r: FetchPartitionResponse) -> bool:
+    """News that answers a waiting fetch at once: records, an error or a diverging
+    epoch. A high watermark or log start that moved waits for the next answer, as in
+    Kafka, where a follower's fetch completes on bytes (min_bytes 1), not on those:
+    answering at once would cost each acks=all write a second round trip per follower
+    (the follower's fetch that moves the high watermark would come straight back)."""
+    return bool(
+        r.records
+        or r.error_code
+        or r.diverging_epoch.epoch >= 0
+        or r.diverging_epoch.end_offset >= 0
+    )
 
 
 class FetchSessionCache:

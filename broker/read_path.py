@@ -20,6 +20,7 @@ from broker.fetch_sessions import NO_SESSION
 from broker.fetch_sessions import FetchSession
 from broker.fetch_sessions import FetchSessionCache
 from broker.fetch_sessions import next_epoch
+from broker.fetch_sessions import urgent
 from broker.metadata_image import TopicPartition
 from broker.partition import Partition
 from broker.storage.errors import FileOpenError
@@ -131,6 +132,41 @@ class _FetchPass:
         return r, p
 
 
+class _SessionAnswer:
+    """What one pass over a session found: the answers with news, whether any of it
+    must go out at once (`urgent`), and what sending it settles (`sent`)."""
+
+    def __init__(self) -> None:
+        self.by_topic: dict[str, list[FetchPartitionResponse]] = {}
+        self.told: list[tuple[TopicPartition, FetchPartitionResponse, bool]] = []
+        self.urgent = False
+
+    def add(
+        self,
+        topic: str,
+        r: FetchPartitionResponse,
+        tp: TopicPartition | None = None,
+        *,
+        settled: bool = False,
+    ) -> None:
+        self.by_topic.setdefault(topic, []).append(r)
+        self.urgent = self.urgent or urgent(r)
+        if tp is not None:
+            self.told.append((tp, r, settled))
+
+    def sent(self, session: FetchSession) -> list[FetchTopicResponse]:
+        """The answer, once it goes out: what it told is no longer news; a settled
+        partition leaves the marked ones; one answered with records goes to the back
+        (the others get the byte budget first next time)."""
+        for tp, r, settled in self.told:
+            session.sent(tp, r)
+            if tp in session.dirty and (settled or r.records):
+                del session.dirty[tp]
+                if not settled:
+                    session.dirty[tp] = None
+        return [FetchTopicResponse(topic=t, partitions=ps) for t, ps in self.by_topic.items()]
+
+
 class ReadPath:
     """The read path: Fetch with long-poll (consumers below the high watermark, followers up
     to the log end; a follower's fetch may use an incremental session)."""
@@ -217,15 +253,17 @@ class ReadPath:
         first = True
         while True:
             session.wake.clear()
-            responses = self._read_session(session, request, first=first, unknown=unknown)
+            answer = self._read_session(session, request, first=first, unknown=unknown)
             first, unknown = False, []
             remaining_s = deadline - asyncio.get_running_loop().time()
-            if responses or remaining_s <= 0 or session.id not in sessions.sessions:
+            if answer.urgent or remaining_s <= 0 or session.id not in sessions.sessions:
                 break
-            # Kafka's min_bytes is 1 for followers: any news answers at once.
+            # Kafka's min_bytes is 1 for followers: records (or an error) answer at
+            # once; a high watermark alone waits for them or for max_wait.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining_s):
                     await session.wake.wait()
+        responses = answer.sent(session)
         if hop_trace.TRACER is not None:
             _trace_fetch_answer(hop_trace.TRACER, request, responses)
         return FetchResponse(responses=responses, session_id=session.id)
@@ -237,16 +275,15 @@ class ReadPath:
         *,
         first: bool,
         unknown: list[tuple[str, FetchPartition]],
-    ) -> list[FetchTopicResponse]:
+    ) -> _SessionAnswer:
         """One pass over the session's partitions that may have news. A partition stays
         marked while the follower is behind (records sent, the byte budget ran out, an
         error) or outside the ISR: it is looked at again next time, with the position
-        the follower states by then."""
+        the follower states by then; and while it has news not sent yet."""
         fetch_pass = _FetchPass(self, request, first=first)
-        by_topic: dict[str, list[FetchPartitionResponse]] = {}
-        answered: list[TopicPartition] = []
+        answer = _SessionAnswer()
         for topic, fp in unknown:  # not kept in the session: answered once
-            by_topic.setdefault(topic, []).append(fetch_pass.read(topic, fp)[0])
+            answer.add(topic, fetch_pass.read(topic, fp)[0])
         for tp in list(session.dirty):
             fp = session.partitions[tp].fetch
             r, p = fetch_pass.read(tp[0], fp)
@@ -255,17 +292,11 @@ class ReadPath:
             behind = (
                 p is None or fp.fetch_offset < p.log_end_offset or request.replica_id not in p.isr
             )
-            if not behind:
-                del session.dirty[tp]
             if session.news(tp, r):
-                by_topic.setdefault(tp[0], []).append(r)
-                if r.records:
-                    answered.append(tp)
-        for tp in answered:  # to the back: the others get the byte budget first next time
-            if tp in session.dirty:
+                answer.add(tp[0], r, tp, settled=not behind)
+            elif not behind:
                 del session.dirty[tp]
-                session.dirty[tp] = None
-        return [FetchTopicResponse(topic=t, partitions=ps) for t, ps in by_topic.items()]
+        return answer
 
     def fetch_reservation(self, body: Message) -> int:
         """What a request may add to its connection's pending bytes beyond its own

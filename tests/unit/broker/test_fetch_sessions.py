@@ -138,6 +138,48 @@ async def test_an_append_wakes_the_session_with_only_that_partition(leader: Harn
     assert resp.responses == []
 
 
+async def test_a_moved_high_watermark_waits_for_records_as_a_delayed_fetch_does(
+    leader: Harness,
+) -> None:
+    """Kafka's follower fetch completes on bytes (min_bytes 1) or an error, never on a
+    high watermark alone: the follower's fetch that moves the high watermark would
+    otherwise come straight back, a second round trip per acks=all write. The high
+    watermark is not lost: it goes out with the next answer, records or max_wait."""
+    sid = await open_session(leader)
+    await produce(leader, 2)
+    assert answered(await leader.rm.fetch(request([], session_id=sid, epoch=1)))[2] > 0
+    # The follower states it has the record: the high watermark moves to 1 with this
+    # very fetch, which waits anyway.
+    waiting = asyncio.create_task(
+        leader.rm.fetch(request([position(2, 1)], session_id=sid, epoch=2, max_wait_ms=5000))
+    )
+    await asyncio.sleep(0.2)
+    assert not waiting.done(), "a high watermark alone answered the fetch"
+    await produce(leader, 0)
+    resp = await asyncio.wait_for(waiting, 2)
+    parts = {
+        r.partition_index: (r.high_watermark, len(r.records) > 0)
+        for t in resp.responses
+        for r in t.partitions
+    }
+    assert parts == {0: (0, True), 2: (1, False)}
+    # Told once: the next answer names only partition 0 (its record again, as the
+    # follower has not stated it has it).
+    started = time.monotonic()
+    resp = await leader.rm.fetch(request([], session_id=sid, epoch=3, max_wait_ms=100))
+    assert sorted(answered(resp)) == [0]
+    # With nothing else to say, the high watermark goes out at max_wait.
+    resp = await leader.rm.fetch(
+        request([position(0, 1)], session_id=sid, epoch=4, max_wait_ms=200)
+    )
+    assert time.monotonic() - started >= 0.19
+    assert [
+        (r.partition_index, r.high_watermark, len(r.records))
+        for t in resp.responses
+        for r in t.partitions
+    ] == [(0, 1, 0)]
+
+
 async def test_records_are_sent_again_until_the_follower_states_it_has_them(
     leader: Harness,
 ) -> None:
