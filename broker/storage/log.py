@@ -54,6 +54,7 @@ from broker.storage.log_append import validate_client_batches
 from broker.storage.log_append import validate_leader_batches
 from broker.storage.log_config import LogConfig
 from broker.storage.log_dir_failure import LogDirFailureChannel
+from broker.storage.log_loader import DeferredSync
 from broker.storage.log_loader import LogLoader
 from broker.storage.log_truncation import LogTruncation
 from broker.storage.partition_metadata import read_topic_id
@@ -170,9 +171,10 @@ class Log:
         writer: SerialWriter | None = None,
         dir_failure: LogDirFailureChannel | None = None,
         handles: FileHandleCache | None = None,
+        deferred_sync: DeferredSync | None = None,
     ) -> Log:
         """Open (creating if needed) and, after an unclean shutdown, recover the log in
-        `dir`. See log_loader.py for the procedure."""
+        `dir`. See log_loader.py for the procedure (and `deferred_sync`)."""
         dir = Path(dir)
         topic, partition = parse_topic_partition(dir)
         dir.mkdir(parents=True, exist_ok=True)
@@ -187,6 +189,7 @@ class Log:
             had_clean_shutdown=had_clean_shutdown,
             now_ms=now,
             handles=handles,
+            deferred_sync=deferred_sync,
         ).load()
         log = cls(
             dir,

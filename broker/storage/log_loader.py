@@ -28,7 +28,10 @@ Procedure (Kafka's LogLoader):
    start. An unreadable or missing checkpoint with a non-empty log is rebuilt from
    the partition leader epoch stamped in each batch header, with a warning.
 5. After recovery every recovered segment is fsynced, so the recovery point becomes
-   the log end offset.
+   the log end offset. A data directory loading many logs passes a `DeferredSync`
+   instead: the loader notes what it changed and the caller makes all of it durable
+   with one syncfs before it checkpoints any recovery point (a fsync per file made a
+   10,000-log recovery a third slower).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from broker.storage.segment import SEGMENT_SUFFIXES
 from broker.storage.segment import LogSegment
 from runtime.fileio import TMP_SUFFIX
 from runtime.fileio import fsync_directory
+from runtime.fileio import sync_file_system
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +81,25 @@ class LoadedLog(NamedTuple):
     recovery_point: int
 
 
+class DeferredSync:
+    """What the logs loaded from one data directory changed, made durable at once:
+    one syncfs(2) of its file system in place of a fsync per recovered segment file
+    and directory (`can_sync_file_system()` says where that holds)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.pending = 0  # logs whose changes are not durable yet
+
+    def note(self) -> None:
+        self.pending += 1
+
+    def run(self) -> None:
+        """Make every noted change durable (OSError if the disk failed)."""
+        if self.pending:
+            sync_file_system(self.data_dir)
+            self.pending = 0
+
+
 @dataclass
 class LogLoader:
     """Loads (and if needed recovers) one partition directory; see the module doc."""
@@ -90,6 +113,8 @@ class LogLoader:
     had_clean_shutdown: bool
     now_ms: int
     handles: FileHandleCache | None = None  # None: the process-wide cache
+    # None: fsync what recovery changed here and now; else the caller syncs it.
+    deferred_sync: DeferredSync | None = None
     # Files were created, removed or cut: fsync the directory.
     _dir_changed: bool = field(default=False, init=False)
 
@@ -138,10 +163,14 @@ class LogLoader:
                 segments.append(self._new_segment(log_start))
                 recovered = []
                 log_end = log_start
-            for segment in recovered:
-                segment.flush()
-            if self._dir_changed or recovered:
-                fsync_directory(self.dir)
+            if self.deferred_sync is not None:
+                if self._dir_changed or recovered:
+                    self.deferred_sync.note()
+            else:
+                for segment in recovered:
+                    segment.flush()
+                if self._dir_changed or recovered:
+                    fsync_directory(self.dir)
             # Older segments hold no descriptor until they are read again.
             for segment in segments[:-1]:
                 segment.release_descriptors()
