@@ -125,7 +125,7 @@ def plot_latency(doc: dict[str, Any], out: Path) -> Path:
 
 
 SCALE_PANELS = [
-    ("replicas_created_s", "topic creation until every replica's log exists, s"),
+    ("replicas_created_s", "topic creation until every broker leads or follows each replica, s"),
     ("idle_core_pct", "idle CPU, busiest broker, % of a core"),
     ("rss_mb", "broker RSS, MB"),
     ("fds", "broker open descriptors"),
