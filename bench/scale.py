@@ -94,7 +94,7 @@ def _replicas_with_roles(cluster: BenchCluster) -> int:
     directory is made first, for the whole delta, and each replica's
     `partition.metadata` (its topic id) is written as the broker leads or follows it.
     Counting directories let the idle window start while brokers were still taking
-    thousands of roles (49.8-53.2% "idle" at 10,000 partitions in 3 of 5 runs)."""
+    thousands of roles (49.8-53.2% "idle" at 10,000 partitions in 4 of 7 runs)."""
     prefix = f"{TOPIC}-"
     return min(
         sum(
