@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import ctypes
 import fcntl
 import os
 import signal
@@ -73,6 +72,7 @@ from client.secure_setup import super_users
 from protocol.messages import MetadataRequest
 from protocol.messages import MetadataResponse
 from runtime.active_controller import ActiveController
+from runtime.linux_libc import linux_libc_function
 from runtime.sasl import SaslCredentials
 
 CONTROLLER_ID = 0
@@ -104,17 +104,8 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def _load_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
-    except (OSError, AttributeError):
-        return None
-
-
 # Resolved here, not in the child: between fork and exec only a plain C call is safe.
-_PRCTL = _load_prctl()
+_PRCTL = linux_libc_function("prctl")
 _PR_SET_PDEATHSIG = 1
 
 

@@ -52,6 +52,7 @@ from typing import Any
 from typing import TypeVar
 
 from protocol.invariants import invariant
+from runtime.linux_libc import linux_libc_function
 
 T = TypeVar("T")
 
@@ -113,10 +114,7 @@ def _find_syncfs() -> Callable[[int], int] | None:
     version = re.match(r"(\d+)\.(\d+)", os.uname().release)
     if version is None or (int(version[1]), int(version[2])) < (5, 8):
         return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).syncfs  # type: ignore[no-any-return]
-    except (OSError, AttributeError):
-        return None
+    return linux_libc_function("syncfs")
 
 
 _SYNCFS = _find_syncfs()
