@@ -58,9 +58,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--reader",
         type=lambda s: [x for x in s.split(",") if x],
-        default=["client", "raw"],
+        default=["client", "batches", "raw"],
         help="client (AsyncConsumer.poll), batches (AsyncConsumer.poll_batches), raw (a "
-        "fetch loop) and/or confluent (librdkafka through the Kafka listeners) [client,raw]",
+        "fetch loop) and/or confluent (librdkafka through the Kafka listeners) "
+        "[client,batches,raw]",
     )
     p.add_argument("--brokers", type=int, default=1, help="brokers in the cluster [1]")
     p.add_argument("--data-mib", type=int, help="MiB written per topic [256; 32 with --quick]")

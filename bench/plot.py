@@ -89,7 +89,8 @@ def plot_consume(doc: dict[str, Any], out: Path) -> Path:
     rows = doc["results"]
     labels = [f"{r['reader']} {r['partitions']}p {size_label(r['batch_size'])}" for r in rows]
     fig, ax = plt.subplots(figsize=(8, 5))
-    colors = ["tab:green" if r["reader"] == "raw" else "tab:purple" for r in rows]
+    shades = {"raw": "tab:green", "batches": "tab:blue"}
+    colors = [shades.get(r["reader"], "tab:purple") for r in rows]
     ax.barh(labels, [r["records_per_s"] for r in rows], color=colors)
     for i, r in enumerate(rows):
         ax.text(r["records_per_s"], i, f" {r['mb_per_s']:g} MB/s", va="center", fontsize=8)

@@ -382,7 +382,7 @@ def _take_run(
                 run[od_at - start + i :: stride] == table[delta + 1 : delta + 1 + n]
                 for i, table in enumerate(offset_delta_bytes(d))
             )
-            and max(ts) < 0x80  # one-byte timestamp deltas
+            and ts.isascii()  # one-byte timestamp deltas (every byte < 0x80), in C
         ):
             break
         n //= 2

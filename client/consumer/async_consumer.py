@@ -221,7 +221,24 @@ class AsyncConsumer(
                 "key_deserializer / value_deserializer, or use poll()"
             )
         self._want_columns = True
-        return await self._poll_with(self._drain_columns, timeout_ms)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            drained = await self._poll_with(self._drain_undecoded, remaining_ms)
+            if not drained:
+                return {}
+            # _poll_with has created the next fetches (pipelining); one turn of the loop
+            # writes them to the socket, so the broker reads and sends the next range
+            # while this one is decoded.
+            await asyncio.sleep(0)
+            columns = self._decode_drained(drained)
+            if columns:
+                return columns
+            if self._pending_error is not None:  # a corrupt batch and nothing before it
+                error, self._pending_error = self._pending_error, None
+                raise error
+            if time.monotonic() >= deadline:
+                return {}
 
     async def _poll_with(
         self, drain: Callable[[], dict[TopicPartition, _T]], timeout_ms: int

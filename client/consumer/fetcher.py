@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from itertools import repeat
+from typing import NamedTuple
 
 from client.consumer.partition_state import RecordFields
 from client.consumer.partition_state import _Fetched
@@ -39,6 +40,17 @@ from protocol.record_batch import iter_headers
 from runtime import hop_trace
 
 _new_tuple = tuple.__new__
+
+
+class _DrainedFetch(NamedTuple):
+    """A fetch taken by poll_batches() before its decode, with the position's epoch
+    and epoch start as they were before the drain moved them."""
+
+    fetched: _Fetched
+    position_epoch: int
+    position_epoch_start: int
+    # Where the drain left the position (the fetch's end as its headers say).
+    moved_to: tuple[int, int]
 
 
 def _corrupt_batch(tp: TopicPartition, offset: int, exc: Exception) -> MinibrokerError:
@@ -101,7 +113,7 @@ class Fetcher:
                 state is None
                 or state.paused
                 or state.position != fetched.fetch_offset
-                or fetched.columns is not None  # fetched for poll_batches: fetch again
+                or fetched.data is not None  # fetched for poll_batches: fetch again
             ):
                 del self._buffer[tp]  # unassigned, paused or seeked since the fetch
                 continue
@@ -136,23 +148,51 @@ class Fetcher:
                 fetched.fetch_offset = state.position
         return out
 
-    def _drain_columns(self) -> dict[TopicPartition, ColumnBuffer]:
-        """poll_batches()'s _drain: each partition's whole fetch as columns, positions
-        moved past it as _drain moves them past records."""
-        out: dict[TopicPartition, ColumnBuffer] = {}
+    def _drain_undecoded(self) -> dict[TopicPartition, _DrainedFetch]:
+        """poll_batches()'s _drain, first half: take each partition's whole undecoded
+        fetch and move its position to where the fetch's batch headers say it ends, so
+        the next fetch can go out before this one is decoded (_decode_drained, the
+        second half, settles the position from what the decode found)."""
+        out: dict[TopicPartition, _DrainedFetch] = {}
         for tp in list(self._buffer):
             fetched = self._buffer.pop(tp)
             state = self._states.get(tp)
-            columns = fetched.columns
             if (
                 state is None
                 or state.paused
                 or state.position != fetched.fetch_offset
-                or columns is None  # decoded for poll(): fetch again as columns
+                or fetched.data is None  # decoded for poll(): fetch again as columns
             ):
                 continue
+            before = (state.position_epoch, state.position_epoch_start)
+            if fetched.next_offset > fetched.fetch_offset:
+                state.position = fetched.next_offset
+                state.position_epoch = fetched.next_epoch
+            out[tp] = _DrainedFetch(fetched, *before, (state.position, state.position_epoch))
+        return out
+
+    def _decode_drained(
+        self, drained: dict[TopicPartition, _DrainedFetch]
+    ) -> dict[TopicPartition, ColumnBuffer]:
+        """poll_batches()'s _drain, second half: decode each drained fetch into columns
+        and move its position past them as _drain moves it past records. A corrupt
+        batch ends the columns before it and puts the position back on it (the fetch
+        already sent from further on is then dropped), so the next poll fetches it again
+        and raises, as poll() does."""
+        out: dict[TopicPartition, ColumnBuffer] = {}
+        for tp, (fetched, epoch_before, epoch_start_before, moved_to) in drained.items():
+            columns, next_offset, next_epoch, error = self._decode_fetch(tp, fetched)
             if columns.offsets:
                 out[tp] = columns
+            state = self._states.get(tp)
+            if state is None or (state.position, state.position_epoch) != moved_to:
+                continue  # seeked, or unassigned, since the drain: that position stands
+            if error is not None and not columns.offsets:
+                self._pending_error = error
+            state.position = fetched.fetch_offset
+            state.position_epoch = epoch_before
+            state.position_epoch_start = epoch_start_before
+            if columns.offsets:
                 runs = [run for run in columns.epoch_runs if run[1]]
                 epoch = runs[-1][0]
                 in_last_epoch = 0  # rows at the end carrying the last epoch
@@ -164,11 +204,11 @@ class Fetcher:
                     state.position_epoch_start = columns.offsets[len(columns) - in_last_epoch]
                 state.position = columns.offsets[-1] + 1
                 state.position_epoch = epoch
-            if fetched.next_offset > state.position:
-                if fetched.next_epoch != state.position_epoch:
+            if next_offset > state.position:
+                if next_epoch != state.position_epoch:
                     state.position_epoch_start = -1  # not seen: compacted away
-                state.position = fetched.next_offset
-                state.position_epoch = fetched.next_epoch
+                state.position = next_offset
+                state.position_epoch = next_epoch
         return out
 
     def _send_fetches(self) -> None:
@@ -306,7 +346,7 @@ class Fetcher:
         if not data:
             return
         if self._want_columns:
-            self._buffer_columns(tp, state, fetch_offset, data)
+            self._buffer_columns(tp, fetch_offset, data)
             return
         # Whole batches decode straight into RecordFields tuples, one pass per batch
         # (decode_batch_into); control batches only move the next offset.
@@ -344,25 +384,37 @@ class Fetcher:
             ]
         self._buffer[tp] = _Fetched(fetch_offset, records, next_offset, next_epoch)
 
-    def _buffer_columns(
-        self, tp: TopicPartition, state: _PartitionState, fetch_offset: int, data: bytes
-    ) -> None:
-        """_buffer_records for poll_batches(): the batches decoded into columns
-        (decode_columns: runs of alike records are cut out, no object per value), the
-        same checks and the same next offset."""
+    def _buffer_columns(self, tp: TopicPartition, fetch_offset: int, data: bytes) -> None:
+        """_buffer_records for poll_batches(): the fetch is kept undecoded, with where
+        its complete batches end as their headers say (no CRC check yet: the decode
+        after the next fetch is sent checks everything)."""
+        next_offset, next_epoch = fetch_offset, self._states[tp].position_epoch
+        with contextlib.suppress(ProtocolCorruptRecordError):  # the decode reports it
+            for _, header in iter_headers(data):
+                if header.next_offset > next_offset:
+                    next_offset = header.next_offset
+                    next_epoch = header.partition_leader_epoch
+        self._buffer[tp] = _Fetched(fetch_offset, [], next_offset, next_epoch, data)
+
+    def _decode_fetch(
+        self, tp: TopicPartition, fetched: _Fetched
+    ) -> tuple[ColumnBuffer, int, int, MinibrokerError | None]:
+        """The batches of an undecoded fetch as columns (decode_columns: runs of alike
+        records are cut out, no object per value) with the same checks as poll()'s
+        decode; returns them, where the good batches end and their epoch, and the error
+        of the batch that failed its checks, if one did."""
+        data = fetched.data
+        assert data is not None
         columns = ColumnBuffer(with_headers=True)
-        next_offset, next_epoch = fetch_offset, state.position_epoch
+        next_offset, next_epoch = fetched.fetch_offset, NO_EPOCH
         try:
             for pos, header in iter_headers(data):
                 decode_columns(
-                    data, pos, columns, min_offset=fetch_offset, verify_crc=self.check_crcs
+                    data, pos, columns, min_offset=fetched.fetch_offset, verify_crc=self.check_crcs
                 )
                 if header.next_offset > next_offset:
                     next_offset = header.next_offset
                     next_epoch = header.partition_leader_epoch
         except ProtocolCorruptRecordError as exc:
-            # Records decoded before the bad batch are still good: return them first.
-            if not columns.offsets:
-                self._pending_error = _corrupt_batch(tp, next_offset, exc)
-                return
-        self._buffer[tp] = _Fetched(fetch_offset, [], next_offset, next_epoch, columns)
+            return columns, next_offset, next_epoch, _corrupt_batch(tp, next_offset, exc)
+        return columns, next_offset, next_epoch, None

@@ -9,7 +9,6 @@ from typing import Any
 
 from client.errors import BrokerResponseError
 from client.errors import error_for
-from client.record_columns import ColumnBuffer
 from protocol.api import EARLIEST_TIMESTAMP
 from protocol.api import LATEST_TIMESTAMP
 from protocol.api import NO_EPOCH
@@ -111,10 +110,11 @@ RecordFields = tuple[str, int, int, int, int, Any, Any, tuple[tuple[str, bytes |
 
 class _Fetched:
     """Decoded records of one partition not yet returned by poll() (as RecordFields),
-    or (`columns` set, `records` empty) the columns of one fetch not yet returned by
-    poll_batches()."""
+    or (`data` set, `records` empty) one fetch's record batches not yet returned by
+    poll_batches(), undecoded: poll_batches() decodes them only after the next fetch
+    is on the wire, so the decode overlaps the broker's read and the network."""
 
-    __slots__ = ("columns", "fetch_offset", "index", "next_epoch", "next_offset", "records")
+    __slots__ = ("data", "fetch_offset", "index", "next_epoch", "next_offset", "records")
 
     def __init__(
         self,
@@ -122,11 +122,13 @@ class _Fetched:
         records: list[RecordFields],
         next_offset: int,
         next_epoch: int,
-        columns: ColumnBuffer | None = None,
+        data: bytes | None = None,
     ) -> None:
         self.fetch_offset = fetch_offset
         self.records = records
-        self.columns = columns
+        self.data = data
         self.index = 0
+        # Where the batches end (the last complete batch's next offset) and its epoch;
+        # for undecoded data only a prediction from the batch headers.
         self.next_offset = next_offset
         self.next_epoch = next_epoch

@@ -6,6 +6,7 @@ poll() reports them."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from client_fakes import FakeBroker
@@ -17,9 +18,11 @@ from test_client_consumer_decode import put_two_good_then_a_corrupt_batch
 from test_client_producer_consumer import consumer_told_of_divergence
 
 from client.consumer import AsyncConsumer
+from client.consumer import fetcher
 from client.errors import CorruptRecordError
 from client.errors import LogTruncationError
 from client.record_columns import ColumnBuffer
+from client.record_columns import decode_columns
 from client.types import OffsetAndMetadata
 from client.types import TopicPartition
 from protocol.messages import FetchRequest
@@ -129,3 +132,31 @@ async def test_the_next_fetch_is_on_its_way_when_poll_batches_returns(broker: Fa
         consumer.seek(T0, 5)  # the prefetched answer (offsets 10-19) is now stale
         offsets = [o for c in await batches_until(consumer, 25) for o in c.offsets]
         assert offsets == list(range(5, 30))
+
+
+async def test_the_next_fetch_is_on_the_wire_before_a_fetch_is_decoded(
+    broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20 item 2: a reader that polls again at once (no work between polls) only
+    overlaps the decode with the broker's read if the next fetch goes out before the
+    decode, not after it: poll_batches() moves the position to where the batch headers
+    say the fetch ends, sends from there, then decodes. Every decode therefore finds a
+    fetch in flight, and the rows still come each once, in order."""
+    one = encode_batch([(None, b"v%d" % i) for i in range(10)])
+    for _ in range(4):
+        put(broker, one, 10)
+    in_flight_at_decode: list[int] = []
+
+    def decode_watched(*args: Any, **kwargs: Any) -> Any:
+        conns = consumer._cluster._conns.values()
+        in_flight_at_decode.append(sum(conn.in_flight for conn in conns))
+        return decode_columns(*args, **kwargs)
+
+    monkeypatch.setattr(fetcher, "decode_columns", decode_watched)
+    async with AsyncConsumer(broker.address, max_partition_fetch_bytes=len(one)) as consumer:
+        consumer.assign([T0])
+        consumer.seek(T0, 0)
+        offsets = [o for c in await batches_until(consumer, 40) for o in c.offsets]
+    assert offsets == list(range(40))
+    assert len(in_flight_at_decode) == 4
+    assert all(n >= 1 for n in in_flight_at_decode), in_flight_at_decode
