@@ -269,12 +269,14 @@ def decode_columns(
             done += 1
             if done >= next_run_try and done < count:
                 # The records after this one may be laid out like it: take them in bulk.
+                last_delta = offsets[-1] - base_offset
                 run = _take_run(
                     body,
                     record_start,
                     p,
-                    count - done,
-                    offsets[-1] - base_offset,
+                    # a run must not pass the header's last offset delta
+                    min(count - done, header.last_offset_delta - last_delta),
+                    last_delta,
                     base_ts,
                     offsets,
                     timestamps,

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from collections.abc import Iterator
+from itertools import repeat
 
 from protocol.errors import CorruptRecordError
+from protocol.records.alike_runs import RUN_PROBE
+from protocol.records.alike_runs import alike_run
+from protocol.records.alike_runs import keys_and_values
+from protocol.records.alike_runs import run_timestamps
 from protocol.records.batch_format import _ATTR_TIMESTAMP_TYPE
 from protocol.records.batch_format import HEADER_SIZE
 from protocol.records.batch_format import BatchHeader
@@ -15,6 +21,9 @@ from protocol.records.batch_headers import parse_header
 from protocol.records.batch_headers import validate_batch
 from protocol.records.compression import decompress
 from protocol.records.varints import decode_varint
+
+# After a record whose successors are not laid out like it, decode this many one by one.
+_RUN_RETRY_AFTER = 64
 
 # ---------------------------------------------------------------- decoding
 
@@ -58,12 +67,17 @@ DecodedRecord = tuple[str, int, int, int, int, bytes | None, bytes | None, tuple
 
 
 def decode_batch(
-    buf: bytes | bytearray | memoryview, pos: int = 0, *, verify_crc: bool = True
+    buf: bytes | bytearray | memoryview,
+    pos: int = 0,
+    *,
+    verify_crc: bool = True,
+    runs: bool = True,
 ) -> tuple[BatchHeader, list[Record]]:
-    """Decode one batch at `pos` into records with absolute offsets."""
+    """Decode one batch at `pos` into records with absolute offsets (`runs=False`: every
+    record one by one, the reference that the bulk decoding of runs is tested against)."""
     header = validate_batch(buf, pos) if verify_crc else parse_header(buf, pos)
     full: list[DecodedRecord] = []
-    decode_batch_into(full, buf, pos, header, "", 0)
+    decode_batch_into(full, buf, pos, header, "", 0, runs=runs)
     return header, [_new_tuple(Record, r[2:3] + r[4:]) for r in full]
 
 
@@ -74,6 +88,8 @@ def decode_batch_into(
     header: BatchHeader,
     topic: str,
     partition: int,
+    *,
+    runs: bool = True,
 ) -> None:
     """Append the records of the batch at `pos` (whose header, already parsed and
     checked as the caller wishes, is `header`) to `out`, each an exact tuple
@@ -85,7 +101,10 @@ def decode_batch_into(
     The per-record loop is the consumer's hot path, so it is one pass with no
     function call per field: a varint whose first byte has the high bit clear (every
     field of a small record but its length) or of two bytes is read inline, longer
-    ones through `decode_varint`, and the record tuple is built in one step."""
+    ones through `decode_varint`, and the record tuple is built in one step. Records
+    laid out like the one before them (alike_runs: same sizes, no headers, offset
+    deltas following on) are checked and cut out in bulk with C loops, unless `runs` is
+    False."""
     end = pos + header.size
     if end > len(buf):
         raise CorruptRecordError("batch runs past the end of the buffer")
@@ -106,8 +125,13 @@ def decode_batch_into(
     # a record another record's offset, or one outside the batch).
     previous_delta = -1
     last_delta = header.last_offset_delta
+    count = header.record_count
+    done = 0
+    # after this many records, look for a run of records laid out alike
+    next_run_try = 1 if runs else count
     try:
-        for _ in range(header.record_count):
+        while done < count:
+            record_start = p
             b = body[p]
             if b < 0x80:
                 length = (b >> 1) ^ -(b & 1)
@@ -201,6 +225,21 @@ def decode_batch_into(
                     headers,
                 )
             )
+            done += 1
+            if done >= next_run_try and done < count and headers is no_headers:
+                if body[p] != body[record_start]:  # the next length differs: no run
+                    next_run_try = done + RUN_PROBE
+                    continue
+                # The records after this one may be laid out like it: decode them in bulk
+                # (at most up to the header's last offset delta: a run must not pass it).
+                left = min(count - done, last_delta - offset_delta)
+                taken = _take_run(
+                    out, body, record_start, p, left, offset_delta, header, topic, partition
+                )
+                done += taken
+                p += taken * (p - record_start)
+                previous_delta += taken
+                next_run_try = done + (1 if taken >= RUN_PROBE else _RUN_RETRY_AFTER)
         if p != body_len:
             raise CorruptRecordError("bytes left over after the last record")
     except IndexError:
@@ -210,6 +249,47 @@ def decode_batch_into(
     except CorruptRecordError:
         del out[start:]
         raise
+
+
+def _take_run(
+    out: list[DecodedRecord],
+    body: bytes,
+    start: int,
+    end: int,
+    left: int,
+    delta: int,
+    header: BatchHeader,
+    topic: str,
+    partition: int,
+) -> int:
+    """The record at body[start:end] (offset delta `delta`) was just decoded; append the
+    records after it laid out like it (at most `left`), each field cut out of the run
+    with C loops (alike_runs), and return how many."""
+    run = alike_run(body, start, end, len(body), left, delta)
+    n = run.count
+    if n == 0:
+        return 0
+    records = body[end : end + n * run.stride]
+    if header.attributes & _ATTR_TIMESTAMP_TYPE:
+        timestamps: Iterable[int] = repeat(header.max_timestamp)
+    else:
+        stamps = run_timestamps(records, run, header.base_timestamp)
+        if stamps is None:
+            return 0  # deltas too long to cut out in bulk: one by one
+        timestamps = stamps
+    keys, values = keys_and_values(records, run)
+    first = header.base_offset + delta + 1
+    out += zip(
+        repeat(topic),
+        repeat(partition),
+        range(first, first + n),
+        repeat(header.partition_leader_epoch),
+        timestamps,
+        keys,
+        values,
+        repeat(()),
+    )
+    return n
 
 
 def iter_batches(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from protocol.errors import CorruptRecordError
 from protocol.errors import InvalidRecordError
+from protocol.records.alike_runs import RUN_PROBE
+from protocol.records.alike_runs import alike_run
 from protocol.records.batch_format import _ATTR_COMPRESSION_MASK
 from protocol.records.batch_format import _ATTR_CONTROL
 from protocol.records.batch_format import _ATTR_TRANSACTIONAL
@@ -16,9 +18,7 @@ from protocol.records.batch_headers import validate_batches
 from protocol.records.compression import MAX_DECOMPRESSED_SIZE
 from protocol.records.compression import _codec_name
 from protocol.records.compression import decompress
-from protocol.records.varints import OFFSET_DELTA_LIMITS
 from protocol.records.varints import decode_varint
-from protocol.records.varints import offset_delta_bytes
 
 # ---------------------------------------------------------------- produce validation
 
@@ -128,7 +128,7 @@ def check_records(
 def _walk_records(body: bytes | bytearray, p: int, end: int, count: int) -> None:
     """The loop of `check_records` over body[p:end]. One pass, no object per record:
     one- and two-byte varints are read inline (decoded through a table), longer ones
-    through decode_varint; runs of alike records are checked in bulk (_alike_run)."""
+    through decode_varint; runs of alike records are checked in bulk (alike_run)."""
     first = record_start = p
     unzigzag = _UNZIGZAG
     i = 0
@@ -139,15 +139,15 @@ def _walk_records(body: bytes | bytearray, p: int, end: int, count: int) -> None
                 # The previous record has no headers and this one's length starts alike:
                 # they may begin a run of records laid out alike.
                 if body[p - 1] == 0 and body[p] == body[record_start]:
-                    run, stride = _alike_run(body, record_start, p, end, count - i, i - 1)
-                    i += run
-                    p += run * stride
+                    run = alike_run(body, record_start, p, end, count - i, i - 1)
+                    i += run.count
+                    p += run.count * run.stride
                     if i == count:
                         break
                     # after a run, look again past the next record; else walk a while
-                    next_run = i + (1 if run >= _RUN_PROBE else _RUN_RETRY_AFTER)
+                    next_run = i + (1 if run.count >= RUN_PROBE else _RUN_RETRY_AFTER)
                 else:
-                    next_run = i + _RUN_PROBE
+                    next_run = i + RUN_PROBE
             record_start = p
             b = body[p]
             if b < 0x80:
@@ -243,83 +243,6 @@ def _walk_records(body: bytes | bytearray, p: int, end: int, count: int) -> None
 _UNZIGZAG = tuple((v >> 1) ^ -(v & 1) for v in range(1 << 14))
 # After a record whose successors are not laid out like it, walk this many one by one.
 _RUN_RETRY_AFTER = 64
-# A run is checked in chunks of records, the first of this many, doubling while they
-# match (halving when not): a run that breaks early costs little.
-_FIRST_RUN_CHUNK = 256
-_RUN_PROBE = 8  # when the first chunk does not match: try this many, then halve
-_HIGH_BIT = bytes(b ^ 0x80 for b in range(256))  # translate: high bit set -> clear
-
-
-def _alike_run(
-    body: bytes | bytearray, start: int, end: int, stop: int, left: int, delta: int
-) -> tuple[int, int]:
-    """The record at body[start:end] (offset delta `delta`, already walked, no headers)
-    is followed by how many records (at most `left`, inside `stop`) laid out exactly
-    like it: the same length, key length and value length varints, no headers, a
-    timestamp delta varint of the same size and offset deltas delta+1, delta+2, ...?
-    Such records parse as that one did, so checking those bytes with strided slices
-    (C loops) checks them all. Returns (count, stride)."""
-    stride = end - start
-    at = start
-    while body[at] & 0x80:  # the record length
-        at += 1
-    same = list(range(start, at + 1))
-    ts_at = at = at + 2  # past the attributes
-    while body[at] & 0x80:
-        at += 1
-    ts_size = at + 1 - ts_at
-    od_at = at = at + 1
-    while body[at] & 0x80:
-        at += 1
-    od_size = at + 1 - od_at
-    if od_size > 3 or ts_size > 9:
-        return 0, stride
-    key_at = at + 1
-    key_len, at = decode_varint(body, key_at)
-    same += range(key_at, at)
-    value_at = at + max(key_len, 0)
-    value_len, at = decode_varint(body, value_at)
-    same += range(value_at, at)
-    if at + max(value_len, 0) != end - 1:  # headers follow the value
-        return 0, stride
-    same.append(end - 1)  # header count 0
-    # (position in the record, byte) of what must be equal, the timestamp delta's
-    # continuation bytes (high bit set) and last byte, the offset delta's bytes
-    equal = [(x - start, body[x]) for x in same]
-    ts_more = range(ts_at - start, ts_at - start + ts_size - 1)
-    ts_last = ts_at - start + ts_size - 1
-    deltas = list(enumerate(offset_delta_bytes(od_size), od_at - start))
-    limit = min(left, (stop - end) // stride, OFFSET_DELTA_LIMITS[od_size] - delta)
-    done = 0
-    chunk = _FIRST_RUN_CHUNK
-    while done < limit:
-        n = min(chunk, limit - done)
-        first = end + done * stride  # the first record of this chunk
-        span = n * stride
-        ok = body[first + ts_last : first + ts_last + span : stride].isascii()
-        for x, byte in equal:
-            if ok:
-                ok = body[first + x : first + x + span : stride].count(byte) == n
-        for x in ts_more:
-            if ok:
-                ok = body[first + x : first + x + span : stride].translate(_HIGH_BIT).isascii()
-        first_delta = delta + 1 + done
-        for x, table in deltas:
-            if ok:
-                ok = (
-                    body[first + x : first + x + span : stride]
-                    == table[first_delta : first_delta + n]
-                )
-        if ok:
-            done += n
-            chunk *= 2
-        elif done == 0 and n > _RUN_PROBE:
-            chunk = _RUN_PROBE  # not alike so far: a few more tries, small ones
-        elif n > 1 and (done or n <= _RUN_PROBE):
-            chunk = n // 2
-        else:
-            break
-    return done, stride
 
 
 def _length_fault(i: int, count: int, length: int, remaining: int, at: int) -> InvalidRecordError:
