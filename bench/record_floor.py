@@ -11,6 +11,10 @@ per-record object API must do at least from pre-split bytes: one 100 B value sli
 and one exact 8-field tuple appended per record, then the ConsumerRecord made from
 it (500 at a time, C-level map) and one attribute read. For load-independent figures
 run it under `valgrind --tool=callgrind` with --records 0 and N and subtract.
+
+`--shapes`: the decode alone (`decode_batch_into`, one batch of 9,000 records) for
+records of several layouts, one by one (`runs=False`) and with runs of alike records
+cut out in bulk (protocol/records/alike_runs.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gc
 import time
+from collections.abc import Callable
 from itertools import repeat
 from typing import Any
 
@@ -26,6 +31,9 @@ from client.consumer.async_consumer import AsyncConsumer
 from client.consumer.partition_state import _PartitionState
 from client.types import ConsumerRecord
 from client.types import TopicPartition
+from protocol.record_batch import BatchBuilder
+from protocol.record_batch import decode_batch_into
+from protocol.record_batch import parse_header
 
 FETCH_RECORDS = 20_000  # about one 2 MiB fetch of 100 B records
 DRAIN = 500  # poll()'s default max_poll_records
@@ -81,11 +89,51 @@ def floor(records: int) -> tuple[float, int]:
     return time.process_time() - started, records
 
 
+# name -> (value size, key) of record i; timestamps tick 1 ms per 50 records but for
+# "one timestamp"
+SHAPES: dict[str, Callable[[int], tuple[int, bytes | None]]] = {
+    "100 B, one timestamp": lambda i: (100, None),
+    "100 B, timestamp ticking": lambda i: (100, None),
+    "100 B, 8-byte keys, ticking": lambda i: (100, b"key-%04d" % (i % 1000)),
+    "90-109 B, each size unlike the next": lambda i: (90 + i % 20, None),
+    "90-109 B, runs of 10 alike": lambda i: (90 + (i // 10) % 20, None),
+}
+
+
+def shapes(rounds: int) -> None:
+    """ns per record of decode_batch_into, one by one and with bulk runs, per shape."""
+    value = bytes(range(200))
+    for name, shape in SHAPES.items():
+        builder = BatchBuilder(base_timestamp=1_700_000_000_000)
+        for i in range(9_000):
+            size, key = shape(i)
+            tick = 0 if name.endswith("one timestamp") else i // 50
+            builder.append(value[:size], key, (), 1_700_000_000_000 + tick)
+        data = builder.build(0)
+        header = parse_header(data)
+        cells = []
+        for runs in (False, True):
+            best = float("inf")
+            for _ in range(max(1, rounds)):
+                out: list[Any] = []
+                started = time.process_time()
+                for _ in range(10):
+                    out.clear()
+                    decode_batch_into(out, data, 0, header, "t", 0, runs=runs)
+                best = min(best, (time.process_time() - started) / 10 / len(out))
+            cells.append(f"{best * 1e9:,.0f}")
+        print(f"{name}: one by one {cells[0]} ns/record, bulk runs {cells[1]} ns/record")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.record_floor", description=__doc__)
     p.add_argument("--records", type=int, default=300_000, help="records per measure")
     p.add_argument("--rounds", type=int, default=3, help="rounds, best kept [3]")
+    p.add_argument("--shapes", action="store_true", help="decode only, per record layout")
     args = p.parse_args(argv)
+    if args.shapes:
+        shapes(args.rounds)
+        return 0
     if args.records <= 0:  # for callgrind's baseline run: imports only
         return 0
     clock = _GcClock()
