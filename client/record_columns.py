@@ -12,26 +12,27 @@ with the number of rows it covers (`ColumnBuffer.epoch_runs`).
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import NamedTuple
 
 from protocol.errors import CorruptRecordError
 from protocol.record_batch import HEADER_SIZE
-from protocol.record_batch import OFFSET_DELTA_LIMITS
 from protocol.record_batch import BatchHeader
 from protocol.record_batch import decode_record_headers
 from protocol.record_batch import decode_varint
 from protocol.record_batch import decompress
-from protocol.record_batch import offset_delta_bytes
 from protocol.record_batch import parse_header
 from protocol.record_batch import validate_batch
+from protocol.records.alike_runs import RUN_PROBE
+from protocol.records.alike_runs import alike_run
+from protocol.records.alike_runs import run_keys
+from protocol.records.alike_runs import run_timestamps
 
 _ATTR_TIMESTAMP_TYPE = 0x08
 # After a record whose successors are not laid out like it, decode this many one by one.
 _RUN_RETRY_AFTER = 64
 # Fewer alike records than this are decoded one by one.
 _MIN_RUN = 8
-# ts delta byte (a one-byte zigzag varint) -> delta
-_ONE_BYTE_ZIGZAG = [(b >> 1) ^ -(b & 1) for b in range(128)]
 _NO_HEADERS: tuple[tuple[str, bytes | None], ...] = ()
 
 
@@ -268,6 +269,9 @@ def decode_columns(
                 raise CorruptRecordError("record length does not match its fields")
             done += 1
             if done >= next_run_try and done < count:
+                if body[p] != body[record_start]:  # the next length differs: no run
+                    next_run_try = done + RUN_PROBE
+                    continue
                 # The records after this one may be laid out like it: take them in bulk.
                 last_delta = offsets[-1] - base_offset
                 run = _take_run(
@@ -333,68 +337,21 @@ def _take_run(
     keys: list[bytes | None],
     headers: list[tuple[tuple[str, bytes | None], ...]],
 ) -> ValueRun | None:
-    """The record at [start, end) (offset delta `delta`) was just decoded. If the next
-    records are laid out exactly like it (same length, null key, same value length,
-    no headers, a one-byte timestamp delta, offset deltas following on), append up to
-    `left` of them (all columns but the values) and return their values as a
-    ValueRun; None when they are not. Every byte that the per-record decode would
-    read is checked here too, with strided slices (C loops)."""
-    stride = end - start
-    lv = 1 if body[start] < 0x80 else 2  # length varint bytes
-    if lv == 2 and body[start + 1] >= 0x80:
+    """The record at [start, end) (offset delta `delta`) was just decoded. If at least
+    _MIN_RUN records after it are laid out exactly like it (alike_runs: every byte the
+    per-record decode would read, checked with strided slices), append up to `left` of
+    them (all columns but the values) and return their values as a ValueRun; None when
+    they are not, or their values are null."""
+    run = alike_run(body, start, end, len(body), left, delta)
+    n = run.count
+    if n < _MIN_RUN or run.value_len < 0:
         return None
-    ts_at = start + lv + 1
-    if body[ts_at] >= 0x80:
+    stamps = run_timestamps(body, end, run, base_ts)
+    if stamps is None:
         return None
-    od_at = ts_at + 1
-    d = 1
-    while body[od_at + d - 1] >= 0x80:
-        d += 1
-        if d > 3:
-            return None
-    key_at = od_at + d
-    if body[key_at] != 1:  # the key is not null
-        return None
-    vl_at = key_at + 1
-    if body[vl_at] < 0x80:
-        vl, zigzag_size = 1, body[vl_at]
-    elif body[vl_at + 1] < 0x80:
-        vl, zigzag_size = 2, (body[vl_at] & 0x7F) | (body[vl_at + 1] << 7)
-    else:
-        return None
-    value_at = vl_at + vl
-    size = zigzag_size >> 1
-    # A null (or negative) value length, or headers after the value: not this layout.
-    if zigzag_size & 1 or value_at + size + 1 != end or body[end - 1] != 0:
-        return None
-    # the same record length and the same value length
-    same_bytes = [*range(start, start + lv), *range(vl_at, value_at)]
-    n = min(left, (len(body) - end) // stride, OFFSET_DELTA_LIMITS[d] - delta)
-    # An odd record inside the run: try its first half, and so on.
-    while True:
-        if n < _MIN_RUN:
-            return None
-        run = body[end : end + n * stride]
-        ts = run[ts_at - start :: stride]
-        if (
-            all(run[at - start :: stride] == body[at : at + 1] * n for at in same_bytes)
-            and run[key_at - start :: stride] == b"\x01" * n  # null key
-            and run[stride - 1 :: stride] == b"\x00" * n  # no headers
-            and all(  # offset deltas delta+1, delta+2, ...
-                run[od_at - start + i :: stride] == table[delta + 1 : delta + 1 + n]
-                for i, table in enumerate(offset_delta_bytes(d))
-            )
-            and ts.isascii()  # one-byte timestamp deltas (every byte < 0x80), in C
-        ):
-            break
-        n //= 2
     first = offsets[-1] + 1
     offsets += range(first, first + n)
-    if ts.count(ts[0]) == n:
-        timestamps += [base_ts + _ONE_BYTE_ZIGZAG[ts[0]]] * n
-    else:
-        zigzag = _ONE_BYTE_ZIGZAG
-        timestamps += [base_ts + zigzag[b] for b in ts]
-    keys += [None] * n
-    headers += [_NO_HEADERS] * n
-    return ValueRun(body, end, value_at - start, stride, size, n)
+    timestamps += stamps
+    keys += run_keys(body, end, run)
+    headers += repeat(_NO_HEADERS, n)
+    return ValueRun(body, end, run.value_at, run.stride, run.value_len, n)

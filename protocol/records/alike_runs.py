@@ -131,38 +131,49 @@ def alike_run(
     return layout._replace(count=done)
 
 
-def run_timestamps(records: bytes, run: AlikeRun, base: int) -> Iterable[int] | None:
-    """The timestamps (`base` + delta) of the run whose bytes are `records`, in C loops
-    (maps over strided slices); None when their delta varints are longer than two bytes
-    (more than 8.2 s from the batch's base timestamp): decode those one by one."""
-    stride, at = run.stride, run.ts_at
+def run_timestamps(body: bytes, first: int, run: AlikeRun, base: int) -> Iterable[int] | None:
+    """The timestamps (`base` + delta) of the run whose first record starts at
+    body[first], in C loops (maps over strided slices); None when their delta varints
+    are longer than two bytes (more than 8.2 s from the batch's base timestamp): decode
+    those one by one."""
+    stride, at, n = run.stride, first + run.ts_at, run.count
+    stop = first + n * stride
     if run.ts_size == 1:
-        deltas = records[at::stride]
-        if deltas.count(deltas[0]) == len(deltas):  # one timestamp for the whole run
-            return repeat(base + _UNZIGZAG_1[deltas[0]])
-        if len(deltas) > 256:  # one int per possible byte rather than one per record
+        deltas = body[at:stop:stride]
+        if deltas.count(deltas[0]) == n:  # one timestamp for the whole run
+            return repeat(base + _UNZIGZAG_1[deltas[0]], n)
+        if n > 256:  # one int per possible byte rather than one per record
             return map([base + delta for delta in _UNZIGZAG_1].__getitem__, deltas)
         return map(add, repeat(base), map(_UNZIGZAG_1.__getitem__, deltas))
     if run.ts_size == 2:
-        low = map(and_, records[at::stride], repeat(0x7F))
-        high = map(lshift, records[at + 1 :: stride], repeat(7))
+        low = map(and_, body[at:stop:stride], repeat(0x7F))
+        high = map(lshift, body[at + 1 : stop : stride], repeat(7))
         return map(add, repeat(base), map(_UNZIGZAG_2.__getitem__, map(or_, low, high)))
     return None
 
 
-def keys_and_values(
-    records: bytes | memoryview, run: AlikeRun
+def run_keys(body: bytes, first: int, run: AlikeRun) -> Iterable[bytes | None]:
+    """The keys of the run whose first record starts at body[first]."""
+    return run_keys_and_values(body, first, run, values=False)[0]
+
+
+def run_keys_and_values(
+    body: bytes, first: int, run: AlikeRun, *, values: bool = True
 ) -> tuple[Iterable[bytes | None], Iterable[bytes | None]]:
-    """The keys and the values of the run whose bytes are `records`, as bytes (or
-    None, null), cut out by one struct unpack per record (a C loop)."""
-    if run.key_len < 0 and run.value_len < 0:
-        return repeat(None), repeat(None)
-    cutter = _cutter(run.stride, run.key_at, run.key_len, run.value_at, run.value_len)
-    pieces = cutter.iter_unpack(records)
-    if run.key_len < 0:
-        return repeat(None), chain.from_iterable(pieces)
-    if run.value_len < 0:
-        return chain.from_iterable(pieces), repeat(None)
+    """The keys and (with `values`) the values of the run whose first record starts
+    at body[first], as bytes (None: null), cut out by one struct unpack per record (a
+    C loop over a view of the run: nothing copied but the fields)."""
+    key_len = run.key_len
+    value_len = run.value_len if values else -1
+    if key_len < 0 and value_len < 0:
+        return repeat(None, run.count), repeat(None, run.count)
+    cutter = _cutter(run.stride, run.key_at, key_len, run.value_at, value_len)
+    # (the view is released with the iterator: `body` is bytes, nothing waits on it)
+    pieces = cutter.iter_unpack(memoryview(body)[first : first + run.count * run.stride])
+    if key_len < 0:
+        return repeat(None, run.count), chain.from_iterable(pieces)
+    if value_len < 0:
+        return chain.from_iterable(pieces), repeat(None, run.count)
     both = list(pieces)
     return map(itemgetter(0), both), map(itemgetter(1), both)
 

@@ -9,7 +9,7 @@ from itertools import repeat
 from protocol.errors import CorruptRecordError
 from protocol.records.alike_runs import RUN_PROBE
 from protocol.records.alike_runs import alike_run
-from protocol.records.alike_runs import keys_and_values
+from protocol.records.alike_runs import run_keys_and_values
 from protocol.records.alike_runs import run_timestamps
 from protocol.records.batch_format import _ATTR_TIMESTAMP_TYPE
 from protocol.records.batch_format import HEADER_SIZE
@@ -269,15 +269,14 @@ def _take_run(
     n = run.count
     if n == 0:
         return 0
-    records = body[end : end + n * run.stride]
     if header.attributes & _ATTR_TIMESTAMP_TYPE:
         timestamps: Iterable[int] = repeat(header.max_timestamp)
     else:
-        stamps = run_timestamps(records, run, header.base_timestamp)
+        stamps = run_timestamps(body, end, run, header.base_timestamp)
         if stamps is None:
             return 0  # deltas too long to cut out in bulk: one by one
         timestamps = stamps
-    keys, values = keys_and_values(records, run)
+    keys, values = run_keys_and_values(body, end, run)
     first = header.base_offset + delta + 1
     out += zip(
         repeat(topic),

@@ -1,7 +1,8 @@
 """Runs of alike records decoded in bulk (protocol/records/alike_runs.py, used by
-decode_batch_into, the consumer's poll() path): whatever the batch, the records are
-exactly those of the one-by-one decode (`runs=False`), and a batch the one-by-one
-decode refuses is refused too. The invariant protected: the bulk path is a faster way
+decode_batch_into, the consumer's poll() path, and by decode_columns, poll_batches()
+and the Spark source): whatever the batch, the records are exactly those of the
+one-by-one decode (`runs=False`), and a batch the one-by-one decode refuses is refused
+too. The invariant protected: the bulk path is a faster way
 to the same answer, never a more lenient reader."""
 
 from __future__ import annotations
@@ -39,13 +40,25 @@ def build(
 
 
 def assert_bulk_is_the_reference(batch: bytes, *, verify_crc: bool = True) -> None:
+    """decode_batch's bulk runs (poll()) and decode_columns (poll_batches(), Spark) say
+    what the one-by-one decode says, or all three refuse the batch."""
+    columns = ColumnBuffer(True)
     try:
         expected = decode_batch(batch, verify_crc=verify_crc, runs=False)
     except CorruptRecordError:
         with pytest.raises(CorruptRecordError):
             decode_batch(batch, verify_crc=verify_crc)
+        with pytest.raises(CorruptRecordError):
+            decode_columns(batch, 0, columns, verify_crc=verify_crc)
         return
     assert decode_batch(batch, verify_crc=verify_crc) == expected
+    decode_columns(batch, 0, columns, verify_crc=verify_crc)
+    records = expected[1]
+    assert columns.offsets == [r.offset for r in records]
+    assert columns.timestamps == [r.timestamp for r in records]
+    assert columns.keys == [r.key for r in records]
+    assert columns.values == [r.value for r in records]
+    assert columns.headers == [r.headers for r in records]
 
 
 odd_record = st.sampled_from(
