@@ -230,7 +230,11 @@ class AsyncConsumer(
             # _poll_with has created the next fetches (pipelining); one turn of the loop
             # writes them to the socket, so the broker reads and sends the next range
             # while this one is decoded.
-            await asyncio.sleep(0)
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                self._undo_drain(drained)  # nothing was handed out: nothing is skipped
+                raise
             columns = self._decode_drained(drained)
             if columns:
                 return columns

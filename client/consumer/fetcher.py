@@ -171,6 +171,18 @@ class Fetcher:
             out[tp] = _DrainedFetch(fetched, *before, (state.position, state.position_epoch))
         return out
 
+    def _undo_drain(self, drained: dict[TopicPartition, _DrainedFetch]) -> None:
+        """Put back the positions _drain_undecoded moved, for fetches that will not be
+        decoded (poll_batches() was cancelled before it could hand them out): their
+        records are fetched again, and the fetch already sent from further on is
+        dropped when it answers."""
+        for tp, (fetched, epoch_before, epoch_start_before, moved_to) in drained.items():
+            state = self._states.get(tp)
+            if state is not None and (state.position, state.position_epoch) == moved_to:
+                state.position = fetched.fetch_offset
+                state.position_epoch = epoch_before
+                state.position_epoch_start = epoch_start_before
+
     def _decode_drained(
         self, drained: dict[TopicPartition, _DrainedFetch]
     ) -> dict[TopicPartition, ColumnBuffer]:

@@ -18,6 +18,7 @@ from test_client_consumer_decode import put_two_good_then_a_corrupt_batch
 from test_client_producer_consumer import consumer_told_of_divergence
 
 from client.consumer import AsyncConsumer
+from client.consumer import async_consumer
 from client.consumer import fetcher
 from client.errors import CorruptRecordError
 from client.errors import LogTruncationError
@@ -160,3 +161,34 @@ async def test_the_next_fetch_is_on_the_wire_before_a_fetch_is_decoded(
     assert offsets == list(range(40))
     assert len(in_flight_at_decode) == 4
     assert all(n >= 1 for n in in_flight_at_decode), in_flight_at_decode
+
+
+async def test_a_poll_batches_cancelled_before_its_decode_skips_nothing(
+    broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """poll_batches() moves the position past a fetch before decoding it (so the next
+    fetch can go out first). Cancelled at that await (a caller's timeout, the blocking
+    Consumer's deadline), it hands nothing out, so it must put the position back: the
+    records come on the next poll, each once, in order."""
+    one = encode_batch([(None, b"v%d" % i) for i in range(10)])
+    for _ in range(3):
+        put(broker, one, 10)
+    real_sleep = asyncio.sleep
+    cancel_next_turn = [True]
+
+    async def sleep_or_cancel(delay: float, *args: Any) -> Any:
+        if delay == 0 and cancel_next_turn[0]:
+            cancel_next_turn[0] = False
+            raise asyncio.CancelledError
+        return await real_sleep(delay, *args)
+
+    async with AsyncConsumer(broker.address, max_partition_fetch_bytes=len(one)) as consumer:
+        consumer.assign([T0])
+        consumer.seek(T0, 0)
+        monkeypatch.setattr(async_consumer.asyncio, "sleep", sleep_or_cancel)
+        with pytest.raises(asyncio.CancelledError):
+            await consumer.poll_batches(timeout_ms=1000)
+        monkeypatch.setattr(async_consumer.asyncio, "sleep", real_sleep)
+        assert await consumer.position(T0) == 0
+        offsets = [o for c in await batches_until(consumer, 30) for o in c.offsets]
+    assert offsets == list(range(30))
