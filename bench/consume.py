@@ -7,7 +7,11 @@ copies of one encoded batch (bench.harness.raw_fill), to a one-broker cluster
 of the topic:
 
 - `client`: AsyncConsumer.poll() with every record decoded into a ConsumerRecord
-  (CRC checked, as by default) - what an application gets; one pass at most;
+  (CRC checked, as by default) - what an application gets; one pass at most; at most
+  `--max-poll-records` per poll (the consumer's default 500 unless given: before
+  2026-11-29 this bench used 1,000,000, which keeps a whole fetch of records alive
+  per poll and made the GC's full collections half of the reader's CPU);
+- `batches`: AsyncConsumer.poll_batches(), each fetch as columns;
 - `raw`: Fetch requests for all partitions at once, whole batches counted from their
   headers, never decoded; wraps around to offset 0 at the end, so it can read the
   (page-cached) data several times over.
@@ -21,6 +25,7 @@ import argparse
 import asyncio
 import sys
 import time
+from functools import partial
 from typing import Any
 
 from bench.harness import THROUGHPUT_COLUMNS
@@ -72,6 +77,14 @@ def parser() -> argparse.ArgumentParser:
         default=2 * MiB,
         help="max bytes per partition per fetch [2 MiB]",
     )
+    p.add_argument(
+        "--max-poll-records",
+        type=int,
+        default=500,
+        help="the client reader's max_poll_records: records poll() hands out at once "
+        "[500, the consumer's default, what `async for` uses]; the caller holds them "
+        "until its next poll, so large values keep many records alive for the GC to scan",
+    )
     return p
 
 
@@ -104,6 +117,7 @@ async def read_client(
     fetch_bytes: int,
     *,
     batches: bool = False,
+    max_poll_records: int = 500,
 ) -> tuple[int, int, float]:
     """(records, 0, seconds) read by AsyncConsumer.poll() (or poll_batches()) in one
     pass or `seconds` (the bytes on the wire are not visible through the consumer: the
@@ -113,7 +127,7 @@ async def read_client(
         bootstrap,
         auto_offset_reset="earliest",
         max_partition_fetch_bytes=fetch_bytes,
-        max_poll_records=1_000_000,
+        max_poll_records=max_poll_records,
         fetch_max_wait_ms=100,
     )
     await consumer.start()
@@ -220,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(len(datasets) * (1 + len(args.reader)), NAME)
     rows: list[dict[str, Any]] = []
     readers = {
-        "client": read_client,
+        "client": partial(read_client, max_poll_records=args.max_poll_records),
         "batches": read_batches,
         "raw": read_raw,
         "confluent": read_confluent,
@@ -257,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                         "reader": reader,
                         "partitions": partitions,
                         "batch_size": batch_size,
+                        "max_poll_records": args.max_poll_records if reader == "client" else None,
                         "record_size": RECORD_SIZE,
                         "data_bytes": written,
                         "records": records,
