@@ -11,6 +11,8 @@ of the topic:
   `--max-poll-records` per poll (the consumer's default 500 unless given: before
   2026-11-29 this bench used 1,000,000, which keeps a whole fetch of records alive
   per poll and made the GC's full collections half of the reader's CPU);
+- `iterate`: `async for record in consumer`, a ConsumerRecord at a time (poll() with
+  its default max_poll_records underneath) - the other per-record API;
 - `batches`: AsyncConsumer.poll_batches(), each fetch as columns;
 - `raw`: Fetch requests for all partitions at once, whole batches counted from their
   headers, never decoded; wraps around to offset 0 at the end, so it can read the
@@ -49,7 +51,7 @@ from client.consumer import AsyncConsumer
 from client.types import TopicPartition
 
 NAME = "consume"
-READERS = ("client", "batches", "raw", "confluent")
+READERS = ("client", "iterate", "batches", "raw", "confluent")
 RECORD_SIZE = 100
 
 
@@ -63,10 +65,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--reader",
         type=lambda s: [x for x in s.split(",") if x],
-        default=["client", "batches", "raw"],
-        help="client (AsyncConsumer.poll), batches (AsyncConsumer.poll_batches), raw (a "
+        default=["client", "iterate", "batches", "raw"],
+        help="client (AsyncConsumer.poll), iterate (async for), batches "
+        "(AsyncConsumer.poll_batches), raw (a "
         "fetch loop) and/or confluent (librdkafka through the Kafka listeners) "
-        "[client,batches,raw]",
+        "[client,iterate,batches,raw]",
     )
     p.add_argument("--brokers", type=int, default=1, help="brokers in the cluster [1]")
     p.add_argument("--data-mib", type=int, help="MiB written per topic [256; 32 with --quick]")
@@ -106,7 +109,14 @@ async def read_batches(
     bootstrap: str, topic: str, partitions: int, seconds: float, fetch_bytes: int
 ) -> tuple[int, int, float]:
     """read_client through AsyncConsumer.poll_batches() (columns, no record objects)."""
-    return await read_client(bootstrap, topic, partitions, seconds, fetch_bytes, batches=True)
+    return await read_client(bootstrap, topic, partitions, seconds, fetch_bytes, mode="batches")
+
+
+async def read_iterate(
+    bootstrap: str, topic: str, partitions: int, seconds: float, fetch_bytes: int
+) -> tuple[int, int, float]:
+    """read_client through `async for record in consumer` (a ConsumerRecord at a time)."""
+    return await read_client(bootstrap, topic, partitions, seconds, fetch_bytes, mode="iterate")
 
 
 async def read_client(
@@ -116,12 +126,12 @@ async def read_client(
     seconds: float,
     fetch_bytes: int,
     *,
-    batches: bool = False,
+    mode: str = "poll",
     max_poll_records: int = 500,
 ) -> tuple[int, int, float]:
-    """(records, 0, seconds) read by AsyncConsumer.poll() (or poll_batches()) in one
-    pass or `seconds` (the bytes on the wire are not visible through the consumer: the
-    caller works them out)."""
+    """(records, 0, seconds) read by AsyncConsumer.poll() (`mode` "batches":
+    poll_batches(); "iterate": `async for`) in one pass or `seconds` (the bytes on the
+    wire are not visible through the consumer: the caller works them out)."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     consumer = AsyncConsumer(
         bootstrap,
@@ -138,8 +148,14 @@ async def read_client(
         records = 0
         start = time.perf_counter()
         end = start + seconds
+        if mode == "iterate":
+            async for _ in consumer:
+                records += 1
+                if records >= total or (records % 4096 == 0 and time.perf_counter() >= end):
+                    break
+            return records, 0, time.perf_counter() - start
+        polled = consumer.poll_batches if mode == "batches" else consumer.poll
         while records < total and time.perf_counter() < end:
-            polled = consumer.poll_batches if batches else consumer.poll
             for batch in (await polled(timeout_ms=500)).values():
                 records += len(batch)
         return records, 0, time.perf_counter() - start
@@ -235,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     readers = {
         "client": partial(read_client, max_poll_records=args.max_poll_records),
+        "iterate": read_iterate,
         "batches": read_batches,
         "raw": read_raw,
         "confluent": read_confluent,

@@ -93,6 +93,22 @@ def test_consume_raw_cell_writes_sane_json(tmp_path: Path) -> None:
     assert row["records"] > 0 and row["bytes"] > 0 and row["mb_per_s"] > 0
 
 
+def test_consume_per_record_readers_read_every_record_once(tmp_path: Path) -> None:
+    """poll() and `async for` (the per-record APIs issue 20 measures) read the whole
+    4 MiB topic: every record, none twice."""
+    doc = run_bench(
+        "consume",
+        tmp_path / "consume.json",
+        *("--reader", "client,iterate", "--partitions", "1", "--batch-size", "16384"),
+        *("--data-mib", "4", "--seconds", "30"),
+    )
+    client, iterate = doc["results"]
+    assert (client["reader"], iterate["reader"]) == ("client", "iterate")
+    written = client["data_bytes"] // 16384 * (16384 // 108)  # about: batches x records
+    assert client["records"] == iterate["records"] > 0.9 * written
+    assert client["max_poll_records"] == 500 and iterate["max_poll_records"] is None
+
+
 def test_consume_with_librdkafka_through_the_kafka_listener(tmp_path: Path) -> None:
     doc = run_bench(
         "consume",
