@@ -24,13 +24,12 @@ from protocol.record_batch import decompress
 from protocol.record_batch import parse_header
 from protocol.record_batch import validate_batch
 from protocol.records.alike_runs import RUN_PROBE
+from protocol.records.alike_runs import RUN_RETRY_AFTER
 from protocol.records.alike_runs import alike_run
 from protocol.records.alike_runs import run_keys
 from protocol.records.alike_runs import run_timestamps
 
 _ATTR_TIMESTAMP_TYPE = 0x08
-# After a record whose successors are not laid out like it, decode this many one by one.
-_RUN_RETRY_AFTER = 64
 # Fewer alike records than this are decoded one by one.
 _MIN_RUN = 8
 _NO_HEADERS: tuple[tuple[str, bytes | None], ...] = ()
@@ -295,7 +294,7 @@ def decode_columns(
                     values = []
                     add_value = values.append
                 else:
-                    next_run_try = done + _RUN_RETRY_AFTER
+                    next_run_try = done + RUN_RETRY_AFTER
     except IndexError:
         raise CorruptRecordError("record field runs past the end of the batch") from None
     if p != body_len:

@@ -26,6 +26,7 @@ from operator import or_
 from typing import NamedTuple
 
 from protocol.records.varints import OFFSET_DELTA_LIMITS
+from protocol.records.varints import UNZIGZAG
 from protocol.records.varints import decode_varint
 from protocol.records.varints import offset_delta_bytes
 
@@ -33,10 +34,10 @@ from protocol.records.varints import offset_delta_bytes
 # match (halving when not): a run that breaks early costs little.
 _FIRST_RUN_CHUNK = 256
 RUN_PROBE = 8  # when the first chunk does not match: try this many, then halve
+# After a record whose successors are not laid out like it, walk (or decode) this many
+# one by one before looking for a run again.
+RUN_RETRY_AFTER = 64
 _HIGH_BIT = bytes(b ^ 0x80 for b in range(256))  # translate: high bit set -> clear
-# A one-byte zig-zag varint -> value; a two-byte one's 14 payload bits -> value.
-_UNZIGZAG_1 = tuple((b >> 1) ^ -(b & 1) for b in range(1 << 7))
-_UNZIGZAG_2 = tuple((v >> 1) ^ -(v & 1) for v in range(1 << 14))
 
 
 class AlikeRun(NamedTuple):
@@ -141,14 +142,14 @@ def run_timestamps(body: bytes, first: int, run: AlikeRun, base: int) -> Iterabl
     if run.ts_size == 1:
         deltas = body[at:stop:stride]
         if deltas.count(deltas[0]) == n:  # one timestamp for the whole run
-            return repeat(base + _UNZIGZAG_1[deltas[0]], n)
+            return repeat(base + UNZIGZAG[deltas[0]], n)
         if n > 256:  # one int per possible byte rather than one per record
-            return map([base + delta for delta in _UNZIGZAG_1].__getitem__, deltas)
-        return map(add, repeat(base), map(_UNZIGZAG_1.__getitem__, deltas))
+            return map([base + delta for delta in UNZIGZAG[:128]].__getitem__, deltas)
+        return map(add, repeat(base), map(UNZIGZAG.__getitem__, deltas))
     if run.ts_size == 2:
         low = map(and_, body[at:stop:stride], repeat(0x7F))
         high = map(lshift, body[at + 1 : stop : stride], repeat(7))
-        return map(add, repeat(base), map(_UNZIGZAG_2.__getitem__, map(or_, low, high)))
+        return map(add, repeat(base), map(UNZIGZAG.__getitem__, map(or_, low, high)))
     return None
 
 

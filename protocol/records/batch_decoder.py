@@ -8,6 +8,7 @@ from itertools import repeat
 
 from protocol.errors import CorruptRecordError
 from protocol.records.alike_runs import RUN_PROBE
+from protocol.records.alike_runs import RUN_RETRY_AFTER
 from protocol.records.alike_runs import alike_run
 from protocol.records.alike_runs import run_keys_and_values
 from protocol.records.alike_runs import run_timestamps
@@ -21,9 +22,6 @@ from protocol.records.batch_headers import parse_header
 from protocol.records.batch_headers import validate_batch
 from protocol.records.compression import decompress
 from protocol.records.varints import decode_varint
-
-# After a record whose successors are not laid out like it, decode this many one by one.
-_RUN_RETRY_AFTER = 64
 
 # ---------------------------------------------------------------- decoding
 
@@ -239,7 +237,7 @@ def decode_batch_into(
                 done += taken
                 p += taken * (p - record_start)
                 previous_delta += taken
-                next_run_try = done + (1 if taken >= RUN_PROBE else _RUN_RETRY_AFTER)
+                next_run_try = done + (1 if taken >= RUN_PROBE else RUN_RETRY_AFTER)
         if p != body_len:
             raise CorruptRecordError("bytes left over after the last record")
     except IndexError:

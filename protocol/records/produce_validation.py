@@ -7,6 +7,7 @@ from __future__ import annotations
 from protocol.errors import CorruptRecordError
 from protocol.errors import InvalidRecordError
 from protocol.records.alike_runs import RUN_PROBE
+from protocol.records.alike_runs import RUN_RETRY_AFTER
 from protocol.records.alike_runs import alike_run
 from protocol.records.batch_format import _ATTR_COMPRESSION_MASK
 from protocol.records.batch_format import _ATTR_CONTROL
@@ -18,6 +19,7 @@ from protocol.records.batch_headers import validate_batches
 from protocol.records.compression import MAX_DECOMPRESSED_SIZE
 from protocol.records.compression import _codec_name
 from protocol.records.compression import decompress
+from protocol.records.varints import UNZIGZAG
 from protocol.records.varints import decode_varint
 
 # ---------------------------------------------------------------- produce validation
@@ -130,7 +132,7 @@ def _walk_records(body: bytes | bytearray, p: int, end: int, count: int) -> None
     one- and two-byte varints are read inline (decoded through a table), longer ones
     through decode_varint; runs of alike records are checked in bulk (alike_run)."""
     first = record_start = p
-    unzigzag = _UNZIGZAG
+    unzigzag = UNZIGZAG
     i = 0
     next_run = 1  # after this many records, look for a run of records laid out alike
     try:
@@ -145,7 +147,7 @@ def _walk_records(body: bytes | bytearray, p: int, end: int, count: int) -> None
                     if i == count:
                         break
                     # after a run, look again past the next record; else walk a while
-                    next_run = i + (1 if run.count >= RUN_PROBE else _RUN_RETRY_AFTER)
+                    next_run = i + (1 if run.count >= RUN_PROBE else RUN_RETRY_AFTER)
                 else:
                     next_run = i + RUN_PROBE
             record_start = p
@@ -237,12 +239,6 @@ def _walk_records(body: bytes | bytearray, p: int, end: int, count: int) -> None
         raise
     except CorruptRecordError as exc:  # a varint of decode_varint
         raise InvalidRecordError(f"record {i}: {exc}") from None
-
-
-# One- and two-byte zig-zag varints (their 14 payload bits) -> value.
-_UNZIGZAG = tuple((v >> 1) ^ -(v & 1) for v in range(1 << 14))
-# After a record whose successors are not laid out like it, walk this many one by one.
-_RUN_RETRY_AFTER = 64
 
 
 def _length_fault(i: int, count: int, length: int, remaining: int, at: int) -> InvalidRecordError:

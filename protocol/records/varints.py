@@ -62,6 +62,10 @@ def decode_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     return (result >> 1) ^ -(result & 1), pos
 
 
+# The payload of a one- or two-byte zig-zag varint (its 7 or 14 bits, as read inline by
+# the hot loops) -> its value.
+UNZIGZAG = tuple((v >> 1) ^ -(v & 1) for v in range(1 << 14))
+
 # Largest offset delta whose zig-zag varint takes 1, 2, 3 bytes.
 OFFSET_DELTA_LIMITS = {1: 63, 2: 8191, 3: 1_048_575}
 
