@@ -5,6 +5,12 @@ longer (or not) the active one (NOT_CONTROLLER), looks the leader up again befor
 fails, so the next request goes to the new active controller. A single controller is a
 quorum of one: the same path.
 
+A controller that failed one connection is suspect on all of them: after the lookup,
+every other connection of this process to it is dropped, so a long-poll parked on a
+silently dead connection (a SIGSTOPped or cut-off controller) fails over with the
+heartbeat that noticed, not one request timeout later. A request failed by such a drop
+starts no lookup of its own (the one that dropped it has run), so drops never cascade.
+
 - `ActiveController`: what the channels of one process share, the leader's address
   (one lookup at a time; a lookup asks each known controller at most once, bounded by
   LOOKUP_TIMEOUT_S each);
@@ -21,6 +27,7 @@ import ssl
 from collections.abc import Sequence
 
 from protocol.errors import ErrorCode
+from protocol.invariants import invariant
 from protocol.messages import DescribeQuorumRequest
 from protocol.messages import DescribeQuorumResponse
 from protocol.messages import Message
@@ -38,6 +45,8 @@ from runtime.sasl import SaslCredentials
 log = logging.getLogger(__name__)
 
 LOOKUP_TIMEOUT_S = 1.0
+# Connections following one ActiveController, at most (a broker has three).
+MAX_CLIENTS = 8
 # Controllers remembered from DescribeQuorum answers, at most (bounded like any list).
 MAX_KNOWN = 16
 
@@ -64,6 +73,16 @@ class ActiveController:
         self.leader_id = -1
         self.client_id = client_id
         self._lock = asyncio.Lock()
+        # The connections that follow this active controller (one per purpose).
+        self._clients: list[ControllerClient] = []
+
+    def attach(self, client: ControllerClient) -> None:
+        invariant(len(self._clients) < MAX_CLIENTS, "a bounded number of controller clients")
+        self._clients.append(client)
+
+    def detach(self, client: ControllerClient) -> None:
+        if client in self._clients:
+            self._clients.remove(client)
 
     def describe(self) -> str:
         host, port = self.address
@@ -73,12 +92,20 @@ class ActiveController:
     async def look_up(self, failed: Address) -> None:
         """The active controller is not (or no longer) at `failed`: ask the known
         controllers which voter leads. Unchanged when none can say (an election is
-        under way; the caller retries)."""
+        under way; the caller retries). Then every connection to `failed` is dropped."""
         async with self._lock:
-            if self.address != failed:
-                return  # another channel found the new one meanwhile
-            start = self.known.index(failed) + 1 if failed in self.known else 0
-            await self._ask_in_turn(self.known[start:] + self.known[:start])
+            # Unless another channel found the new one meanwhile.
+            if self.address == failed:
+                start = self.known.index(failed) + 1 if failed in self.known else 0
+                await self._ask_in_turn(self.known[start:] + self.known[:start])
+        moved = self.address != failed
+        why = (
+            f"{failed[0]}:{failed[1]} is no longer the active controller"
+            if moved
+            else f"the controller at {failed[0]}:{failed[1]} failed another connection"
+        )
+        for client in self._clients:
+            client.drop_connection_to(failed, why)
 
     async def find(self) -> None:
         """Ask the known controllers, in order, which voter is active (`leader_id`
@@ -183,6 +210,19 @@ class ControllerClient:
         self._peer_id = peer_id
         self._client: RpcClient | None = None
         self._closed = False
+        # Connections this client dropped on the word of another (drop_connection_to).
+        self._drops = 0
+        active.attach(self)
+
+    def drop_connection_to(self, address: Address, why: str) -> None:
+        """Another connection found `address` gone: abort ours to it, failing what
+        waits there (a long-poll would otherwise sit out its whole timeout)."""
+        client = self._client
+        if client is None or (client.host, client.port) != address:
+            return
+        if client.drop_connection(f"dropped the {self.purpose} connection: {why}"):
+            self._drops += 1
+            log.info("dropped the %s connection to %s:%d: %s", self.purpose, *address, why)
 
     def _current(self) -> RpcClient:
         address = self.active.address
@@ -215,6 +255,7 @@ class ControllerClient:
             raise RpcError(f"connection to {self.active.describe()} is closed")
         client = self._current()
         address = (client.host, client.port)
+        drops = self._drops
         try:
             return await client.request(body, timeout_s=timeout_s)
         except RpcErrorResponse as exc:
@@ -225,7 +266,8 @@ class ControllerClient:
         except RpcAuthenticationError:
             raise  # the controller is there and refused us: asking the others is no cure
         except (RpcConnectionError, RpcTimeoutError):
-            await self.active.look_up(address)
+            if self._drops == drops:  # not dropped by a lookup that has already run
+                await self.active.look_up(address)
             raise
 
     async def request_with_retry(
@@ -237,6 +279,7 @@ class ControllerClient:
 
     async def close(self) -> None:
         self._closed = True
+        self.active.detach(self)
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):

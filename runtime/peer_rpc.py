@@ -214,6 +214,15 @@ class RpcClient:
         (time.monotonic()); the last error is raised once it has passed."""
         return await retry_until(deadline, lambda: self.request(body, timeout_s=timeout_s))
 
+    def drop_connection(self, reason: str) -> bool:
+        """Abort the open connection (its pending requests fail with `reason`); the
+        next request reconnects, after the usual backoff. True if one was open."""
+        conn = self._conn
+        if conn is None or not conn.connected:
+            return False
+        conn.abort(reason)
+        return True
+
     async def close(self) -> None:
         self._closed = True
         conn, self._conn = self._conn, None

@@ -18,7 +18,10 @@
 - a partition leader SIGKILLed together with the active controller: once the others
   elect a new active controller, the dead broker's session runs out there and its
   partitions get new leaders from their ISR; acks=all writes go on and every
-  acknowledged record is still there.
+  acknowledged record is still there;
+- a SIGSTOPped active controller (sockets open, nothing answered): the brokers learn
+  what the next active controller decides within a bound, not one metadata request
+  timeout (31 s) later.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from protocol.messages import MetadataRequest
 from protocol.messages import MetadataResponse
 from runtime.active_controller import describe_quorum_at
 from tests.integration.cluster import Cluster
+from tests.integration.cluster import TestClient
 from tests.integration.test_controller_process import REPO
 from tests.integration.test_controller_process import START_TIMEOUT_S
 from tests.integration.test_controller_process import Client
@@ -405,4 +409,63 @@ async def test_a_leader_killed_with_the_active_controller_is_replaced(tmp_path: 
         # election: well under the 30 s bound; the bench measures it (bench/README.md).
         assert moved_after < 15, moved_after
     finally:
+        c.stop_all()
+
+
+async def _leader_seen_by(broker: TestClient, topic: str) -> tuple[int, int]:
+    """(leader, leader epoch) of partition 0 of `topic` as this broker's own metadata has it."""
+    body = await broker.call(MetadataRequest(topics=[topic]))
+    assert isinstance(body, MetadataResponse)
+    (partition,) = body.topics[0].partitions
+    return partition.leader_id, partition.leader_epoch
+
+
+async def test_brokers_fail_over_from_a_silent_controller(tmp_path: Path) -> None:
+    """A SIGSTOPped active controller keeps its sockets open and answers nothing, so a
+    broker's metadata long-poll to it sits on a connection that looks alive. Invariant:
+    a broker learns of the next active controller's decisions within heartbeat timeout
+    + lookup + the decision's own time, never one metadata request timeout (31 s)
+    later; meanwhile a broker that lost a leadership would go on answering as its
+    leader. Off (the long-poll left to its timeout): the survivors learn of the new
+    leader ~31 s after the stop, past the bound."""
+    c = Cluster(tmp_path)
+    c.root.mkdir(exist_ok=True)
+    c.start_quorum(3, session_timeout_ms=3000)
+    silent: subprocess.Popen[bytes] | None = None
+    try:
+        for n in (1, 2, 3):
+            c.start_broker(n)
+        servers = [f"{b.host}:{b.port}" for b in c.brokers.values()]
+        async with AsyncAdmin(servers) as admin:
+            await admin.create_topic("t", 1, 3)
+            (before,) = await admin.describe_topics(["t"])
+        old_leader = before.partitions[0].leader
+        answer = await describe_quorum_at(("127.0.0.1", c.quorum[0].port), "test", 2.0)
+        silent = c.quorum[answer.leader_id].popen
+        assert silent is not None
+        await asyncio.sleep(1.5)  # every broker caught up and long-polling the active one
+        silent.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        c.brokers[old_leader].kill()
+        survivors = [b for n, b in c.brokers.items() if n != old_leader]
+        # Fenced one session timeout after the next controller takes over (election
+        # ~1-2 s); every survivor must know the new leader soon after.
+        bound_s = 15.0
+        for broker in survivors:
+            async with TestClient(broker.host, broker.port) as client:
+                while True:
+                    leader, epoch = await _leader_seen_by(client, "t")
+                    if leader not in (-1, old_leader):
+                        break
+                    waited = time.monotonic() - stopped
+                    assert waited < bound_s, (
+                        f"{broker.name} still names leader {leader} (epoch {epoch}) "
+                        f"{waited:.1f} s after the active controller stopped:\n{broker.tail()}"
+                    )
+                    await asyncio.sleep(0.1)
+            assert epoch > before.partitions[0].leader_epoch
+            assert "is no longer the active controller" in broker.log_text(), broker.tail()
+    finally:
+        if silent is not None:
+            silent.send_signal(signal.SIGCONT)
         c.stop_all()

@@ -1,12 +1,23 @@
 """Finding the active controller from a DescribeQuorum answer (runtime/active_controller.py):
 a controller that listens on a wildcard address (0.0.0.0 in a container) is reached
-where it was asked, never at the wildcard, which no one can dial."""
+where it was asked, never at the wildcard, which no one can dial; a controller silent on
+one connection is dropped on all of them."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+import pytest
+
+from protocol.messages import DescribeQuorumRequest
 from protocol.messages import DescribeQuorumResponse
 from protocol.messages import QuorumVoterState
+from runtime.active_controller import LOOKUP_TIMEOUT_S
 from runtime.active_controller import ActiveController
+from runtime.active_controller import ControllerClient
+from runtime.peer_rpc import RpcConnectionError
+from runtime.peer_rpc import RpcTimeoutError
 
 
 def answer(
@@ -34,3 +45,61 @@ def test_a_wildcard_or_unknown_leader_address_is_not_used() -> None:
     wild = {1: ("c1", 9093), 2: ("0.0.0.0", 9093)}
     assert ActiveController._leader_endpoint(answer(1, 2, wild), ("c1", 9093)) is None
     assert ActiveController._leader_endpoint(answer(1, -1, wild), ("c1", 9093)) is None
+
+
+class SilentController:
+    """A real listening socket that reads every request and answers none: a SIGSTOPped
+    or cut-off controller as its peers see it (connections open, nothing comes back)."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self._held: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._held.append(writer)
+        while await reader.read(65536):
+            pass
+
+    async def __aenter__(self) -> tuple[str, int]:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[:2]
+
+    async def __aexit__(self, *exc: object) -> None:
+        for writer in self._held:
+            writer.close()
+        assert self.server is not None
+        self.server.close()
+
+
+async def test_a_long_poll_moves_on_with_the_heartbeat_that_found_the_controller_silent() -> None:
+    """Invariant: a failure on one connection to a controller fails every connection of
+    the process to it (after one lookup), so a long-poll parked there does not sit out
+    its own timeout; and the failures a drop causes start no lookup of their own (no
+    cascade). Off (no drop): the long-poll waits its whole 30 s."""
+    silent = SilentController()
+    async with silent as address:
+        active = ActiveController([address], client_id="broker-1")
+        long_poll = ControllerClient(
+            active, purpose="metadata", request_timeout_s=30.0, connect_timeout_s=2.0
+        )
+        heartbeat = ControllerClient(
+            active, purpose="lifecycle", request_timeout_s=30.0, connect_timeout_s=2.0
+        )
+        try:
+            started = time.monotonic()
+            parked = asyncio.create_task(long_poll.request(DescribeQuorumRequest()))
+            await asyncio.sleep(0.1)
+            with pytest.raises(RpcTimeoutError):
+                await heartbeat.request(DescribeQuorumRequest(), timeout_s=0.3)
+            with pytest.raises(RpcConnectionError, match="failed another connection"):
+                await asyncio.wait_for(parked, 5.0)
+            # Heartbeat timeout + one lookup (LOOKUP_TIMEOUT_S), far below 30 s.
+            assert time.monotonic() - started < 0.3 + LOOKUP_TIMEOUT_S + 1.0
+            await asyncio.sleep(LOOKUP_TIMEOUT_S + 0.3)
+            # The long-poll, the heartbeat, and the one lookup's DescribeQuorum.
+            assert silent.connections == 3
+        finally:
+            await long_poll.close()
+            await heartbeat.close()
