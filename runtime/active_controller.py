@@ -5,11 +5,12 @@ longer (or not) the active one (NOT_CONTROLLER), looks the leader up again befor
 fails, so the next request goes to the new active controller. A single controller is a
 quorum of one: the same path.
 
-A controller that failed one connection is suspect on all of them: after the lookup,
-every other connection of this process to it is dropped, so a long-poll parked on a
-silently dead connection (a SIGSTOPped or cut-off controller) fails over with the
-heartbeat that noticed, not one request timeout later. A request failed by such a drop
-starts no lookup of its own (the one that dropped it has run), so drops never cascade.
+When a lookup finds the active controller elsewhere, every connection of this process
+to the old address is dropped, so a long-poll parked on a silently dead connection (a
+SIGSTOPped or cut-off controller) fails over with the heartbeat that noticed, not one
+request timeout later. A lookup that finds no other leader drops nothing: a stalled
+single controller answers the parked long-poll the moment it runs again. A request
+failed by such a drop starts no lookup of its own, so drops never cascade.
 
 - `ActiveController`: what the channels of one process share, the leader's address
   (one lookup at a time; a lookup asks each known controller at most once, bounded by
@@ -92,18 +93,16 @@ class ActiveController:
     async def look_up(self, failed: Address) -> None:
         """The active controller is not (or no longer) at `failed`: ask the known
         controllers which voter leads. Unchanged when none can say (an election is
-        under way; the caller retries). Then every connection to `failed` is dropped."""
+        under way; the caller retries). Found elsewhere: every connection to `failed`
+        is dropped."""
         async with self._lock:
             # Unless another channel found the new one meanwhile.
             if self.address == failed:
                 start = self.known.index(failed) + 1 if failed in self.known else 0
                 await self._ask_in_turn(self.known[start:] + self.known[:start])
-        moved = self.address != failed
-        why = (
-            f"{failed[0]}:{failed[1]} is no longer the active controller"
-            if moved
-            else f"the controller at {failed[0]}:{failed[1]} failed another connection"
-        )
+        if self.address == failed:
+            return
+        why = f"{failed[0]}:{failed[1]} is no longer the active controller"
         for client in self._clients:
             client.drop_connection_to(failed, why)
 
