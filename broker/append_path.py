@@ -4,6 +4,7 @@ partition lookup with its leader-epoch answer."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Protocol
@@ -101,7 +102,23 @@ class AppendPath:
             return None
         return p
 
+    async def _epoch_checkpoints_written(self, request: ProduceRequest) -> None:
+        """Wait (off the loop) for the epoch checkpoints threads are writing for the
+        new leaderships this produce appends to: the append would otherwise take the
+        write back and do it on the loop (epoch_cache.py)."""
+        writes = self._leader_epoch_writes
+        waits = []
+        for topic in request.topics:
+            for part in topic.partitions:
+                write = writes.get((topic.name, part.index))
+                if write is not None and not write.done():
+                    waits.append(asyncio.wrap_future(write))
+        if waits:
+            await asyncio.gather(*waits, return_exceptions=True)
+
     async def produce(self, request: ProduceRequest) -> ProduceResponse:
+        if self._leader_epoch_writes:  # right after taking leaderships over, only
+            await self._epoch_checkpoints_written(request)
         acks = request.acks
         tracer = hop_trace.TRACER
         received_ns = time.monotonic_ns() if tracer is not None else 0

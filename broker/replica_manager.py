@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import Future
 from concurrent.futures import ThreadPoolExecutor
 
 from broker.alter_partition import AlterPartitionManager
@@ -97,6 +98,13 @@ class ReplicaManager(ReplicaTransitions, AppendPath, ReadPath, IsrMaintenance, B
         # fsync and checkpoint writes; a few threads so one slow disk op does not
         # hold up the others.
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="broker-io")
+        # Leader-epoch checkpoints written off the loop (a new leader's epochs, a
+        # follower's first batches of a new epoch): apart, so that none waits behind a
+        # segment's fsync, which can take far longer than a checkpoint's.
+        self._epoch_writer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="epoch-ckpt")
+        # New leaders whose epoch checkpoint a thread is writing: a produce to one of
+        # them waits for it (off the loop) rather than write it on the loop.
+        self._leader_epoch_writes: dict[TopicPartition, Future[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         try:
@@ -121,6 +129,7 @@ class ReplicaManager(ReplicaTransitions, AppendPath, ReadPath, IsrMaintenance, B
             notify=self._notify,
             after_append=self._after_follower_append,
             client_factory=fetcher_client_factory,
+            epoch_writer=self._epoch_writer,
         )
         self.alter_partitions = AlterPartitionManager(
             node_id=self.node_id,
@@ -204,3 +213,4 @@ class ReplicaManager(ReplicaTransitions, AppendPath, ReadPath, IsrMaintenance, B
             except (StorageError, OSError) as exc:
                 log.error("final checkpoint failed: %s", exc)
         self._executor.shutdown(wait=True)
+        self._epoch_writer.shutdown(wait=True)

@@ -20,7 +20,16 @@ leader's epoch at its log end (`assign(..., write_now=False)`), written by the f
 append of the epoch or the log's close; lost in a crash before either, it had
 described no record. When a write fails (say, no file
 descriptor left) the change stays in memory and the next append writes the file
-again before any batch (`ensure_written`), failing while it cannot. A file that
+again before any batch (`ensure_written`), failing while it cannot.
+
+Off the event loop: a change may be written by a worker thread instead
+(`write_in_background`: a broker taking over thousands of leaderships, a follower
+fetching the first batches of new epochs), from a copy of the entries. The cache is
+still used from the event loop only, and never has two writers of its file: every
+write on the loop (`flush`, `ensure_written`) first settles the background one,
+taking it back if no thread has started it, else waiting for it (one write at most).
+A background write settles only the change it copied; a failed one leaves the
+change unwritten, so the next append writes it and reports the error. A file that
 does not parse raises CorruptCheckpointError naming the file and line; `Log.open`
 then rebuilds the cache from the partition leader epoch stamped in every batch header.
 """
@@ -29,6 +38,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from concurrent.futures import Executor
+from concurrent.futures import Future
 from pathlib import Path
 
 from broker.storage.checkpoints import CheckpointFile
@@ -116,6 +127,10 @@ class LeaderEpochFileCache:
         # file is behind the cache until a write succeeds, so no batch may be
         # appended before `ensure_written`.
         self._unwritten = False
+        # Bumped by every change: a background write settles only the one it copied.
+        self._version = 0
+        # (version written, its future): a worker thread's write of the file.
+        self._background: tuple[int, Future[None]] | None = None
 
     @classmethod
     def load(cls, path: Path, *, name: str = "") -> LeaderEpochFileCache:
@@ -193,15 +208,22 @@ class LeaderEpochFileCache:
         """The epoch that wrote `offset`, or None when it lies before the first entry."""
         return self._lineage.epoch_for_offset(offset)
 
-    def learn_from_leader(self, epoch: int, base_offset: int, log_end_offset: int) -> None:
+    def learn_from_leader(
+        self, epoch: int, base_offset: int, log_end_offset: int, *, write_now: bool = True
+    ) -> None:
         """A follower's batch of `epoch` at `base_offset` is about to land at the log
-        end: record its epoch first (the checkpoint is never behind the log)."""
+        end: record its epoch first (the checkpoint is never behind the log).
+        `write_now=False`: the caller writes the checkpoint before the append."""
         if epoch < self.latest_epoch:
+            if self._lineage.epoch_for_offset(base_offset) == epoch:
+                # Learnt ahead of this append with the batches after it (the fetcher
+                # writes a whole answer's epochs first): the newer entries are theirs.
+                return
             # Our newer entries start at or past the LEO: claims of epochs in which this
             # replica wrote nothing. The leader's lineage replaces them.
             self.truncate_from_end(log_end_offset)
         if epoch >= self.latest_epoch:
-            self.assign(epoch, base_offset)
+            self.assign(epoch, base_offset, write_now=write_now)
 
     def truncate_from_end(self, end_offset: int) -> None:
         """Remove the entries whose start offset is >= end_offset (log truncated there)."""
@@ -239,6 +261,7 @@ class LeaderEpochFileCache:
 
     def flush(self) -> None:
         """Write the checkpoint file now (the cache writes it itself on every change)."""
+        self.settle()
         self._checkpoint.write(self._lineage.entries)
         self._unwritten = False
 
@@ -246,11 +269,52 @@ class LeaderEpochFileCache:
         """Write the checkpoint if a change is not on disk yet (a deferred assign, or
         a write that failed; raises if it fails): called before batches are appended,
         so the file on disk is never behind the log."""
+        self.settle()
         if self._unwritten:
             self.flush()
 
+    @property
+    def unwritten(self) -> bool:
+        """A change is not on disk yet (a background write of it may be under way)."""
+        return self._unwritten
+
+    def write_in_background(self, executor: Executor) -> Future[None] | None:
+        """Start writing the unwritten change on a thread of `executor` (the caller
+        goes on; `ensure_written` before the next append settles it). None when
+        nothing is unwritten; the write already under way when there is one."""
+        if not self._unwritten:
+            return None
+        if self._background is not None:
+            return self._background[1]  # one writer at a time; the append catches up
+        entries = list(self._lineage.entries)
+        try:
+            future = executor.submit(self._checkpoint.write, entries)
+        except RuntimeError:  # the executor shut down (the broker stops): written later
+            return None
+        self._background = (self._version, future)
+        return future
+
+    def settle(self) -> None:
+        """Finish with the background write, if any: taken back when no thread has
+        started it, else waited for. What it wrote is on disk when it succeeded; an
+        error leaves the change unwritten for the write that follows to report."""
+        background, self._background = self._background, None
+        if background is None:
+            return
+        version, future = background
+        if future.cancel():
+            return  # queued behind other writes: the caller writes it now
+        try:
+            future.result()
+        except Exception as exc:  # raised again by the synchronous write that follows
+            logger.debug("[LeaderEpochCache %s] background write failed: %s", self._name, exc)
+            return
+        if version == self._version:
+            self._unwritten = False
+
     def _changed(self, *, write_now: bool = True) -> None:
         self._check_invariants()
+        self._version += 1
         self._unwritten = True
         if write_now:
             self.flush()

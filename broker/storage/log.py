@@ -35,12 +35,15 @@ import functools
 import logging
 import shutil
 from collections.abc import Callable
+from concurrent.futures import Executor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Concatenate
 from typing import ParamSpec
 from typing import TypeVar
 
 from broker.storage.epoch_cache import LeaderEpochFileCache
+from broker.storage.errors import InvalidAppendError
 from broker.storage.errors import StorageError
 from broker.storage.file_handles import FileHandleCache
 from broker.storage.local_log import LocalLog
@@ -63,6 +66,7 @@ from broker.storage.producer_snapshots import ProducerSnapshots
 from broker.storage.producer_state import LeaderAppendCheck
 from broker.storage.producer_state import ProducerStateManager
 from broker.storage.segment import LogSegment
+from protocol.records.batch_format import first_batch_epoch
 from runtime.fileio import SerialWriter
 
 logger = logging.getLogger(__name__)
@@ -340,6 +344,43 @@ class Log:
         leader-epoch checkpoint before any batch of the epoch is appended)."""
         self.epoch_cache.assign(epoch, self.log_end_offset, write_now=False)
 
+    def write_epoch_checkpoint_in_background(self, executor: Executor) -> Future[None] | None:
+        """Write an unwritten leader-epoch change (a new leader's epoch) on a thread of
+        `executor`; the next append settles it (epoch_cache.py). None: nothing to write."""
+        return self.epoch_cache.write_in_background(executor)
+
+    def learn_epochs_ahead(
+        self, records: bytes | bytearray | memoryview, executor: Executor
+    ) -> Future[None] | None:
+        """A follower's step before `append_as_follower`, when the leader's first batch
+        carries an epoch this log's cache does not end with: validate the batches as the
+        append will, record their epochs in the cache and write its checkpoint on a
+        thread of `executor`, so that the append finds it on disk and no fsync stalls the
+        event loop. None when there is nothing to write; invalid batches change nothing
+        (the append refuses them)."""
+        epoch = first_batch_epoch(records)
+        if (
+            epoch is None
+            or epoch == self.epoch_cache.latest_epoch
+            or self._local.closed
+            or self._dir_failure.failure is not None
+        ):
+            return None
+        log_end = self.log_end_offset
+        try:
+            batches = validate_leader_batches(
+                self._name, records, log_end, self._local.last_batch_epoch()
+            )
+        except InvalidAppendError:
+            return None
+        if self.epoch_cache.latest_epoch > epoch:
+            return None  # a truncation of our claims first: written now, by the append
+        for _, header in batches:
+            self.epoch_cache.learn_from_leader(
+                header.partition_leader_epoch, header.base_offset, log_end, write_now=False
+            )
+        return self.epoch_cache.write_in_background(executor)
+
     @_touches_disk("append")
     def append_as_follower(
         self, records: bytes | bytearray | memoryview, *, now_ms: int | None = None
@@ -474,6 +515,7 @@ class Log:
         segments = self._local.mark_closed()
         if segments is None:
             return
+        self.epoch_cache.settle()  # no thread writes its checkpoint past this point
         self._snapshots.wait()
         online = self._dir_failure.failure is None  # else nothing is written any more
         if snapshot and online:

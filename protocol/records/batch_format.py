@@ -27,6 +27,15 @@ _ATTR_TRANSACTIONAL = 0x10
 _ATTR_CONTROL = 0x20
 
 
+def first_batch_epoch(records: bytes | bytearray | memoryview) -> int | None:
+    """The partition leader epoch of the first batch of `records` (the field right
+    after base_offset and batch_length; read, not checked), or None when too short."""
+    if len(records) < LENGTH_PREFIX + _EPOCH.size:
+        return None
+    epoch: int = _EPOCH.unpack_from(records, LENGTH_PREFIX)[0]
+    return epoch
+
+
 class Compression(IntEnum):
     NONE = 0
     GZIP = 1

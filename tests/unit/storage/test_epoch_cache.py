@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
+import threading
+from collections.abc import Iterable
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -307,3 +312,119 @@ def test_random_operations_keep_the_invariants_and_the_file_in_sync(
                 assert epoch <= requested
                 higher = [e for e in current if e.epoch > requested]
                 assert end == (higher[0].start_offset if higher else 1000)
+
+
+# ---------------------------------------------------------------- background writes
+
+
+class RecordingCheckpoint(LeaderEpochCheckpointFile):
+    """The real checkpoint file; it notes which thread wrote what and can be held at
+    the start of a write (a slow disk) or made to fail (a full one)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.writers: list[tuple[str, list[EpochEntry]]] = []
+        self.hold = threading.Event()
+        self.hold.set()
+        self.started = threading.Event()
+        self.fail: OSError | None = None
+
+    def write(self, entries: Iterable[EpochEntry]) -> None:
+        self.started.set()
+        self.hold.wait(10)
+        if self.fail is not None:
+            raise self.fail
+        entries = list(entries)
+        super().write(entries)
+        self.writers.append((threading.current_thread().name, entries))
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> tuple[LeaderEpochFileCache, RecordingCheckpoint]:
+    checkpoint = RecordingCheckpoint(tmp_path / LEADER_EPOCH_CHECKPOINT)
+    return LeaderEpochFileCache(checkpoint, entries((0, 0))), checkpoint
+
+
+@pytest.fixture
+def writer() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="epoch-ckpt") as executor:
+        yield executor
+
+
+def test_a_deferred_epoch_is_written_by_the_thread_and_the_append_finds_it_on_disk(
+    recorded: tuple[LeaderEpochFileCache, RecordingCheckpoint], writer: ThreadPoolExecutor
+):
+    """Invariant (issue 20, 10,000 partitions): a new leader's epoch reaches the file
+    before the first batch of the epoch, without an fsync pair on the event loop. Off
+    (no background write): the append's ensure_written writes it on the caller's thread."""
+    cache, checkpoint = recorded
+    cache.assign(3, 10, write_now=False)
+    future = cache.write_in_background(writer)
+    assert future is not None
+    future.result(5)
+    cache.ensure_written()  # what the first append of epoch 3 does
+    assert [who for who, _ in checkpoint.writers] == ["epoch-ckpt_0"]
+    assert checkpoint.read() == entries((0, 0), (3, 10))
+    assert not cache.unwritten
+    assert cache.write_in_background(writer) is None  # nothing left to write
+
+
+def test_a_write_no_thread_has_started_is_taken_back_by_the_append(
+    recorded: tuple[LeaderEpochFileCache, RecordingCheckpoint], writer: ThreadPoolExecutor
+):
+    """Queued behind other writes, the background write is cancelled and the append
+    writes the file itself at once: the loop never waits for the queue."""
+    cache, checkpoint = recorded
+    gate = threading.Event()
+    busy = writer.submit(gate.wait, 10)  # another partition's write holds the one thread
+    cache.assign(4, 20, write_now=False)
+    queued = cache.write_in_background(writer)
+    assert queued is not None and not queued.running()
+    cache.ensure_written()
+    assert queued.cancelled()
+    assert [who for who, _ in checkpoint.writers] == ["MainThread"]
+    gate.set()
+    busy.result(5)
+    assert checkpoint.read() == entries((0, 0), (4, 20))
+    assert not cache.unwritten
+
+
+def test_a_change_after_the_copy_is_not_settled_by_the_older_write(
+    recorded: tuple[LeaderEpochFileCache, RecordingCheckpoint], writer: ThreadPoolExecutor
+):
+    """A background write settles only the change it copied: one made meanwhile is
+    written by the next ensure_written, after the thread's write (never two writers)."""
+    cache, checkpoint = recorded
+    checkpoint.hold.clear()
+    cache.assign(5, 30, write_now=False)
+    future = cache.write_in_background(writer)
+    assert future is not None and checkpoint.started.wait(5)
+    cache.assign(6, 40, write_now=False)  # while the thread writes the copy
+    assert cache.write_in_background(writer) is future  # one writer at a time
+    threading.Timer(0.05, checkpoint.hold.set).start()
+    cache.ensure_written()  # waits for the running write, then writes (6, 40)
+    assert [e for _, e in checkpoint.writers] == [
+        entries((0, 0), (5, 30)),
+        entries((0, 0), (5, 30), (6, 40)),
+    ]
+    assert checkpoint.read() == entries((0, 0), (5, 30), (6, 40))
+
+
+def test_a_failed_background_write_is_reported_by_the_append(
+    recorded: tuple[LeaderEpochFileCache, RecordingCheckpoint], writer: ThreadPoolExecutor
+):
+    """The thread's error is not lost: the change stays unwritten and the append's
+    own write raises it (KAFKA_STORAGE_ERROR for the produce), until the disk recovers."""
+    cache, checkpoint = recorded
+    checkpoint.fail = OSError(errno.ENOSPC, "No space left on device")
+    cache.assign(7, 50, write_now=False)
+    future = cache.write_in_background(writer)
+    assert future is not None
+    with pytest.raises(OSError):
+        future.result(5)
+    with pytest.raises(OSError, match="No space left"):
+        cache.ensure_written()
+    assert cache.unwritten
+    checkpoint.fail = None
+    cache.ensure_written()
+    assert checkpoint.read() == entries((0, 0), (7, 50))

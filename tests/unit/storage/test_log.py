@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from broker.storage.epoch_cache import EpochEntry
+from broker.storage.epoch_cache import LeaderEpochCheckpointFile
 from broker.storage.errors import InvalidAppendError
 from broker.storage.errors import OffsetOutOfRangeError
 from broker.storage.errors import RecordTooLargeError
@@ -177,6 +179,38 @@ def test_follower_append_refuses_bad_offsets_epochs_and_corruption(
         log.append_as_follower(bytes(corrupt))
     assert isinstance(info.value.__cause__, CorruptRecordError)
     assert log.log_end_offset == 3
+
+
+def test_new_epochs_are_on_disk_before_the_follower_appends_them(
+    open_log: OpenLog, make_batch: MakeBatch
+):
+    """Issue 20 (a follower of thousands of partitions after a failover): the epochs a
+    fetch answer starts are learnt and their checkpoint written on a worker thread
+    before the append, which then writes nothing on the loop; the file is never behind
+    the log. Invalid batches and batches of the current epoch start no write."""
+    log = open_log()
+    log.append_as_follower(make_batch(3, base_offset=0, epoch=2), now_ms=0)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="epoch-ckpt") as writer:
+        assert log.learn_epochs_ahead(make_batch(1, base_offset=3, epoch=2), writer) is None
+        corrupt = bytearray(make_batch(1, base_offset=3, epoch=4))
+        corrupt[30] ^= 1
+        assert log.learn_epochs_ahead(bytes(corrupt), writer) is None
+        assert log.learn_epochs_ahead(make_batch(1, base_offset=2, epoch=4), writer) is None
+        assert log.epoch_cache.entries == [EpochEntry(2, 0)]
+        batches = make_batch(2, base_offset=3, epoch=4) + make_batch(1, base_offset=5, epoch=6)
+        future = log.learn_epochs_ahead(batches, writer)
+        assert future is not None
+        future.result(5)
+        on_disk = LeaderEpochCheckpointFile(log.epoch_cache.path).read()
+        assert on_disk == [EpochEntry(2, 0), EpochEntry(4, 3), EpochEntry(6, 5)]
+        written_at = os.stat(log.epoch_cache.path).st_mtime_ns, os.stat(log.epoch_cache.path).st_ino
+        log.append_as_follower(batches, now_ms=0)
+    assert not log.epoch_cache.unwritten
+    # The append found the file written: it did not replace it.
+    assert (os.stat(log.epoch_cache.path).st_mtime_ns, os.stat(log.epoch_cache.path).st_ino) == (
+        written_at
+    )
+    assert log.log_end_offset == 6
 
 
 def test_follower_gap_starts_a_new_segment(open_log: OpenLog, make_batch: MakeBatch):
