@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import Future
 from concurrent.futures import ThreadPoolExecutor
 
 from broker.alter_partition import AlterPartitionManager
@@ -102,9 +101,6 @@ class ReplicaManager(ReplicaTransitions, AppendPath, ReadPath, IsrMaintenance, B
         # follower's first batches of a new epoch): apart, so that none waits behind a
         # segment's fsync, which can take far longer than a checkpoint's.
         self._epoch_writer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="epoch-ckpt")
-        # New leaders whose epoch checkpoint a thread is writing: a produce to one of
-        # them waits for it (off the loop) rather than write it on the loop.
-        self._leader_epoch_writes: dict[TopicPartition, Future[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         try:

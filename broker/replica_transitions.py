@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import Future
 
 from broker.delayed_requests import log
 from broker.delayed_requests import mono_ms
@@ -106,15 +105,6 @@ class ReplicaTransitions:
             # than replica.lag.time.max.ms, and the ISR's followers get a full lag
             # window from the moment we lead (Kafka's makeLeader).
             p.make_leader(state, mono_ms())
-            # The new epoch's checkpoint, on a thread: thousands of leaderships taken at
-            # once cost the loop no fsync (the first append settles it).
-            write = p.log.write_epoch_checkpoint_in_background(self._epoch_writer)
-            if write is not None:
-                self._leader_epoch_writes[tp] = write
-                loop = asyncio.get_running_loop()
-                write.add_done_callback(
-                    lambda done: loop.call_soon_threadsafe(self._epoch_write_done, tp, done)
-                )
             self._isr_retry_after.pop(tp, None)
             self._notify(tp)
             self._leadership_changed(p, True)
@@ -131,10 +121,6 @@ class ReplicaTransitions:
                 self.fetchers.add_partition(p)
             self._notify(tp)
             self._leadership_changed(p, False)
-
-    def _epoch_write_done(self, tp: TopicPartition, write: Future[None]) -> None:
-        if self._leader_epoch_writes.get(tp) is write:
-            del self._leader_epoch_writes[tp]
 
     async def retry_failed_replicas(self) -> None:
         """Create again the replicas whose log could not be created or opened, once

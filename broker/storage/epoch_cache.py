@@ -23,7 +23,7 @@ descriptor left) the change stays in memory and the next append writes the file
 again before any batch (`ensure_written`), failing while it cannot.
 
 Off the event loop: a change may be written by a worker thread instead
-(`write_in_background`: a broker taking over thousands of leaderships, a follower
+(`write_in_background`: the first produce of a new leader's epoch, a follower
 fetching the first batches of new epochs), from a copy of the entries. The cache is
 still used from the event loop only, and never has two writers of its file: every
 write on the loop (`flush`, `ensure_written`) first settles the background one,
