@@ -78,6 +78,13 @@ async def test_a_controller_stall_with_a_wiped_leader_loses_no_acknowledged_reco
 
             wiped.wait_for(f"broker {LEADER} started")
             after = await c.wait_leader(TOPIC, min_epoch=before.leader_epoch + 1)
+            # Another broker may learn of the election before the new leader does.
+            await c.wait_partition(
+                TOPIC,
+                lambda p: p.leader_id == after.leader_id and p.leader_epoch >= after.leader_epoch,
+                what=f"broker {after.leader_id} knows it leads",
+                via=after.leader_id,
+            )
             # A new leader's high watermark may trail its log until its followers fetch
             # from it (KIP-101: it starts from what it last heard as a follower), so a
             # consumer can see the last records a moment later. Lost records never come.
