@@ -155,7 +155,13 @@ class AppendPath:
                     )
                     continue
                 try:
-                    info = p.append_as_leader(part.records)
+                    records = part.records
+                    # Writable: a request read into its own buffer (protocol/framing.py),
+                    # read by no one after this append: stamped there, not copied.
+                    info = p.append_as_leader(
+                        records,
+                        in_place=isinstance(records, memoryview) and not records.readonly,
+                    )
                 except _REFUSED_APPENDS as exc:
                     r.error_code, r.error_message = _refusal(p, exc)
                     continue

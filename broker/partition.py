@@ -295,14 +295,16 @@ class Partition(PartitionIsr):
 
     # ------------------------------------------------------------------ leader work
 
-    def append_as_leader(self, records: bytes | bytearray) -> AppendInfo:
+    def append_as_leader(
+        self, records: bytes | bytearray | memoryview, *, in_place: bool = False
+    ) -> AppendInfo:
         """Append a Produce payload stamped with our epoch. The caller has checked the
         epoch and the role. Storage validates the batches and the idempotent-producer
         sequences (ProducerStateError) and may raise; a duplicate is answered with the
-        original offsets (`info.duplicate`)."""
+        original offsets (`info.duplicate`). `in_place`: Log.append_as_leader."""
         invariant(self.role is Role.LEADER, "self.role is Role.LEADER")
         before = self.log.log_end_offset
-        info = self.log.append_as_leader(records, self.leader_epoch)
+        info = self.log.append_as_leader(records, self.leader_epoch, in_place=in_place)
         if info.duplicate:
             return info  # an idempotent retry: nothing written, the original offsets
         invariant(

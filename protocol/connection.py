@@ -380,6 +380,17 @@ class ServerConnection:
         if chunks:
             self._received(now)
 
+    def receive_buffer(self) -> memoryview:
+        """Where to read the next bytes (asyncio.BufferedProtocol.get_buffer): a large
+        request is read straight into its own buffer (FrameDecoder)."""
+        return self._frames.get_buffer()
+
+    def received_into(self, nbytes: int, now: float | None = None) -> None:
+        """`nbytes` were read into the last `receive_buffer()`."""
+        self._frames.buffer_updated(nbytes)
+        if nbytes:
+            self._received(now)
+
     def _received(self, now: float | None) -> None:
         if now is not None:
             self._last_receive = self._last_activity = now
@@ -593,6 +604,19 @@ class ClientConnection:
         """Feed bytes; return every complete response. Raises DecodeError when the
         server sent something that is not a response to a pending request."""
         self._frames.feed(data)
+        return self._responses()
+
+    def receive_buffer(self) -> memoryview:
+        """Where to read the next bytes (asyncio.BufferedProtocol.get_buffer): a large
+        response is read straight into its own buffer (FrameDecoder)."""
+        return self._frames.get_buffer()
+
+    def received_into(self, nbytes: int) -> list[Response]:
+        """`receive_data` of the `nbytes` read into the last `receive_buffer()`."""
+        self._frames.buffer_updated(nbytes)
+        return self._responses()
+
+    def _responses(self) -> list[Response]:
         out: list[Response] = []
         while (payload := self._frames.next_frame()) is not None:
             header, body_bytes = decode_response_header(payload)

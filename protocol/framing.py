@@ -26,10 +26,12 @@ Response payload::
 from __future__ import annotations
 
 import struct
+import threading
 from typing import NamedTuple
 
 from protocol.errors import DecodeError
 from protocol.errors import FrameTooLargeError
+from protocol.invariants import invariant
 
 DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
 
@@ -57,15 +59,41 @@ def frame(payload: bytes) -> bytes:
 # A frame at least this long is gathered as its received chunks and joined once,
 # instead of being appended to the stream buffer and then copied out of it.
 LARGE_FRAME_BYTES = 64 * 1024
+# What a transport reading into the decoder (`get_buffer`) reads at most at a time
+# when no large frame has its own buffer: the scratch buffer, one per thread, reused
+# by every connection of the thread's event loop (a read is copied out of it before
+# the loop does anything else), so idle connections hold none.
+SCRATCH_BYTES = 256 * 1024
+# A large frame gets its own buffer, of the length its prefix claims, only once this
+# share of it has arrived (gathered as chunks until then): four bytes claiming 100 MiB
+# allocate nothing, and a peer makes the decoder allocate at most 8 times what it
+# sent. 1 MiB frames earn it with their first read.
+READ_INTO_AFTER = 1 / 8
+_scratch = threading.local()
+
+
+def read_scratch() -> memoryview:
+    """This thread's scratch buffer: where a transport reads what has no buffer of its
+    own (small frames, TLS records); its bytes are valid until the next read."""
+    view: memoryview | None = getattr(_scratch, "view", None)
+    if view is None:
+        view = _scratch.view = memoryview(bytearray(SCRATCH_BYTES))
+    return view
 
 
 class FrameDecoder:
     """Splits a byte stream into frame payloads. Bounded: a frame longer than
     `max_frame_size` raises FrameTooLargeError before any of it is buffered.
 
-    A payload is `bytes`. A frame of LARGE_FRAME_BYTES or more is gathered as the list
-    of received chunks (kept as they are, not copied) and joined once when complete:
-    each of its bytes is copied once, and no buffer is zero-filled first."""
+    Two ways in. `feed` (asyncio.Protocol's data_received, TLS's plaintext): a payload
+    is `bytes`; a frame of LARGE_FRAME_BYTES or more is gathered as the list of
+    received chunks (kept as they are, not copied) and joined once when complete.
+    `get_buffer` / `buffer_updated` (asyncio.BufferedProtocol): the transport reads
+    into the decoder's memory, one reused scratch buffer, until READ_INTO_AFTER of a
+    large frame has arrived; the rest of that frame is read straight into its own
+    bytearray (what arrived before is copied there once), which is the payload handed
+    out: no join. A decoder is used one way or the other; `get_buffer` and the
+    `buffer_updated` after it run on one thread (an event loop's callback)."""
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         self.max_frame_size = max_frame_size
@@ -74,6 +102,40 @@ class FrameDecoder:
         self._large: list[bytes] = []  # chunks of the large frame being gathered
         self._large_size = 0  # its payload length, 0 when none is being gathered
         self._large_have = 0
+        # Read-into mode (get_buffer): the large frame's payload, read in place.
+        self._into: bytearray | None = None
+        self._into_view: memoryview | None = None
+
+    def get_buffer(self) -> memoryview:
+        """Where the transport reads next: the rest of the large frame under way
+        (never past its end) once it has its own buffer, else the scratch buffer."""
+        if self._into_view is not None:
+            return self._into_view[self._large_have :]
+        return read_scratch()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """The transport read `nbytes` into the last `get_buffer()`."""
+        if self._into_view is not None:
+            self._large_have += nbytes
+            invariant(self._large_have <= self._large_size, "read past the frame's end")
+            return
+        self.feed(read_scratch()[:nbytes])  # copied: the scratch buffer is reused
+        size = self._large_size
+        if size and size * READ_INTO_AFTER <= self._large_have < size:
+            self._read_rest_into_own_buffer()
+
+    def _read_rest_into_own_buffer(self) -> None:
+        """The large frame under way has earned its own buffer: what arrived is copied
+        there once, the rest will be read into it."""
+        into = bytearray(self._large_size)
+        view = memoryview(into)
+        at = 0
+        for chunk in self._large:
+            view[at : at + len(chunk)] = chunk
+            at += len(chunk)
+        invariant(at == self._large_have, "the gathered chunks are what arrived")
+        self._large = []
+        self._into, self._into_view = into, view
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._large_size:
@@ -117,10 +179,17 @@ class FrameDecoder:
         large = self._large_have + 4 if self._large_size else 0
         return len(self._buf) - self._pos + large
 
-    def next_frame(self) -> bytes | None:
+    def next_frame(self) -> bytes | bytearray | None:
         if self._large_size:
             if self._large_have < self._large_size:
                 return None
+            into = self._into
+            if into is not None:
+                assert self._into_view is not None
+                self._into_view.release()
+                self._into = self._into_view = None
+                self._large_size = self._large_have = 0
+                return into
             payload = b"".join(self._large)
             self._large = []
             self._large_size = self._large_have = 0

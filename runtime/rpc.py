@@ -36,11 +36,13 @@ import logging
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 from typing import Protocol
 
 from protocol.api import api_name
 from protocol.connection import ClientConnection
+from protocol.connection import Response
 from protocol.errors import DecodeError
 from protocol.errors import ErrorCode
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
@@ -91,12 +93,11 @@ class _Pending(NamedTuple):
     holds_slot: bool
 
 
-class _Protocol(asyncio.Protocol):
+class _ConnectionEvents:
+    """What both protocols pass to their PipelinedConnection besides received bytes."""
+
     def __init__(self, owner: PipelinedConnection) -> None:
         self._owner = owner
-
-    def data_received(self, data: bytes) -> None:
-        self._owner._on_data(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._owner._on_lost(exc)
@@ -106,6 +107,25 @@ class _Protocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._owner._on_resume()
+
+
+class _Protocol(_ConnectionEvents, asyncio.Protocol):
+    """A TLS connection's protocol: the SSL transport hands over decrypted bytes."""
+
+    def data_received(self, data: bytes) -> None:
+        self._owner._on_data(data)
+
+
+class _ReadIntoProtocol(_ConnectionEvents, asyncio.BufferedProtocol):
+    """A plaintext connection's protocol: the transport reads into the response
+    decoder (a large response, a fetch's 1 MiB of batches, straight into its own
+    buffer: one copy, by the kernel)."""
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._owner._protocol.receive_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._owner._on_read_into(nbytes)
 
 
 class PipelinedConnection:
@@ -171,7 +191,7 @@ class PipelinedConnection:
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 transport, _ = await loop.create_connection(
-                    lambda: _Protocol(self),
+                    self._new_protocol,
                     self.host,
                     self.port,
                     ssl=self._tls,
@@ -381,11 +401,20 @@ class PipelinedConnection:
 
     # ---------------------------------------------------------------- transport events
 
+    def _new_protocol(self) -> asyncio.BaseProtocol:
+        return _Protocol(self) if self._tls is not None else _ReadIntoProtocol(self)
+
     def _on_data(self, data: bytes) -> None:
-        if self._closed:
-            return
+        if not self._closed:
+            self._on_responses(lambda: self._protocol.receive_data(data))
+
+    def _on_read_into(self, nbytes: int) -> None:
+        if not self._closed:
+            self._on_responses(lambda: self._protocol.received_into(nbytes))
+
+    def _on_responses(self, receive: Callable[[], list[Response]]) -> None:
         try:
-            responses = self._protocol.receive_data(data)
+            responses = receive()
         except DecodeError as exc:
             log.warning("bad response stream from %s: %s; closing", self.peer, exc)
             self.abort(f"undecodable response from {self.peer}: {exc}")

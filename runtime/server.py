@@ -83,6 +83,7 @@ from protocol.connection_limits import ConnectionSlot
 from protocol.connection_limits import ConnectionTable
 from protocol.errors import DecodeError
 from protocol.errors import ErrorCode
+from protocol.framing import read_scratch
 from protocol.messages import Message
 from protocol.messages import SaslAuthenticateRequest
 from protocol.messages import SaslHandshakeRequest
@@ -162,7 +163,11 @@ class RequestQuotas(Protocol):
 ErrorAnswer = Callable[[Exception], "tuple[ErrorCode, str] | None"]
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
+    """One client connection. The transport reads into the connection's frame
+    decoder (a large request straight into its own buffer, protocol/framing.py); TLS
+    bytes are read into a scratch buffer and decrypted as before."""
+
     def __init__(self, server: ListenerServer) -> None:
         self._server = server
         self._conn = server.table.limits.server_connection(
@@ -264,16 +269,21 @@ class _Connection(asyncio.Protocol):
             return None
         return plaintext
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._tls is not None:
+            return read_scratch()  # TLS records, decrypted in buffer_updated
+        return self._conn.receive_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self._closed:
             return
         if self._tls is not None:
-            plaintext = self._from_tls(self._tls, data)
+            plaintext = self._from_tls(self._tls, bytes(read_scratch()[:nbytes]))
             if not plaintext:
                 return
             self._conn.receive_chunks(plaintext, time.monotonic())  # not joined: no copy
         else:
-            self._conn.receive_data(data, time.monotonic())
+            self._conn.received_into(nbytes, time.monotonic())
         self._process()
 
     def eof_received(self) -> bool | None:

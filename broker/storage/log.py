@@ -66,6 +66,7 @@ from broker.storage.producer_snapshots import ProducerSnapshots
 from broker.storage.producer_state import LeaderAppendCheck
 from broker.storage.producer_state import ProducerStateManager
 from broker.storage.segment import LogSegment
+from protocol.invariants import invariant
 from protocol.records.batch_format import first_batch_epoch
 from runtime.fileio import SerialWriter
 
@@ -299,6 +300,7 @@ class Log:
         leader_epoch: int,
         *,
         now_ms: int | None = None,
+        in_place: bool = False,
     ) -> AppendInfo:
         """Validate, assign offsets from the LEO, stamp `leader_epoch`, append.
 
@@ -308,9 +310,20 @@ class Log:
         CorruptRecordError (bad length, magic, CRC or compressed data) propagate for
         the caller to answer INVALID_RECORD / CORRUPT_MESSAGE; RecordTooLargeError for
         a batch over max.message.bytes. Nothing is appended unless every batch passes.
+
+        `in_place`: `records` is writable memory no one else reads (a request read into
+        its own buffer, protocol/framing.py), stamped and written as it is; otherwise
+        a copy is.
         """
         self._check_open()
-        buf = bytearray(records)  # the copy that is stamped and written, walked first
+        if in_place:
+            invariant(
+                isinstance(records, memoryview) and not records.readonly,
+                "records stamped in place are writable memory",
+            )
+            buf: bytearray | memoryview = records  # type: ignore[assignment]
+        else:
+            buf = bytearray(records)  # the copy that is stamped and written, walked first
         batches = validate_client_batches(buf, self._local.config.max_message_bytes)
         if leader_epoch < 0:
             raise ValueError(f"leader epoch must be >= 0, got {leader_epoch}")

@@ -49,7 +49,7 @@ def appended(batches: list[tuple[int, BatchHeader]], valid_bytes: int) -> Append
 
 
 def validate_client_batches(
-    buf: bytearray, max_message_bytes: int
+    buf: bytearray | memoryview, max_message_bytes: int
 ) -> list[tuple[int, BatchHeader]]:
     """Every check of a client's batches: InvalidRecordError, CorruptRecordError or
     RecordTooLargeError (a batch over max.message.bytes) before anything is written."""
@@ -62,7 +62,10 @@ def validate_client_batches(
 
 
 def stamp_batches(
-    buf: bytearray, batches: list[tuple[int, BatchHeader]], offset: int, leader_epoch: int
+    buf: bytearray | memoryview,
+    batches: list[tuple[int, BatchHeader]],
+    offset: int,
+    leader_epoch: int,
 ) -> list[tuple[int, BatchHeader]]:
     """Assign offsets from `offset` and `leader_epoch` to the batches, in `buf` and in
     the returned headers."""

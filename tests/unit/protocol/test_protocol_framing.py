@@ -25,6 +25,7 @@ from protocol.errors import ErrorCode
 from protocol.errors import FrameTooLargeError
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from protocol.framing import LARGE_FRAME_BYTES
+from protocol.framing import SCRATCH_BYTES
 from protocol.framing import FrameDecoder
 from protocol.framing import RequestHeader
 from protocol.framing import ResponseHeader
@@ -603,3 +604,92 @@ def test_a_large_frame_fed_as_tls_records_is_not_copied_until_whole(per_call: in
     assert decoder.next_frame() == payload
     assert decoder.next_frame() == b"next"
     assert decoder.next_frame() is None
+
+
+def read_into(decoder: FrameDecoder, wire: bytes, cuts: list[int]) -> list[bytes | bytearray]:
+    """A transport reading `wire` into the decoder (asyncio.BufferedProtocol), each
+    read ending at the next cut or where get_buffer's memory ends, whichever is first."""
+    points = sorted({c % (len(wire) + 1) for c in cuts} | {len(wire)})
+    got: list[bytes | bytearray] = []
+    at = 0
+    for end in points:
+        while at < end:
+            buffer = decoder.get_buffer()
+            assert len(buffer) > 0
+            n = min(len(buffer), end - at)
+            buffer[:n] = wire[at : at + n]
+            decoder.buffer_updated(n)
+            at += n
+            assert decoder.buffered <= len(wire)
+            while (p := decoder.next_frame()) is not None:
+                got.append(p)
+    return got
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sizes=st.lists(
+        st.sampled_from(
+            [0, 1, 30, LARGE_FRAME_BYTES - 5, LARGE_FRAME_BYTES, 3 * LARGE_FRAME_BYTES]
+        ),
+        max_size=6,
+    ),
+    cuts=st.lists(st.integers(0, 1 << 20), max_size=12),
+)
+def test_frames_read_into_the_decoder_survive_any_chunking(
+    sizes: list[int], cuts: list[int]
+) -> None:
+    """Read into (the servers' and peer clients' transports): the same payloads as
+    feeding, whatever the reads, small frames and large ones alike."""
+    payloads = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    decoder = FrameDecoder()
+    assert read_into(decoder, b"".join(frame(p) for p in payloads), cuts) == payloads
+    assert decoder.buffered == 0
+
+
+def test_a_large_frame_is_read_straight_into_its_own_buffer() -> None:
+    """Issue 20 (produce cost per MB): once an eighth of a 1 MiB request has arrived
+    (its first read), the rest is read by the kernel into the payload handed out,
+    never past its end (the next frame stays in the socket), with no join: the
+    broker's one Python copy of produced bytes gone."""
+    payload = bytes(range(256)) * (1024 * 1024 // 256)
+    wire = frame(payload) + frame(b"next")
+    decoder = FrameDecoder()
+    first = decoder.get_buffer()
+    assert len(first) == SCRATCH_BYTES
+    first_read = 200 * 1024
+    first[:first_read] = wire[:first_read]
+    decoder.buffer_updated(first_read)
+    assert decoder.next_frame() is None
+    rest = decoder.get_buffer()
+    assert len(rest) == len(payload) - (first_read - 4)  # exactly the frame's remainder
+    rest[:] = wire[first_read : 4 + len(payload)]
+    decoder.buffer_updated(len(rest))
+    got = decoder.next_frame()
+    assert isinstance(got, bytearray) and got == payload
+    assert rest.obj is got  # read in place: the buffer handed out is the one read into
+    del rest
+    got.extend(b"x")  # the decoder holds no export of it any more
+    assert read_into(decoder, frame(b"next"), []) == [b"next"]
+
+
+def test_a_length_prefix_alone_allocates_nothing() -> None:
+    """A peer claiming a 100 MiB frame in four bytes (then stalling) makes the decoder
+    allocate nothing for it, and a frame earns its own buffer only after an eighth of
+    it arrived: what a peer makes it allocate is bounded by what it sent. Off (the
+    buffer allocated at the prefix): 100 MiB per such connection."""
+    claimed = DEFAULT_MAX_FRAME_SIZE
+    decoder = FrameDecoder()
+    decoder.get_buffer()  # the thread's scratch buffer exists before we measure
+    sent = struct.pack(">i", claimed) + b"x" * (claimed // 8 - 1024)
+    tracemalloc.start()
+    try:
+        for at in range(0, len(sent), SCRATCH_BYTES):
+            chunk = sent[at : at + SCRATCH_BYTES]
+            decoder.get_buffer()[: len(chunk)] = chunk
+            decoder.buffer_updated(len(chunk))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert decoder.next_frame() is None
+    assert peak < len(sent) + 2 * SCRATCH_BYTES, f"{peak} bytes held for {len(sent)} sent"

@@ -21,7 +21,9 @@ from broker.storage.log import Log
 from broker.storage.log import LogConfig
 from broker.storage.log import parse_topic_partition
 from protocol.errors import CorruptRecordError
+from protocol.record_batch import BatchBuilder
 from protocol.record_batch import BatchHeader
+from protocol.record_batch import Compression
 from protocol.record_batch import iter_headers
 from protocol.record_batch import validate_batch
 
@@ -143,6 +145,40 @@ def test_leader_append_rejects_corrupt_and_oversized_batches(
         log.append_as_leader(make_batch(10), 0)
     assert isinstance(info.value, ValueError)
     assert log.log_end_offset == 0
+
+
+@pytest.mark.parametrize("compression", list(Compression), ids=lambda c: c.name)
+def test_a_request_read_into_its_own_buffer_is_stamped_there_not_copied(
+    open_log: OpenLog, tmp_path: Path, compression: Compression
+):
+    """Issue 20 (produce cost per MB): a Produce read into its own buffer
+    (protocol/framing.py) is validated, stamped and written where it lies: the log
+    holds exactly what the copying path writes, for every codec, and the buffer itself
+    carries the stamps. A batch the copying path refuses is refused in place too."""
+    builder = BatchBuilder(compression=compression, base_timestamp=5_000)
+    for i in range(20):
+        builder.append(b"value-%d" % i, b"key", headers=[("h", b"v")], timestamp=5_000 + i)
+    wire = builder.build() + builder.build()
+    copied = open_log()
+    in_place = Log.open(tmp_path / "orders-1", LogConfig(), had_clean_shutdown=True)
+    try:
+        copied.append_as_leader(wire, 3, now_ms=0)
+        copied.append_as_leader(wire, 3, now_ms=0)
+        request = bytearray(wire)
+        in_place.append_as_leader(memoryview(bytearray(wire)), 3, now_ms=0, in_place=True)
+        in_place.append_as_leader(memoryview(request), 3, now_ms=0, in_place=True)
+        assert in_place.read(0, BIG) == copied.read(0, BIG)
+        assert [h.base_offset for h in headers_of(bytes(request))] == [40, 60]  # stamped
+        assert {h.partition_leader_epoch for h in headers_of(bytes(request))} == {3}
+        corrupt = bytearray(wire)
+        corrupt[-1] ^= 1
+        with pytest.raises(CorruptRecordError):
+            copied.append_as_leader(bytes(corrupt), 3)
+        with pytest.raises(CorruptRecordError):
+            in_place.append_as_leader(memoryview(corrupt), 3, in_place=True)
+        assert in_place.log_end_offset == copied.log_end_offset == 80
+    finally:
+        in_place.close()
 
 
 # ---------------------------------------------------------------- follower appends
