@@ -69,6 +69,11 @@ SCRATCH_BYTES = 256 * 1024
 # allocate nothing, and a peer makes the decoder allocate at most 8 times what it
 # sent. 1 MiB frames earn it with their first read.
 READ_INTO_AFTER = 1 / 8
+# ... and only up to this length: a larger frame is always gathered as it arrives, so
+# what a peer makes the decoder hold stays what it sent. Without the cap, 12.5 MiB of a
+# frame claiming 100 MiB would make the process zero-fill 100 MiB. Produce requests
+# and fetch answers (1 MiB batches, fetch.max.bytes of a few MiB) stay under it.
+READ_INTO_MAX_BYTES = 8 * 1024 * 1024
 _scratch = threading.local()
 
 
@@ -90,7 +95,8 @@ class FrameDecoder:
     received chunks (kept as they are, not copied) and joined once when complete.
     `get_buffer` / `buffer_updated` (asyncio.BufferedProtocol): the transport reads
     into the decoder's memory, one reused scratch buffer, until READ_INTO_AFTER of a
-    large frame has arrived; the rest of that frame is read straight into its own
+    large frame (up to READ_INTO_MAX_BYTES; a larger one is gathered as with `feed`)
+    has arrived; the rest of that frame is read straight into its own
     bytearray (what arrived before is copied there once), which is the payload handed
     out: no join. A decoder is used one way or the other; `get_buffer` and the
     `buffer_updated` after it run on one thread (an event loop's callback)."""
@@ -121,7 +127,11 @@ class FrameDecoder:
             return
         self.feed(read_scratch()[:nbytes])  # copied: the scratch buffer is reused
         size = self._large_size
-        if size and size * READ_INTO_AFTER <= self._large_have < size:
+        if (
+            size
+            and size <= READ_INTO_MAX_BYTES
+            and size * READ_INTO_AFTER <= self._large_have < size
+        ):
             self._read_rest_into_own_buffer()
 
     def _read_rest_into_own_buffer(self) -> None:

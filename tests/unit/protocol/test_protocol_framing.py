@@ -25,6 +25,7 @@ from protocol.errors import ErrorCode
 from protocol.errors import FrameTooLargeError
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from protocol.framing import LARGE_FRAME_BYTES
+from protocol.framing import READ_INTO_MAX_BYTES
 from protocol.framing import SCRATCH_BYTES
 from protocol.framing import FrameDecoder
 from protocol.framing import RequestHeader
@@ -673,6 +674,21 @@ def test_a_large_frame_is_read_straight_into_its_own_buffer() -> None:
     assert read_into(decoder, frame(b"next"), []) == [b"next"]
 
 
+def peak_bytes_while_read_into(decoder: FrameDecoder, sent: bytes) -> int:
+    """The most memory allocated while `sent` is read into `decoder` in scratch-sized
+    reads (the thread's scratch buffer made before measuring)."""
+    decoder.get_buffer()
+    tracemalloc.start()
+    try:
+        for at in range(0, len(sent), SCRATCH_BYTES):
+            chunk = sent[at : at + SCRATCH_BYTES]
+            decoder.get_buffer()[: len(chunk)] = chunk
+            decoder.buffer_updated(len(chunk))
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_length_prefix_alone_allocates_nothing() -> None:
     """A peer claiming a 100 MiB frame in four bytes (then stalling) makes the decoder
     allocate nothing for it, and a frame earns its own buffer only after an eighth of
@@ -680,16 +696,31 @@ def test_a_length_prefix_alone_allocates_nothing() -> None:
     buffer allocated at the prefix): 100 MiB per such connection."""
     claimed = DEFAULT_MAX_FRAME_SIZE
     decoder = FrameDecoder()
-    decoder.get_buffer()  # the thread's scratch buffer exists before we measure
     sent = struct.pack(">i", claimed) + b"x" * (claimed // 8 - 1024)
-    tracemalloc.start()
-    try:
-        for at in range(0, len(sent), SCRATCH_BYTES):
-            chunk = sent[at : at + SCRATCH_BYTES]
-            decoder.get_buffer()[: len(chunk)] = chunk
-            decoder.buffer_updated(len(chunk))
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = peak_bytes_while_read_into(decoder, sent)
     assert decoder.next_frame() is None
     assert peak < len(sent) + 2 * SCRATCH_BYTES, f"{peak} bytes held for {len(sent)} sent"
+
+
+def test_a_frame_larger_than_the_read_into_bound_is_always_gathered() -> None:
+    """Attack on the read-into buffer: 12.5 MiB of a frame claiming 100 MiB (an eighth
+    of it, then stalling) must not make the decoder zero-fill the 100 MiB it claims;
+    frames above READ_INTO_MAX_BYTES are gathered as they arrive, so what it holds is
+    what was sent. Off (no bound): 100 MiB allocated for 12.5 MiB sent."""
+    claimed = DEFAULT_MAX_FRAME_SIZE
+    assert claimed > READ_INTO_MAX_BYTES
+    decoder = FrameDecoder()
+    sent = struct.pack(">i", claimed) + b"x" * (claimed // 8 + 1024)
+    peak = peak_bytes_while_read_into(decoder, sent)
+    assert decoder.next_frame() is None
+    assert len(decoder.get_buffer()) == SCRATCH_BYTES  # no buffer of its own
+    assert peak < len(sent) + 2 * SCRATCH_BYTES, f"{peak} bytes held for {len(sent)} sent"
+
+
+def test_a_frame_above_the_read_into_bound_still_decodes_whole() -> None:
+    """Gathered instead of read in place, a frame past READ_INTO_MAX_BYTES is the same
+    payload, and the frame after it decodes too."""
+    payload = bytes(range(256)) * ((READ_INTO_MAX_BYTES + 4096) // 256)
+    decoder = FrameDecoder()
+    got = read_into(decoder, frame(payload) + frame(b"next"), [5, 70_000, 3 << 20])
+    assert got == [payload, b"next"]
