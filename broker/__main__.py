@@ -41,6 +41,14 @@ def run(config: BrokerConfig) -> int:
     # Imported here so that `--help` and flag errors do not load the whole broker.
     from broker.server import Broker
     from broker.server import StartupError
+    from runtime.allocator import keep_freed_memory
+
+    # Process-wide, so here and not in Broker (tests run brokers inside pytest).
+    if keep_freed_memory(config.allocator_retain_bytes):
+        logging.getLogger("broker").info(
+            "the allocator keeps up to %d bytes of freed memory for reuse",
+            config.allocator_retain_bytes,
+        )
 
     async def _main() -> int:
         broker = Broker(config)

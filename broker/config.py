@@ -26,6 +26,7 @@ from protocol.topic_configs import RETENTION_BYTES
 from protocol.topic_configs import RETENTION_MS
 from protocol.topic_configs import SEGMENT_BYTES
 from protocol.topic_configs import SEGMENT_MS
+from runtime.allocator import DEFAULT_ALLOCATOR_RETAIN_BYTES
 from runtime.authorization_settings import allow_everyone_if_no_acl_found_setting
 from runtime.authorization_settings import authorizer_enabled_setting
 from runtime.authorization_settings import super_users_setting
@@ -241,6 +242,15 @@ class BrokerConfig:
         "once: files are opened when used and the least recently used are closed beyond "
         "this, so open files do not grow with the partition count. Keep it well below "
         "the open-file limit (ulimit -n), which sockets share.",
+    )
+    allocator_retain_bytes: int = setting(
+        DEFAULT_ALLOCATOR_RETAIN_BYTES,
+        minimum=0,
+        maximum=1 << 30,
+        doc="Freed memory the C allocator keeps for reuse (glibc's mallopt trim and mmap "
+        "thresholds), so the 1 MiB buffers of produce requests and fetch answers are "
+        "recycled instead of page-faulted in again for every request; the broker's RSS "
+        "may stay this much above what it uses. 0 leaves the C library's defaults.",
     )
     replica_lag_time_max_ms: int = setting(
         10_000, minimum=1, doc="A follower that has not caught up for this long leaves the ISR."
