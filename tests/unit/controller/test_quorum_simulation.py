@@ -6,7 +6,7 @@ acknowledged append on every voter.
 
 Each protection the quorum relies on is then switched off in turn and the simulation
 must find a seed that breaks an invariant: a safety check that cannot fail proves
-nothing. MINIBROKER_SIM_SEEDS=N runs N seeds instead of the default 2,000 (a longer
+nothing. MINIBROKER_SIM_SEEDS=N runs N seeds instead of the default 1,000 (a longer
 campaign); a failure prints its seed and the command that replays it.
 """
 
@@ -24,7 +24,7 @@ from controller.quorum.replica import VoterProgress
 from tests.unit.controller.quorum_simulation import SimulationFailure
 from tests.unit.controller.quorum_simulation import run_seed
 
-SEEDS = int(os.environ.get("MINIBROKER_SIM_SEEDS", "2000"))
+SEEDS = int(os.environ.get("MINIBROKER_SIM_SEEDS", "1000"))
 CHUNK = 250
 # Seeds searched for a counterexample once a protection is off.
 SEARCH = 2_000
