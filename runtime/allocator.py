@@ -7,7 +7,7 @@ large are mmap'd and unmapped on free, and free memory at the top of the heap is
 trimmed once it passes 128 KiB (the thresholds move up with use, but only as far as
 the largest block freed). So the next 1 MiB frame is new memory again: 256 page
 faults, each page zeroed by the kernel, before a byte of it is read. On this 2-core VM
-that made a 1 MiB `b"".join` cost 0.65-0.79 ms instead of 0.08 (1.3 GB/s against
+that made a 1 MiB `b"".join` cost 0.65-0.79 ms instead of 0.08 (1.3-1.6 GB/s against
 13; measured in `bench/README.md`, "the allocator keeps freed memory").
 
 `keep_freed_memory(n)` sets both thresholds (mallopt(3)): blocks under
