@@ -250,7 +250,8 @@ class BrokerConfig:
         doc="Freed memory the C allocator keeps for reuse (glibc's mallopt trim and mmap "
         "thresholds), so the 1 MiB buffers of produce requests and fetch answers are "
         "recycled instead of page-faulted in again for every request; the broker's RSS "
-        "may stay this much above what it uses. 0 leaves the C library's defaults.",
+        "may stay this much above what it uses. 0 leaves the C library's defaults; less "
+        "than 32 MiB counts as 32 MiB (a fixed smaller threshold is worse than glibc's).",
     )
     replica_lag_time_max_ms: int = setting(
         10_000, minimum=1, doc="A follower that has not caught up for this long leaves the ISR."

@@ -10,8 +10,8 @@ faults, each page zeroed by the kernel, before a byte of it is read. On this 2-c
 that made a 1 MiB `b"".join` cost 0.65-0.79 ms instead of 0.08 (1.3-1.6 GB/s against
 13; measured in `bench/README.md`, "the allocator keeps freed memory").
 
-`keep_freed_memory(n)` sets both thresholds (mallopt(3)): blocks under
-min(n, 32 MiB) come from the heap, and up to `n` bytes of free heap top stay mapped,
+`keep_freed_memory(n)` sets both thresholds (mallopt(3)): blocks under 32 MiB come
+from the heap, and up to max(n, 32 MiB) bytes of free heap top stay mapped,
 so buffers of the size the broker moves are recycled instead of faulted in again. The
 price is RSS: the process keeps up to `n` bytes it no longer uses (plus what sits
 between live blocks, as any heap does), bounded like every other buffer of the broker.
@@ -31,6 +31,11 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 # glibc refuses an mmap threshold above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit).
 MAX_MMAP_THRESHOLD = 32 * 1024 * 1024
+# Set thresholds are fixed: glibc stops moving them up with use (which it does up to
+# 32 MiB). A small one would then make every block above it a mmap of its own, worse
+# than the defaults (a 200 KB buffer allocated and freed 20,000 times: 980,000 page
+# faults with 128 KiB set, 88 with glibc's defaults), so none is set below this.
+MIN_THRESHOLD = MAX_MMAP_THRESHOLD
 
 # The broker's default (its --allocator-retain-bytes): a few dozen 1 MiB frames.
 DEFAULT_ALLOCATOR_RETAIN_BYTES = 64 * 1024 * 1024
@@ -40,7 +45,8 @@ _MALLOPT = linux_libc_function("mallopt")
 
 def keep_freed_memory(retain_bytes: int) -> bool:
     """Keep up to `retain_bytes` of freed memory for reuse (0: leave the C library's
-    defaults). True when the allocator took the settings."""
+    defaults; under MIN_THRESHOLD counts as MIN_THRESHOLD). True when the allocator
+    took the settings."""
     if retain_bytes < 0:
         raise ValueError(f"retain_bytes must be >= 0, got {retain_bytes}")
     if retain_bytes == 0:
@@ -50,8 +56,9 @@ def keep_freed_memory(retain_bytes: int) -> bool:
         log.info("the C library has no mallopt(3): freed memory is returned as it decides")
         return False
     # mallopt returns 1 on success, 0 on error (and sets no errno).
-    took = mallopt(_M_MMAP_THRESHOLD, min(retain_bytes, MAX_MMAP_THRESHOLD)) == 1
-    took = mallopt(_M_TRIM_THRESHOLD, retain_bytes) == 1 and took
+    at_least = max(retain_bytes, MIN_THRESHOLD)
+    took = mallopt(_M_MMAP_THRESHOLD, min(at_least, MAX_MMAP_THRESHOLD)) == 1
+    took = mallopt(_M_TRIM_THRESHOLD, at_least) == 1 and took
     if not took:
         log.warning("mallopt(3) refused the thresholds for %d bytes", retain_bytes)
     return took
