@@ -44,10 +44,10 @@ def run(config: BrokerConfig) -> int:
     from runtime.allocator import keep_freed_memory
 
     # Process-wide, so here and not in Broker (tests run brokers inside pytest).
-    if keep_freed_memory(config.allocator_retain_bytes):
+    kept = keep_freed_memory(config.allocator_retain_bytes)
+    if kept:
         logging.getLogger("broker").info(
-            "the allocator keeps up to %d bytes of freed memory for reuse",
-            config.allocator_retain_bytes,
+            "the allocator keeps up to %d bytes of freed memory for reuse", kept
         )
 
     async def _main() -> int:

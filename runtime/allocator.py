@@ -43,22 +43,23 @@ DEFAULT_ALLOCATOR_RETAIN_BYTES = 64 * 1024 * 1024
 _MALLOPT = linux_libc_function("mallopt")
 
 
-def keep_freed_memory(retain_bytes: int) -> bool:
+def keep_freed_memory(retain_bytes: int) -> int:
     """Keep up to `retain_bytes` of freed memory for reuse (0: leave the C library's
-    defaults; under MIN_THRESHOLD counts as MIN_THRESHOLD). True when the allocator
-    took the settings."""
+    defaults; under MIN_THRESHOLD counts as MIN_THRESHOLD). Returns the bytes the
+    allocator now keeps, 0 when it kept its defaults."""
     if retain_bytes < 0:
         raise ValueError(f"retain_bytes must be >= 0, got {retain_bytes}")
     if retain_bytes == 0:
-        return False
+        return 0
     mallopt = _MALLOPT
     if mallopt is None:
         log.info("the C library has no mallopt(3): freed memory is returned as it decides")
-        return False
+        return 0
     # mallopt returns 1 on success, 0 on error (and sets no errno).
-    at_least = max(retain_bytes, MIN_THRESHOLD)
-    took = mallopt(_M_MMAP_THRESHOLD, min(at_least, MAX_MMAP_THRESHOLD)) == 1
-    took = mallopt(_M_TRIM_THRESHOLD, at_least) == 1 and took
+    kept = max(retain_bytes, MIN_THRESHOLD)
+    took = mallopt(_M_MMAP_THRESHOLD, min(kept, MAX_MMAP_THRESHOLD)) == 1
+    took = mallopt(_M_TRIM_THRESHOLD, kept) == 1 and took
     if not took:
         log.warning("mallopt(3) refused the thresholds for %d bytes", retain_bytes)
-    return took
+        return 0
+    return kept
