@@ -121,11 +121,19 @@ else
         die "pip download of cp311 wheels failed (see above); or set PYTHON to a Python 3.11"
 fi
 
-# Replace the wheel set as a whole, so no stale version stays behind.
-find "$wheels" -maxdepth 1 -name '*.whl' -delete 2>/dev/null || mkdir -p "$wheels"
-cp "$workdir"/out/*.whl "$wheels/"
+# Replace the wheel set as a whole, so no stale version stays behind. The project's
+# wheel goes apart from its dependencies' (project/, deps/): the image installs the
+# dependencies in a layer docker reuses while only the project changes.
+mkdir -p "$wheels/deps" "$wheels/project"
+find "$wheels" -name '*.whl' -delete
+for whl in "$workdir"/out/*.whl; do
+    case "$(basename "$whl")" in
+    minibroker-*) cp "$whl" "$wheels/project/" ;;
+    *) cp "$whl" "$wheels/deps/" ;;
+    esac
+done
 wheel_seconds=$((SECONDS - started))
-log "wheels in ${wheels#"$root"/}/ (${wheel_seconds}s): $(find "$wheels" -maxdepth 1 -name '*.whl' -printf '%f ')"
+log "wheels in ${wheels#"$root"/}/ (${wheel_seconds}s): $(find "$wheels" -name '*.whl' -printf '%P ')"
 [ "$wheels_only" -eq 0 ] || exit 0
 
 # ---------------------------------------------------------------- 3. the image
