@@ -23,6 +23,7 @@ import ssl as ssl_module
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field
@@ -413,12 +414,35 @@ class Cluster:
         proc.start()
         self.brokers[node_id] = proc
         if wait:
-            match = proc.wait_for(_BROKER_READY)
-            proc.host, proc.port = match[2], int(match[3])
-            kafka_listener = _KAFKA_LISTENER.search(match[4])
-            if kafka_listener is not None:
-                proc.kafka_port = int(kafka_listener[2])
+            self.wait_ready(proc)
         return proc
+
+    def start_brokers(
+        self,
+        node_ids: Iterable[int],
+        *extra: str,
+        kafka: bool | None = None,
+        launcher: tuple[str, ...] = (),
+    ) -> dict[int, BrokerProcess]:
+        """`start_broker` for each of `node_ids` with the same flags, all started before
+        any is waited for: a broker's start-up is ~0.4 s, mostly imports, and three of
+        them overlap on two cores."""
+        procs = {
+            n: self.start_broker(n, *extra, wait=False, kafka=kafka, launcher=launcher)
+            for n in node_ids
+        }
+        for proc in procs.values():
+            self.wait_ready(proc)
+        return procs
+
+    @staticmethod
+    def wait_ready(proc: BrokerProcess) -> None:
+        """Wait for a started broker's ready line and take its bound ports from it."""
+        match = proc.wait_for(_BROKER_READY)
+        proc.host, proc.port = match[2], int(match[3])
+        kafka_listener = _KAFKA_LISTENER.search(match[4])
+        if kafka_listener is not None:
+            proc.kafka_port = int(kafka_listener[2])
 
     def kafka_bootstrap(self) -> str:
         """The brokers' Kafka listeners, as a Kafka client's bootstrap_servers."""

@@ -28,8 +28,7 @@ TP = TopicPartition(TOPIC, 0)
 def cluster(cluster: Cluster) -> Cluster:
     """conftest's cluster with a controller (3 s sessions) and brokers 1, 2, 3."""
     cluster.start_controller(session_timeout_ms=3000)
-    for node in (1, 2, 3):
-        cluster.start_broker(node)
+    cluster.start_brokers((1, 2, 3))
     return cluster
 
 

@@ -49,8 +49,7 @@ GROUP_FLAGS = ("--group-min-session-timeout-ms", "1000", "--group-initial-rebala
 @pytest.fixture
 def cluster(cluster: Cluster) -> Iterator[Cluster]:
     cluster.start_controller()
-    for node in (1, 2, 3):
-        cluster.start_broker(node, *GROUP_FLAGS, kafka=True)
+    cluster.start_brokers((1, 2, 3), *GROUP_FLAGS, kafka=True)
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
     yield cluster
 

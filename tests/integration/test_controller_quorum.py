@@ -300,8 +300,7 @@ async def test_brokers_follow_the_active_controller(quorum, tmp_path: Path) -> N
     c.root.mkdir()
     c.controller_bootstrap = ",".join(f"127.0.0.1:{m.port}" for m in quorum.values())
     try:
-        for n in (1, 2):
-            c.start_broker(n)
+        c.start_brokers((1, 2))
         servers = [f"{b.host}:{b.port}" for b in c.brokers.values()]
         async with (
             AsyncAdmin(servers) as admin,
@@ -372,8 +371,7 @@ async def test_a_leader_killed_with_the_active_controller_is_replaced(tmp_path: 
     c.root.mkdir(exist_ok=True)
     c.start_quorum(3, session_timeout_ms=3000)
     try:
-        for n in (1, 2, 3):
-            c.start_broker(n)
+        c.start_brokers((1, 2, 3))
         servers = [f"{b.host}:{b.port}" for b in c.brokers.values()]
         async with (
             AsyncAdmin(servers) as admin,
@@ -433,8 +431,7 @@ async def test_brokers_fail_over_from_a_silent_controller(tmp_path: Path) -> Non
     c.start_quorum(3, session_timeout_ms=3000)
     silent: subprocess.Popen[bytes] | None = None
     try:
-        for n in (1, 2, 3):
-            c.start_broker(n)
+        c.start_brokers((1, 2, 3))
         servers = [f"{b.host}:{b.port}" for b in c.brokers.values()]
         async with AsyncAdmin(servers) as admin:
             await admin.create_topic("t", 1, 3)

@@ -60,8 +60,7 @@ def bootstrap(cluster: Cluster, *, but: int | None = None) -> str:
 
 def start(cluster: Cluster) -> None:
     cluster.start_controller(session_timeout_ms=6000)
-    for node in (1, 2, 3):
-        cluster.start_broker(node, "--segment-bytes", str(SEGMENT_BYTES))
+    cluster.start_brokers((1, 2, 3), "--segment-bytes", str(SEGMENT_BYTES))
 
 
 async def create_topic(servers: str) -> None:

@@ -46,8 +46,7 @@ async def test_a_peer_lying_about_sessions_does_not_stop_replication(tmp_path: P
     c.root.mkdir(exist_ok=True)
     try:
         c.start_controller()
-        for n in (1, 2):
-            c.start_broker(n)
+        c.start_brokers((1, 2))
         bootstrap = ",".join(f"{b.host}:{b.port}" for b in c.brokers.values())
         async with AsyncAdmin(bootstrap) as admin:
             await admin.create_topic(TOPIC, 1, 2, configs={"min.insync.replicas": "2"})

@@ -39,8 +39,7 @@ def rows(out: str, first: str) -> list[list[str]]:
 
 async def test_group_tools_around_a_live_group(cluster: Cluster) -> None:
     cluster.start_controller()
-    for node in (1, 2, 3):
-        cluster.start_broker(node, "--group-initial-rebalance-delay-ms", "0")
+    cluster.start_brokers((1, 2, 3), "--group-initial-rebalance-delay-ms", "0")
     bootstrap = native_bootstrap(cluster)
     async with AsyncAdmin(bootstrap) as admin:
         await admin.create_topics([NewTopic(TOPIC, 2, 3)], timeout_ms=20_000)

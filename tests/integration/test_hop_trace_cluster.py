@@ -70,8 +70,7 @@ async def wait_full_isr(admin: AsyncAdmin) -> None:
 
 async def test_a_traced_record_passes_every_hop_in_order(cluster: Cluster, tracing: Path) -> None:
     cluster.start_controller()
-    for node in (1, 2, 3):
-        cluster.start_broker(node)
+    cluster.start_brokers((1, 2, 3))
     servers = ",".join(f"{b.host}:{b.port}" for b in cluster.brokers.values())
     async with AsyncAdmin(servers) as admin:
         await admin.create_topic(TOPIC, 1, 3, {"min.insync.replicas": "2"})

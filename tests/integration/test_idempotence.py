@@ -166,8 +166,7 @@ async def produce_until_accepted(
 
 async def test_lost_response_and_leader_change_do_not_duplicate(cluster: Cluster) -> None:
     cluster.start_controller(session_timeout_ms=2000)
-    for node in (1, 2, 3):
-        cluster.start_broker(node, "--enable-test-faults", "--replica-lag-time-max-ms", "1500")
+    cluster.start_brokers((1, 2, 3), "--enable-test-faults", "--replica-lag-time-max-ms", "1500")
     await create_topic(cluster.brokers[1].address, rf=3)
     state = await wait_partition(
         cluster, lambda p: p.leader_id >= 0 and len(p.isr_nodes) == 3, what="leader, ISR 3"
@@ -268,8 +267,7 @@ _DROPPED = re.compile(r"TEST FAULT at node \d+: drop_response.* incoming PRODUCE
 
 async def start_lib_cluster(cluster: Cluster) -> None:
     cluster.start_controller(session_timeout_ms=2000)
-    for node in (1, 2, 3):
-        cluster.start_broker(node, *FLAGS)
+    cluster.start_brokers((1, 2, 3), *FLAGS)
     await create_topic(cluster.brokers[1].address, 3, name=LIB_TOPIC, partitions=LIB_PARTITIONS)
     await wait_lib_partitions(cluster, lambda p: p.leader_id >= 0 and len(p.isr_nodes) == 3)
 
@@ -491,8 +489,7 @@ async def test_lost_producer_state_bumps_the_epoch_on_a_real_cluster(
     batch of the old epoch is fenced (INVALID_PRODUCER_EPOCH)."""
     caplog.set_level(logging.INFO, logger="client.producer")
     cluster.start_controller(session_timeout_ms=2000)
-    for node in (1, 2):
-        cluster.start_broker(node, "--replica-lag-time-max-ms", "1500")
+    cluster.start_brokers((1, 2), "--replica-lag-time-max-ms", "1500")
     await create_topic(
         cluster.brokers[1].address,
         2,
@@ -592,8 +589,7 @@ async def test_batch_in_doubt_is_not_written_twice_after_an_epoch_bump(
     (which wrote it twice); b fails with PossiblyWrittenError (it is in the log)."""
     caplog.set_level(logging.INFO, logger="client.producer")
     cluster.start_controller(session_timeout_ms=2000)
-    for node in (1, 2):
-        cluster.start_broker(node, "--enable-test-faults", "--replica-lag-time-max-ms", "3000")
+    cluster.start_brokers((1, 2), "--enable-test-faults", "--replica-lag-time-max-ms", "3000")
     await create_topic(cluster.brokers[1].address, 2, name=IN_DOUBT_TOPIC)
     leader, follower = await leader_and_follower(cluster, IN_DOUBT_TOPIC)
     bootstrap = ",".join(f"{h}:{p}" for h, p in (b.address for b in cluster.brokers.values()))

@@ -76,8 +76,7 @@ def cluster(cluster: Cluster) -> Iterator[Cluster]:
     the topic on all three with min.insync.replicas 2. kafka-python's own threads log
     noise at shutdown: kept out of the test's output."""
     cluster.start_controller()
-    for node in (1, 2, 3):
-        cluster.start_broker(node, kafka=True)
+    cluster.start_brokers((1, 2, 3), kafka=True)
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
     yield cluster
 

@@ -42,8 +42,7 @@ RECORDS = 300
 
 def start(cluster: Cluster, *, session_timeout_ms: int = 3000) -> None:
     cluster.start_controller(session_timeout_ms=session_timeout_ms)
-    for node in (1, 2, 3):
-        cluster.start_broker(node)
+    cluster.start_brokers((1, 2, 3))
 
 
 def bootstrap(cluster: Cluster, *nodes: int) -> str:

@@ -189,8 +189,7 @@ async def scenario(cluster: Cluster) -> None:
 
 def test_commits_survive_the_loss_of_the_coordinator(cluster: Cluster) -> None:
     cluster.start_controller(session_timeout_ms=3000)
-    for node in (1, 2, 3):
-        cluster.start_broker(node, "--replica-lag-time-max-ms", "1500")
+    cluster.start_brokers((1, 2, 3), "--replica-lag-time-max-ms", "1500")
     asyncio.run(scenario(cluster))
     for node, proc in cluster.brokers.items():
         if proc.alive:
@@ -268,6 +267,5 @@ def test_library_commit_retries_through_lost_requests_and_coordinator_loss(
 ) -> None:
     caplog.set_level(logging.INFO, logger="client.consumer")
     cluster.start_controller(session_timeout_ms=2000)
-    for node in (1, 2, 3):
-        cluster.start_broker(node, "--enable-test-faults", "--replica-lag-time-max-ms", "1500")
+    cluster.start_brokers((1, 2, 3), "--enable-test-faults", "--replica-lag-time-max-ms", "1500")
     asyncio.run(library_commit_scenario(cluster, caplog))

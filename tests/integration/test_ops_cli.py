@@ -60,7 +60,7 @@ def leaders(bootstrap: str, topic: str) -> dict[int, int]:
 
 def test_health_describe_and_replica_log_through_a_broker_death(cluster: Cluster) -> None:
     controller = cluster.start_controller(session_timeout_ms=SESSION_TIMEOUT_MS)
-    brokers = {i: cluster.start_broker(i) for i in (1, 2, 3)}
+    brokers = cluster.start_brokers((1, 2, 3))
     bootstrap = ",".join(f"{b.host}:{b.port}" for b in brokers.values())
     via_broker = ("-b", bootstrap)
     via_controller = ("-b", bootstrap, "--controller", controller.address)
@@ -190,7 +190,7 @@ def test_health_describe_and_replica_log_through_a_broker_death(cluster: Cluster
 
 def test_health_on_a_controller_quorum_through_voter_deaths(cluster: Cluster) -> None:
     cluster.start_quorum(3, session_timeout_ms=SESSION_TIMEOUT_MS)
-    brokers = {i: cluster.start_broker(i) for i in (1, 2)}
+    brokers = cluster.start_brokers((1, 2))
     bootstrap = ",".join(f"{b.host}:{b.port}" for b in brokers.values())
     # Any voter finds the others; all of them are given below, as an operator would.
     via_one = ("-b", bootstrap, "--controller", cluster.quorum[0].address)

@@ -63,8 +63,7 @@ async def produce(cluster: Cluster, prefix: str, count: int) -> set[str]:
 
 async def test_a_restarted_broker_leads_its_preferred_partitions_again(cluster: Cluster) -> None:
     cluster.start_controller("--leader-imbalance-check-interval-ms", "500", session_timeout_ms=2000)
-    for n in (1, 2, 3):
-        cluster.start_broker(n)
+    cluster.start_brokers((1, 2, 3))
     async with AsyncAdmin(bootstrap(cluster)) as admin:
         await admin.create_topics(
             [NewTopic(TOPIC, PARTITIONS, 3, configs={"min.insync.replicas": "2"})]

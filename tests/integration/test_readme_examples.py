@@ -53,8 +53,7 @@ def run_readme_block(
 def cluster(cluster: Cluster) -> Cluster:
     """conftest's cluster with a controller and brokers 1, 2, 3, with Kafka listeners."""
     cluster.start_controller()
-    for node in (1, 2, 3):
-        cluster.start_broker(node, kafka=True)
+    cluster.start_brokers((1, 2, 3), kafka=True)
     return cluster
 
 

@@ -61,8 +61,7 @@ async def test_a_replica_fetch_is_honoured_only_on_the_inter_broker_listener(
     c.root.mkdir(exist_ok=True)
     try:
         c.start_controller()
-        for n in (1, 2):
-            c.start_broker(n, "--listeners", "PLAINTEXT://127.0.0.1:0,CLIENTS://127.0.0.1:0")
+        c.start_brokers((1, 2), "--listeners", "PLAINTEXT://127.0.0.1:0,CLIENTS://127.0.0.1:0")
         clients = {n: clients_address(b.log_text()) for n, b in c.brokers.items()}
         bootstrap = ",".join(f"{h}:{p}" for h, p in clients.values())
         async with AsyncAdmin(bootstrap) as admin:

@@ -49,8 +49,7 @@ LAG_MS = 1500
 
 def start(cluster: Cluster, *, session_timeout_ms: int = 3000, brokers: int = 3) -> None:
     cluster.start_controller(session_timeout_ms=session_timeout_ms)
-    for node in range(1, brokers + 1):
-        cluster.start_broker(node, "--replica-lag-time-max-ms", str(LAG_MS))
+    cluster.start_brokers(range(1, brokers + 1), "--replica-lag-time-max-ms", str(LAG_MS))
 
 
 def any_live(cluster: Cluster, but: int | None = None) -> tuple[str, int]:

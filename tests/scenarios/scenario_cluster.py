@@ -101,8 +101,7 @@ class ScenarioCluster(Cluster):
         brokers 1, 2 and 3 with `broker_flags`."""
         flags = ("--enable-test-faults",) if controller_faults else ()
         self.start_controller(*flags, session_timeout_ms=session_timeout_ms)
-        for node in NODES:
-            self.start_broker(node, *broker_flags)
+        self.start_brokers(NODES, *broker_flags)
 
     async def create_on_three(self, topic: str, *, min_insync: int = 1) -> None:
         """`topic`: one partition on brokers 1, 2, 3 with `min_insync`, all in sync."""

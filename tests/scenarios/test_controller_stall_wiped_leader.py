@@ -47,8 +47,7 @@ async def test_a_controller_stall_with_a_wiped_leader_loses_no_acknowledged_reco
 ) -> None:
     with scenario_cluster(tmp_path) as c:
         controller = c.start_controller()
-        for node in (LEADER, *HEALTHY):
-            c.start_broker(node)
+        c.start_brokers((LEADER, *HEALTHY))
         stopped = False
         try:
             await c.create_topic(

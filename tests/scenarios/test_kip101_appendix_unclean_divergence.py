@@ -80,8 +80,7 @@ async def start_cluster(c: ScenarioCluster, *extra_nodes: int) -> None:
     """Controller and brokers 1, 2, 3 (the consumers need their addresses), and any
     `extra_nodes` (not replicas of the topic)."""
     c.start_controller(session_timeout_ms=SESSION_MS)
-    for n in [*NODES, *extra_nodes]:
-        c.start_broker(n, *BROKER_FLAGS)
+    c.start_brokers([*NODES, *extra_nodes], *BROKER_FLAGS)
 
 
 async def stage_unclean_divergence(

@@ -60,8 +60,7 @@ async def latest_at(c: ScenarioCluster, node: int, epoch: int) -> tuple[int, int
 async def stage_lagging_new_leader(c: ScenarioCluster) -> tuple[int, int]:
     """The staging above; returns (E, E+1)."""
     c.start_controller(session_timeout_ms=1500)
-    for node in (A, B, C):
-        c.start_broker(node, *FLAGS)
+    c.start_brokers((A, B, C), *FLAGS)
     await c.create_topic(TOPIC, replicas=[A, B, C], configs={"min.insync.replicas": "1"})
     await c.wait_isr(TOPIC, {A, B, C})
     epoch = (await c.wait_leader(TOPIC, A)).leader_epoch

@@ -92,8 +92,7 @@ async def test_kafka_clients_report_the_truncation_at_the_divergence_offset(
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
     with scenario_cluster(tmp_path) as c:
         c.start_controller(session_timeout_ms=SESSION_MS)
-        for node in [*NODES, OBSERVER]:
-            c.start_broker(node, *BROKER_FLAGS, kafka=True)
+        c.start_brokers([*NODES, OBSERVER], *BROKER_FLAGS, kafka=True)
         clients: dict[str, Any] = {}
 
         async def both_clients_read_the_old_lineage(c: ScenarioCluster, s: Staged) -> None:

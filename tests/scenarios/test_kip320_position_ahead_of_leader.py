@@ -66,8 +66,7 @@ class Deposed(NamedTuple):
 async def stage_deposed_leader(c: ScenarioCluster) -> Deposed:
     """Start the cluster and depose broker 1 while it is paused (see above)."""
     c.start_controller("--enable-test-faults", session_timeout_ms=SESSION_MS)
-    for node in (1, 2, 3):
-        c.start_broker(node)
+    c.start_brokers((1, 2, 3))
     # Committed offsets live on brokers 2 and 3, which stay up.
     await c.create_topic("__consumer_offsets", replicas=[2, 3])
     await c.create_topic(TOPIC, replicas=[1, 2, 3], configs={"min.insync.replicas": "1"})

@@ -126,10 +126,8 @@ async def test_a_partition_handed_over_by_a_rebalance_is_validated_from_its_comm
     ]
     with scenario_cluster(tmp_path) as c:
         c.start_controller(session_timeout_ms=1500)
-        for n in NODES:
-            c.start_broker(n, *BROKER_FLAGS)
-        for n in COORDINATORS:
-            c.start_broker(n, *BROKER_FLAGS, *GROUP_FLAGS)
+        c.start_brokers(NODES, *BROKER_FLAGS)
+        c.start_brokers(COORDINATORS, *BROKER_FLAGS, *GROUP_FLAGS)
         await c.create_topic(
             "__consumer_offsets", replicas=list(COORDINATORS), configs={"min.insync.replicas": "2"}
         )

@@ -48,8 +48,7 @@ async def test_a_last_in_sync_replica_that_lost_its_disk_is_never_elected(
 ) -> None:
     with scenario_cluster(tmp_path) as c:
         controller = c.start_controller(session_timeout_ms=SESSION_MS)
-        for node in (1, 2, 3):
-            c.start_broker(node)
+        c.start_brokers((1, 2, 3))
         await c.create_topic(TOPIC, replicas=[1, 2, 3], configs={"min.insync.replicas": "2"})
         await c.wait_isr(TOPIC, {1, 2, 3})
         await c.wait_leader(TOPIC, 1)
@@ -67,8 +66,7 @@ async def test_a_last_in_sync_replica_that_lost_its_disk_is_never_elected(
         while "fenced broker 1 " not in controller.log_text():
             assert time.monotonic() < deadline, controller.tail()
             await asyncio.sleep(0.1)
-        for node in (2, 3):
-            c.start_broker(node)
+        c.start_brokers((2, 3))
         p = await c.partition(TOPIC, via=2)
         assert (p.leader_id, p.isr_nodes) == (-1, [1]), p
 

@@ -43,8 +43,7 @@ RETRIABLE_NO_LEADER = {ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.NOT_LEADER_OR_F
 async def stage_whole_isr_down(c: ScenarioCluster, *, unclean: bool) -> tuple[int, list, list]:
     """Steps 1-3. Returns (E0, in-sync values, values only broker 1 had)."""
     c.start_controller(session_timeout_ms=SESSION_MS)
-    for n in NODES:
-        c.start_broker(n, *BROKER_FLAGS)
+    c.start_brokers(NODES, *BROKER_FLAGS)
     configs = {"min.insync.replicas": "1"}
     if unclean:
         configs["unclean.leader.election.enable"] = "true"

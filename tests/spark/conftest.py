@@ -68,8 +68,7 @@ def spark() -> Iterator[Any]:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScenarioCluster]:
     with scenario_cluster(tmp_path_factory.mktemp("spark-cluster")) as c:
         c.start_controller()
-        for node in (1, 2, 3):
-            c.start_broker(node)
+        c.start_brokers((1, 2, 3))
         yield c
 
 

@@ -40,8 +40,7 @@ async def test_leader_failover_between_micro_batches_raises_nothing(
     (tmp_path / "cluster").mkdir()
     with scenario_cluster(tmp_path / "cluster") as c:
         c.start_controller(session_timeout_ms=1500)
-        for node in (1, 2, 3):
-            c.start_broker(node)
+        c.start_brokers((1, 2, 3))
         await c.create_topic(TOPIC, replicas=[1, 2, 3])
         e0 = (await c.wait_leader(TOPIC, 1)).leader_epoch
         await c.wait_isr(TOPIC, {1, 2, 3})
