@@ -453,6 +453,25 @@ def _cell(value: Any) -> str:
 # ------------------------------------------------------------------ results
 
 
+# A fixed pure-Python loop, timed with every result file: this VM's CPU speed moves
+# from one day to the next (the same client code read 510k and 750k records/s on two
+# days, bench/README.md), so figures of two runs compare only at a like probe.
+CPU_PROBE_ADDS = 2_000_000
+
+
+def cpu_probe_ms() -> float:
+    """Milliseconds for CPU_PROBE_ADDS integer additions in a Python loop, best of 5
+    (it moves by ~30% from one second to the next on this VM)."""
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        total = 0
+        for i in range(CPU_PROBE_ADDS):
+            total += i
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 1)
+
+
 def machine_info() -> dict[str, Any]:
     """What the figures were measured on."""
     model = ""
@@ -476,6 +495,7 @@ def machine_info() -> dict[str, Any]:
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "load_average_at_start": [round(x, 2) for x in load] if load else None,
+        "cpu_probe_ms": cpu_probe_ms(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -34,6 +34,7 @@ def run_bench(name: str, out: Path, *args: str, written_as: str | None = None) -
     doc = json.loads(out.read_text())
     assert doc["bench"] == (written_as or name) and doc["mode"] == "quick"
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["uvloop"]
+    assert doc["machine"]["cpu_probe_ms"] > 0  # the CPU speed the run had
     assert doc["results"], "no result rows"
     return doc
 
