@@ -25,7 +25,6 @@ PAGES_PER_MIB = 256
 # whose allocator keeps what argv[1] says.
 _COUNT_FAULTS = """
 import json, resource, sys
-from runtime.allocator import MIN_THRESHOLD
 from runtime.allocator import keep_freed_memory
 kept = keep_freed_memory(int(sys.argv[1]))
 {warm_up}
