@@ -41,6 +41,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+FULL_CAMPAIGN_IS_OPT_IN = (
+    "full chaos campaign is off by default (RF=3, every fault, several minutes)"
+)
+
+
 @dataclass(frozen=True)
 class ChaosOptions:
     full: bool
@@ -49,14 +54,11 @@ class ChaosOptions:
     def seed_or(self, default: int) -> int:
         return default if self.seed is None else self.seed
 
-    def require_full(self) -> None:
+    def require_full(self, what: str = FULL_CAMPAIGN_IS_OPT_IN) -> None:
         """Skip (with how to run it) unless the full campaign was asked for: it is an
         opt-in run, not part of the default suite."""
         if not self.full:
-            pytest.skip(
-                "full chaos campaign is off by default (RF=3, every fault, several "
-                "minutes): pytest tests/chaos --chaos-full, or MINIBROKER_CHAOS_FULL=1"
-            )
+            pytest.skip(f"{what}: pytest tests/chaos --chaos-full, or MINIBROKER_CHAOS_FULL=1")
 
 
 @pytest.fixture
