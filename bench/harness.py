@@ -51,8 +51,6 @@ from protocol.record_batch import HEADER_SIZE
 from protocol.record_batch import BatchBuilder
 from protocol.record_batch import Compression
 from protocol.record_batch import iter_headers
-from tests.integration.cluster import _BROKER_READY
-from tests.integration.cluster import _KAFKA_LISTENER
 from tests.integration.cluster import Cluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,10 +110,9 @@ class BenchCluster:
                 )
             else:
                 self.cluster.start_controller(session_timeout_ms=self.session_timeout_ms)
-            for node_id in range(1, self.broker_count + 1):
-                self.cluster.start_broker(node_id, *self.broker_args, wait=False, kafka=self.kafka)
-            for proc in self.cluster.brokers.values():  # all start at once, then wait
-                wait_broker_ready(proc)
+            self.cluster.start_brokers(
+                range(1, self.broker_count + 1), *self.broker_args, kafka=self.kafka
+            )
         except BaseException:
             self.close()
             raise
@@ -168,10 +165,7 @@ class BenchCluster:
         """Start broker `node_id` again on its port and data dir (after kill/terminate)."""
         if self._closing:
             raise RuntimeError("the bench cluster is being torn down")
-        proc = self.cluster.start_broker(node_id, *self.broker_args, wait=False)
-        if wait:
-            wait_broker_ready(proc)
-        return proc
+        return self.cluster.start_broker(node_id, *self.broker_args, wait=wait)
 
     async def create_topic(
         self,
@@ -212,15 +206,6 @@ def pin(broker_pid: int) -> str:
     os.sched_setaffinity(broker_pid, {cpus[-1]})
     os.sched_setaffinity(0, set(cpus[:-1]))
     return f"broker on CPU {cpus[-1]}, bench on {cpus[:-1]}"
-
-
-def wait_broker_ready(proc: Any) -> None:
-    """Until the broker logs `broker N started` (then its actual ports are known)."""
-    match = proc.wait_for(_BROKER_READY)
-    proc.host, proc.port = match[2], int(match[3])
-    kafka = _KAFKA_LISTENER.search(match[4])
-    if kafka is not None:
-        proc.kafka_port = int(kafka[2])
 
 
 async def wait_full_isr(

@@ -41,8 +41,8 @@ from bench.harness import common_args
 from bench.harness import raw_fill
 from bench.harness import report
 from bench.harness import run
-from bench.harness import wait_broker_ready
 from client.cluster import ClusterClient
+from tests.integration.cluster import Cluster
 
 NAME = "recovery"
 TOPIC = "bench-recovery"
@@ -113,7 +113,7 @@ def timed_restart(cluster: BenchCluster, expect: str) -> dict[str, Any]:
     if loaded[3] != expect:
         raise RuntimeError(f"expected a load after a {expect} shutdown, the log says {loaded[3]}")
     recovering = RECOVERING.search(text)
-    wait_broker_ready(proc)
+    Cluster.wait_ready(proc)
     return {
         "shutdown": expect,
         "segments_recovered": int(recovering[1]) if recovering else 0,

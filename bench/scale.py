@@ -46,7 +46,6 @@ from bench.harness import percentile
 from bench.harness import process_cpu_seconds
 from bench.harness import report
 from bench.harness import run
-from bench.harness import wait_broker_ready
 from bench.harness import wait_full_isr
 from broker.config import BrokerConfig
 from broker.storage.partition_metadata import PARTITION_METADATA
@@ -54,6 +53,7 @@ from client.admin import AsyncAdmin
 from client.admin import NewTopic
 from client.producer import AsyncProducer
 from tests.integration.cluster import _BROKER_READY
+from tests.integration.cluster import Cluster
 from tests.integration.cluster import open_fds
 from tests.integration.cluster import rss_bytes
 
@@ -256,7 +256,7 @@ async def _failover(cluster: BenchCluster, partitions: int) -> dict[str, Any]:
     proc = await asyncio.to_thread(cluster.restart_broker, victim, wait=False)
     # It recovers every log it holds first (unclean shutdown): beyond the usual 30 s.
     await asyncio.to_thread(proc.wait_for, _BROKER_READY, _ready_timeout_s(partitions))
-    await asyncio.to_thread(wait_broker_ready, proc)
+    await asyncio.to_thread(Cluster.wait_ready, proc)
     restart_s = time.perf_counter() - t_start
     async with AsyncAdmin(cluster.bootstrap) as admin:
         await wait_full_isr(admin, TOPIC, 3, timeout_s=_ready_timeout_s(partitions))

@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import _BROKER_READY
 from bench.harness import BenchCluster
 from bench.harness import KiB
 from bench.harness import MiB
@@ -48,6 +47,7 @@ from bench.harness import write_results
 from client.cluster import ClusterClient
 from client.security import create_ssl_context
 from client.throwaway_ca import ThrowawayCA
+from tests.integration.cluster import _BROKER_READY
 
 NAME = "tls"
 TARGET_RATIO = 0.75  # TLS at least 75% of plaintext: it costs at most 25%
