@@ -228,6 +228,27 @@ def test_bench_scale_smoke(tmp_path: Path) -> None:
     assert 0 < row["controller_restart_s"] <= row["controller_serving_s"]
 
 
+def test_latency_with_trace_breaks_every_hop_down(tmp_path: Path) -> None:
+    """bench latency --trace: every record reached the consumer, and the sampled ones
+    were followed through every hop, the consumer's last (written at the end of the run
+    from the offsets it kept) included."""
+    doc = run_bench(
+        "latency",
+        tmp_path / "latency.json",
+        *("--rate", "2000", "--seconds", "1.5", "--warmup", "0.5"),
+        *("--trace", "--trace-sample", "5"),
+    )
+    rows = {row["measure"]: row for row in doc["results"]}
+    assert rows["end-to-end"]["count"] > 0 and rows["produce ack"]["count"] > 0
+    assert 0 < rows["end-to-end"]["p50_ms"] <= rows["end-to-end"]["max_ms"]
+    trace = doc["trace"]
+    assert "error" not in trace, trace
+    assert trace["records"] >= 20  # ~1.5 s x 2,000/s sampled 1 in 5
+    segments = trace["groups"]["p45-p55"]["segments_ms"]
+    assert segments["consumer decode -> poll returns"] >= 0
+    assert all(ms >= 0 for ms in segments.values()), segments
+
+
 def test_bench_recovery_smoke(tmp_path: Path) -> None:
     """bench recovery reads the broker's own load lines: a change of their wording broke
     it once unnoticed (the clean/unclean words moved out of parentheses)."""
