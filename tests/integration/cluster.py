@@ -25,6 +25,8 @@ import sys
 import time
 from collections.abc import Iterable
 from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -423,12 +425,16 @@ class Cluster:
         *extra: str,
         kafka: bool | None = None,
         launcher: tuple[str, ...] = (),
+        flags_of: Mapping[int, Sequence[str]] | None = None,
     ) -> dict[int, BrokerProcess]:
-        """`start_broker` for each of `node_ids` with the same flags, all started before
-        any is waited for: a broker's start-up is ~0.4 s, mostly imports, and three of
-        them overlap on two cores."""
+        """`start_broker` for each of `node_ids` with the same flags (and each node's
+        own `flags_of[n]` before them), all started before any is waited for: a broker's
+        start-up is ~0.4 s, mostly imports, and three of them overlap on two cores."""
+        own = flags_of or {}
         procs = {
-            n: self.start_broker(n, *extra, wait=False, kafka=kafka, launcher=launcher)
+            n: self.start_broker(
+                n, *own.get(n, ()), *extra, wait=False, kafka=kafka, launcher=launcher
+            )
             for n in node_ids
         }
         for proc in procs.values():

@@ -124,10 +124,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureCluster]:
     logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:
         s.start_controller()
-        for n in (1, 2, 3):  # started together, waited for after
-            s.start_broker(n, wait=False)
-        for proc in c.brokers.values():
-            c.wait_ready(proc)
+        c.start_brokers((1, 2, 3), kafka=True, flags_of=flags)
         yield s
     finally:
         c.stop_all()
