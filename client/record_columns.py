@@ -28,6 +28,7 @@ from protocol.records.alike_runs import RUN_RETRY_AFTER
 from protocol.records.alike_runs import alike_run
 from protocol.records.alike_runs import run_keys
 from protocol.records.alike_runs import run_timestamps
+from protocol.records.varints import UNZIGZAG
 
 _ATTR_TIMESTAMP_TYPE = 0x08
 # Fewer alike records than this are decoded one by one.
@@ -174,8 +175,10 @@ def decode_columns(
     base_offset = header.base_offset
     base_ts = header.base_timestamp
     log_append = bool(header.attributes & _ATTR_TIMESTAMP_TYPE)
+    unzigzag = UNZIGZAG
     # The same varint decoding as protocol.record_batch.decode_batch (inline for the
-    # one- and two-byte forms), appending fields instead of building records.
+    # one- and two-byte forms, through the UNZIGZAG table), appending fields instead of
+    # building records.
     try:
         count = header.record_count
         done = 0
@@ -184,11 +187,10 @@ def decode_columns(
             record_start = p
             b = body[p]
             if b < 0x80:
-                length = (b >> 1) ^ -(b & 1)
+                length = unzigzag[b]
                 p += 1
-            elif body[p + 1] < 0x80:
-                b = (b & 0x7F) | (body[p + 1] << 7)
-                length = (b >> 1) ^ -(b & 1)
+            elif (c := body[p + 1]) < 0x80:
+                length = unzigzag[(b & 0x7F) | (c << 7)]
                 p += 2
             else:
                 length, p = decode_varint(body, p)
@@ -197,18 +199,17 @@ def decode_columns(
                 raise CorruptRecordError(f"record length {length} runs past the end of the batch")
             b = body[p + 1]  # attributes (unused in v2) at p, then the timestamp delta
             if b < 0x80:
-                add_ts(base_ts + ((b >> 1) ^ -(b & 1)))
+                add_ts(base_ts + unzigzag[b])
                 p += 2
             else:
                 ts_delta, p = decode_varint(body, p + 1)
                 add_ts(base_ts + ts_delta)
             b = body[p]
             if b < 0x80:
-                offset_delta = (b >> 1) ^ -(b & 1)
+                offset_delta = unzigzag[b]
                 p += 1
-            elif body[p + 1] < 0x80:
-                b = (b & 0x7F) | (body[p + 1] << 7)
-                offset_delta = (b >> 1) ^ -(b & 1)
+            elif (c := body[p + 1]) < 0x80:
+                offset_delta = unzigzag[(b & 0x7F) | (c << 7)]
                 p += 2
             else:
                 offset_delta, p = decode_varint(body, p)
@@ -226,11 +227,10 @@ def decode_columns(
                 p += 1
             else:
                 if b < 0x80:
-                    n = (b >> 1) ^ -(b & 1)
+                    n = unzigzag[b]
                     p += 1
-                elif body[p + 1] < 0x80:
-                    b = (b & 0x7F) | (body[p + 1] << 7)
-                    n = (b >> 1) ^ -(b & 1)
+                elif (c := body[p + 1]) < 0x80:
+                    n = unzigzag[(b & 0x7F) | (c << 7)]
                     p += 2
                 else:
                     n, p = decode_varint(body, p)
@@ -245,11 +245,10 @@ def decode_columns(
                 p += 1
             else:
                 if b < 0x80:
-                    n = (b >> 1) ^ -(b & 1)
+                    n = unzigzag[b]
                     p += 1
-                elif body[p + 1] < 0x80:
-                    b = (b & 0x7F) | (body[p + 1] << 7)
-                    n = (b >> 1) ^ -(b & 1)
+                elif (c := body[p + 1]) < 0x80:
+                    n = unzigzag[(b & 0x7F) | (c << 7)]
                     p += 2
                 else:
                     n, p = decode_varint(body, p)

@@ -21,6 +21,7 @@ from protocol.records.batch_headers import iter_headers
 from protocol.records.batch_headers import parse_header
 from protocol.records.batch_headers import validate_batch
 from protocol.records.compression import decompress
+from protocol.records.varints import UNZIGZAG
 from protocol.records.varints import decode_varint
 
 # ---------------------------------------------------------------- decoding
@@ -98,8 +99,9 @@ def decode_batch_into(
 
     The per-record loop is the consumer's hot path, so it is one pass with no
     function call per field: a varint whose first byte has the high bit clear (every
-    field of a small record but its length) or of two bytes is read inline, longer
-    ones through `decode_varint`, and the record tuple is built in one step. Records
+    field of a small record but its length) or of two bytes is read inline and
+    decoded through a table (UNZIGZAG), longer ones through `decode_varint`, and the
+    record tuple is built in one step. Records
     laid out like the one before them (alike_runs: same sizes, no headers, offset
     deltas following on) are checked and cut out in bulk with C loops, unless `runs` is
     False."""
@@ -119,6 +121,7 @@ def decode_batch_into(
     log_append = bool(header.attributes & _ATTR_TIMESTAMP_TYPE)
     log_append_ts = header.max_timestamp
     no_headers: tuple[Header, ...] = ()
+    unzigzag = UNZIGZAG  # a one- or two-byte varint's payload -> its value
     # Offset deltas increase and stay within the header's (a damaged delta would give
     # a record another record's offset, or one outside the batch).
     previous_delta = -1
@@ -132,11 +135,10 @@ def decode_batch_into(
             record_start = p
             b = body[p]
             if b < 0x80:
-                length = (b >> 1) ^ -(b & 1)
+                length = unzigzag[b]
                 p += 1
-            elif body[p + 1] < 0x80:  # two bytes: records of 64 B to 8 KiB
-                b = (b & 0x7F) | (body[p + 1] << 7)
-                length = (b >> 1) ^ -(b & 1)
+            elif (c := body[p + 1]) < 0x80:  # two bytes: records of 64 B to 8 KiB
+                length = unzigzag[(b & 0x7F) | (c << 7)]
                 p += 2
             else:
                 length, p = decode_varint(body, p)
@@ -146,17 +148,16 @@ def decode_batch_into(
             # attributes (unused in v2) at p, then the timestamp delta
             b = body[p + 1]
             if b < 0x80:
-                ts_delta = (b >> 1) ^ -(b & 1)
+                ts_delta = unzigzag[b]
                 p += 2
             else:
                 ts_delta, p = decode_varint(body, p + 1)
             b = body[p]
             if b < 0x80:
-                offset_delta = (b >> 1) ^ -(b & 1)
+                offset_delta = unzigzag[b]
                 p += 1
-            elif body[p + 1] < 0x80:  # two bytes: the 65th to the 8192nd record
-                b = (b & 0x7F) | (body[p + 1] << 7)
-                offset_delta = (b >> 1) ^ -(b & 1)
+            elif (c := body[p + 1]) < 0x80:  # two bytes: the 65th to the 8192nd record
+                offset_delta = unzigzag[(b & 0x7F) | (c << 7)]
                 p += 2
             else:
                 offset_delta, p = decode_varint(body, p)
@@ -172,11 +173,10 @@ def decode_batch_into(
                 p += 1
             else:
                 if b < 0x80:
-                    n = (b >> 1) ^ -(b & 1)
+                    n = unzigzag[b]
                     p += 1
-                elif body[p + 1] < 0x80:
-                    b = (b & 0x7F) | (body[p + 1] << 7)
-                    n = (b >> 1) ^ -(b & 1)
+                elif (c := body[p + 1]) < 0x80:
+                    n = unzigzag[(b & 0x7F) | (c << 7)]
                     p += 2
                 else:
                     n, p = decode_varint(body, p)
@@ -191,11 +191,10 @@ def decode_batch_into(
                 p += 1
             else:
                 if b < 0x80:
-                    n = (b >> 1) ^ -(b & 1)
+                    n = unzigzag[b]
                     p += 1
-                elif body[p + 1] < 0x80:
-                    b = (b & 0x7F) | (body[p + 1] << 7)
-                    n = (b >> 1) ^ -(b & 1)
+                elif (c := body[p + 1]) < 0x80:
+                    n = unzigzag[(b & 0x7F) | (c << 7)]
                     p += 2
                 else:
                     n, p = decode_varint(body, p)
