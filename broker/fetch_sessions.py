@@ -14,7 +14,8 @@ log start that moved (these last two do not end a wait: `urgent`). Which partiti
 may have news is known without looking at the others: every change of a partition
 here (append, high watermark, log start, role or epoch: `ReplicaManager._notify`)
 marks it in each session holding it (`touch`), and a waiting session fetch wakes on
-that mark.
+that mark, unless all that moved is the high watermark that a follower's own fetch
+advanced (news that ends no wait: it goes out with the next answer).
 
 Request shapes (session_id, session_epoch), as in Kafka:
 
@@ -140,8 +141,12 @@ class FetchSessionCache:
     def __len__(self) -> int:
         return len(self.sessions)
 
-    def touch(self, tp: TopicPartition) -> None:
-        """Something about `tp` changed here: each session holding it looks again.
+    def touch(self, tp: TopicPartition, *, wake: bool = True) -> None:
+        """Something about `tp` changed here: each session holding it looks again, at
+        once (`wake`) or, for news that answers no waiting fetch (a high watermark that
+        moved: not `urgent`), with its next pass: waking a waiting fetch for it was a
+        pass over the session that found nothing to send, twice per acks=all write
+        with RF 3 (each follower's waiting fetch, when the other's moved it).
 
         Kafka's leader reads every session partition on every fetch, and each read
         of a caught-up follower dates its last catch-up to that fetch; ours skips
@@ -154,7 +159,8 @@ class FetchSessionCache:
                 if tp not in session.dirty:
                     self._still_caught_up(session.replica_id, tp, session.last_request_ms)
                     session.dirty[tp] = None
-                session.wake.set()
+                if wake:
+                    session.wake.set()
 
     # ------------------------------------------------------------------ lookups
 

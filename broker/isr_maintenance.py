@@ -45,7 +45,9 @@ class IsrMaintenance:
         """A follower's fetch passed the checks: its progress may move the high
         watermark (waking delayed produces) and let it join the ISR."""
         if p.update_follower_fetch_state(replica_id, broker_epoch, fp.fetch_offset, ts):
-            self._notify(p.tp)
+            # The high watermark moved: acks=all produces and consumers' fetches are
+            # answered; followers' waiting fetches learn it with their next answer.
+            self._notify(p.tp, wake_sessions=False)
         self._maybe_expand_isr(p, replica_id, ts)
 
     def _maybe_expand_isr(self, p: Partition, replica_id: int, ts: int) -> None:

@@ -169,10 +169,12 @@ class ReplicaManager(ReplicaTransitions, AppendPath, ReadPath, IsrMaintenance, B
         if p is not None:
             p.follower_still_caught_up(replica_id, ms)
 
-    def _notify(self, tp: TopicPartition) -> None:
+    def _notify(self, tp: TopicPartition, *, wake_sessions: bool = True) -> None:
+        """Something about `tp` changed: waiting produces and fetches look again (the
+        follower sessions' waiting fetches only when `wake_sessions`: see `touch`)."""
         self.fetch_purgatory.notify(tp)
         self.produce_purgatory.notify(tp)
-        self.fetch_sessions.touch(tp)
+        self.fetch_sessions.touch(tp, wake=wake_sessions)
 
     # ------------------------------------------------------------------ lookups
 

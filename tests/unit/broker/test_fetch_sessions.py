@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -178,6 +179,75 @@ async def test_a_moved_high_watermark_waits_for_records_as_a_delayed_fetch_does(
         for t in resp.responses
         for r in t.partitions
     ] == [(0, 1, 0)]
+
+
+def count_session_passes(h: Harness, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list whose length is the number of passes over sessions the leader made."""
+    passes: list[int] = []
+    read_session = h.rm._read_session
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        passes.append(1)
+        return read_session(*args, **kwargs)
+
+    monkeypatch.setattr(h.rm, "_read_session", counted)
+    return passes
+
+
+async def test_a_moved_high_watermark_does_not_wake_a_waiting_fetch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cost side of the rule above, with RF 3: each acks=all write moves the high
+    watermark with the fetch of whichever follower states it has the records last,
+    while the other follower's fetch waits. Waking that waiting fetch (and the one that
+    moved it, which waits too) for a high watermark alone made a pass over its session
+    that found nothing to send: two passes per write, a third of the leader's session
+    work. Each waiting fetch is now looked at once when it arrives and once for the
+    records that answer it; the high watermark goes out with them."""
+    h = Harness(tmp_path / "broker-1", 1)
+    try:
+        await h.create_topic("t", 1, leader=1, replicas=[1, 2, 3])
+        sessions = {}
+        for follower in (2, 3):
+            resp = await h.rm.fetch(request([position(0, 0)], replica_id=follower))
+            sessions[follower] = resp.session_id
+        await produce(h, 0)
+        for follower in (2, 3):  # both fetch the record
+            resp = await h.rm.fetch(
+                request([], session_id=sessions[follower], epoch=1, replica_id=follower)
+            )
+            assert answered(resp) == {0: answered(resp)[0]} and answered(resp)[0] > 0
+        passes = count_session_passes(h, monkeypatch)
+
+        def waiting_fetch(follower: int) -> asyncio.Task[FetchResponse]:
+            return asyncio.create_task(
+                h.rm.fetch(
+                    request(
+                        [position(0, 1)],
+                        session_id=sessions[follower],
+                        epoch=2,
+                        replica_id=follower,
+                        max_wait_ms=5000,
+                    )
+                )
+            )
+
+        first = waiting_fetch(2)  # follower 2 has the record: the HW waits for 3
+        await asyncio.sleep(0.1)
+        assert len(passes) == 1
+        second = waiting_fetch(3)  # follower 3 has it: the high watermark moves to 1
+        await asyncio.sleep(0.2)
+        assert h.rm.partitions[("t", 0)].high_watermark == 1
+        assert not first.done() and not second.done()
+        assert len(passes) == 2, f"{len(passes) - 2} pass(es) woken by the high watermark"
+        await produce(h, 0)  # records: both waiting fetches answer, with the HW
+        for task in (first, second):
+            resp = await asyncio.wait_for(task, 2)
+            (r,) = [r for t in resp.responses for r in t.partitions]
+            assert r.high_watermark == 1 and len(r.records) > 0
+        assert len(passes) == 4
+    finally:
+        await h.close()
 
 
 async def test_records_are_sent_again_until_the_follower_states_it_has_them(
