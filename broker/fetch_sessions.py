@@ -146,7 +146,8 @@ class FetchSessionCache:
         once (`wake`) or, for news that answers no waiting fetch (a high watermark that
         moved: not `urgent`), with its next pass: waking a waiting fetch for it was a
         pass over the session that found nothing to send, twice per acks=all write
-        with RF 3 (each follower's waiting fetch, when the other's moved it).
+        with RF 3 (the other follower's waiting fetch, and the fetch that moved it,
+        which waits too).
 
         Kafka's leader reads every session partition on every fetch, and each read
         of a caught-up follower dates its last catch-up to that fetch; ours skips

@@ -101,10 +101,9 @@ def decode_batch_into(
     function call per field: a varint whose first byte has the high bit clear (every
     field of a small record but its length) or of two bytes is read inline and
     decoded through a table (UNZIGZAG), longer ones through `decode_varint`, and the
-    record tuple is built in one step. Records
-    laid out like the one before them (alike_runs: same sizes, no headers, offset
-    deltas following on) are checked and cut out in bulk with C loops, unless `runs` is
-    False."""
+    record tuple is built in one step. Records laid out like the one before them
+    (alike_runs: same sizes, no headers, offset deltas following on) are checked and
+    cut out in bulk with C loops, unless `runs` is False."""
     end = pos + header.size
     if end > len(buf):
         raise CorruptRecordError("batch runs past the end of the buffer")
