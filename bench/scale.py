@@ -52,7 +52,6 @@ from broker.storage.partition_metadata import PARTITION_METADATA
 from client.admin import AsyncAdmin
 from client.admin import NewTopic
 from client.producer import AsyncProducer
-from tests.integration.cluster import _BROKER_READY
 from tests.integration.cluster import Cluster
 from tests.integration.cluster import open_fds
 from tests.integration.cluster import rss_bytes
@@ -255,8 +254,7 @@ async def _failover(cluster: BenchCluster, partitions: int) -> dict[str, Any]:
     t_start = time.perf_counter()
     proc = await asyncio.to_thread(cluster.restart_broker, victim, wait=False)
     # It recovers every log it holds first (unclean shutdown): beyond the usual 30 s.
-    await asyncio.to_thread(proc.wait_for, _BROKER_READY, _ready_timeout_s(partitions))
-    await asyncio.to_thread(Cluster.wait_ready, proc)
+    await asyncio.to_thread(Cluster.wait_ready, proc, _ready_timeout_s(partitions))
     restart_s = time.perf_counter() - t_start
     async with AsyncAdmin(cluster.bootstrap) as admin:
         await wait_full_isr(admin, TOPIC, 3, timeout_s=_ready_timeout_s(partitions))

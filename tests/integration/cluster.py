@@ -442,9 +442,9 @@ class Cluster:
         return procs
 
     @staticmethod
-    def wait_ready(proc: BrokerProcess) -> None:
+    def wait_ready(proc: BrokerProcess, timeout: float = START_TIMEOUT_S) -> None:
         """Wait for a started broker's ready line and take its bound ports from it."""
-        match = proc.wait_for(_BROKER_READY)
+        match = proc.wait_for(_BROKER_READY, timeout)
         proc.host, proc.port = match[2], int(match[3])
         kafka_listener = _KAFKA_LISTENER.search(match[4])
         if kafka_listener is not None:
