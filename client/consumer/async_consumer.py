@@ -211,10 +211,11 @@ class AsyncConsumer(
     async def poll_batches(self, timeout_ms: int = 0) -> dict[TopicPartition, ColumnBuffer]:
         """For bulk readers: each assigned partition's next fetch (up to
         max_partition_fetch_bytes) as columns, waiting up to `timeout_ms` for some. No
-        ConsumerRecord per record: offsets, timestamps and keys are lists, values come
-        as pieces (`value_pieces`: runs of alike records cut out of the batch, or
-        lists; `values` joins them). Positions, CRC checks, corruption and truncation
-        handling are poll()'s; key and value are raw bytes (no deserializers)."""
+        ConsumerRecord per record: offsets are an OffsetColumn (consecutive ones a
+        range), timestamps and keys are lists, values come as pieces (`value_pieces`:
+        runs of alike records cut out of the batch, or lists; `values` joins them).
+        Positions, CRC checks, corruption and truncation handling are poll()'s; key
+        and value are raw bytes (no deserializers)."""
         if self._key_deserializer is not None or self._value_deserializer is not None:
             raise ValueError(
                 "poll_batches() returns raw bytes: create the consumer without "

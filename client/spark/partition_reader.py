@@ -537,7 +537,7 @@ class _ArrowBuilder:
             _value_array(columns.value_pieces, types[1]),
             self._constant(0, n),
             self._constant(1, n),
-            pa.array(columns.offsets, types[4]),
+            pa.array(columns.offsets.to_list(), types[4]),
             timestamps.cast(types[5]),
             self._constant(2, n),
         ]

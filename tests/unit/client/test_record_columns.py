@@ -3,11 +3,12 @@ reference decode): the same fields for every record, offsets cut at min/end, epo
 once per batch, truncate(), and corrupt batches refused with nothing appended. Runs of
 records laid out alike (taken in bulk) are tested with odd records among them, across
 the offset deltas where the varint grows (64, 8192), and with damaged bytes inside a
-run."""
+run. The offset column (OffsetColumn) is tested against the list it stands for."""
 
 from __future__ import annotations
 
 import struct
+from bisect import bisect_left
 
 import crc32c
 import pytest
@@ -17,6 +18,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from client.record_columns import ColumnBuffer
+from client.record_columns import OffsetColumn
 from client.record_columns import decode_columns
 from protocol.errors import CorruptRecordError
 from protocol.record_batch import MAX_DECOMPRESSED_SIZE
@@ -214,3 +216,89 @@ def test_a_compression_bomb_is_refused_with_nothing_appended() -> None:
     with pytest.raises(CorruptRecordError, match="decompresses into more than"):
         decode_columns(bomb.build(), 0, columns)
     assert columns.offsets == []
+
+
+@st.composite
+def offset_pieces(draw: st.DrawFn) -> tuple[list[range | list[int]], list[int]]:
+    """Increasing offsets cut into pieces, each a range or a list: (pieces, the list)."""
+    pieces: list[range | list[int]] = []
+    reference: list[int] = []
+    at = draw(st.integers(min_value=0, max_value=2**40))
+    for _ in range(draw(st.integers(min_value=0, max_value=6))):
+        at += draw(st.integers(min_value=0, max_value=3))  # a gap, or none
+        n = draw(st.integers(min_value=0, max_value=12))
+        if draw(st.booleans()):
+            piece: range | list[int] = range(at, at + n)
+        else:
+            steps = draw(st.lists(st.integers(min_value=1, max_value=3), min_size=n, max_size=n))
+            piece = []
+            for step in steps:
+                piece.append(at)
+                at += step
+            at -= 1 if steps else 0
+        pieces.append(piece)
+        reference += piece
+        at = (reference[-1] + 1) if reference else at
+    return pieces, reference
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    drawn=offset_pieces(),
+    cut=st.tuples(st.integers(-30, 30) | st.none(), st.integers(-30, 30) | st.none()),
+    step=st.sampled_from([None, 1, 2, -1]),
+    probe=st.integers(min_value=-2, max_value=2**40 + 120),
+)
+def test_the_offset_column_is_the_list_it_stands_for(drawn, cut, step, probe) -> None:
+    """OffsetColumn is a Sequence[int] like the list of its offsets: length, every
+    index, slices, iteration, ==, rows_below (bisect), truncate; and it stays compact:
+    consecutive offsets are ranges, a list piece has a gap in it."""
+    pieces, reference = drawn
+    column = OffsetColumn(pieces)
+    assert len(column) == len(reference) and bool(column) == bool(reference)
+    assert list(column) == reference and column.to_list() == reference
+    assert column == reference and column == OffsetColumn([reference]) and column != [-1]
+    for i in range(-len(reference), len(reference)):
+        assert column[i] == reference[i]
+    for i in (len(reference), -len(reference) - 1):
+        with pytest.raises(IndexError):
+            column[i]
+    assert column[cut[0] : cut[1] : step] == reference[cut[0] : cut[1] : step]
+    assert column.rows_below(probe) == bisect_left(reference, probe)
+    for piece in column.pieces:
+        assert isinstance(piece, range) or piece[-1] - piece[0] > len(piece) - 1
+    keep = cut[0] if cut[0] is not None else 0
+    column.truncate(keep)
+    assert column == reference[: max(keep, 0)]
+
+
+def test_an_offset_that_does_not_follow_is_refused() -> None:
+    column = OffsetColumn([range(10, 20)])
+    with pytest.raises(ValueError, match="offset 19 does not follow 19"):
+        column.add([19, 21])
+    assert column == list(range(10, 20))
+
+
+def test_a_fetch_of_consecutive_offsets_is_one_range_whatever_its_length() -> None:
+    """The invariant that keeps poll_batches() cheap: rows of consecutive offsets cost
+    no Python int each. Three batches of 5,000 alike records (taken as runs) and one
+    of records decoded one by one (sizes vary) make one range."""
+    columns = ColumnBuffer(False)
+    for first in (0, 5_000, 10_000):
+        decode_columns(build([(b"x" * 50, None, [], 0)] * 5_000, base_offset=first), 0, columns)
+    varied = [(b"y" * (i % 7), None, [], 0) for i in range(100)]
+    decode_columns(build(varied, base_offset=15_000), 0, columns)
+    assert columns.offsets.pieces == [range(0, 15_100)]
+    assert columns.offsets[12_345] == 12_345 and columns.offsets[-1] == 15_099
+
+
+def test_a_batch_overlapping_what_the_columns_hold_adds_only_what_follows() -> None:
+    """A broker that answers with batches overlapping each other (5-14 after 0-9):
+    each offset is handed out once, in order, as Kafka's consumer skips the records
+    below its position; the overlap is neither repeated nor an error."""
+    columns = ColumnBuffer(False)
+    decode_columns(build([(b"a", None, [], 0)] * 10, base_offset=0), 0, columns)
+    decode_columns(build([(b"b", None, [], 0)] * 10, base_offset=5), 0, columns)
+    assert columns.offsets == list(range(15))
+    assert columns.values == [b"a"] * 10 + [b"b"] * 5
+    assert columns.epoch_runs == [(7, 10), (7, 5)]
