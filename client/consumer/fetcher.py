@@ -366,6 +366,10 @@ class Fetcher:
         next_offset, next_epoch = fetch_offset, state.position_epoch
         topic, partition = tp.topic, tp.partition
         verify = self.check_crcs
+        # Records from here on only: the batch holding the position starts below it,
+        # and a batch overlapping the one before it (a broker's fault) would repeat
+        # offsets; Kafka's consumer skips the records below its position.
+        floor = fetch_offset
         try:
             for pos, header in iter_headers(data):
                 if verify:
@@ -373,8 +377,10 @@ class Fetcher:
                 if not header.is_control:
                     start = len(records)
                     decode_batch_into(records, data, pos, header, topic, partition)
-                    if header.base_offset < fetch_offset:  # the batch holding the position
-                        records[start:] = [r for r in records[start:] if r[2] >= fetch_offset]
+                    if header.base_offset < floor:
+                        records[start:] = [r for r in records[start:] if r[2] >= floor]
+                    if len(records) > start:
+                        floor = records[-1][2] + 1
                 if header.next_offset > next_offset:
                     next_offset = header.next_offset
                     next_epoch = header.partition_leader_epoch

@@ -37,6 +37,15 @@ def put(broker: FakeBroker, batch: bytes | bytearray, count: int) -> None:
     part.log_end += count
 
 
+def put_overlapping_batches(broker: FakeBroker) -> None:
+    """A log no sound broker holds: a batch of offsets 0-9 (values a0..a9), then one
+    of 5-14 (b5..b14) overlapping it; the fetch answers both."""
+    put(broker, encode_batch([(None, b"a%d" % i) for i in range(10)]), 10)
+    part = broker.topics["t"][0]
+    part.log_end = 5
+    put(broker, encode_batch([(None, b"b%d" % i) for i in range(5, 15)]), 10)
+
+
 def put_two_good_then_a_corrupt_batch(broker: FakeBroker) -> None:
     """Records a, b (offsets 0-1), then a batch at offset 2 whose CRC does not match."""
     put(broker, encode_batch([(None, b"a"), (None, b"b")]), 2)
@@ -97,6 +106,21 @@ async def test_a_fetch_inside_a_batch_skips_the_records_below_the_position(
         consumer.seek(T0, 3)
         got = await poll_until(consumer, 2)
         assert [(r.offset, r.value) for r in got] == [(3, b"3"), (4, b"4")]
+
+
+async def test_overlapping_batches_hand_each_offset_out_once(broker: FakeBroker) -> None:
+    """A broker answering with batches that overlap (5-14 after 0-9): poll() hands out
+    each offset once, in order (Kafka's consumer skips the records below its
+    position), never 5-9 twice."""
+    put_overlapping_batches(broker)
+    async with AsyncConsumer(broker.address, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T0])
+        got = await poll_until(consumer, 15)
+        assert [r.offset for r in got] == list(range(15))
+        assert [r.value for r in got] == [b"a%d" % i for i in range(10)] + [
+            b"b%d" % i for i in range(10, 15)
+        ]
+        assert await consumer.position(T0) == 15
 
 
 async def test_records_before_a_corrupt_batch_come_first_then_the_error(

@@ -14,6 +14,7 @@ from client_fakes import StartBroker
 from test_client_consumer_decode import EPOCH
 from test_client_consumer_decode import control_batch
 from test_client_consumer_decode import put
+from test_client_consumer_decode import put_overlapping_batches
 from test_client_consumer_decode import put_two_good_then_a_corrupt_batch
 from test_client_producer_consumer import consumer_told_of_divergence
 
@@ -192,3 +193,17 @@ async def test_a_poll_batches_cancelled_before_its_decode_skips_nothing(
         assert await consumer.position(T0) == 0
         offsets = [o for c in await batches_until(consumer, 30) for o in c.offsets]
     assert offsets == list(range(30))
+
+
+async def test_overlapping_batches_hand_each_offset_out_once(broker: FakeBroker) -> None:
+    """poll_batches() as poll(): batches that overlap (5-14 after 0-9) give each
+    offset once, in order."""
+    put_overlapping_batches(broker)
+    async with AsyncConsumer(broker.address, auto_offset_reset="earliest") as consumer:
+        consumer.assign([T0])
+        columns = await batches_until(consumer, 15)
+        assert [o for c in columns for o in c.offsets] == list(range(15))
+        assert [v for c in columns for v in c.values] == [b"a%d" % i for i in range(10)] + [
+            b"b%d" % i for i in range(10, 15)
+        ]
+        assert await consumer.position(T0) == 15
