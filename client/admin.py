@@ -26,6 +26,9 @@ from client.admin_diagnostics import DEFAULT_MAX_BATCHES
 from client.admin_diagnostics import Diagnostics
 from client.admin_diagnostics import parse_address
 from client.admin_diagnostics import parse_addresses
+from client.answer_matching import missing_result
+from client.answer_matching import result_for_each
+from client.answer_matching import results_by_item
 from client.cluster import ClusterClient
 from client.descriptions import BrokerDescription
 from client.descriptions import ClusterDescription
@@ -173,12 +176,19 @@ class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AclAdmin, QuotaAdmin, Async
         # The broker waits up to timeout_ms for the controller: give it a margin.
         response = await self._cluster.send_any(request, timeout_ms=timeout_ms + 5_000)
         assert isinstance(response, CreateTopicsResponse)
-        for result in response.topics:
+        results = result_for_each(
+            (t.name for t in request.topics),
+            response.topics,
+            lambda r: r.name,
+            what="topic",
+            request="CreateTopics",
+        )
+        for result in results:
             if result.error_code != ErrorCode.NONE:
                 raise error_for(result.error_code, result.error_message, topic=result.name)
         return [
             CreatedTopic(r.name, r.topic_id, r.num_partitions, r.replication_factor)
-            for r in response.topics
+            for r in results
         ]
 
     async def create_topic(
@@ -192,9 +202,7 @@ class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AclAdmin, QuotaAdmin, Async
         created = await self.create_topics(
             [NewTopic(name, num_partitions, replication_factor, configs or {})]
         )
-        if not created:
-            raise UnknownTopicOrPartitionError("the broker did not answer for it", topic=name)
-        return created[0]
+        return created[0]  # one result per topic asked (create_topics checks)
 
     async def delete_topics(self, names: Iterable[str], *, timeout_ms: int | None = None) -> None:
         """Delete topics, waiting up to `timeout_ms`."""
@@ -203,7 +211,14 @@ class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AclAdmin, QuotaAdmin, Async
         request = DeleteTopicsRequest(topic_names=list(names), timeout_ms=timeout_ms)
         response = await self._cluster.send_any(request, timeout_ms=timeout_ms + 5_000)
         assert isinstance(response, DeleteTopicsResponse)
-        for result in response.responses:
+        results = result_for_each(
+            request.topic_names,
+            response.responses,
+            lambda r: r.name,
+            what="topic",
+            request="DeleteTopics",
+        )
+        for result in results:
             if result.error_code != ErrorCode.NONE:
                 raise error_for(result.error_code, result.error_message, topic=result.name)
 
@@ -248,7 +263,7 @@ class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AclAdmin, QuotaAdmin, Async
         assert isinstance(response, ElectLeadersResponse)
         if response.error_code != ErrorCode.NONE:
             raise error_for(response.error_code, response.error_message)
-        return {
+        elections = {
             TopicPartition(r.topic, r.partition): LeaderElection(
                 r.leader,
                 r.leader_epoch,
@@ -257,6 +272,15 @@ class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AclAdmin, QuotaAdmin, Async
                 else error_for(r.error_code, r.error_message, topic=r.topic, partition=r.partition),
             )
             for r in response.results
+        }
+        if not tps:
+            return elections  # every partition of the cluster: whatever it answered
+        found, _ = results_by_item(tps, elections.items(), lambda item: item[0])
+        return {
+            tp: found[tp][1]
+            if tp in found
+            else LeaderElection(-1, -1, missing_result("partition", tp, "ElectLeaders"))
+            for tp in tps
         }
 
     async def list_topics(self) -> list[str]:

@@ -236,7 +236,10 @@ class ClusterMetadata:
                 ids.add(p.partition_index)
                 if current:
                     updated.append(tp)
-            self._topic_partitions[topic.name] = sorted(ids)
+            if ids:
+                self._topic_partitions[topic.name] = sorted(ids)
+            else:  # listed with no partitions: not one to use yet (as one being created)
+                topic_errors[topic.name] = ErrorCode.LEADER_NOT_AVAILABLE
         brokers = {
             b.node_id: BrokerMetadata(b.node_id, b.host, b.port, b.rack) for b in response.brokers
         }

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from client.answer_matching import result_for_each
 from client.cluster import ClusterClient
 from client.consumer.committed_offsets import commit_topics
 from client.errors import error_for
@@ -122,7 +123,9 @@ class GroupAdmin:
             group_id, DescribeGroupsRequest(groups=[group_id])
         )
         assert isinstance(answer, DescribeGroupsResponse)
-        g = answer.groups[0]
+        (g,) = result_for_each(
+            [group_id], answer.groups, lambda d: d.group_id, what="group", request="DescribeGroups"
+        )
         if g.error_code != ErrorCode.NONE:
             raise error_for(g.error_code, f"describing group {group_id}")
         return GroupDescription(
@@ -214,7 +217,13 @@ class GroupAdmin:
                 group_id, DeleteGroupsRequest(groups_names=[group_id])
             )
             assert isinstance(answer, DeleteGroupsResponse)
-            for result in answer.results:
+            for result in result_for_each(
+                [group_id],
+                answer.results,
+                lambda r: r.group_id,
+                what="group",
+                request="DeleteGroups",
+            ):
                 if result.error_code != ErrorCode.NONE:
                     raise error_for(result.error_code, f"deleting group {result.group_id}")
 

@@ -28,6 +28,8 @@ from client.errors import error_for
 from client.types import OffsetAndTimestamp
 from client.types import TopicPartition
 from protocol.api import CONSUMER_REPLICA_ID
+from protocol.api import EARLIEST_TIMESTAMP
+from protocol.api import LATEST_TIMESTAMP
 from protocol.errors import ErrorCode
 from protocol.messages import ListOffsetsPartition
 from protocol.messages import ListOffsetsRequest
@@ -129,13 +131,27 @@ async def _send(
     except BrokerResponseError as exc:
         return {tp: exc for tp, _ in parts}
     assert isinstance(response, ListOffsetsResponse)
+    asked = {tp for tp, _ in parts}
     for topic in response.topics:
         for p in topic.partitions:
             tp = TopicPartition(topic.name, p.partition_index)
-            if p.error_code == ErrorCode.NONE:
-                out[tp] = OffsetAndTimestamp(p.offset, p.timestamp, p.leader_epoch)
-            else:
+            if tp not in asked:
+                continue  # not ours to report (a broker's fault)
+            if p.error_code != ErrorCode.NONE:
                 out[tp] = error_for(p.error_code, topic=tp.topic, partition=tp.partition)
+            elif p.offset < 0 and timestamps[tp] in (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP):
+                # Earliest or latest answered "unknown offset": no position to take (as
+                # Kafka's consumer, which leaves the partition to retry); a timestamp
+                # query's -1 means "no record at or after it", for the caller to read.
+                out[tp] = error_for(
+                    ErrorCode.OFFSET_NOT_AVAILABLE,
+                    f"broker {node} answered offset {p.offset} for the "
+                    f"{'earliest' if timestamps[tp] == EARLIEST_TIMESTAMP else 'latest'} offset",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                )
+            else:
+                out[tp] = OffsetAndTimestamp(p.offset, p.timestamp, p.leader_epoch)
     for tp, _ in parts:
         if tp not in out:
             out[tp] = UnknownTopicOrPartitionError(

@@ -154,15 +154,33 @@ class TruncationValidation:
     def _handle_diverging(
         self, tp: TopicPartition, state: _PartitionState, epoch: int, end_offset: int
     ) -> None:
-        """The leader's log diverges from ours after `end_offset` for `epoch`."""
+        """The leader's log diverges from ours after `end_offset` for `epoch` (a Fetch
+        answer's diverging epoch): the same rules as a validation's answer (rule 3,
+        and rule 4: a leader that never had our epoch lacks what we read in it)."""
         position = state.position
         assert position is not None
-        if end_offset >= position:
-            # Our lineage is intact up to the position; only our epoch was unknown.
+        ours = state.position_epoch
+        diverged = EpochEndOffset(epoch, end_offset).diverges_at(
+            position, ours, state.position_epoch_start
+        )
+        if diverged is not None:
+            self._truncated(tp, state, epoch, diverged)
+        elif ours == NO_EPOCH or epoch < ours:
+            # Our lineage is intact up to the position, which the leader knows under an
+            # older epoch (ours was unknown to it): fetch on under that one.
             state.position_epoch = epoch
             state.position_epoch_start = -1
-            return
-        self._truncated(tp, state, epoch, end_offset)
+        else:
+            # A leader answers an epoch at most the one asked: a newer one is no news
+            # to act on (adopting it would wait for metadata of an epoch never seen).
+            log.warning(
+                "%s: the leader answered diverging epoch %d (ending at %d) for a position "
+                "of epoch %d; ignored",
+                tp,
+                epoch,
+                end_offset,
+                ours,
+            )
 
     def _truncated(
         self, tp: TopicPartition, state: _PartitionState, epoch: int, end_offset: int

@@ -11,6 +11,7 @@ from collections import deque
 from client.errors import BrokerResponseError
 from client.errors import IllegalStateError
 from client.errors import MinibrokerError
+from client.errors import UnknownServerError
 from client.errors import error_for
 from client.producer.batches import _MAX_PRODUCER_EPOCH
 from client.producer.batches import _Batch
@@ -111,15 +112,18 @@ class IdempotenceState:
                 assert isinstance(response, InitProducerIdResponse)
                 if response.error_code == ErrorCode.NONE:
                     new = (response.producer_id, response.producer_epoch)
-                    assert new[0] != old[0] or new[1] > old[1], f"epoch went back: {old} -> {new}"
-                    self._producer_id, self._producer_epoch = new
-                    log.info(
-                        "idempotent producer: producer id %d epoch %d%s",
-                        *new,
-                        f" (bumped from epoch {old[1]})" if new[0] == old[0] else "",
-                    )
-                    return
-                error = error_for(response.error_code, "InitProducerId")
+                    unusable = _unusable_producer_id(old, new)
+                    if unusable is None:
+                        self._producer_id, self._producer_epoch = new
+                        log.info(
+                            "idempotent producer: producer id %d epoch %d%s",
+                            *new,
+                            f" (bumped from epoch {old[1]})" if new[0] == old[0] else "",
+                        )
+                        return
+                    error = UnknownServerError(unusable)  # not retriable
+                else:
+                    error = error_for(response.error_code, "InitProducerId")
             except BrokerResponseError as exc:
                 error = exc
             except MinibrokerError as exc:
@@ -144,3 +148,20 @@ class IdempotenceState:
             log.info("InitProducerId failed: %s; retrying", error)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.retry_backoff_max_ms / 1000)
+
+
+def _unusable_producer_id(old: tuple[int, int], new: tuple[int, int]) -> str | None:
+    """Why an InitProducerId answer with no error cannot be used, or None: an id and an
+    epoch are never negative, and a bump of the same id must raise the epoch (the
+    leaders fence by it; an epoch that went back would be fenced or refused)."""
+    if new[0] < 0 or not 0 <= new[1] <= _MAX_PRODUCER_EPOCH:
+        return (
+            f"InitProducerId answered producer id {new[0]} epoch {new[1]} with no error: "
+            "no usable producer id (the broker's fault)"
+        )
+    if new[0] == old[0] and new[1] <= old[1]:
+        return (
+            f"InitProducerId answered producer id {new[0]} epoch {new[1]} to a bump of "
+            f"epoch {old[1]}: the epoch must go up (the broker's fault)"
+        )
+    return None

@@ -99,6 +99,8 @@ class Sender:
                 if expired.last_error is not None:
                     why += f"; last error: {expired.last_error}"
                 self._fail(expired, self._give_up_error(expired, why, expired.last_error))
+            if queue:  # wake for its expiry, whatever holds it back meanwhile (a bump)
+                next_check = _earliest(next_check, queue[0].created + delivery_timeout - now)
             if self._need_bump or (self._idempotent and not self._on_current_epoch(tp, queue)):
                 continue
             limit = self.max_in_flight if self._idempotent else 1

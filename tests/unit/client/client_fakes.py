@@ -87,6 +87,18 @@ REPLICA_LOG_NUMBERS: dict[str, int] = {
 }
 
 
+def produce_refused(code: ErrorCode, *, topic: str = "t", partition: int = 0) -> ProduceResponse:
+    """A Produce answer refusing the partition's batch with `code`."""
+    return ProduceResponse(
+        topics=[
+            ProduceTopicResponse(
+                name=topic,
+                partitions=[ProducePartitionResponse(index=partition, error_code=code)],
+            )
+        ]
+    )
+
+
 async def produce_values(
     broker: FakeBroker, values: list[bytes], *, topic: str = "t", partition: int = 0
 ) -> None:

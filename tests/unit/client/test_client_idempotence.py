@@ -12,6 +12,7 @@ import pytest
 from client_fakes import DROP_CONNECTION
 from client_fakes import FakeBroker
 from client_fakes import StartBroker
+from client_fakes import produce_refused
 
 from client.errors import KafkaTimeoutError
 from client.errors import PossiblyWrittenError
@@ -91,18 +92,7 @@ async def test_retry_order_with_pipelined_batches(broker: FakeBroker) -> None:
             return None  # the default: dedup by sequence, OUT_OF_ORDER on a gap
         failed = True
         await asyncio.sleep(0.05)  # the later batches are in flight meanwhile
-        return ProduceResponse(
-            topics=[
-                ProduceTopicResponse(
-                    name="t",
-                    partitions=[
-                        ProducePartitionResponse(
-                            index=0, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER
-                        )
-                    ],
-                )
-            ]
-        )
+        return produce_refused(ErrorCode.NOT_LEADER_OR_FOLLOWER)
 
     broker.overrides[ProduceRequest] = fail_first
     async with AsyncProducer(
@@ -155,16 +145,7 @@ async def test_unknown_producer_id_answer_bumps_the_epoch(broker: FakeBroker) ->
     def unknown(body: Message) -> Message | None:
         if not next(once, False):
             return None
-        return ProduceResponse(
-            topics=[
-                ProduceTopicResponse(
-                    name="t",
-                    partitions=[
-                        ProducePartitionResponse(index=0, error_code=ErrorCode.UNKNOWN_PRODUCER_ID)
-                    ],
-                )
-            ]
-        )
+        return produce_refused(ErrorCode.UNKNOWN_PRODUCER_ID)
 
     broker.overrides[ProduceRequest] = unknown
     async with AsyncProducer(broker.address, linger_ms=0, retry_backoff_ms=5) as producer:

@@ -252,11 +252,25 @@ async def test_admin_describe_topics(broker: FakeBroker) -> None:
     assert all(p.current_leader_epoch == 2 for r in offsets for t in r.topics for p in t.partitions)
 
 
-def diverging_fetch(broker: FakeBroker, epoch: int, end_offset: int):
+def diverging_fetch(
+    broker: FakeBroker,
+    epoch: int,
+    end_offset: int,
+    *,
+    high_watermark: int | None = None,
+    times: int | None = None,
+):
+    """A Fetch handler answering partition t-0 with diverging epoch (`epoch`,
+    `end_offset`) once the consumer states a last fetched epoch (`times` answers at
+    most, then the broker's own)."""
+    told = 0
+
     def handler(req: FetchRequest) -> FetchResponse | None:
+        nonlocal told
         p = req.topics[0].partitions[0]
-        if p.last_fetched_epoch < 0:
-            return None  # the normal answer until the consumer knows an epoch
+        if p.last_fetched_epoch < 0 or (times is not None and told >= times):
+            return None  # the normal answer
+        told += 1
         return FetchResponse(
             responses=[
                 FetchTopicResponse(
@@ -264,7 +278,7 @@ def diverging_fetch(broker: FakeBroker, epoch: int, end_offset: int):
                     partitions=[
                         FetchPartitionResponse(
                             partition_index=0,
-                            high_watermark=end_offset,
+                            high_watermark=end_offset if high_watermark is None else high_watermark,
                             diverging_epoch=EpochEndOffset(epoch=epoch, end_offset=end_offset),
                         )
                     ],
