@@ -96,11 +96,12 @@ def slice_pieces(pieces: list[ValuePiece], begin: int, stop: int) -> list[ValueP
 
 
 class OffsetColumn(Sequence[int]):
-    """The offset column, increasing: a Sequence[int] (len, indexing, slicing to another
-    OffsetColumn, iteration, `==` against any sequence of ints) kept as `pieces`, each a
-    `range` of consecutive offsets or a list of offsets with gaps between them. A fetch
-    of consecutive offsets is one range, whatever its length: no Python int per row
-    until a row is asked for (bulk readers read `pieces`)."""
+    """The offset column, increasing: a Sequence[int] (len, indexing, slicing (to another
+    OffsetColumn; with a step, a list), iteration, `==` against any sequence of ints)
+    kept as `pieces`, each a `range` of consecutive offsets or a list of offsets with
+    gaps between them. A fetch of consecutive offsets is one range, whatever its
+    length: no Python int per row until a row is asked for (bulk readers read
+    `pieces`)."""
 
     __slots__ = ("_ends", "_len", "pieces")
 
@@ -173,13 +174,13 @@ class OffsetColumn(Sequence[int]):
     def __getitem__(self, index: int) -> int: ...
 
     @overload
-    def __getitem__(self, index: slice) -> OffsetColumn: ...
+    def __getitem__(self, index: slice) -> Sequence[int]: ...
 
-    def __getitem__(self, index: int | slice) -> int | OffsetColumn:
+    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
         if isinstance(index, slice):
             begin, stop, step = index.indices(self._len)
-            if step != 1:
-                return OffsetColumn([self.to_list()[index]])
+            if step != 1:  # not increasing in general (a reversed slice): a list
+                return self.to_list()[index]
             return OffsetColumn(slice_pieces(self.pieces, begin, stop))  # type: ignore[arg-type]
         pieces = self.pieces
         if len(pieces) == 1 or index == -1:
