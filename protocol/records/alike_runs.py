@@ -31,13 +31,29 @@ from protocol.records.varints import decode_varint
 from protocol.records.varints import offset_delta_bytes
 
 # A run is checked in chunks of records, the first of this many, doubling while they
-# match (halving when not): a run that breaks early costs little.
-_FIRST_RUN_CHUNK = 256
-RUN_PROBE = 8  # when the first chunk does not match: try this many, then halve
+# all match; in the chunk where they stop matching, each check measures how many
+# records from its start pass it (C calls over strided slices), so the run's end is
+# found in that one step, without halving the chunk again and again.
+_FIRST_RUN_CHUNK = 64
+RUN_PROBE = 8  # walked one by one after a record whose next one differs in length; a run
+# shorter than this sends the next try RUN_RETRY_AFTER records on
 # After a record whose successors are not laid out like it, walk (or decode) this many
 # one by one before looking for a run again.
 RUN_RETRY_AFTER = 64
-_HIGH_BIT = bytes(b ^ 0x80 for b in range(256))  # translate: high bit set -> clear
+_HIGH = bytes(b >> 7 for b in range(256))  # translate: high bit set -> 1, clear -> 0
+
+
+def _leading(piece: bytes, byte: bytes) -> int:
+    """How many bytes at the start of `piece` are `byte` (a one-byte bytes)."""
+    return len(piece) - len(piece.lstrip(byte))
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """How many leading bytes `a` and `b` (of one length) share."""
+    if a == b:
+        return len(a)
+    differ = int.from_bytes(a, "big") ^ int.from_bytes(b, "big")
+    return len(a) - (differ.bit_length() + 7) // 8
 
 
 class AlikeRun(NamedTuple):
@@ -95,7 +111,7 @@ def alike_run(
     same.append(end - 1)  # header count 0
     # (position in the record, byte) of what must be equal, the timestamp delta's
     # continuation bytes (high bit set) and last byte, the offset delta's bytes
-    equal = [(x - start, body[x]) for x in same]
+    equal = [(x - start, bytes((body[x],))) for x in same]
     ts_more = range(ts_at - start, ts_at - start + ts_size - 1)
     ts_last = ts_at - start + ts_size - 1
     deltas = list(enumerate(offset_delta_bytes(od_size), od_at - start))
@@ -105,30 +121,28 @@ def alike_run(
     while done < limit:
         n = min(chunk, limit - done)
         first = end + done * stride  # the first record of this chunk
-        span = n * stride
-        ok = body[first + ts_last : first + ts_last + span : stride].isascii()
+        # `good`: how many records from `first` on pass every check so far; each
+        # check looks at those only.
+        high = body[first + ts_last : first + ts_last + n * stride : stride].translate(_HIGH)
+        good = _leading(high, b"\0")
         for x, byte in equal:
-            if ok:
-                ok = body[first + x : first + x + span : stride].count(byte) == n
+            if good:
+                good = _leading(body[first + x : first + x + good * stride : stride], byte)
         for x in ts_more:
-            if ok:
-                ok = body[first + x : first + x + span : stride].translate(_HIGH_BIT).isascii()
+            if good:
+                high = body[first + x : first + x + good * stride : stride].translate(_HIGH)
+                good = _leading(high, b"\1")
         first_delta = delta + 1 + done
         for x, table in deltas:
-            if ok:
-                ok = (
-                    body[first + x : first + x + span : stride]
-                    == table[first_delta : first_delta + n]
+            if good:
+                good = _common_prefix(
+                    body[first + x : first + x + good * stride : stride],
+                    table[first_delta : first_delta + good],
                 )
-        if ok:
-            done += n
-            chunk *= 2
-        elif done == 0 and n > RUN_PROBE:
-            chunk = RUN_PROBE  # not alike so far: a few more tries, small ones
-        elif n > 1 and (done or n <= RUN_PROBE):
-            chunk = n // 2
-        else:
+        done += good
+        if good < n:
             break
+        chunk *= 2
     return layout._replace(count=done)
 
 
