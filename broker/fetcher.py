@@ -72,6 +72,7 @@ from protocol.messages import FetchPartitionResponse
 from protocol.messages import FetchRequest
 from protocol.messages import FetchResponse
 from runtime import hop_trace
+from runtime.epoch_lineage import impossible_epoch_answer
 from runtime.epoch_lineage import offset_truncation_state
 from runtime.peer_rpc import RpcClient
 from runtime.peer_rpc import RpcError
@@ -548,7 +549,13 @@ class SourceFetcher(FollowerTruncation):
             self._back_off(s, code.name)
             return False
         diverging = r.diverging_epoch
-        if not self.unsafe_hw and (diverging.epoch >= 0 or diverging.end_offset >= 0):
+        # A divergence names an epoch (Kafka's FetchResponse.isDivergingEpoch): an end
+        # offset without one is no leader's answer, nothing to truncate by.
+        if not self.unsafe_hw and diverging.epoch >= 0:
+            impossible = impossible_epoch_answer(diverging.epoch, diverging.end_offset)
+            if impossible is not None:
+                self._back_off(s, f"diverging epoch: {impossible}")
+                return False
             log.info(
                 "%s: leader %d reports our log diverges after epoch %d offset %d (fetch offset "
                 "%d, our latest epoch %d)",

@@ -27,6 +27,7 @@ from protocol.messages import OffsetForLeaderEpochRequest
 from protocol.messages import OffsetForLeaderEpochResponse
 from protocol.messages import OffsetForLeaderPartition
 from protocol.messages import OffsetForLeaderTopic
+from runtime.epoch_lineage import impossible_epoch_answer
 from runtime.epoch_lineage import offset_truncation_state
 from runtime.peer_rpc import RpcError
 
@@ -109,6 +110,10 @@ class FollowerTruncation:
             code = ErrorCode.of(r.error_code)
             if code != ErrorCode.NONE:
                 self._back_off(s, f"OffsetsForLeaderEpoch answered {code.name}")
+                continue
+            impossible = impossible_epoch_answer(r.leader_epoch, r.end_offset)
+            if impossible is not None:
+                self._back_off(s, f"OffsetsForLeaderEpoch: {impossible}")
                 continue
             self._apply_truncation(s, r.leader_epoch, r.end_offset, asked_epoch)
         for _, (s, _) in matched.unanswered:

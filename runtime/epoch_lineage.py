@@ -194,6 +194,16 @@ class TruncationState(NamedTuple):
     completed: bool
 
 
+def impossible_epoch_answer(leader_epoch: int, leader_end_offset: int) -> str | None:
+    """Why a leader's (epoch, end offset) answer (OffsetsForLeaderEpoch, or a Fetch's
+    diverging epoch) can be no leader's, or None: -1 is "undefined", anything below
+    it is nonsense a follower must not truncate by (a bad answer for one partition is
+    that partition's error, never its truncation)."""
+    if leader_epoch < UNDEFINED_EPOCH or leader_end_offset < UNDEFINED_EPOCH_OFFSET:
+        return f"the leader answered epoch {leader_epoch} ending at {leader_end_offset}"
+    return None
+
+
 def offset_truncation_state(
     leader_epoch: int,
     leader_end_offset: int,
