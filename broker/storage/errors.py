@@ -44,9 +44,10 @@ class CorruptSegmentError(StorageError):
 
     def __init__(self, path: Path, position: int, problem: str) -> None:
         super().__init__(
-            f"segment {path} is corrupt at position {position}: {problem}; if the broker "
-            f"cannot recover it, stop the broker and delete {path.parent} so that the "
-            "partition is re-replicated"
+            f"segment {path} is corrupt at position {position}: {problem}. If the other "
+            f"replicas of the partition are in sync, stop the broker and move {path.parent} "
+            "out of the data directory (keep it: it may hold the only copy of some "
+            "records) so that the partition is re-replicated; otherwise restore it"
         )
         self.path = path
         self.position = position

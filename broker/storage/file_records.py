@@ -35,6 +35,10 @@ from runtime.fileio import write_all
 _SCAN_CHUNK = 16 * 1024
 # Recovery validates CRCs over large reads.
 _RECOVERY_CHUNK = 4 * 1024 * 1024
+# A batch's magic byte (v2) and where it lies in the batch: resynchronising after
+# damage looks for it.
+_MAGIC = b"\x02"
+_MAGIC_AT = 16
 # An evicted descriptor is reopened like this: the file exists, appends go to its end.
 _REOPEN_FLAGS = os.O_RDWR | os.O_APPEND
 
@@ -171,6 +175,35 @@ class FileRecords:
             if valid + need <= len(chunk):
                 return
             want = max(want, need)
+
+    def find_valid_batch(self, position: int, min_offset: int) -> int | None:
+        """The position of the first valid batch (length, magic, CRC) that starts
+        after `position` with a base offset of at least `min_offset`, or None.
+        Recovery cuts only bytes that no valid batch follows (a torn tail): this is
+        how it tells damage in the middle of a segment from a torn end. Candidates are
+        the bytes holding the magic value; only a plausible length is CRC-checked."""
+        start = position + 1
+        while start + HEADER_SIZE <= self.size:
+            chunk = self._pread(min(_RECOVERY_CHUNK + HEADER_SIZE, self.size - start), start)
+            starts = min(_RECOVERY_CHUNK, len(chunk) - HEADER_SIZE + 1)  # candidates here
+            at = chunk.find(_MAGIC, _MAGIC_AT)
+            while at != -1 and at - _MAGIC_AT < starts:
+                candidate = at - _MAGIC_AT
+                size = int.from_bytes(chunk[candidate + 8 : candidate + 12], "big") + 12
+                base = int.from_bytes(chunk[candidate : candidate + 8], "big", signed=True)
+                if HEADER_SIZE <= size <= self.size - start - candidate and base >= min_offset:
+                    whole = candidate + size <= len(chunk)
+                    data = (
+                        chunk[candidate : candidate + size]
+                        if whole
+                        else self._pread(size, start + candidate)
+                    )
+                    with contextlib.suppress(CorruptRecordError):
+                        validate_batch(data)
+                        return start + candidate
+                at = chunk.find(_MAGIC, at + 1)
+            start += _RECOVERY_CHUNK
+        return None
 
     def describe_invalid(self, position: int) -> str:
         """Why the batch at `position` is not valid (for recovery's warning)."""

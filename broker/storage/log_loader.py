@@ -19,9 +19,15 @@ Procedure (Kafka's LogLoader):
    structure, batches after the last index entry); after an unclean one every
    segment from the one holding the recovery point onwards is recovered: each batch
    is validated (length, magic, CRC, contiguous offsets, non-decreasing epochs that
-   match the trusted epoch checkpoint), the file is cut at the first bad or torn
-   batch and both indexes are rebuilt. A segment failing its sanity check is
-   recovered the same way. After any cut, all later segments are deleted.
+   match the trusted epoch checkpoint) and both indexes are rebuilt. A segment
+   failing its sanity check is recovered the same way. Only a torn tail is cut: the
+   bytes from the first bad batch to the end of the last segment holding records,
+   when no valid batch lies among them. Damage with valid records after it (a valid
+   batch further on, later segments with records, or a whole CRC-valid batch out of
+   place), and a segment starting inside the previous one, are refused with a
+   StorageError naming the file: nothing is cut or deleted on an inference (Kafka
+   cuts and deletes the later segments; a replica can then re-fetch, but a lone
+   copy would lose acknowledged records).
 3. The log start offset is max(checkpointed log start, first segment base offset);
    if it lies past the recovered log end the log restarts empty there.
 4. The epoch cache drops entries at or past the log end offset and below the log
@@ -250,30 +256,29 @@ class LogLoader:
         previous_end = -1
         for index, segment in enumerate(segments):
             if segment.base_offset < previous_end:
-                logger.warning(
-                    "[Log %s] segment %s starts at %d, inside the previous segment "
-                    "(which ends at %d); deleting it and every later segment",
-                    self.name,
-                    segment.log_path,
-                    segment.base_offset,
-                    previous_end,
+                previous = segments[index - 1].log_path
+                raise StorageError(
+                    f"segment {segment.log_path} starts at offset {segment.base_offset}, "
+                    f"inside {previous} (which ends at {previous_end}): two copies of the "
+                    "same records? Nothing was deleted; move the one that does not belong "
+                    f"(with its .index and .timeindex) out of {self.dir} and restart"
                 )
-                self._delete_from(segments, index)
-                break
             cut = 0
             if index >= first_unflushed or not self._passes_sanity_check(segment):
                 cut = segment.recover(
                     epoch_cache=trusted_cache,
                     log_start_offset=log_start,
                     previous_epoch=previous_epoch,
+                    later_records=any(not later.is_empty for later in segments[index + 1 :]),
                 )
                 recovered.append(segment)
             if not segment.is_empty:
                 previous_epoch = segment.last_epoch
             previous_end = segment.next_offset
             if cut and index + 1 < len(segments):
+                # Only empty segments follow a cut (recover refuses otherwise).
                 logger.warning(
-                    "[Log %s] deleting %d segment(s) after the cut in %s",
+                    "[Log %s] deleting %d empty segment(s) after the cut in %s",
                     self.name,
                     len(segments) - index - 1,
                     segment.log_path,

@@ -46,6 +46,7 @@ from typing import Any
 from typing import NamedTuple
 
 from broker.storage.errors import CorruptIndexError
+from broker.storage.errors import CorruptSegmentError
 from broker.storage.errors import FileOpenError
 from broker.storage.file_handles import SHARED_FILE_HANDLES
 from broker.storage.file_handles import CachedFile
@@ -434,9 +435,16 @@ class LogSegment:
         epoch_cache: LeaderEpochFileCache | None = None,
         log_start_offset: int = 0,
         previous_epoch: int = -1,
+        later_records: bool = False,
     ) -> int:
-        """Validate every batch, cut the file at the first invalid or torn one and
-        rebuild both indexes. Returns the number of bytes cut.
+        """Validate every batch, cut a torn tail and rebuild both indexes. Returns the
+        number of bytes cut.
+
+        Only a torn tail is cut: bytes from the first invalid batch to the end of the
+        file with no valid batch among them, in the last segment holding records
+        (`later_records` False). Anything else is damage in the middle of the log
+        (a valid batch follows, or the first bad batch is whole and CRC-valid but out
+        of place): CorruptSegmentError, nothing cut, for the operator to decide.
 
         `epoch_cache`, when trustworthy, catches flips in the leader epoch field (it is
         outside the CRC): a batch must carry the epoch the cache gives its offset.
@@ -461,6 +469,21 @@ class LogSegment:
         if truncated:
             if problem is None:
                 problem = self._file.describe_invalid(valid_end)
+                follows = self._file.find_valid_batch(valid_end, self._next_offset)
+            else:
+                follows = valid_end  # a whole, CRC-valid batch: out of place, not torn
+            if follows is not None or later_records:
+                what = (
+                    f"a valid batch lies at position {follows}"
+                    if follows is not None
+                    else "later segments hold records"
+                )
+                raise CorruptSegmentError(
+                    self.log_path,
+                    valid_end,
+                    f"{problem}; {what}, so this is damage inside the log, not a torn write "
+                    "at its end (nothing was cut)",
+                )
             logger.warning(
                 "Recovery of %s: cutting %d bytes at position %d (offset %d): %s",
                 self.log_path,

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from broker.storage.epoch_cache import LEADER_EPOCH_CHECKPOINT
 from broker.storage.epoch_cache import EpochEntry
+from broker.storage.errors import CorruptSegmentError
 from broker.storage.log import Log
 from broker.storage.log import LogConfig
 from protocol.record_batch import BatchBuilder
@@ -155,42 +156,70 @@ def _flip_cases(pristine: Pristine) -> list[tuple[int, int]]:
     return cases
 
 
+def _files(dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(dir.glob("*.log"))}
+
+
 def test_single_bit_flips_in_the_last_two_batches(
     pristine: Pristine, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
+    """A flipped bit is cut only as a torn tail: in the last batch, where no valid
+    batch follows and the flip broke the batch (its CRC, length or magic). A flip in
+    the batch before it (the last batch follows, valid), or one outside the CRC (base
+    offset, leader epoch) that leaves a whole batch out of place, is damage inside the
+    log: refused, the file untouched (the invariant: nothing cut on an inference)."""
     caplog.set_level(logging.WARNING)
     cases = _flip_cases(pristine)
     assert len(cases) > 150
+    refused = cut = 0
+    last = len(pristine.batches) - 1
     for n, (position, bit) in enumerate(cases):
         dir = _copy(pristine, tmp_path, f"flip{n}")
         log_file = dir / pristine.last_segment.name
         raw = bytearray(log_file.read_bytes())
         raw[position - pristine.last_segment_start] ^= 1 << bit
         log_file.write_bytes(bytes(raw))
-        log = _reopen_unclean(dir)
+        before = _files(dir)
         damaged = next(k for k, (p, h) in enumerate(pristine.batches) if p <= position < p + h.size)
         try:
+            log = _reopen_unclean(dir)
+        except CorruptSegmentError as exc:
+            refused += 1
+            assert _files(dir) == before, f"flip of bit {bit} at byte {position}: file changed"
+            assert "nothing was cut" in str(exc)
+            whole = position - pristine.batches[damaged][0] < 16  # base offset, length, epoch
+            assert damaged < last or whole, f"flip of bit {bit} at byte {position}: {exc}"
+            continue
+        cut += 1
+        try:
+            assert damaged == last
             _assert_valid_prefix(log, pristine, damaged)
         except AssertionError as exc:
             raise AssertionError(f"flip of bit {bit} at byte {position}: {exc}") from exc
         log.close()
         shutil.rmtree(dir.parent)
+    assert refused and cut  # both outcomes were exercised
 
 
-def test_cut_in_an_earlier_segment_deletes_the_later_ones(pristine: Pristine, tmp_path: Path):
+def test_a_cut_in_an_earlier_segment_is_refused_and_nothing_deleted(
+    pristine: Pristine, tmp_path: Path
+):
+    """A torn batch at the end of the second of three segments, records in the third:
+    not a torn end of the log. Kafka cuts it and deletes the later segments (a replica
+    can then re-fetch them, a lone copy loses acknowledged records); here the load is
+    refused with nothing cut or deleted."""
     dir = _copy(pristine, tmp_path, "middle")
     log = Log.open(dir, CONFIG, had_clean_shutdown=True)
     second = log.segments[1]
-    second_start = len(log.segments[0].read(0, BIG))
     cut = second.size - 10
     log.close()
     with open(second.log_path, "r+b") as f:
         f.truncate(cut)
-    recovered = _reopen_unclean(dir)
-    kept = sum(1 for p, h in pristine.batches if p + h.size <= second_start + cut)
-    assert len(recovered.segments) == 2
-    _assert_valid_prefix(recovered, pristine, kept)
-    recovered.close()
+    before = _files(dir)
+    assert len(before) == 3
+    with pytest.raises(CorruptSegmentError, match="later segments hold records"):
+        _reopen_unclean(dir)
+    assert _files(dir) == before
 
 
 def test_clean_shutdown_with_a_torn_tail_is_still_recovered(

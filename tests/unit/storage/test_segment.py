@@ -182,16 +182,21 @@ def test_recover_rebuilds_identical_indexes(tmp_path: Path, make_batch: MakeBatc
     reopened.close()
 
 
-def test_recover_cuts_a_batch_leaving_a_gap(tmp_path: Path, make_batch: MakeBatch):
+def test_recover_refuses_a_whole_batch_leaving_a_gap(tmp_path: Path, make_batch: MakeBatch):
+    """A whole, CRC-valid batch after a gap in the offsets (104..108 skipped) is out of
+    place, not torn: recovery refuses it and cuts nothing."""
     segment = _segment(tmp_path)
-    written = _fill(segment, make_batch, [3, 1])
+    _fill(segment, make_batch, [3, 1])
     segment.close()
-    with open(tmp_path / "00000000000000000100.log", "ab") as f:
+    path = tmp_path / "00000000000000000100.log"
+    with open(path, "ab") as f:
         f.write(make_batch(2, base_offset=BASE + 9, epoch=1))  # skips 104..108
+    before = path.read_bytes()
     reopened = LogSegment.open(tmp_path, BASE, index_interval_bytes=0, now_ms=0)
-    assert reopened.recover() > 0
-    assert reopened.read(BASE, 10**6) == written
+    with pytest.raises(CorruptSegmentError, match="base offset 109 where 104 was expected"):
+        reopened.recover()
     reopened.close()
+    assert path.read_bytes() == before
 
 
 def test_find_offset_by_timestamp(tmp_path: Path, make_batch: MakeBatch):
