@@ -49,7 +49,6 @@ from broker.quota_enforcement import QuotaEnforcer
 from broker.replica_manager import ReplicaManager
 from broker.request_authorization import BrokerRequestAccess
 from broker.storage.errors import StorageError
-from broker.storage.errors import describe_os_error
 from broker.storage.errors import os_error_advice
 from broker.storage.file_handles import warn_if_open_files_exceed_limit
 from broker.storage.log import LogConfig
@@ -62,6 +61,7 @@ from protocol.messages import FetchMetadataResponse
 from protocol.messages import Listener
 from runtime.access import RequestAccess
 from runtime.authorization_settings import authorizer_settings
+from runtime.fileio import describe_os_error
 from runtime.process_start import after_start
 from runtime.sasl import image_lookup
 from runtime.server import ListenerServer
@@ -279,6 +279,8 @@ class Broker:
             meta = MetaProperties.read(self.config.data_dir)
         except StorageError as exc:
             raise StartupError(f"{exc}") from exc
+        except OSError as exc:  # a directory in its place, EIO, EACCES, ...
+            raise StartupError(self._disk_error("cannot read meta.properties", exc)) from exc
         if meta is not None and meta.node_id != self.node_id:
             raise StartupError(
                 f"{self.config.data_dir} belongs to broker {meta.node_id}, not {self.node_id}; "

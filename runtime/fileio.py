@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import fcntl
 import os
 import queue
@@ -232,3 +233,11 @@ class SerialWriter:
                     future.set_result(fn(*args))
                 except BaseException as exc:  # handed to whoever waits on the future
                     future.set_exception(exc)
+
+
+def describe_os_error(exc: OSError) -> str:
+    """`<file>: <strerror> (<ERRNO NAME>)`, the parts of an OSError an operator needs."""
+    name = errno.errorcode.get(exc.errno or 0, "") if exc.errno else ""
+    text = exc.strerror or str(exc) or type(exc).__name__
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{text}" + (f" ({name})" if name else "")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
+from runtime.fileio import describe_os_error
+
 # The process or the system has no file descriptor left: no disk failure.
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 
@@ -108,14 +110,6 @@ def open_advice(exc: OSError) -> str:
             "once descriptors are free"
         )
     return "check the file and its permissions; the partition serves again once it opens"
-
-
-def describe_os_error(exc: OSError) -> str:
-    """`<file>: <strerror> (<ERRNO NAME>)`, the parts of an OSError an operator needs."""
-    name = errno.errorcode.get(exc.errno or 0, "") if exc.errno else ""
-    text = exc.strerror or str(exc) or type(exc).__name__
-    where = f"{exc.filename}: " if exc.filename else ""
-    return f"{where}{text}" + (f" ({name})" if name else "")
 
 
 def os_error_advice(exc: OSError, data_dir: Path) -> str:

@@ -29,6 +29,7 @@ import crc32c
 from controller.errors import CorruptMetadataError
 from controller.quorum.replica import QuorumState
 from runtime.fileio import atomic_write
+from runtime.fileio import describe_os_error
 
 QUORUM_STATE_FILE = "quorum-state"
 VERSION = 1
@@ -51,6 +52,8 @@ class QuorumStateFile:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return QuorumState()
+        except OSError as exc:  # a directory in its place, EIO, EACCES, ...
+            raise self._corrupt(f"cannot be read ({describe_os_error(exc)})") from None
         try:
             data = json.loads(raw)
             fields = {k: data[k] for k in ("version", "epoch", "voted_for", "leader_id")}

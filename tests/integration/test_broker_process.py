@@ -443,6 +443,14 @@ async def test_startup_errors_are_one_clear_line(cluster: Cluster, tmp_path: Pat
     code, text = _failed_start(cluster, 5)
     assert code == 1 and "replication-offset-checkpoint" in text and "Traceback" not in text
 
+    # meta.properties that cannot be read (a directory in its place; EIO and EACCES
+    # take the same path): one line naming it, no traceback (a hostile-disk session
+    # found an IsADirectoryError traceback).
+    unreadable = tmp_path / "broker-7"
+    (unreadable / "meta.properties").mkdir(parents=True)
+    code, text = _failed_start(cluster, 7)
+    assert code == 1 and "cannot read meta.properties" in text and "Traceback" not in text
+
     # A bad flag: click's usage error, exit 2.
     proc = BrokerProcess(
         name="badflag",

@@ -197,5 +197,13 @@ def test_a_damaged_quorum_state_file_is_refused_never_guessed(
     assert "cannot be guessed" in str(raised.value)
 
 
+def test_an_unreadable_quorum_state_file_is_refused_with_a_message(tmp_path: Path) -> None:
+    """A directory where the file should be (EIO and EACCES take the same path): the
+    refusal names it; it was a raw IsADirectoryError traceback."""
+    (tmp_path / "quorum-state").mkdir()
+    with pytest.raises(CorruptMetadataError, match=r"cannot be read .*Is a directory"):
+        QuorumStateFile(tmp_path).read()
+
+
 def test_no_quorum_state_file_is_a_voter_that_never_voted(tmp_path: Path) -> None:
     assert QuorumStateFile(tmp_path).read() == QuorumState()
