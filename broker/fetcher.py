@@ -530,7 +530,9 @@ class SourceFetcher(FollowerTruncation):
                 s = self.states.get(tp)
                 if position is None or s is None or not self._answer_applies(s, position):
                     continue
-                future = s.partition.log.learn_epochs_ahead(r.records, executor)
+                future = s.partition.log.learn_epochs_ahead(
+                    r.records, executor, max_epoch=s.leader_epoch
+                )
                 if future is not None:
                     writes.append(asyncio.wrap_future(future))
         if writes:

@@ -391,7 +391,10 @@ class Partition(PartitionIsr):
         """Append the leader's batches as they are (fetcher, after truncation)."""
         invariant(self.role is Role.FOLLOWER, "self.role is Role.FOLLOWER")
         before = self.log.log_end_offset
-        info = self.log.append_as_follower(records)
+        # The fetch was answered by the leader at our leader epoch (KIP-320 fences any
+        # other): none of its batches can be of a later one.
+        max_epoch = None if self.ignore_leader_epoch else self.leader_epoch
+        info = self.log.append_as_follower(records, max_epoch=max_epoch)
         if info.batch_count:
             invariant(
                 info.first_offset >= before and info.last_offset >= info.first_offset,

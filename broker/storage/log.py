@@ -363,7 +363,11 @@ class Log:
         return self.epoch_cache.write_in_background(executor)
 
     def learn_epochs_ahead(
-        self, records: bytes | bytearray | memoryview, executor: Executor
+        self,
+        records: bytes | bytearray | memoryview,
+        executor: Executor,
+        *,
+        max_epoch: int | None = None,
     ) -> Future[None] | None:
         """A follower's step before `append_as_follower`, when the leader's first batch
         carries an epoch this log's cache does not end with: validate the batches as the
@@ -382,7 +386,7 @@ class Log:
         log_end = self.log_end_offset
         try:
             batches = validate_leader_batches(
-                self._name, records, log_end, self._local.last_batch_epoch()
+                self._name, records, log_end, self._local.last_batch_epoch(), max_epoch
             )
         except InvalidAppendError:
             return None
@@ -396,19 +400,24 @@ class Log:
 
     @_touches_disk("append")
     def append_as_follower(
-        self, records: bytes | bytearray | memoryview, *, now_ms: int | None = None
+        self,
+        records: bytes | bytearray | memoryview,
+        *,
+        now_ms: int | None = None,
+        max_epoch: int | None = None,
     ) -> AppendInfo:
         """Append the leader's batches as they are (offsets and epochs already stamped).
 
         Raises InvalidAppendError for a corrupt batch, a base offset below the LEO or
-        not above the previous batch, or leader epochs going backwards.
+        not above the previous batch, leader epochs going backwards, or one above
+        `max_epoch` (the epoch of the leader they came from).
         """
         self._check_open()
         if not records:
             return EMPTY_APPEND
         log_end = self.log_end_offset
         batches = validate_leader_batches(
-            self._name, records, log_end, self._local.last_batch_epoch()
+            self._name, records, log_end, self._local.last_batch_epoch(), max_epoch
         )
         for _, header in batches:
             self.epoch_cache.learn_from_leader(

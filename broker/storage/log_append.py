@@ -93,11 +93,17 @@ def duplicate_append(dup: BatchMetadata) -> AppendInfo:
 
 
 def validate_leader_batches(
-    name: str, records: bytes | bytearray | memoryview, log_end: int, last_epoch: int
+    name: str,
+    records: bytes | bytearray | memoryview,
+    log_end: int,
+    last_epoch: int,
+    max_epoch: int | None = None,
 ) -> list[tuple[int, BatchHeader]]:
     """A follower's check of the leader's batches: complete and intact, offsets
-    strictly increasing from the LEO, epochs set and never going back; else
-    InvalidAppendError."""
+    strictly increasing from the LEO, epochs set, never going back and (`max_epoch`,
+    the epoch of the leader fetched from) never above the leader's own: a leader at
+    epoch E holds no batch of a later epoch, and one appended would leave the
+    follower asking about an epoch no leader knows; else InvalidAppendError."""
     try:
         batches = validate_batches(records)
     except CorruptRecordError as exc:
@@ -120,6 +126,11 @@ def validate_leader_batches(
             raise InvalidAppendError(
                 f"[Log {name}] batch at offset {header.base_offset} has leader epoch "
                 f"{header.partition_leader_epoch}, below the log's {epoch}"
+            )
+        if max_epoch is not None and header.partition_leader_epoch > max_epoch:
+            raise InvalidAppendError(
+                f"[Log {name}] batch at offset {header.base_offset} has leader epoch "
+                f"{header.partition_leader_epoch}, above the leader's {max_epoch}"
             )
         next_offset = header.next_offset
         epoch = header.partition_leader_epoch

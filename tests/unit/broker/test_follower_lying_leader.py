@@ -1,14 +1,15 @@
 """The follower against a leader whose answers lie (the leader's Fetch and
 OffsetsForLeaderEpoch handlers rewritten in the in-process cluster). The invariants:
 a follower truncates only by an answer a leader could give (never below its high
-watermark on nonsense), and one partition's bad answer is that partition's error and
+watermark on nonsense); one partition's bad answer is that partition's error and
 back-off, never a stall of the other partitions fetched with it (Kafka's fetcher marks
-the one partition failed). Each test failed before its fix (a hostile-leader
-session, 2026-11-30).
+the one partition failed); and a follower appends no batch of an epoch above its
+leader's. Each test failed before its fix (a hostile-leader session, 2026-11-30).
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from replication_harness import LocalCluster
@@ -17,6 +18,8 @@ from replication_harness import batch
 from protocol.messages import EpochEndOffset
 from protocol.messages import FetchRequest
 from protocol.messages import OffsetForLeaderEpochRequest
+from protocol.record_batch import iter_headers
+from protocol.records.batch_headers import stamp
 
 
 async def test_diverging_epoch_without_an_epoch_does_not_truncate_committed_records(
@@ -134,6 +137,50 @@ async def test_bad_offsets_for_leader_epoch_answer_for_one_partition_does_not_st
             lambda: c.partition(2, "u").log_end_offset == 2,
             timeout=3.0,
             what="u replicated while t's reconciliation answers are bad",
+        )
+    finally:
+        await c.close()
+
+
+async def test_batch_from_a_future_epoch_does_not_wedge_the_follower(tmp_path: Path) -> None:
+    """A batch stamped with leader epoch 99 by a leader at epoch 1 (the epoch is outside
+    the CRC): no honest leader holds one. Appended, it wedged the partition for good
+    (every fetch then asked about epoch 99: out of range, "keep your log", back off).
+    The follower now refuses it (above its leader's epoch), backs off, and catches up
+    with the next answers."""
+    c = LocalCluster(tmp_path, ids=(1, 2))
+    try:
+        await c.create_topic("t", replicas=[1, 2], isr=[1], leader_epoch=1)
+        rm = c.brokers[1].rm
+        real_fetch = rm.fetch
+        lied = []
+
+        async def lying_fetch(req):  # type: ignore[no-untyped-def]
+            resp = await real_fetch(req)
+            for topic in resp.responses:
+                for r in topic.partitions:
+                    if len(r.records) and not lied:
+                        lied.append(True)
+                        buf = bytearray(r.records)
+                        for pos, h in iter_headers(buf):
+                            stamp(buf, pos, h.base_offset, 99)  # outside the CRC
+                        r.records = memoryview(bytes(buf))
+            return resp
+
+        rm.fetch = lying_fetch  # type: ignore[method-assign]
+        c.start()
+        assert (await c.produce(1, b"m0", acks=1)).error_code == 0
+        await c.wait_until(lambda: bool(lied))
+        for i in range(1, 4):
+            assert (await c.produce(1, f"m{i}".encode(), acks=1)).error_code == 0
+        await asyncio.sleep(0.1)
+        p2 = c.partition(2)
+        # The follower must either refuse the batch of epoch 99 (its leader is at 1)
+        # or recover from it; it must not stay stuck behind the leader forever.
+        await c.wait_until(
+            lambda: p2.log_end_offset == 4 and c.partition(1).isr == (1, 2),
+            timeout=4.0,
+            what=f"follower catch-up (LEO {p2.log_end_offset}, {p2.log.epoch_cache.entries})",
         )
     finally:
         await c.close()
