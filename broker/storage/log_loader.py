@@ -28,8 +28,10 @@ Procedure (Kafka's LogLoader):
    StorageError naming the file: nothing is cut or deleted on an inference (Kafka
    cuts and deletes the later segments; a replica can then re-fetch, but a lone
    copy would lose acknowledged records).
-3. The log start offset is max(checkpointed log start, first segment base offset);
-   if it lies past the recovered log end the log restarts empty there.
+3. The log start offset is max(checkpointed log start, first segment base offset).
+   A checkpointed start past the recovered log end restarts an empty log there; with
+   records in the log it is ignored (a damaged checkpoint must not delete them), and
+   the log starts at its first segment.
 4. The epoch cache drops entries at or past the log end offset and below the log
    start. An unreadable or missing checkpoint with a non-empty log is rebuilt from
    the partition leader epoch stamped in each batch header, with a warning.
@@ -156,10 +158,25 @@ class LogLoader:
             if not segments:
                 segments.append(self._new_segment(log_start))
             log_end = segments[-1].next_offset
-            if log_start > log_end:
+            if log_start > log_end and any(not segment.is_empty for segment in segments):
+                # A checkpoint entry past the records: a damaged checkpoint, or a crash
+                # while a follower restarted its log further on. Its records are not
+                # deleted on that word: the log keeps them, from its first segment (a
+                # follower whose leader has moved on is then answered out of range and
+                # restarts its log itself).
                 logger.warning(
-                    "[Log %s] log start offset %d is past the log end offset %d; "
-                    "the log restarts empty at %d",
+                    "[Log %s] the checkpointed log start offset %d is past the log end "
+                    "offset %d: ignored, the log keeps its records from offset %d",
+                    self.name,
+                    log_start,
+                    log_end,
+                    segments[0].base_offset,
+                )
+                log_start = segments[0].base_offset
+            elif log_start > log_end:
+                logger.warning(
+                    "[Log %s] log start offset %d is past the log end offset %d of an "
+                    "empty log; the log restarts at %d",
                     self.name,
                     log_start,
                     log_end,

@@ -341,14 +341,33 @@ def test_epoch_entries_below_the_log_start_are_dropped(pristine: Pristine, tmp_p
     log.close()
 
 
-def test_log_start_past_the_recovered_end_restarts_the_log(pristine: Pristine, tmp_path: Path):
+def test_a_log_start_past_the_recovered_end_does_not_delete_the_records(
+    pristine: Pristine, tmp_path: Path
+):
+    """A log-start checkpoint entry past the log end (a flipped digit, or a crash while
+    a follower restarted its log further on): the log used to delete every segment
+    and restart empty there (found by a hostile-disk session). Its records stay; the
+    log starts at its first segment."""
     dir = _copy(pristine, tmp_path, "past")
     log = _reopen_unclean(dir)
-    end = log.log_end_offset
+    end, data = log.log_end_offset, log.read(0, BIG)
     log.close()
-    restarted = Log.open(dir, CONFIG, had_clean_shutdown=False, log_start_offset=end + 50)
-    assert (restarted.log_start_offset, restarted.log_end_offset) == (end + 50, end + 50)
-    assert [s.base_offset for s in restarted.segments] == [end + 50]
+    before = _files(dir)
+    reopened = Log.open(dir, CONFIG, had_clean_shutdown=False, log_start_offset=end + 50)
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (0, end)
+    assert reopened.read(0, BIG) == data
+    reopened.close()
+    assert _files(dir) == before
+
+
+def test_an_empty_log_restarts_at_a_log_start_past_its_end(tmp_path: Path):
+    """With no records, a checkpointed start past the end is where the log restarts (a
+    follower that restarted its log there and crashed before writing)."""
+    dir = tmp_path / "events-0"
+    Log.open(dir, CONFIG, had_clean_shutdown=True).close()
+    restarted = Log.open(dir, CONFIG, had_clean_shutdown=False, log_start_offset=50)
+    assert (restarted.log_start_offset, restarted.log_end_offset) == (50, 50)
+    assert [s.base_offset for s in restarted.segments] == [50]
     restarted.close()
 
 
