@@ -70,6 +70,29 @@ def _has_metadata(config: ControllerConfig) -> bool:
     return False
 
 
+def _lost_metadata(
+    config: ControllerConfig, state_file: QuorumStateFile, recovered: Recovered
+) -> str | None:
+    """Why an empty metadata log cannot be this controller's, or None. A controller
+    that has led an epoch (its quorum-state says so) wrote that epoch's first entry
+    (a LeaderChangeRecord) to its log: with no entry and no snapshot left, its log was
+    lost (an emptied or lost volume), and starting would serve an empty cluster under
+    the cluster id the brokers accept. (A crash between persisting the election and
+    writing its entry looks the same; the message says what to do then.)"""
+    if recovered.entries or recovered.snapshot_offset >= 0:
+        return None
+    state = state_file.read()
+    if state.epoch < 1 or state.leader_id != config.node_id:
+        return None
+    return (
+        f"the metadata log in {config.data_dir} is empty, but this controller led the "
+        f"quorum in epoch {state.epoch} ({state_file.path}) and so had written to it: the "
+        "cluster's metadata is lost (an emptied or lost volume?). Restore the data dir "
+        "from a backup. If the cluster never held any metadata (the controller stopped "
+        f"during its first election), move {state_file.path} aside and start again"
+    )
+
+
 def recover(
     config: ControllerConfig, *, entries: bool = True
 ) -> tuple[MetadataLog, MetadataImage, Recovered]:
@@ -137,6 +160,10 @@ class ControllerProcess:
                 had_state = state_file.exists()
                 single = len(config.voters) == 1
                 metadata_log, image, recovered = recover(config, entries=single)
+                lost = _lost_metadata(config, state_file, recovered) if had_state else None
+                if lost is not None:
+                    metadata_log.close()
+                    raise CorruptMetadataError(lost)
             except OSError as exc:
                 raise DataDirError(
                     f"cannot use data dir {config.data_dir}: {exc}; check the disk and the "
