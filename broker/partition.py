@@ -32,11 +32,13 @@ from broker.partition_isr import PartitionIsr
 from broker.partition_role import Role
 from broker.storage.errors import StorageError
 from protocol.api import NO_EPOCH
+from protocol.errors import CorruptRecordError
 from protocol.errors import ErrorCode
 from protocol.invariants import invariant
 from protocol.messages import LeaderIdAndEpoch
 from protocol.metadata_records import LEADER_RECOVERED
 from protocol.metadata_records import NO_LEADER
+from protocol.record_batch import parse_header
 from runtime import hop_trace
 
 if TYPE_CHECKING:
@@ -390,6 +392,7 @@ class Partition(PartitionIsr):
     def append_as_follower(self, records: bytes) -> AppendInfo:
         """Append the leader's batches as they are (fetcher, after truncation)."""
         invariant(self.role is Role.FOLLOWER, "self.role is Role.FOLLOWER")
+        self._restart_empty_log_at_the_leaders_batch(records)
         before = self.log.log_end_offset
         # The fetch was answered by the leader at our leader epoch (KIP-320 fences any
         # other): none of its batches can be of a later one.
@@ -404,6 +407,27 @@ class Partition(PartitionIsr):
             )
         self.appended_bytes += info.valid_bytes
         return info
+
+    def _restart_empty_log_at_the_leaders_batch(self, records: bytes) -> None:
+        """Kafka's UnexpectedAppendOffsetException case: our log is empty and restarted
+        at the leader's log start, which lies inside the leader's first batch (a log
+        start moved into a batch), so that whole batch comes, starting below our log
+        end. Restart the empty log at the batch's base offset (nothing is lost: it is
+        empty) rather than refusing the batch at every fetch."""
+        data = self.log
+        end = data.log_end_offset
+        if end != data.log_start_offset or not records:
+            return
+        try:
+            first = parse_header(records)
+        except CorruptRecordError:
+            return  # the append refuses it, with the reason
+        if first.base_offset < end <= first.last_offset:
+            self.truncate_fully_and_start_at(
+                first.base_offset,
+                reason=f"the leader's first batch {first.base_offset}-{first.last_offset} "
+                f"holds our empty log's start {end}",
+            )
 
     def update_follower_high_watermark(self, leader_high_watermark: int) -> bool:
         """Apply the leader's high watermark: min(leader HW, our LEO), never backwards.

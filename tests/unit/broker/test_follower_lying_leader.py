@@ -4,7 +4,8 @@ a follower truncates only by an answer a leader could give (never below its high
 watermark on nonsense); one partition's bad answer is that partition's error and
 back-off, never a stall of the other partitions fetched with it (Kafka's fetcher marks
 the one partition failed); and a follower appends no batch of an epoch above its
-leader's. Each test failed before its fix (a hostile-leader session, 2026-11-30).
+leader's. Each test failed before its fix (a hostile-leader session, 2026-11-30);
+the last one is an honest leader whose log start lies inside a batch.
 """
 
 from __future__ import annotations
@@ -181,6 +182,29 @@ async def test_batch_from_a_future_epoch_does_not_wedge_the_follower(tmp_path: P
             lambda: p2.log_end_offset == 4 and c.partition(1).isr == (1, 2),
             timeout=4.0,
             what=f"follower catch-up (LEO {p2.log_end_offset}, {p2.log.epoch_cache.entries})",
+        )
+    finally:
+        await c.close()
+
+
+async def test_follower_catches_up_when_the_leaders_log_start_is_inside_a_batch(
+    tmp_path: Path,
+) -> None:
+    """The leader's log start lies inside its first batch (0-9, start 5): an empty
+    follower restarts at 5 (out of range), then the leader answers the whole batch
+    0-9, which it refused at every fetch (base offset below its log end). As Kafka
+    (UnexpectedAppendOffsetException), the empty log restarts at the batch's base and
+    appends it (a liveness hole found by a hostile-leader session)."""
+    c = LocalCluster(tmp_path, ids=(1, 2))
+    try:
+        lg = c.brokers[1].log_manager.get_or_create_log(("t", 0))
+        lg.append_as_leader(batch(*[f"v{i}".encode() for i in range(10)]), 0)  # 0-9
+        lg.append_as_leader(batch(b"v10"), 0)  # 10
+        assert lg.delete_records_before(5) == 5  # log start inside batch 0-9
+        await c.create_topic("t", replicas=[1, 2], isr=[1], leader=1, leader_epoch=1)
+        c.start()
+        await c.wait_until(
+            lambda: c.partition(2).log_end_offset == 11, timeout=3.0, what="follower caught up"
         )
     finally:
         await c.close()
