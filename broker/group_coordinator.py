@@ -658,6 +658,19 @@ class GroupCoordinator:
                 if metadata is not None and len(metadata.encode()) > MAX_METADATA_BYTES:
                     out.error_code = int(ErrorCode.OFFSET_METADATA_TOO_LARGE)
                     continue
+                if part.committed_offset < 0:
+                    # No consumer can resume from it: refused, not stored (the answer has
+                    # no message field, so the log says what was wrong).
+                    log.info(
+                        "OffsetCommit from group %s: offset %d for %s-%d is negative; "
+                        "refused (INVALID_REQUEST)",
+                        req.group_id,
+                        part.committed_offset,
+                        topic.name,
+                        part.partition_index,
+                    )
+                    out.error_code = int(ErrorCode.INVALID_REQUEST)
+                    continue
                 key = OffsetKey(OFFSET_KEY_VERSION, req.group_id, topic.name, part.partition_index)
                 value = OffsetValue(
                     OFFSET_VALUE_VERSION,

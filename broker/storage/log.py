@@ -66,6 +66,7 @@ from broker.storage.producer_snapshots import ProducerSnapshots
 from broker.storage.producer_state import LeaderAppendCheck
 from broker.storage.producer_state import ProducerStateManager
 from broker.storage.segment import LogSegment
+from protocol.errors import InvalidRecordError
 from protocol.invariants import invariant
 from protocol.records.batch_format import first_batch_epoch
 from runtime.fileio import SerialWriter
@@ -340,6 +341,15 @@ class Log:
         if any(header.producer_id >= 0 for _, header in stamped):
             check = self.producer_state.prepare_leader_append(h for _, h in stamped)
             if check.duplicate is not None:
+                if len(stamped) > 1:
+                    # Answering the set as that duplicate would drop the other batches.
+                    dup = check.duplicate
+                    raise InvalidRecordError(
+                        f"[Log {self._name}] a record set of {len(stamped)} batches holds "
+                        f"a retry of a batch already written at offset {dup.first_offset} "
+                        "(same producer id and sequences): send a retry alone, one batch "
+                        "per partition (as Kafka requires); nothing was written"
+                    )
                 return duplicate_append(check.duplicate)
         # Normally a no-op: the leader assigned (epoch, LEO) when it took over.
         self.epoch_cache.assign(leader_epoch, first_offset)
