@@ -13,12 +13,11 @@ could use is refused, not stored.
 from __future__ import annotations
 
 import asyncio
-import struct
 
-import crc32c
 import pytest
 from cluster import Cluster
 from cluster import TestClient
+from test_produce_validation import produce_raw
 
 from protocol.errors import ErrorCode
 from protocol.messages import CreatableTopic
@@ -31,10 +30,7 @@ from protocol.messages import OffsetCommitRequest
 from protocol.messages import OffsetCommitTopic
 from protocol.messages import OffsetFetchRequest
 from protocol.messages import OffsetFetchTopic
-from protocol.messages import ProducePartition
-from protocol.messages import ProduceRequest
-from protocol.messages import ProduceResponse
-from protocol.messages import ProduceTopic
+from tests.unit.protocol.record_faults import raw_batch
 from tests.unit.protocol.record_faults import record
 from tests.unit.protocol.record_faults import three_records
 
@@ -43,25 +39,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 TOPIC = "dup-batch"
 
 
-def batch(records_block: bytes, count: int, producer: tuple[int, int, int]) -> bytes:
-    tail = struct.pack(">hiqqqhii", 0, count - 1, 1000, 1000, *producer, count)
-    crc = crc32c.crc32c(records_block, crc32c.crc32c(tail))
-    return struct.pack(">qiiBI", 0, 49 + len(records_block), -1, 2, crc) + tail + records_block
-
-
 async def produce(client: TestClient, records: bytes) -> tuple[int, int]:
-    resp = await client.call(
-        ProduceRequest(
-            acks=-1,
-            timeout_ms=5000,
-            topics=[
-                ProduceTopic(name=TOPIC, partitions=[ProducePartition(index=0, records=records)])
-            ],
-        )
-    )
-    assert isinstance(resp, ProduceResponse)
-    p = resp.topics[0].partitions[0]
-    return p.error_code, p.base_offset
+    code, _, base = await produce_raw(client, records, topic=TOPIC)
+    return code, base
 
 
 async def log_end(client: TestClient) -> int:
@@ -86,14 +66,14 @@ async def test_a_new_batch_next_to_a_retried_one_is_not_swallowed(cluster: Clust
                 topics=[CreatableTopic(name=TOPIC, num_partitions=1, replication_factor=1)]
             )
         )
-        idempotent = batch(three_records(), 3, (2000, 0, 0))
+        idempotent = raw_batch(three_records(), 3, producer=(2000, 0, 0))
         for _ in range(50):  # the new partition's leader may take a moment
             code, base = await produce(client, idempotent)
             if code == 0:
                 break
         assert (code, base) == (0, 0)
         # A plain batch, then the retry of the idempotent one, in one record set.
-        code, base = await produce(client, batch(record(0, b"PLAIN"), 1, (-1, -1, -1)) + idempotent)
+        code, base = await produce(client, raw_batch(record(0, b"PLAIN"), 1) + idempotent)
         end = await log_end(client)
     assert (code, end) == (ErrorCode.INVALID_RECORD, 3), (
         f"answered {ErrorCode(code).name} (base offset {base}); the log end is {end}"

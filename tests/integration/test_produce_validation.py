@@ -90,13 +90,17 @@ def the_issues_batches() -> list[tuple[str, bytes, ErrorCode, str]]:
     ]
 
 
-async def produce_raw(client: TestClient, records: bytes) -> tuple[int, str | None, int]:
+async def produce_raw(
+    client: TestClient, records: bytes, *, topic: str = TOPIC
+) -> tuple[int, str | None, int]:
+    """(error code, error message, base offset) of a Produce of `records` to partition
+    0 of `topic`, acks=all."""
     resp = await client.call(
         ProduceRequest(
             acks=-1,
             timeout_ms=5000,
             topics=[
-                ProduceTopic(name=TOPIC, partitions=[ProducePartition(index=0, records=records)])
+                ProduceTopic(name=topic, partitions=[ProducePartition(index=0, records=records)])
             ],
         )
     )
