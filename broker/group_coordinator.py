@@ -280,13 +280,20 @@ class GroupCoordinator:
         end = p.high_watermark
         try:
             cache = await load_cache(p.log, end, name=p.name)
+            groups = cache.loaded_groups()
         except (StorageError, OSError) as exc:
-            log.error("%s: cannot load the committed offsets: %s", p.name, exc)
+            log.error(
+                "%s: cannot load the committed offsets: %s. Its groups answer "
+                "COORDINATOR_NOT_AVAILABLE here; if the partition's other replicas are in "
+                "sync, move its leadership away (stop this broker) or restore its directory",
+                p.name,
+                exc,
+            )
             shard.failed = True
             return
         if not self._still_leading(p, shard):
             return
-        shard.groups = cache.loaded_groups()
+        shard.groups = groups
         for group in shard.groups.values():
             self.membership.loaded(group)
         shard.cache = cache

@@ -20,6 +20,7 @@ from broker.groups.records import GroupValue
 from broker.groups.records import OffsetKey
 from broker.groups.records import OffsetValue
 from broker.groups.records import decode_record
+from broker.storage.errors import StorageError
 from broker.storage.log import Log
 from protocol.errors import CorruptRecordError
 from protocol.errors import DecodeError
@@ -99,8 +100,12 @@ class ShardCache:
                 leader=value.leader,
                 state_timestamp_ms=value.state_timestamp,
             )
+            if value.members and value.protocol_name is None:
+                raise CorruptGroupStateError(
+                    f"group {group_id}: its last metadata record lists members but no "
+                    "protocol (no coordinator writes that)"
+                )
             for m in value.members:
-                assert value.protocol_name is not None, f"group {group_id}: members, no protocol"
                 group.members[m.member_id] = Member(
                     member_id=m.member_id,
                     group_instance_id=m.group_instance_id,
@@ -120,10 +125,16 @@ class ShardCache:
         return groups
 
 
+class CorruptGroupStateError(StorageError):
+    """A `__consumer_offsets` partition holds a record the coordinator cannot load."""
+
+
 async def load_cache(log_: Log, end_offset: int, *, name: str) -> ShardCache:
     """Read `log_` from its start up to `end_offset` (exclusive) into a cache,
     LOAD_CHUNK_BYTES at a time, yielding to the loop between chunks. A batch that
-    cannot be decoded is skipped with an ERROR line."""
+    cannot be decoded raises CorruptGroupStateError: skipping it would lose the
+    committed offsets it holds without a word (the coordinator then refuses the
+    partition's groups, COORDINATOR_NOT_AVAILABLE, and logs why)."""
     cache = ShardCache()
     offset = log_.log_start_offset
     while offset < end_offset:
@@ -151,12 +162,10 @@ async def load_cache(log_: Log, end_offset: int, *, name: str) -> ShardCache:
                         assert value is None or isinstance(value, GroupValue)
                         cache.apply_group(key, value)
             except (CorruptRecordError, DecodeError, msgspec.DecodeError, ValueError) as exc:
-                log.error(
-                    "%s: skipping undecodable batch at offset %d while loading: %s",
-                    name,
-                    header.base_offset,
-                    exc,
-                )
+                raise CorruptGroupStateError(
+                    f"{name}: the batch at offset {header.base_offset} cannot be loaded "
+                    f"({exc}); skipping it would lose the committed offsets it holds"
+                ) from None
         if next_offset <= offset:
             break  # no whole batch in the read: cannot progress
         offset = next_offset

@@ -16,10 +16,17 @@ from broker.group_coordinator import OFFSETS_TOPIC
 from broker.group_coordinator import GroupCoordinator
 from broker.group_coordinator import java_string_hash
 from broker.group_coordinator import partition_for
+from broker.groups.records import GroupKey
+from broker.groups.records import GroupValue
+from broker.groups.records import MemberRecord
 from broker.groups.records import OffsetKey
 from broker.groups.records import OffsetValue
 from broker.groups.records import decode_commit
+from broker.groups.records import decode_record
 from broker.groups.records import encode_commit
+from broker.groups.records import encode_key
+from broker.groups.records import encode_value
+from broker.groups.shard_cache import CorruptGroupStateError
 from broker.groups.shard_cache import ShardCache
 from broker.groups.shard_cache import load_cache
 from broker.storage.log import Log
@@ -142,6 +149,46 @@ async def test_load_cache_reads_the_log_up_to_the_end_offset(tmp_path: Path) -> 
         ).offset == 99  # type: ignore[union-attr]
     finally:
         log_.close()
+
+
+async def test_an_undecodable_batch_is_refused_not_skipped(tmp_path: Path) -> None:
+    """A byte flipped inside the second of three commit batches (after a clean stop
+    the loader only sanity-checks the indexes, so the log opens): loading used to skip
+    the batch with an ERROR line, and group g2's committed offset vanished (OffsetFetch
+    answered -1). Now the load is refused, naming the batch (found by a hostile-disk
+    session)."""
+    dir = tmp_path / f"{OFFSETS_TOPIC}-0"
+    log_ = Log.open(dir, LogConfig(), had_clean_shutdown=True)
+    log_.epoch_cache.assign(0, 0)
+    for group, offset in (("g1", 10), ("g2", 20), ("g3", 30)):
+        log_.append_as_leader(_commit_batch((group, "t", 0, offset, 0)), 0)
+    log_.close()
+    path = next(dir.glob("*.log"))
+    raw = bytearray(path.read_bytes())
+    first_size = int.from_bytes(raw[8:12], "big") + 12
+    raw[first_size + 70] ^= 0xFF  # inside the second batch's records
+    path.write_bytes(bytes(raw))
+    log_ = Log.open(dir, LogConfig(), had_clean_shutdown=True)
+    try:
+        with pytest.raises(CorruptGroupStateError, match="batch at offset 1 cannot be loaded"):
+            await load_cache(log_, log_.log_end_offset, name="test")
+    finally:
+        log_.close()
+
+
+def test_a_group_with_members_and_no_protocol_is_refused_not_asserted() -> None:
+    """A CRC-valid group record listing members but no protocol: loaded_groups hit an
+    assert outside the coordinator's error handling, the load task died without a
+    word and the partition's groups answered COORDINATOR_LOAD_IN_PROGRESS forever."""
+    member = MemberRecord("m-1", None, "c", "/127.0.0.1", 1000, 10000, b"", b"")
+    key, value = decode_record(
+        encode_key(GroupKey(2, "victim")),
+        encode_value(GroupValue(1, "consumer", 3, None, "m-1", 1, [member])),
+    )
+    cache = ShardCache()
+    cache.apply_group(key, value)
+    with pytest.raises(CorruptGroupStateError, match=r"group victim: .*no protocol"):
+        cache.loaded_groups()
 
 
 # ---------------------------------------------------------------------- coordinator
