@@ -253,6 +253,13 @@ def _replay_file(
                 f"{cursor} was expected; restore the data dir from a backup"
             )
         if entry.offset > snap_offset:
+            if recovered.entries and entry.epoch < recovered.entries[-1].epoch:
+                raise CorruptMetadataError(
+                    f"metadata log {path} has an entry of epoch {entry.epoch} at offset "
+                    f"{entry.offset} (byte {pos}) after one of epoch "
+                    f"{recovered.entries[-1].epoch}: epochs never go back in a log this "
+                    "controller wrote; restore the data dir from a backup"
+                )
             recovered.entries.append(entry)
         cursor += 1
         pos = parsed.end

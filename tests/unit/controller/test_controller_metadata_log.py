@@ -164,6 +164,19 @@ async def test_offset_gap_refuses_to_start(tmp_path: Path) -> None:
         MetadataLog.open(tmp_path)
 
 
+async def test_an_epoch_going_back_refuses_to_start_with_a_message(tmp_path: Path) -> None:
+    """A CRC-valid entry of epoch 0 after entries of epoch 1: the controller died with
+    a bare InvariantError traceback from the quorum log (found by a hostile-disk
+    session); the replay now refuses it naming the file and the offset."""
+    path = tmp_path / log_file_name(0)
+    first, second = register(0), register(1, broker_id=2)
+    first = MetadataEntry(offset=0, epoch=1, record=first.record)
+    second = MetadataEntry(offset=1, epoch=0, record=second.record)
+    path.write_bytes(encode_entry(first) + encode_entry(second))
+    with pytest.raises(CorruptMetadataError, match=r"epoch 0 at offset 1 .* after one of epoch 1"):
+        MetadataLog.open(tmp_path)
+
+
 async def test_missing_first_file_refuses_to_start(tmp_path: Path) -> None:
     (tmp_path / log_file_name(5)).write_bytes(encode_entry(register(5)))
     with pytest.raises(CorruptMetadataError, match=r"missing offsets 0\.\.4"):
