@@ -38,6 +38,7 @@ from protocol.messages import SyncGroupRequest
 from protocol.messages import SyncGroupResponse
 from runtime.server import RequestContext
 
+_GENERATION_MAX = 2**31 - 1  # the wire field is an int32
 log = logging.getLogger(__name__)
 
 # What writes a group's metadata record (with the assignments of the generation being
@@ -295,7 +296,9 @@ class Membership:
             )
             self._drop_member(group, member, ErrorCode.UNKNOWN_MEMBER_ID)
         group.pending.clear()
-        group.generation += 1
+        # An int32 on the wire: past the last one it starts over (a stored generation
+        # near it, however it got there, must not make every later answer unencodable).
+        group.generation = group.generation + 1 if group.generation < _GENERATION_MAX else 1
         if not group.members:
             group.protocol_name = group.leader = None
             group.transition(GroupState.EMPTY, self.now_ms())

@@ -419,3 +419,15 @@ async def test_a_leader_that_never_assigns_is_removed_after_the_rebalance_timeou
     again = await join(c, follower)
     assert again.generation_id > generation and [m.member_id for m in again.members] == [follower]
     c.close()
+
+
+async def test_the_generation_starts_over_after_the_last_int32(harness: Harness) -> None:
+    """A group at generation 2**31 - 1 (a stored record said so): the next generation
+    was 2**31, which no Kafka answer can encode (every JoinGroup then closed the
+    connection with a struct.error traceback; found by a hostile-disk session). It
+    starts over at 1."""
+    c = await coordinator_of(harness)
+    a, b, _ = await stable_pair(c)
+    c._shards[partition_for(GROUP, 3)].groups[GROUP].generation = 2**31 - 1
+    a_join, b_join = await asyncio.gather(join(c, a), join(c, b))
+    assert a_join.generation_id == b_join.generation_id == 1
