@@ -28,7 +28,6 @@ from client.admin_diagnostics import parse_address
 from client.admin_diagnostics import parse_addresses
 from client.answer_matching import missing_result
 from client.answer_matching import result_for_each
-from client.answer_matching import results_by_item
 from client.cluster import ClusterClient
 from client.descriptions import BrokerDescription
 from client.descriptions import ClusterDescription
@@ -275,10 +274,9 @@ class AsyncAdmin(Diagnostics, GroupAdmin, UserAdmin, AclAdmin, QuotaAdmin, Async
         }
         if not tps:
             return elections  # every partition of the cluster: whatever it answered
-        found, _ = results_by_item(tps, elections.items(), lambda item: item[0])
         return {
-            tp: found[tp][1]
-            if tp in found
+            tp: elections[tp]
+            if tp in elections
             else LeaderElection(-1, -1, missing_result("partition", tp, "ElectLeaders"))
             for tp in tps
         }
