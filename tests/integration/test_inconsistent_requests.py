@@ -57,15 +57,19 @@ async def log_end(client: TestClient) -> int:
     return resp.topics[0].partitions[0].offset
 
 
+async def create_topic(client: TestClient, name: str) -> None:
+    await client.call(
+        CreateTopicsRequest(
+            topics=[CreatableTopic(name=name, num_partitions=1, replication_factor=1)]
+        )
+    )
+
+
 async def test_a_new_batch_next_to_a_retried_one_is_not_swallowed(cluster: Cluster) -> None:
     cluster.start_controller()
     broker = cluster.start_broker(1)
     async with TestClient(*broker.address) as client:
-        await client.call(
-            CreateTopicsRequest(
-                topics=[CreatableTopic(name=TOPIC, num_partitions=1, replication_factor=1)]
-            )
-        )
+        await create_topic(client, TOPIC)
         idempotent = raw_batch(three_records(), 3, producer=(2000, 0, 0))
         for _ in range(50):  # the new partition's leader may take a moment
             code, base = await produce(client, idempotent)
@@ -84,11 +88,7 @@ async def test_a_negative_committed_offset_is_refused(cluster: Cluster) -> None:
     cluster.start_controller()
     broker = cluster.start_broker(1)
     async with TestClient(*broker.address) as client:
-        await client.call(
-            CreateTopicsRequest(
-                topics=[CreatableTopic(name="g", num_partitions=1, replication_factor=1)]
-            )
-        )
+        await create_topic(client, "g")
         commit = OffsetCommitRequest(
             group_id="grp",
             topics=[
