@@ -79,7 +79,27 @@ def parser() -> argparse.ArgumentParser:
         help="local_session(compiled_workers=...): Spark's Python processes import the "
         "byte-compiled pyspark (on) or compile it from pyspark.zip (off) [on]",
     )
+    p.add_argument(
+        "--class-archive",
+        choices=("on", "off"),
+        default="on",
+        help="local_session(class_archive=...): the JVM maps the classes an earlier "
+        "session archived, or writes the archive at its exit if there is none yet "
+        "(client/spark/class_archive.py) [on]",
+    )
     return p
+
+
+def class_archive_state(session: Any) -> str:
+    """What the session's JVM does with a class-data archive: mapped (an earlier
+    session wrote it), written at exit (the first session), or none."""
+    bean = session.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    arguments = " ".join(str(a) for a in bean.getInputArguments())
+    if "SharedArchiveFile" in arguments:
+        return "mapped"
+    if "ArchiveClassesAtExit" in arguments:
+        return "written at exit"
+    return "none"
 
 
 def spark_unavailable() -> str | None:
@@ -183,6 +203,11 @@ def stream_once(session: Any, cluster: BenchCluster, args: argparse.Namespace) -
         rows = sum(p["numInputRows"] for p in progress)
         best = max((p.get("processedRowsPerSecond") or 0 for p in progress), default=0)
         batches_ms = sum(p["durationMs"].get("triggerExecution", 0) for p in progress)
+        # Spark's own split of each trigger (latestOffset, queryPlanning, addBatch...)
+        phases_ms: dict[str, int] = {}
+        for p in progress:
+            for phase, ms in p["durationMs"].items():
+                phases_ms[phase] = phases_ms.get(phase, 0) + ms
         return {
             "rows": rows,
             "seconds": round(elapsed, 3),
@@ -193,6 +218,7 @@ def stream_once(session: Any, cluster: BenchCluster, args: argparse.Namespace) -
             "jvm_cpu_s": round(cpu["jvm"], 2),
             "python_cpu_s": round(cpu["python"], 2),
             "broker_cpu_s": round(broker_cpu, 2),
+            "phases_ms": phases_ms,
         }
     finally:
         shutil.rmtree(checkpoint, ignore_errors=True)
@@ -211,7 +237,14 @@ def main(argv: list[str] | None = None) -> int:
         progress.update(f"writing {args.records:,} records")
         written = run(fill(cluster, args.records, args.partitions))
         progress.step("starting Spark (not timed)")
-        session = local_session("minibroker-bench", compiled_workers=args.compiled_workers == "on")
+        started = time.perf_counter()
+        session = local_session(
+            "minibroker-bench",
+            compiled_workers=args.compiled_workers == "on",
+            class_archive=args.class_archive == "on",
+        )
+        args.session_start_s = round(time.perf_counter() - started, 2)
+        args.class_archive_state = class_archive_state(session)
         args.written = written
         if args.source == "floor":
             from bench.spark_floor_source import FloorDataSource
@@ -268,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = {
         "spark": "local[2], noop sink, trigger availableNow",
         "compiled_workers": args.compiled_workers,
+        "class_archive": args.class_archive_state,
+        "session_start_s": args.session_start_s,
         "source": args.source,
     }
     return report(NAME, args, progress, columns, table, rows, **extra)

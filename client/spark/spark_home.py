@@ -44,13 +44,13 @@ def compiled_spark_home(installed_home: Path | None = None) -> Path | None:
     if installed_home is None:
         if os.environ.get("SPARK_HOME"):
             return None
-        installed_home = _pip_spark_home()
+        installed_home = pip_spark_home()
         if installed_home is None:
             return None
     if not all((installed_home / marker).exists() for marker in _SPARK_HOME_MARKERS):
         return None
     key = hashlib.sha256(str(installed_home.resolve()).encode()).hexdigest()[:16]
-    home = _cache_dir() / f"spark-home-{key}"
+    home = cache_dir() / f"spark-home-{key}"
     try:
         if not _is_current(home, installed_home):
             _build(home, installed_home)
@@ -60,7 +60,7 @@ def compiled_spark_home(installed_home: Path | None = None) -> Path | None:
     return home
 
 
-def _pip_spark_home() -> Path | None:
+def pip_spark_home() -> Path | None:
     try:
         import pyspark
     except ImportError:
@@ -68,7 +68,7 @@ def _pip_spark_home() -> Path | None:
     return Path(pyspark.__file__).resolve().parent
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "minibroker"
 

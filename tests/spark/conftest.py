@@ -44,14 +44,19 @@ def spark_unavailable() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def require_spark() -> None:
+    """Skip loudly where Java or PySpark is missing; fail in CI."""
     reason = spark_unavailable()
     if reason is not None and os.environ.get("CI"):
         pytest.fail(f"Spark tests cannot run in CI: {reason}")
     if reason is not None:
         _SKIPPED.append(reason)
         pytest.skip(f"SPARK TESTS SKIPPED: {reason}")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    require_spark()
     from client.spark.session import local_session  # sets PYSPARK_PYTHON first
 
     session = local_session(
