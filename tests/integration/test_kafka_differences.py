@@ -5,9 +5,17 @@ the native listener and the Kafka one (each test failed before its fix):
   Kafka refuses the second (Topic.hasCollision, ReplicationControlManager): their
   metric names would be the same. Now INVALID_TOPIC_EXCEPTION naming the existing
   topic, from the controller, whichever listener the CreateTopics came in on.
+- A partition named twice in one ListOffsets was answered twice; Kafka answers each
+  INVALID_REQUEST (ListOffsetsRequest.duplicatePartitions) and serves the rest.
+- A partition named twice in one Produce had both record sets appended. Kafka keys
+  the record sets by partition and keeps the last, the earlier one dropped without
+  an answer of its own; here each is INVALID_REQUEST and nothing is written to that
+  partition, the rest of the request is (no success for what was not appended).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from cluster import Cluster
@@ -16,19 +24,73 @@ from test_kafka_listener import kafka_request
 
 from protocol.errors import ErrorCode
 from protocol.kafka.apis import CREATE_TOPICS
+from protocol.kafka.apis import LIST_OFFSETS
+from protocol.kafka.apis import PRODUCE
 from protocol.messages import CreatableTopic
 from protocol.messages import CreatableTopicResult
 from protocol.messages import CreateTopicsRequest
 from protocol.messages import CreateTopicsResponse
 from protocol.messages import DeleteTopicsRequest
+from protocol.messages import ListOffsetsPartition
+from protocol.messages import ListOffsetsRequest
+from protocol.messages import ListOffsetsResponse
+from protocol.messages import ListOffsetsTopic
+from protocol.messages import Message
+from protocol.messages import ProducePartition
+from protocol.messages import ProduceRequest
+from protocol.messages import ProduceResponse
+from protocol.messages import ProduceTopic
+from tests.unit.protocol.record_faults import raw_batch
+from tests.unit.protocol.record_faults import record
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-def create_request(*names: str) -> CreateTopicsRequest:
+TOPIC = "twice"
+LATEST = -1
+
+
+def create_request(*names: str, partitions: int = 1) -> CreateTopicsRequest:
     return CreateTopicsRequest(
-        topics=[CreatableTopic(name=n, num_partitions=1, replication_factor=1) for n in names]
+        topics=[
+            CreatableTopic(name=n, num_partitions=partitions, replication_factor=1) for n in names
+        ]
     )
+
+
+def list_offsets(*asked: tuple[int, int]) -> ListOffsetsRequest:
+    """ListOffsets of TOPIC for each (partition, timestamp) asked, in that order."""
+    partitions = [ListOffsetsPartition(partition_index=p, timestamp=ts) for p, ts in asked]
+    return ListOffsetsRequest(topics=[ListOffsetsTopic(name=TOPIC, partitions=partitions)])
+
+
+def offsets_answered(resp: Message) -> list[tuple[int, str, int]]:
+    assert isinstance(resp, ListOffsetsResponse)
+    return [
+        (p.partition_index, ErrorCode(p.error_code).name, p.offset)
+        for t in resp.topics
+        for p in t.partitions
+    ]
+
+
+def produce_answered(resp: Message) -> list[tuple[int, str, int]]:
+    assert isinstance(resp, ProduceResponse)
+    return [
+        (p.index, ErrorCode(p.error_code).name, p.base_offset)
+        for t in resp.topics
+        for p in t.partitions
+    ]
+
+
+async def two_led_partitions(client: TestClient) -> None:
+    """TOPIC with partitions 0 and 1, once this broker leads both."""
+    await client.call(create_request(TOPIC, partitions=2))
+    for _ in range(100):
+        answered = offsets_answered(await client.call(list_offsets((0, LATEST), (1, LATEST))))
+        if all(code == "NONE" for _, code, _ in answered):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"partitions not led: {answered}")
 
 
 def answers(resp: CreateTopicsResponse) -> dict[str, tuple[str, str | None]]:
@@ -59,3 +121,47 @@ async def test_topic_names_that_collide_on_dot_and_underscore_are_refused(
     code, message = answers(kafka)["a_b"]
     assert code == "INVALID_TOPIC_EXCEPTION" and "'a.b'" in str(message), answers(kafka)
     assert after_delete["a_b"][0] == "NONE", after_delete
+
+
+async def test_a_partition_twice_in_one_list_offsets_is_invalid_and_the_rest_served(
+    cluster: Cluster,
+) -> None:
+    cluster.start_controller()
+    broker = cluster.start_broker(1, kafka=True)
+    asked = list_offsets((0, LATEST), (1, LATEST), (0, -2))
+    async with TestClient(*broker.address) as client:
+        await two_led_partitions(client)
+        native = offsets_answered(await client.call(asked))
+    kafka = offsets_answered(await kafka_request(broker.kafka_address, LIST_OFFSETS, 5, asked))
+    expected = [(0, "INVALID_REQUEST", -1), (1, "NONE", 0), (0, "INVALID_REQUEST", -1)]
+    assert native == expected, native
+    assert kafka == expected, kafka
+
+
+async def test_a_partition_twice_in_one_produce_is_refused_and_the_rest_written(
+    cluster: Cluster,
+) -> None:
+    cluster.start_controller()
+    broker = cluster.start_broker(1, kafka=True)
+
+    def batch(value: bytes) -> ProducePartition:
+        return ProducePartition(index=0, records=raw_batch(record(0, value), 1))
+
+    one = ProduceTopic(name=TOPIC, partitions=[batch(b"first"), batch(b"second")])
+    other = ProducePartition(index=1, records=raw_batch(record(0, b"p1"), 1))
+    # Twice in one topic entry, and in two entries of the same topic.
+    within = ProduceRequest(topics=[ProduceTopic(name=TOPIC, partitions=[*one.partitions, other])])
+    across = ProduceRequest(
+        topics=[
+            ProduceTopic(name=TOPIC, partitions=[one.partitions[0]]),
+            ProduceTopic(name=TOPIC, partitions=[one.partitions[1], other]),
+        ]
+    )
+    async with TestClient(*broker.address) as client:
+        await two_led_partitions(client)
+        native = produce_answered(await client.call(within))
+        kafka = produce_answered(await kafka_request(broker.kafka_address, PRODUCE, 8, across))
+        ends = offsets_answered(await client.call(list_offsets((0, LATEST), (1, LATEST))))
+    assert native == [(0, "INVALID_REQUEST", -1), (0, "INVALID_REQUEST", -1), (1, "NONE", 0)]
+    assert kafka == [(0, "INVALID_REQUEST", -1), (0, "INVALID_REQUEST", -1), (1, "NONE", 1)]
+    assert ends == [(0, "NONE", 0), (1, "NONE", 2)], "only partition 1 was written"
