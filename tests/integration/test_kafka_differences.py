@@ -11,6 +11,11 @@ the native listener and the Kafka one (each test failed before its fix):
   the record sets by partition and keeps the last, the earlier one dropped without
   an answer of its own; here each is INVALID_REQUEST and nothing is written to that
   partition, the rest of the request is (no success for what was not appended).
+- A leader's SyncGroup with assignments for member ids not in the group: handled as
+  Kafka's classic coordinator does already (those ids ignored, neither stored nor
+  described; members left out get an empty assignment), but without Kafka's warning
+  naming the members left out, the one trace of a leader whose assignor misnames
+  members. Now logged.
 """
 
 from __future__ import annotations
@@ -26,11 +31,16 @@ from protocol.errors import ErrorCode
 from protocol.kafka.apis import CREATE_TOPICS
 from protocol.kafka.apis import LIST_OFFSETS
 from protocol.kafka.apis import PRODUCE
+from protocol.kafka.apis import SYNC_GROUP
 from protocol.messages import CreatableTopic
 from protocol.messages import CreatableTopicResult
 from protocol.messages import CreateTopicsRequest
 from protocol.messages import CreateTopicsResponse
 from protocol.messages import DeleteTopicsRequest
+from protocol.messages import DescribeGroupsRequest
+from protocol.messages import DescribeGroupsResponse
+from protocol.messages import JoinGroupRequest
+from protocol.messages import JoinGroupRequestProtocol
 from protocol.messages import ListOffsetsPartition
 from protocol.messages import ListOffsetsRequest
 from protocol.messages import ListOffsetsResponse
@@ -40,6 +50,9 @@ from protocol.messages import ProducePartition
 from protocol.messages import ProduceRequest
 from protocol.messages import ProduceResponse
 from protocol.messages import ProduceTopic
+from protocol.messages import SyncGroupRequest
+from protocol.messages import SyncGroupRequestAssignment
+from protocol.messages import SyncGroupResponse
 from tests.unit.protocol.record_faults import raw_batch
 from tests.unit.protocol.record_faults import record
 
@@ -165,3 +178,75 @@ async def test_a_partition_twice_in_one_produce_is_refused_and_the_rest_written(
     assert native == [(0, "INVALID_REQUEST", -1), (0, "INVALID_REQUEST", -1), (1, "NONE", 0)]
     assert kafka == [(0, "INVALID_REQUEST", -1), (0, "INVALID_REQUEST", -1), (1, "NONE", 1)]
     assert ends == [(0, "NONE", 0), (1, "NONE", 2)], "only partition 1 was written"
+
+
+async def joined_alone(client: TestClient, group: str) -> tuple[str, int]:
+    """(member id, generation) of one member that formed `group` alone (its leader)."""
+    join = JoinGroupRequest(
+        group_id=group,
+        session_timeout_ms=10_000,
+        rebalance_timeout_ms=10_000,
+        member_id="",
+        protocol_type="consumer",
+        protocols=[JoinGroupRequestProtocol(name="range", metadata=b"subscription")],
+    )
+    for _ in range(100):  # until the coordinator (__consumer_offsets) is ready
+        first = await client.call(join)
+        if first.error_code == ErrorCode.MEMBER_ID_REQUIRED:
+            break
+        await asyncio.sleep(0.1)
+    join.member_id = first.member_id
+    formed = await client.call(join)
+    assert (formed.error_code, formed.leader) == (0, first.member_id), formed
+    return first.member_id, formed.generation_id
+
+
+def sync_request(group: str, member: str, generation: int, plan: dict[str, bytes]) -> Message:
+    return SyncGroupRequest(
+        group_id=group,
+        generation_id=generation,
+        member_id=member,
+        assignments=[
+            SyncGroupRequestAssignment(member_id=m, assignment=a) for m, a in plan.items()
+        ],
+    )
+
+
+async def test_a_leaders_assignment_for_ids_not_in_the_group_is_ignored_as_by_kafka(
+    cluster: Cluster,
+) -> None:
+    cluster.start_controller()
+    broker = cluster.start_broker(1, "--group-initial-rebalance-delay-ms", "0", kafka=True)
+    async with TestClient(*broker.address) as client:
+        # Only a stranger assigned, over the Kafka listener: the leader gets nothing.
+        left_out, generation = await joined_alone(client, "strangers-only")
+        plan = {"stranger": b"theirs"}
+        kafka = await kafka_request(
+            broker.kafka_address,
+            SYNC_GROUP,
+            3,
+            sync_request("strangers-only", left_out, generation, plan),
+        )
+        # The leader and a stranger assigned, natively: the stranger's is dropped.
+        leader, generation = await joined_alone(client, "with-stranger")
+        plan = {leader: b"mine", "stranger": b"theirs"}
+        native = await client.call(sync_request("with-stranger", leader, generation, plan))
+        described = await client.call(
+            DescribeGroupsRequest(groups=["strangers-only", "with-stranger"])
+        )
+    assert isinstance(kafka, SyncGroupResponse) and isinstance(native, SyncGroupResponse)
+    assert (kafka.error_code, kafka.assignment) == (0, b"")
+    assert (native.error_code, native.assignment) == (0, b"mine")
+    assert isinstance(described, DescribeGroupsResponse)
+    members = {
+        g.group_id: (g.group_state, [(m.member_id, m.member_assignment) for m in g.members])
+        for g in described.groups
+    }
+    assert members == {
+        "strangers-only": ("Stable", [(left_out, b"")]),
+        "with-stranger": ("Stable", [(leader, b"mine")]),
+    }
+    warnings = [line for line in broker.log_text().splitlines() if "empty assignments" in line]
+    assert len(warnings) == 1 and "strangers-only" in warnings[0] and left_out in warnings[0], (
+        warnings
+    )
