@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import Protocol
 
 from broker.delayed_requests import DelayedProduce
@@ -127,6 +128,13 @@ class AppendPath:
         waits: list[tuple[Partition, int, int]] = []
         pending: list[ProducePartitionResponse] = []
         flushes: list[Partition] = []
+        # Kafka keys a Produce's record sets by partition, so a partition named twice
+        # keeps the last and the first is dropped unanswered. Here each is refused and
+        # nothing written for that partition: no success for what was not appended.
+        pairs = [(t.name, part.index) for t in request.topics for part in t.partitions]
+        repeated: set[tuple[str, int]] = set()
+        if len(set(pairs)) < len(pairs):  # counted only then: the hot path
+            repeated = {tp for tp, n in Counter(pairs).items() if n > 1}
         for topic in request.topics:
             parts_out: list[ProducePartitionResponse] = []
             topics_out.append(ProduceTopicResponse(name=topic.name, partitions=parts_out))
@@ -136,6 +144,10 @@ class AppendPath:
                 if acks not in (0, 1, -1):
                     r.error_code = ErrorCode.INVALID_REQUIRED_ACKS
                     r.error_message = f"acks must be 0, 1 or -1 (all), got {acks}"
+                    continue
+                if (topic.name, part.index) in repeated:
+                    r.error_code = ErrorCode.INVALID_REQUEST
+                    r.error_message = f"partition {topic.name}-{part.index} appears more than once"
                     continue
                 p, err = self._lookup(topic.name, part.index)
                 if p is None:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 
 from broker.delayed_requests import DelayedFetch
 from broker.delayed_requests import _FetchWatch
@@ -351,12 +352,24 @@ class ReadPath:
 
     def list_offsets(self, request: ListOffsetsRequest) -> ListOffsetsResponse:
         to_leo = request.replica_id >= 0 or request.replica_id == DEBUGGING_REPLICA_ID
+        # As Kafka: a partition asked twice is INVALID_REQUEST, each time; the rest are
+        # served.
+        pairs = [(t.name, lp.partition_index) for t in request.topics for lp in t.partitions]
+        repeated: set[tuple[str, int]] = set()
+        if len(set(pairs)) < len(pairs):  # counted only then (rare)
+            repeated = {tp for tp, n in Counter(pairs).items() if n > 1}
         return ListOffsetsResponse(
             topics=[
                 ListOffsetsTopicResponse(
                     name=topic.name,
                     partitions=[
-                        self._list_offset(topic.name, lp, to_leo) for lp in topic.partitions
+                        ListOffsetsPartitionResponse(
+                            partition_index=lp.partition_index,
+                            error_code=ErrorCode.INVALID_REQUEST,
+                        )
+                        if (topic.name, lp.partition_index) in repeated
+                        else self._list_offset(topic.name, lp, to_leo)
+                        for lp in topic.partitions
                     ],
                 )
                 for topic in request.topics

@@ -12,6 +12,7 @@ checks every record before it writes it (`check`), so its log never holds one.
 from __future__ import annotations
 
 from controller.epochs import broker_epoch_at
+from controller.topic_validation import collision_key
 from protocol.invariants import invariant
 from protocol.metadata_records import ClientQuotaRecord
 from protocol.metadata_records import FenceBrokerRecord
@@ -32,6 +33,41 @@ __all__ = ["BrokerInfo", "MetadataImage", "TopicImage"]
 
 class MetadataImage(SharedImage[PartitionRecord]):
     """Brokers, topics and partitions (as their PartitionRecords) as of `last_offset`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # collision key -> the topics under it (Kafka's topicsWithCollisionChars), so a
+        # CreateTopics checks its names without a pass over every topic. One name per
+        # key unless a log written before collisions were refused holds more. Values
+        # are replaced, never changed in place: a dry run undoes dict writes only.
+        self.topics_by_collision_key: dict[str, frozenset[str]] = {}
+
+    def colliding_topic(self, name: str) -> str | None:
+        """An existing topic other than `name` whose name differs from it only by
+        '.' against '_', if any."""
+        key = collision_key(name)
+        others = sorted(self.topics_by_collision_key.get(key, ())) if key else []
+        return next((other for other in others if other != name), None)
+
+    def clear(self) -> None:
+        super().clear()
+        self.topics_by_collision_key.clear()
+
+    def _on_topic_configs(self, topic: TopicImage[PartitionRecord]) -> None:
+        key = collision_key(topic.name)
+        if key is not None:
+            names = self.topics_by_collision_key.get(key, frozenset())
+            self._set(self.topics_by_collision_key, key, names | {topic.name})
+
+    def _on_topic_deleted(self, topic: TopicImage[PartitionRecord]) -> None:
+        key = collision_key(topic.name)
+        if key is None:
+            return
+        names = self.topics_by_collision_key.get(key, frozenset()) - {topic.name}
+        if names:
+            self._set(self.topics_by_collision_key, key, names)
+        else:
+            self._delete(self.topics_by_collision_key, key)
 
     @property
     def topic_ids(self) -> dict[str, str]:

@@ -16,6 +16,7 @@ from controller.replica_placement import assign_replicas
 from controller.state import MetadataImage
 from controller.topic_validation import InvalidTopicConfig
 from controller.topic_validation import InvalidTopicName
+from controller.topic_validation import collision_key
 from controller.topic_validation import validate_topic_configs
 from controller.topic_validation import validate_topic_name
 from protocol.errors import ErrorCode
@@ -60,9 +61,10 @@ class TopicControl(ControllerPart):
         return out
 
     def _create_one(
-        self, image: MetadataImage, topic: CreatableTopic
+        self, image: MetadataImage, topic: CreatableTopic, claimed: dict[str, str]
     ) -> tuple[CreatableTopicResult, list[MetadataRecord]]:
-        """The records creating `topic` and the answer, or the refusal and none."""
+        """The records creating `topic` and the answer, or the refusal and none.
+        `claimed`: collision key -> the topic this request creates under it."""
         unfenced = self.placeable_brokers(image)
         try:
             try:
@@ -72,6 +74,18 @@ class TopicControl(ControllerPart):
             if topic.name in image.topics_by_name:
                 raise _Refused(
                     ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {topic.name!r} already exists"
+                )
+            key = collision_key(topic.name)
+            # As Kafka: '.' and '_' are one character in metric names, so two topics
+            # that differ only there would report each other's metrics. An earlier
+            # entry of this request counts too (Kafka's KRaft controller checks only
+            # topics that exist, and would create both).
+            other = image.colliding_topic(topic.name) or (claimed.get(key) if key else None)
+            if other is not None:
+                raise _Refused(
+                    ErrorCode.INVALID_TOPIC_EXCEPTION,
+                    f"topic {topic.name!r} collides with existing topic {other!r} "
+                    "('.' and '_' are the same character in metric names)",
                 )
             if topic.assignments:
                 placement = self._assigned_placement(image, topic, unfenced)
@@ -85,6 +99,8 @@ class TopicControl(ControllerPart):
                 )
             except InvalidTopicConfig as exc:
                 raise _Refused(ErrorCode.INVALID_CONFIG, str(exc)) from None
+            if key is not None:
+                claimed[key] = topic.name
         except _Refused as refused:
             log.info("refused to create topic %r: %s", topic.name, refused.message)
             return (
@@ -223,6 +239,7 @@ class TopicControl(ControllerPart):
         def build(image: MetadataImage) -> tuple[list[MetadataRecord], CreateTopicsResponse]:
             results: list[CreatableTopicResult] = []
             records: list[MetadataRecord] = []
+            claimed: dict[str, str] = {}
             for topic in request.topics:
                 if counts[topic.name] > 1:
                     results.append(
@@ -233,7 +250,7 @@ class TopicControl(ControllerPart):
                         )
                     )
                     continue
-                result, topic_records = self._create_one(image, topic)
+                result, topic_records = self._create_one(image, topic, claimed)
                 results.append(result)
                 if not request.validate_only:
                     records.extend(topic_records)

@@ -24,6 +24,7 @@ UNCLEAN_LEADER_ELECTION = topic_configs.UNCLEAN_LEADER_ELECTION.name
 __all__ = [
     "InvalidTopicConfig",
     "InvalidTopicName",
+    "collision_key",
     "unclean_election_enabled",
     "validate_topic_configs",
     "validate_topic_name",
@@ -47,6 +48,15 @@ def validate_topic_name(name: str) -> None:
         raise InvalidTopicName(
             f"topic name {name!r} is illegal: use only ASCII letters, digits, '.', '_' and '-'"
         )
+
+
+def collision_key(name: str) -> str | None:
+    """The name with '.' as '_' (Kafka's Topic.unifyCollisionChars), or None if it
+    has neither: metric names cannot tell '.' from '_', so two topics with the same
+    key would share their metrics, and Kafka refuses to create the second."""
+    if "." not in name and "_" not in name:
+        return None
+    return name.replace(".", "_")
 
 
 def validate_topic_configs(

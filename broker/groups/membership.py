@@ -389,7 +389,20 @@ class Membership:
         return await future
 
     async def _complete_sync(self, group: Group, assignments: dict[str, bytes]) -> None:
+        """The leader's assignments stored and handed out. As Kafka's coordinator:
+        ids not in the group are ignored (neither stored nor answered), and members
+        the leader left out get an empty assignment, with a warning naming them (a
+        leader's assignor that misnames members shows up here)."""
         generation = group.generation
+        missing = [m for m in group.members if m not in assignments]
+        if missing:
+            log.warning(
+                "group %s: empty assignments for members %s for generation %d: the "
+                "leader's SyncGroup gave them none",
+                group.group_id,
+                missing,
+                generation,
+            )
         error = await self.persist(group, assignments)
         if group.state is not GroupState.COMPLETING_REBALANCE or group.generation != generation:
             return  # the rebalance moved on while the record was written

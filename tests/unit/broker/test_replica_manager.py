@@ -570,10 +570,13 @@ async def test_replica_fetch_from_outside_the_replica_set(harness: Harness) -> N
 
 
 async def test_acks_all_with_one_partition_twice(harness: Harness) -> None:
+    """Each entry answered (INVALID_REQUEST: Kafka would keep only the last) and
+    nothing appended (tests/integration/test_kafka_differences.py)."""
     h = harness
     await h.create_topic("two", replicas=[1, 2])
     req = produce_req("two", batch(b"x"), acks=-1, timeout_ms=50)
     req.topics[0].partitions.append(req.topics[0].partitions[0])
     resp = await h.rm.produce(req)
     codes = [p.error_code for p in resp.topics[0].partitions]
-    assert codes == [ErrorCode.REQUEST_TIMED_OUT, ErrorCode.REQUEST_TIMED_OUT]
+    assert codes == [ErrorCode.INVALID_REQUEST, ErrorCode.INVALID_REQUEST]
+    assert h.rm.partitions[("two", 0)].log_end_offset == 0
