@@ -36,6 +36,7 @@ from controller.quorum.quorum_state import QuorumStateFile
 from controller.quorum.replica import QuorumReplica
 from controller.quorum.replica import QuorumSettings
 from controller.quorum.replica import Role
+from controller.quorum.voting_rights import quorum_is_new
 from protocol.messages import DescribeQuorumRequest
 from protocol.messages import DescribeQuorumResponse
 from protocol.messages import Message
@@ -171,11 +172,10 @@ class QuorumDriver:
     async def _first_start_or_lost_disk(self) -> None:
         """A voter without its quorum state is either one of a new quorum's voters on
         their first start, or a voter that lost its disk. It asks the others: when a
-        majority (itself included) answers and every log and epoch is empty, the quorum
-        is new and it may vote; when any answer shows a log or an epoch, the cluster
-        exists, and it votes only once it has caught up (replica.py). A lost disk is
-        never taken for a new quorum: what was committed is on a majority, and any
-        majority that answers includes one of them."""
+        majority of the voters, itself not counted, answers and every log and epoch is
+        empty, the quorum is new and it may vote; when any answer shows a log or an
+        epoch, the cluster exists, and it votes only once it has caught up
+        (replica.py). A lost disk is never taken for a new quorum (voting_rights.py)."""
         replica = self.replica
         while not replica.may_vote and replica.epoch == 0 and replica.log.end_offset == 0:
             answers = await asyncio.gather(
@@ -185,17 +185,22 @@ class QuorumDriver:
                 ),
                 return_exceptions=True,
             )
-            described = [a for a in answers if isinstance(a, DescribeQuorumResponse)]
-            if any(a.leader_epoch > 0 or a.log_end_offset > 0 for a in described):
+            described = [
+                (a.leader_epoch, a.log_end_offset)
+                for a in answers
+                if isinstance(a, DescribeQuorumResponse)
+            ]
+            verdict = quorum_is_new(answers=described, majority=replica.majority)
+            if verdict is False:
                 log.warning(
                     "quorum: this controller has no quorum state but the others have a log: "
                     "its disk was lost; it catches up from them before it votes again"
                 )
                 return
-            if 1 + len(described) >= replica.majority:
+            if verdict:
                 log.info(
-                    "quorum: a new quorum (%d of %d voters answered, all empty): voting",
-                    1 + len(described),
+                    "quorum: a new quorum (%d other voters of %d answered, all empty): voting",
+                    len(described),
                     len(replica.voters),
                 )
                 replica.may_vote = True

@@ -9,6 +9,8 @@ each a listener, a QuorumDriver and a metadata log, in one process:
 - the old leader comes back, follows, and catches up (its diverging uncommitted tail,
   if any, truncated);
 - a leader that stops gracefully hands over at once (EndQuorumEpoch);
+- two voters that lost their disks do not take each other's emptiness for a new
+  quorum while the third holds what was committed;
 - a voter whose disk was lost comes back empty, catches up from the others (snapshot
   and log) and only then votes again.
 """
@@ -258,6 +260,40 @@ async def test_a_voter_that_lost_its_disk_catches_up_before_voting(tmp_path: Pat
         assert lost.driver is not None and lost.driver.replica.may_vote
         names = topics_on_disk(lost)
         assert names == [f"t{i}" for i in range(20)] + ["later"]
+    finally:
+        for v in voters:
+            await v.stop()
+
+
+async def test_two_voters_that_lost_their_disks_do_not_make_a_new_quorum(
+    tmp_path: Path,
+) -> None:
+    """Committed entries survive on the one voter that kept its disk: the two that
+    lost theirs ask each other at start, each sees the other empty, and must not take
+    that for a new quorum (voting_rights.py: a majority of the *others* must answer
+    empty). Counting themselves, they elected a leader of an empty log within a
+    second, and the cluster's metadata was gone."""
+    voters, addresses = await cluster(tmp_path)
+    try:
+        leader = await leader_of(voters)
+        end = await commit(leader, ["kept"])
+        await all_at(voters, end)
+        keeper = next(v for v in voters if v is not leader)
+        lost = [v for v in voters if v is not keeper]
+        await keeper.crash()
+        for v in lost:
+            await v.crash()
+            for path in v.directory.iterdir():
+                path.unlink()  # the volume is gone
+        for v in lost:
+            await v.start(addresses, may_vote=False)
+        await asyncio.sleep(2.0)  # ~13 election timeouts
+        for v in lost:
+            assert v.driver is not None
+            replica = v.driver.replica
+            assert not replica.may_vote and not replica.is_leader, (v.node_id, replica.role)
+            assert replica.log.end_offset == 0
+        assert topics_on_disk(keeper) == ["kept"]
     finally:
         for v in voters:
             await v.stop()
