@@ -136,6 +136,16 @@ def test_a_reservation_whose_jvm_never_started_lapses(java: Path, tmp_path: Path
     assert not sidecar.exists()
 
 
+def test_a_cache_that_cannot_be_written_means_no_archive(java: Path, tmp_path: Path) -> None:
+    """The session still starts, without an archive (nothing to map, nothing to
+    write), when the cache directory cannot be made."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    archive = ClassArchive(blocked / "spark-class-archive", "k", java)
+    assert archive.java_options() == ""
+    assert archive.writing is None
+
+
 def test_a_conf_directory_with_files_blocks_the_archive(tmp_path: Path) -> None:
     """HotSpot cannot write an archive with a non-empty directory ahead of the jars
     on its class path, and Spark's launcher puts its conf directory there."""
