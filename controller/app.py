@@ -37,6 +37,7 @@ from controller.quorum.quorum_state import QuorumStateFile
 from controller.quorum.replica import QuorumSettings
 from controller.quorum.replica import Role
 from controller.quorum.replicated_log import ReplicatedMetadataLog
+from controller.quorum.voting_rights import may_vote_at_start
 from controller.server import ControllerServer
 from controller.state import MetadataImage
 from runtime.process_start import after_start
@@ -195,8 +196,13 @@ class ControllerProcess:
                 ),
                 faults=faults,
                 # A voter of a larger quorum without its quorum state (a first start,
-                # or a lost disk) votes only once it knows which it is (driver.py).
-                may_vote=single or had_state,
+                # a lost disk), or whose log was lost, votes only once it knows the
+                # quorum is new or has caught up (voting_rights.py).
+                may_vote=may_vote_at_start(
+                    single_voter=single,
+                    state=state_file.read() if had_state else None,
+                    log_empty=not recovered.entries and recovered.snapshot_offset < 0,
+                ),
                 on_committed=self._on_committed,
                 on_role=self._on_role,
                 on_fatal=self._on_fatal,

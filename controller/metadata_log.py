@@ -347,7 +347,12 @@ class MetadataLog:
     def _open_append(path: Path) -> int:
         existed = path.exists()
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        if not existed:
+        if existed:
+            # What recovery read back is durable from here on (the quorum reports it
+            # as such): a SIGKILL between a write and its fsync left it in the page
+            # cache only, and a power cut would take it back.
+            os.fsync(fd)
+        else:
             fsync_directory(path.parent)
         return fd
 

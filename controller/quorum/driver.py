@@ -36,7 +36,8 @@ from controller.quorum.quorum_state import QuorumStateFile
 from controller.quorum.replica import QuorumReplica
 from controller.quorum.replica import QuorumSettings
 from controller.quorum.replica import Role
-from controller.quorum.voting_rights import quorum_is_new
+from controller.quorum.voting_rights import CATCH_UP
+from controller.quorum.voting_rights import start_verdict
 from protocol.messages import DescribeQuorumRequest
 from protocol.messages import DescribeQuorumResponse
 from protocol.messages import Message
@@ -170,14 +171,15 @@ class QuorumDriver:
         self._after()
 
     async def _first_start_or_lost_disk(self) -> None:
-        """A voter without its quorum state is either one of a new quorum's voters on
-        their first start, or a voter that lost its disk. It asks the others: when a
-        majority of the voters, itself not counted, answers and every log and epoch is
-        empty, the quorum is new and it may vote; when any answer shows a log or an
-        epoch, the cluster exists, and it votes only once it has caught up
-        (replica.py). A lost disk is never taken for a new quorum (voting_rights.py)."""
+        """A voter that may not vote yet (voting_rights.py: no quorum state, or a state
+        whose log held entries and an empty log) is a new quorum's voter, or one that
+        lost its disk or its log. It asks the others until as many as make a majority,
+        itself not counted, have answered: any log among them, and it catches up
+        before it votes (replica.py); none, and it votes, in epochs above the highest
+        they answered (it may have voted in that one and forgotten it)."""
         replica = self.replica
-        while not replica.may_vote and replica.epoch == 0 and replica.log.end_offset == 0:
+        had_state = replica.epoch > 0
+        while not replica.may_vote and replica.log.end_offset == 0:
             answers = await asyncio.gather(
                 *(
                     peer.request(DescribeQuorumRequest(), timeout_s=1.0)
@@ -190,20 +192,26 @@ class QuorumDriver:
                 for a in answers
                 if isinstance(a, DescribeQuorumResponse)
             ]
-            verdict = quorum_is_new(answers=described, majority=replica.majority)
-            if verdict is False:
+            verdict = start_verdict(described, replica.majority)
+            if verdict == CATCH_UP:
                 log.warning(
-                    "quorum: this controller has no quorum state but the others have a log: "
-                    "its disk was lost; it catches up from them before it votes again"
+                    "quorum: %s, and the others have a log: it catches up from them "
+                    "before it votes again",
+                    "this controller's quorum state says its log held entries and the log "
+                    "is empty: its log was lost"
+                    if had_state
+                    else "this controller has no quorum state: its disk was lost",
                 )
                 return
-            if verdict:
+            if isinstance(verdict, int):
                 log.info(
-                    "quorum: a new quorum (%d other voters of %d answered, all empty): voting",
+                    "quorum: %d other voters of %d answered, every log empty: voting in "
+                    "epochs above %d",
                     len(described),
                     len(replica.voters),
+                    verdict,
                 )
-                replica.may_vote = True
+                replica.allow_voting(verdict, self._now())
                 self._after()
                 return
             await asyncio.sleep(0.2)

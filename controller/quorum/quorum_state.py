@@ -1,16 +1,29 @@
 """The quorum state file of one controller: what it must never forget across a crash.
 
 File ``quorum-state`` in the controller's data directory, one JSON object (KRaft keeps
-the same three facts in its own ``quorum-state`` file)::
+the first three facts in its own ``quorum-state`` file)::
 
-    {"version": 1, "epoch": 5, "voted_for": 2, "leader_id": 2, "crc": 3735928559}
+    {"version": 2, "epoch": 5, "voted_for": 2, "leader_id": 2, "held_entries": 1,
+     "catching_up": 0, "crc": 3735928559}
 
 - ``epoch``: the highest quorum epoch this voter has seen (never goes back);
 - ``voted_for``: the candidate it voted for in that epoch, -1 if none (one vote per
   epoch: the vote is written here before it is granted);
 - ``leader_id``: the leader it knows in that epoch, -1 if none;
-- ``crc``: CRC-32C of the canonical JSON of the other four fields (sorted keys, no
+- ``held_entries`` (version 2): 1 once the voter's metadata log held durable entries
+  (written before the first of them is reported to a leader or counted by one), 0
+  before that and after a truncation cut the log back to nothing. With 1 and an empty
+  log at start, the log was lost: the voter catches up before it votes
+  (voting_rights.py);
+- ``catching_up`` (version 2): 1 while a voter that started without the right to vote
+  (no quorum state, or a lost log) has not caught up with a leader, so that a restart
+  does not give it back;
+- ``crc``: CRC-32C of the canonical JSON of the other fields (sorted keys, no
   spaces), so that a file damaged on disk is told apart from a valid one.
+
+Version 1 (before ``held_entries`` and ``catching_up``) is read with both 0, the
+behaviour of the builds that wrote it; the next change of state is written as
+version 2, and a non-empty log marks ``held_entries`` at once.
 
 Replaced atomically on every change (runtime/fileio.py `atomic_write`: temp file,
 fsync, rename, fsync the directory): a crash leaves the old state or the new one.
@@ -32,7 +45,11 @@ from runtime.fileio import atomic_write
 from runtime.fileio import describe_os_error
 
 QUORUM_STATE_FILE = "quorum-state"
-VERSION = 1
+VERSION = 2
+_FIELDS = {
+    1: ("version", "epoch", "voted_for", "leader_id"),
+    2: ("version", "epoch", "voted_for", "leader_id", "held_entries", "catching_up"),
+}
 
 
 def _canonical(fields: dict[str, int]) -> bytes:
@@ -56,7 +73,11 @@ class QuorumStateFile:
             raise self._corrupt(f"cannot be read ({describe_os_error(exc)})") from None
         try:
             data = json.loads(raw)
-            fields = {k: data[k] for k in ("version", "epoch", "voted_for", "leader_id")}
+            version = data["version"]
+            if version not in _FIELDS:
+                versions = " and ".join(str(v) for v in _FIELDS)
+                raise self._corrupt(f"has version {version!r}; this build reads {versions}")
+            fields = {k: data[k] for k in _FIELDS[version]}
             crc = data["crc"]
             if not all(type(v) is int for v in (*fields.values(), crc)):
                 raise ValueError("every field must be an integer")
@@ -64,12 +85,17 @@ class QuorumStateFile:
             raise self._corrupt(f"does not parse ({exc})") from None
         if crc32c.crc32c(_canonical(fields)) != crc:
             raise self._corrupt("fails its CRC check")
-        if fields["version"] != VERSION:
-            raise self._corrupt(f"has version {fields['version']}; this build reads {VERSION}")
         if fields["epoch"] < 0:
             raise self._corrupt(f"has a negative epoch {fields['epoch']}")
+        for flag in ("held_entries", "catching_up"):
+            if fields.get(flag, 0) not in (0, 1):
+                raise self._corrupt(f"has {flag} {fields[flag]}, not 0 or 1")
         return QuorumState(
-            epoch=fields["epoch"], voted_for=fields["voted_for"], leader_id=fields["leader_id"]
+            epoch=fields["epoch"],
+            voted_for=fields["voted_for"],
+            leader_id=fields["leader_id"],
+            held_entries=bool(fields.get("held_entries", 0)),
+            catching_up=bool(fields.get("catching_up", 0)),
         )
 
     def write(self, state: QuorumState) -> None:
@@ -79,6 +105,8 @@ class QuorumStateFile:
             "epoch": state.epoch,
             "voted_for": state.voted_for,
             "leader_id": state.leader_id,
+            "held_entries": int(state.held_entries),
+            "catching_up": int(state.catching_up),
         }
         record = dict(fields, crc=crc32c.crc32c(_canonical(fields)))
         atomic_write(self.path, json.dumps(record, sort_keys=True).encode() + b"\n")

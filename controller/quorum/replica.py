@@ -64,14 +64,24 @@ from runtime.epoch_lineage import offset_truncation_state
 
 log = logging.getLogger(__name__)
 
+# `voted_for` of an epoch in which a voter that lost its quorum state may have voted
+# before: no candidate matches it, so it votes for none in that epoch.
+FORGOTTEN_VOTE = -2
+
 
 class QuorumState(msgspec.Struct, frozen=True, kw_only=True):
     """What a voter must never forget (controller/quorum/quorum_state.py keeps it on
-    disk): its epoch, whom it voted for in it, and the leader it knows in it."""
+    disk): its epoch, whom it voted for in it, the leader it knows in it, and whether
+    its log ever held durable entries (set before the first is reported or counted,
+    so that a voter whose log is later lost knows it: voting_rights.py)."""
 
     epoch: int = 0
     voted_for: int = -1
     leader_id: int = -1
+    held_entries: bool = False
+    # It started without the right to vote (voting_rights.py) and has not caught up
+    # yet: kept across restarts, so that a restart does not give the vote back.
+    catching_up: bool = False
 
 
 class Role(enum.Enum):
@@ -141,6 +151,9 @@ class QuorumReplica:
         # False for a voter that lost its disk: it neither votes nor stands until it has
         # caught up with a leader (it may have voted before, in epochs it forgot).
         self.may_vote = may_vote
+        if not may_vote and not state.catching_up:
+            self.state = msgspec.structs.replace(state, catching_up=True)
+            self._save(self.state)  # durable before the voter answers anyone
         self._catch_up_target: int | None = None
         self.outbox: list[tuple[int, Message]] = []
         self.role = Role.UNATTACHED
@@ -161,6 +174,8 @@ class QuorumReplica:
             self._become_follower(state.leader_id, now)
         else:
             self._become_unattached(now)
+        if log.flushed_end > 0:
+            self._note_held_entries()  # a state written before the mark existed
         if len(self.voters) == 1:
             self._deadline = now  # a quorum of one elects itself at its first tick
             # ... and everything on its disk was committed (it was the only copy that
@@ -188,11 +203,40 @@ class QuorumReplica:
     # ------------------------------------------------------------------ state changes
 
     def _persist(self, epoch: int, voted_for: int, leader_id: int) -> None:
-        new = QuorumState(epoch=epoch, voted_for=voted_for, leader_id=leader_id)
+        new = msgspec.structs.replace(
+            self.state, epoch=epoch, voted_for=voted_for, leader_id=leader_id
+        )
         if new.epoch < self.state.epoch:
             raise InvariantError(f"quorum epoch going back: {self.state} -> {new}")
         if new != self.state:
             self._save(new)  # durable before anything depends on it
+            self.state = new
+
+    def allow_voting(self, floor_epoch: int, now: float) -> None:
+        """Let a voter that started without the right to vote (voting_rights.py) vote
+        again, in epochs above `floor_epoch`: it may have voted in that one and
+        forgotten it, so that epoch is persisted with a vote given to nobody it knows."""
+        if floor_epoch > self.epoch:
+            self._persist(floor_epoch, FORGOTTEN_VOTE, -1)
+            self._become_unattached(now)
+        self._may_vote_again()
+
+    def _may_vote_again(self) -> None:
+        if self.state.catching_up:
+            new = msgspec.structs.replace(self.state, catching_up=False)
+            self._save(new)  # durable before it votes
+            self.state = new
+        self.may_vote = True
+
+    def _note_held_entries(self, held: bool = True) -> None:
+        """Record, durably, that the log holds durable entries, before a fetch reports
+        them or the leader counts them: a voter that loses its log but not its quorum
+        state then knows it may have acknowledged committed entries (voting_rights.py).
+        `held` False when a truncation cut the log back to nothing (what it held
+        diverged from the leader's, so none of it was committed)."""
+        if held != self.state.held_entries:
+            new = msgspec.structs.replace(self.state, held_entries=held)
+            self._save(new)
             self.state = new
 
     def _election_timeout(self) -> float:
@@ -386,6 +430,8 @@ class QuorumReplica:
 
     def flushed(self, point: tuple[int, int], now: float) -> None:
         self.log.flushed(point)
+        if self.log.flushed_end > 0:
+            self._note_held_entries()
         if self.role is Role.LEADER:
             self._advance_high_watermark()
         else:
@@ -825,6 +871,8 @@ class QuorumReplica:
                 why,
             )
             self.log.truncate_to(offset)
+            if self.log.end_offset == 0:
+                self._note_held_entries(held=False)
 
     def _learn_high_watermark(self, leader_hw: int) -> None:
         hw = min(leader_hw, self.log.end_offset)
@@ -838,7 +886,7 @@ class QuorumReplica:
                     "quorum: caught up to offset %d after losing the log; voting again",
                     self._catch_up_target,
                 )
-                self.may_vote = True
+                self._may_vote_again()
 
     def _on_snapshot_response(
         self, leader: int, req: FetchSnapshotRequest, resp: FetchSnapshotResponse, now: float

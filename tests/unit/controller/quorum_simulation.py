@@ -5,8 +5,11 @@ The voters are the real `QuorumReplica` objects; only their surroundings are
 simulated: a clock, a network that delays, drops, reorders and partitions messages,
 disks whose writes become durable when a flush completes, and a nemesis that kills
 voters (SIGKILL: what was written survives, what was only in memory does not), cuts
-their power (only what was flushed survives) and wipes their disks (a lost volume:
-the voter comes back with nothing and may not vote until it has caught up). One seed
+their power (only what was flushed survives), wipes their disks (a lost volume: the
+voter comes back with nothing) and empties their logs (the quorum state survives). A
+voter that may not vote at its start (controller/quorum/voting_rights.py) asks the
+others as the driver does, and votes once they say the quorum is new or once it has
+caught up. One seed
 decides everything, so a failing seed replays exactly:
 
     python -m tests.unit.controller.quorum_simulation --seed 1234 --verbose
@@ -43,6 +46,8 @@ from controller.quorum.replica import QuorumReplica
 from controller.quorum.replica import QuorumSettings
 from controller.quorum.replica import QuorumState
 from controller.quorum.replica import Role
+from controller.quorum.voting_rights import may_vote_at_start
+from controller.quorum.voting_rights import start_verdict
 from protocol.messages.client_apis import Message
 from protocol.messages.quorum_apis import MetadataEntry
 from protocol.messages.quorum_apis import VoteResponse
@@ -73,7 +78,7 @@ class Disk:
     """What survives a crash: the quorum state (written durably at once), the log as
     last written (survives SIGKILL) and as last flushed (survives a power cut)."""
 
-    state: QuorumState = field(default_factory=QuorumState)
+    state: QuorumState | None = None  # None: no quorum-state file
     written: tuple[Snapshot, tuple[MetadataEntry, ...]] = (Snapshot(), ())
     flushed: tuple[Snapshot, tuple[MetadataEntry, ...]] = (Snapshot(), ())
 
@@ -140,8 +145,13 @@ class Simulation:
         self.acked: dict[int, tuple[int, Any]] = {}  # appends the leader acknowledged
         self._pending: list[tuple[int, int, int, Any]] = []  # (leader, epoch, offset, rec)
         self._next_record = 0
-        self.wiped: set[int] = set()
-        self.stats: dict[str, int] = {"elections": 0, "kills": 0, "power_cuts": 0, "wipes": 0}
+        self.stats: dict[str, int] = {
+            "elections": 0,
+            "kills": 0,
+            "power_cuts": 0,
+            "wipes": 0,
+            "lost_logs": 0,
+        }
 
     # ------------------------------------------------------------------ plumbing
 
@@ -160,13 +170,14 @@ class Simulation:
 
     def start(self, node: Node, *, may_vote: bool = True) -> None:
         snapshot, entries = node.disk.written
+        node.disk.flushed = node.disk.written  # recovery fsyncs what it read back
         node.incarnation += 1
         node.replica = QuorumReplica(
             node.node_id,
             tuple(self.nodes),
             cluster_id=CLUSTER,
             log=QuorumLog(snapshot, list(entries)),
-            state=node.disk.state,
+            state=node.disk.state or QuorumState(),
             save_state=lambda s, n=node: self._save_state(n, s),
             settings=SETTINGS,
             rng=random.Random(self.rng.random()),
@@ -402,13 +413,25 @@ class Simulation:
         elif victim.replica is not None and len(down) < (len(nodes) - 1) // 2 + 1:
             # Kill, power cut or disk loss (only one voter without its disk at a time).
             kind = self.rng.random()
-            if kind < 0.1 and not self.wiped:
-                self._crash(victim, "wipe")
+            if kind < 0.1 and not any(self._without_vote(n) for n in nodes):
+                self._crash(victim, "wipe" if self.rng.random() < 0.5 else "lose-log")
             elif kind < 0.1 + 0.9 * self.o.power_cut_share:
                 self._crash(victim, "power")
             else:
                 self._crash(victim, "kill")
         self.at(self.now + self.rng.random() * 2 * self.o.fault_every_ms, self._nemesis)
+
+    @staticmethod
+    def _without_vote(node: Node) -> bool:
+        """A voter that would start without the right to vote, or has not won it back
+        (no quorum state, a lost log, still catching up): one at a time, as a quorum of
+        three cannot elect anyone with two of them (voting_rights.py). A voter that
+        restarts before its first state change counts: it cannot tell itself from a
+        voter that lost its disk."""
+        state = node.disk.state
+        snapshot, entries = node.disk.written
+        log_empty = not entries and snapshot.end_offset == 0
+        return state is None or state.catching_up or (state.held_entries and log_empty)
 
     def _partition(self) -> None:
         ids = list(self.nodes)
@@ -431,8 +454,10 @@ class Simulation:
             self.stats["power_cuts"] += 1
         elif how == "wipe":
             node.disk = Disk()
-            self.wiped.add(node.node_id)
             self.stats["wipes"] += 1
+        elif how == "lose-log":
+            node.disk = Disk(state=node.disk.state)
+            self.stats["lost_logs"] += 1
         else:
             self.stats["kills"] += 1
         node.last_hw = 0
@@ -444,13 +469,50 @@ class Simulation:
     def _restart(self, node: Node) -> None:
         if node.replica is not None:
             return
-        wiped = node.node_id in self.wiped
-        self.start(node, may_vote=not wiped)
+        snapshot, entries = node.disk.written
+        state = node.disk.state
+        may_vote = may_vote_at_start(
+            single_voter=len(self.nodes) == 1,
+            state=state,
+            log_empty=not entries and snapshot.end_offset == 0,
+        )
+        self.start(node, may_vote=may_vote)
+        if not may_vote:
+            replica = node.replica
+            assert replica is not None
+            self._probe(node, node.incarnation)
+
+    def _probe(self, node: Node, incarnation: int) -> None:
+        """The driver's question to the other voters at start (driver.py
+        `_first_start_or_lost_disk`), answered with their epochs and log ends as they
+        are now."""
+        replica = node.replica
+        if replica is None or node.incarnation != incarnation:
+            return
+        if replica.may_vote or replica.log.end_offset > 0:
+            return
+        answers = [
+            (other.replica.epoch, other.replica.log.end_offset)
+            for other in self.nodes.values()
+            if other is not node
+            and other.replica is not None
+            and self._reachable(node.node_id, other.node_id)
+        ]
+        verdict = start_verdict(answers, replica.majority)
+        if isinstance(verdict, int):
+            self.trace(f"node {node.node_id} finds every log empty: voting above {verdict}")
+            replica.allow_voting(verdict, self.now)
+            self._after(node)
+        elif verdict is None:
+            self.at(self.now + 200, lambda: self._probe(node, incarnation))
 
     # ------------------------------------------------------------------ run
 
     def run(self) -> Simulation:
         for node in self.nodes.values():
+            # A new quorum: each voter's first start found every other empty and wrote
+            # its state (driver.py `_first_start_or_lost_disk`, `allow_voting`).
+            node.disk.state = QuorumState()
             self.start(node)
         self.at(0.0, self._client)
         self.at(self.o.fault_every_ms, self._nemesis)
@@ -462,15 +524,8 @@ class Simulation:
                 break
             self.now = when
             action()
-            self._forget_caught_up_wipes()
         self._final_checks()
         return self
-
-    def _forget_caught_up_wipes(self) -> None:
-        for node_id in list(self.wiped):
-            r = self.nodes[node_id].replica
-            if r is not None and r.may_vote:
-                self.wiped.discard(node_id)
 
     def _heal(self) -> None:
         self.cut.clear()

@@ -29,6 +29,7 @@ from controller.quorum.quorum_log import Snapshot
 from controller.quorum.quorum_state import QuorumStateFile
 from controller.quorum.replica import QuorumSettings
 from controller.quorum.replica import Role
+from controller.quorum.voting_rights import may_vote_at_start
 from controller.server import QUORUM_APIS
 from protocol.errors import ErrorCode
 from protocol.messages import BeginQuorumEpochResponse
@@ -294,6 +295,45 @@ async def test_two_voters_that_lost_their_disks_do_not_make_a_new_quorum(
             assert not replica.may_vote and not replica.is_leader, (v.node_id, replica.role)
             assert replica.log.end_offset == 0
         assert topics_on_disk(keeper) == ["kept"]
+    finally:
+        for v in voters:
+            await v.stop()
+
+
+async def test_a_voter_that_lost_only_its_log_catches_up_before_voting(tmp_path: Path) -> None:
+    """Its quorum state says its log held entries (voting_rights.py): with the log
+    gone it may have acknowledged committed entries it no longer has, so it neither
+    votes nor stands until it has caught up, and a restart meanwhile does not give
+    the vote back (`catching_up` is in the state)."""
+    voters, addresses = await cluster(tmp_path)
+    try:
+        leader = await leader_of(voters)
+        end = await commit(leader, ["a", "b"])
+        await all_at(voters, end)
+        lost = next(v for v in voters if v is not leader)
+        await lost.crash()
+        for path in lost.directory.glob("metadata-*.log"):
+            path.unlink()  # the log is gone, quorum-state and meta.properties stay
+        state = QuorumStateFile(lost.directory).read()
+        assert state.held_entries
+        may_vote = may_vote_at_start(single_voter=False, state=state, log_empty=True)
+        assert not may_vote
+        await leader.crash()  # the third cannot win without its vote: no leader
+        await lost.start(addresses, may_vote=may_vote)
+        await asyncio.sleep(1.0)
+        assert lost.driver is not None and not lost.driver.replica.may_vote
+        assert QuorumStateFile(lost.directory).read().catching_up
+        await lost.crash()
+        state = QuorumStateFile(lost.directory).read()
+        assert not may_vote_at_start(single_voter=False, state=state, log_empty=True)
+        await lost.start(addresses, may_vote=False)
+        await leader.start(addresses)
+        leader = await leader_of(voters)
+        end = await commit(leader, ["c"])
+        await all_at(voters, end)
+        assert lost.driver.replica.may_vote
+        assert not QuorumStateFile(lost.directory).read().catching_up
+        assert topics_on_disk(lost) == ["a", "b", "c"]
     finally:
         for v in voters:
             await v.stop()

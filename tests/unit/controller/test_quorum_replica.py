@@ -21,6 +21,7 @@ import pytest
 
 from controller.errors import CorruptMetadataError
 from controller.quorum.quorum_log import QuorumLog
+from controller.quorum.quorum_log import Snapshot
 from controller.quorum.quorum_state import QuorumStateFile
 from controller.quorum.replica import QuorumReplica
 from controller.quorum.replica import QuorumSettings
@@ -167,15 +168,46 @@ def test_requests_from_another_cluster_or_a_non_voter_are_refused(tmp_path: Path
 
 # ------------------------------------------------------------------ the quorum-state file
 
-# As issue 17's first build writes it: epoch 5, voted for 2, leader 2.
+# As issue 17's first build wrote it (version 1): epoch 5, voted for 2, leader 2.
 FIXTURE = b'{"crc": 3598015657, "epoch": 5, "leader_id": 2, "version": 1, "voted_for": 2}\n'
+# As this build writes it (version 2): the same, and a log that held entries.
+FIXTURE_V2 = (
+    b'{"catching_up": 0, "crc": 1877319215, "epoch": 5, "held_entries": 1, "leader_id": 2, '
+    b'"version": 2, "voted_for": 2}\n'
+)
 
 
-def test_the_quorum_state_file_reads_its_fixture(tmp_path: Path) -> None:
+def test_the_quorum_state_file_reads_its_fixtures(tmp_path: Path) -> None:
+    """Version 1 reads as a log never marked (the behaviour of the builds that wrote
+    it); what this build writes is version 2, byte for byte."""
     (tmp_path / "quorum-state").write_bytes(FIXTURE)
     assert QuorumStateFile(tmp_path).read() == QuorumState(epoch=5, voted_for=2, leader_id=2)
-    QuorumStateFile(tmp_path).write(QuorumState(epoch=5, voted_for=2, leader_id=2))
-    assert (tmp_path / "quorum-state").read_bytes() == FIXTURE
+    (tmp_path / "quorum-state").write_bytes(FIXTURE_V2)
+    held = QuorumState(epoch=5, voted_for=2, leader_id=2, held_entries=True)
+    assert QuorumStateFile(tmp_path).read() == held
+    QuorumStateFile(tmp_path).write(held)
+    assert (tmp_path / "quorum-state").read_bytes() == FIXTURE_V2
+
+
+def test_a_version_1_state_with_a_log_is_marked_at_start(tmp_path: Path) -> None:
+    """Upgrading: a voter whose version 1 state sits beside a log with entries writes
+    the mark at once, so a later loss of that log is seen."""
+    (tmp_path / "quorum-state").write_bytes(FIXTURE)
+    state_file = QuorumStateFile(tmp_path)
+    leader_change = LeaderChangeRecord(leader_id=2, leader_epoch=5)
+    log = QuorumLog(Snapshot(), [MetadataEntry(offset=0, epoch=5, record=leader_change)])
+    QuorumReplica(
+        1,
+        (1, 2, 3),
+        cluster_id="c",
+        log=log,
+        state=state_file.read(),
+        save_state=state_file.write,
+        settings=QuorumSettings(),
+        rng=random.Random(1),
+        now=0.0,
+    )
+    assert state_file.read().held_entries
 
 
 @pytest.mark.parametrize(
@@ -184,7 +216,9 @@ def test_the_quorum_state_file_reads_its_fixture(tmp_path: Path) -> None:
         (FIXTURE.replace(b'"epoch": 5', b'"epoch": 6'), "CRC"),
         (FIXTURE[:30], "does not parse"),
         (b"", "does not parse"),
-        (FIXTURE.replace(b'"version": 1', b'"version": 2'), "CRC"),
+        (FIXTURE.replace(b'"version": 1', b'"version": 2'), "does not parse"),
+        (FIXTURE.replace(b'"version": 1', b'"version": 3'), "has version 3"),
+        (FIXTURE_V2.replace(b'"held_entries": 1', b'"held_entries": 0'), "CRC"),
         (b'{"epoch": "5"}', "does not parse"),
     ],
 )

@@ -1,6 +1,6 @@
 """The controller quorum under the deterministic simulation (quorum_simulation.py):
 thousands of seeds, each its own mix of message loss, delay, partitions, kills, power
-cuts and lost disks, checked for election safety, committed entries that never change,
+cuts, lost disks and lost logs, checked for election safety, committed entries that never change,
 leader completeness, log matching and, once the network heals, a leader with every
 acknowledged append on every voter.
 
@@ -19,8 +19,11 @@ from collections.abc import Iterator
 import pytest
 
 from controller.quorum.replica import QuorumReplica
+from controller.quorum.replica import QuorumState
 from controller.quorum.replica import Role
 from controller.quorum.replica import VoterProgress
+from controller.quorum.voting_rights import CATCH_UP
+from tests.unit.controller import quorum_simulation
 from tests.unit.controller.quorum_simulation import SimulationFailure
 from tests.unit.controller.quorum_simulation import run_seed
 
@@ -92,11 +95,59 @@ def _leader_counts_unflushed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(QuorumReplica, "_advance_high_watermark", advance)
 
 
+def _lost_log_votes_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A voter whose quorum state says its log held entries, and whose log is empty,
+    votes at once (as if it had never held any)."""
+
+    def rule(*, single_voter: bool, state: QuorumState | None, log_empty: bool) -> bool:
+        return single_voter or (state is not None and not state.catching_up)
+
+    monkeypatch.setattr(quorum_simulation, "may_vote_at_start", rule)
+
+
+def _restart_gives_the_vote_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A voter still catching up after a lost disk or log votes again once it
+    restarts (the state does not keep `catching_up`)."""
+
+    def rule(*, single_voter: bool, state: QuorumState | None, log_empty: bool) -> bool:
+        return single_voter or (state is not None and not (state.held_entries and log_empty))
+
+    monkeypatch.setattr(quorum_simulation, "may_vote_at_start", rule)
+
+
+def _start_probe_counts_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A voter that may not vote counts its own empty log among the answers."""
+
+    def verdict(answers: list[tuple[int, int]], majority: int) -> int | str | None:
+        if any(end > 0 for _, end in answers):
+            return CATCH_UP
+        if 1 + len(answers) >= majority:
+            return max((epoch for epoch, _ in answers), default=0)
+        return None
+
+    monkeypatch.setattr(quorum_simulation, "start_verdict", verdict)
+
+
+def _no_floor_for_forgotten_votes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A voter without its state votes again in the epochs the others answered (it may
+    have voted in them before its disk went)."""
+    original = QuorumReplica.allow_voting
+
+    def allow(self: QuorumReplica, floor_epoch: int, now: float) -> None:
+        original(self, -1, now)
+
+    monkeypatch.setattr(QuorumReplica, "allow_voting", allow)
+
+
 PROTECTIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "vote-only-for-an-up-to-date-log": _any_log_wins,
     "a-restarted-leader-does-not-lead-its-epoch-again": _restarted_leader_leads_again,
     "followers-report-only-durable-entries": _follower_reports_unflushed,
     "the-leader-counts-only-its-durable-entries": _leader_counts_unflushed,
+    "a-voter-that-lost-its-log-catches-up-before-voting": _lost_log_votes_at_once,
+    "a-restart-does-not-give-the-vote-back": _restart_gives_the_vote_back,
+    "the-start-probe-does-not-count-itself": _start_probe_counts_itself,
+    "a-voter-without-state-votes-above-the-epochs-it-heard": _no_floor_for_forgotten_votes,
 }
 
 
