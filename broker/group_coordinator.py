@@ -33,6 +33,11 @@ broker/groups/records.py).
   moves keeps its groups and their committed offsets (members get a fresh session
   and at most rejoin). Members' sessions are checked every SESSION_CHECK_S.
 - DeleteGroups (an empty group only) writes tombstones of its metadata and offsets.
+- A partition whose topic is deleted (Kafka's onPartitionsDeleted): the committed
+  offsets of it in every shard we lead get tombstones, so that OffsetFetch no longer
+  answers them and a topic created again under the name starts without them (a
+  consumer would otherwise resume the new topic at the old topic's offsets and skip
+  its first records). A shard still loading then is cleaned once it has loaded.
 The log is not compacted (Kafka compacts this topic).
 """
 
@@ -125,6 +130,8 @@ LOAD_POLL_S = 0.02
 LOAD_SLOW_WARNING_S = 30.0
 # How often members' sessions are checked (a dead member is noticed this much late).
 SESSION_CHECK_S = 0.1
+# Tombstones per record batch when the offsets of deleted partitions are removed.
+TOMBSTONES_PER_BATCH = 1000
 
 
 # ---------------------------------------------------------------------- hashing
@@ -159,6 +166,8 @@ class _Shard:
     groups: dict[str, Group] = field(default_factory=dict)
     failed: bool = False
     task: asyncio.Task[None] | None = None
+    # Partitions deleted while the shard was loading: their offsets are removed after.
+    deleted_while_loading: set[tuple[str, int]] = field(default_factory=set)
 
 
 # Produce errors -> commit errors, as Kafka's GroupMetadataManager maps them.
@@ -208,6 +217,7 @@ class GroupCoordinator:
         self._shards: dict[int, _Shard] = {}
         self._create_task: asyncio.Task[None] | None = None
         self._sessions_task: asyncio.Task[None] | None = None
+        self._cleanups: set[asyncio.Task[None]] = set()
         replica_manager.leadership_listeners.append(self.on_leadership)
 
     # ------------------------------------------------------------------ leadership
@@ -297,6 +307,9 @@ class GroupCoordinator:
         for group in shard.groups.values():
             self.membership.loaded(group)
         shard.cache = cache
+        if shard.deleted_while_loading:
+            self._remove_deleted(shard, shard.deleted_while_loading)
+            shard.deleted_while_loading = set()
         log.info(
             "%s: loaded %d groups (%d with members) up to offset %d at leader epoch %d in %.0f ms",
             p.name,
@@ -318,9 +331,69 @@ class GroupCoordinator:
     def close(self) -> None:
         for index in list(self._shards):
             self._drop(index, reason="shutting down")
-        for task in (self._create_task, self._sessions_task):
+        for task in (self._create_task, self._sessions_task, *self._cleanups):
             if task is not None and not task.done():
                 task.cancel()
+
+    # ------------------------------------------------------------------ deleted topics
+
+    def on_partitions_deleted(self, partitions: set[tuple[str, int]]) -> None:
+        """Partitions that no longer exist (their topic was deleted): their committed
+        offsets are removed from every shard we lead, as Kafka's coordinator does."""
+        partitions = {tp for tp in partitions if tp[0] != OFFSETS_TOPIC}
+        if not partitions:
+            return
+        for shard in self._shards.values():
+            if shard.cache is not None:
+                self._remove_deleted(shard, partitions)
+            elif not shard.failed:
+                shard.deleted_while_loading |= partitions
+
+    def _remove_deleted(self, shard: _Shard, partitions: set[tuple[str, int]]) -> None:
+        assert shard.cache is not None
+        keys = [
+            OffsetKey(OFFSET_KEY_VERSION, group, topic, index)
+            for group, offsets in shard.cache.groups.items()
+            for topic, index in offsets
+            if (topic, index) in partitions
+        ]
+        if not keys:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._write_tombstones(shard, keys), name=f"remove-deleted-{shard.index}"
+        )
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def _write_tombstones(self, shard: _Shard, keys: list[OffsetKey]) -> None:
+        topics = sorted({k.topic for k in keys})
+        for start in range(0, len(keys), TOMBSTONES_PER_BATCH):
+            chunk = keys[start : start + TOMBSTONES_PER_BATCH]
+            error, base_offset = await self._append(shard, [(k, None) for k in chunk])
+            if error != ErrorCode.NONE:
+                # The records stay in the log (a later coordinator loads them): the
+                # same as a deletion that happened while no one led the shard.
+                log.warning(
+                    "%s-%d: cannot remove %d committed offsets of deleted topics %s: %s",
+                    OFFSETS_TOPIC,
+                    shard.index,
+                    len(keys) - start,
+                    topics,
+                    error.name,
+                )
+                return
+            if not self._current(shard):
+                return
+            assert shard.cache is not None
+            for i, key in enumerate(chunk):
+                shard.cache.apply(key, None, base_offset + i)
+        log.info(
+            "%s-%d: removed %d committed offsets of deleted topics %s",
+            OFFSETS_TOPIC,
+            shard.index,
+            len(keys),
+            topics,
+        )
 
     # ------------------------------------------------------------------ topic
 

@@ -1,0 +1,126 @@
+"""The group coordinator attacked from outside, as a hostile or broken client would, on
+real processes over raw frames (each test failed before its fix):
+
+- Committed offsets outlived their topic: after a DeleteTopics, OffsetFetch still
+  answered them, and a topic created again under the name inherited them, so a group
+  resumed the new topic at the old topic's offsets and skipped its first records.
+  Kafka's coordinator removes the offsets of deleted partitions (onPartitionsDeleted,
+  tombstones in __consumer_offsets); so does minibroker's now, and a restart keeps
+  them removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+from cluster import Cluster
+from cluster import TestClient
+from test_kafka_differences import create_request
+from test_kafka_listener import kafka_request
+
+from protocol.errors import ErrorCode
+from protocol.kafka.apis import OFFSET_FETCH
+from protocol.messages import DeleteTopicsRequest
+from protocol.messages import OffsetCommitPartition
+from protocol.messages import OffsetCommitRequest
+from protocol.messages import OffsetCommitResponse
+from protocol.messages import OffsetCommitTopic
+from protocol.messages import OffsetFetchRequest
+from protocol.messages import OffsetFetchResponse
+from protocol.messages import OffsetFetchTopic
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+WAIT_S = 20.0
+
+
+def commit_request(group: str, topic: str, offsets: dict[int, int]) -> OffsetCommitRequest:
+    """A commit from outside any group (generation -1, no member id)."""
+    partitions = [
+        OffsetCommitPartition(partition_index=p, committed_offset=o) for p, o in offsets.items()
+    ]
+    return OffsetCommitRequest(
+        group_id=group,
+        generation_id=-1,
+        member_id="",
+        topics=[OffsetCommitTopic(name=topic, partitions=partitions)],
+    )
+
+
+async def commit(client: TestClient, group: str, topic: str, offsets: dict[int, int]) -> None:
+    """Commit, retrying while the coordinator is still being set up."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        resp = await client.call(commit_request(group, topic, offsets))
+        assert isinstance(resp, OffsetCommitResponse)
+        codes = {ErrorCode(p.error_code).name for t in resp.topics for p in t.partitions}
+        if codes == {"NONE"}:
+            return
+        assert time.monotonic() < deadline, f"commit to {group} not accepted: {codes}"
+        await asyncio.sleep(0.1)
+
+
+def fetch_request(group: str, topic: str, partitions: int = 2) -> OffsetFetchRequest:
+    return OffsetFetchRequest(
+        group_id=group,
+        topics=[OffsetFetchTopic(name=topic, partition_indexes=list(range(partitions)))],
+    )
+
+
+def offsets_of(resp: object) -> dict[int, int]:
+    assert isinstance(resp, OffsetFetchResponse)
+    assert resp.error_code == 0, ErrorCode(resp.error_code).name
+    return {p.partition_index: p.committed_offset for t in resp.topics for p in t.partitions}
+
+
+async def fetched(client: TestClient, group: str, topic: str) -> dict[int, int]:
+    """The group's committed offsets of the topic, once the coordinator answers."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        resp = await client.call(fetch_request(group, topic))
+        assert isinstance(resp, OffsetFetchResponse)
+        if resp.error_code == 0:
+            return offsets_of(resp)
+        assert time.monotonic() < deadline, ErrorCode(resp.error_code).name
+        await asyncio.sleep(0.1)
+
+
+async def test_committed_offsets_of_a_deleted_topic_are_removed_with_it(
+    cluster: Cluster,
+) -> None:
+    cluster.start_controller()
+    broker = cluster.start_broker(1, kafka=True)
+    async with TestClient(*broker.address) as client:
+        await client.call(create_request("doomed", "kept", partitions=2))
+        await commit(client, "readers", "doomed", {0: 5, 1: 7})
+        await commit(client, "others", "doomed", {0: 3})
+        await commit(client, "readers", "kept", {0: 11})
+        assert await fetched(client, "readers", "doomed") == {0: 5, 1: 7}
+        await client.call(DeleteTopicsRequest(topic_names=["doomed"]))
+        deadline = time.monotonic() + WAIT_S
+        while (after := await fetched(client, "readers", "doomed")) != {0: -1, 1: -1}:
+            assert time.monotonic() < deadline, f"offsets of the deleted topic remain: {after}"
+            await asyncio.sleep(0.1)
+        assert await fetched(client, "others", "doomed") == {0: -1, 1: -1}
+        # The same name again: a new topic, with no committed offsets.
+        await client.call(create_request("doomed", partitions=2))
+        assert await fetched(client, "readers", "doomed") == {0: -1, 1: -1}
+    kafka = await kafka_request(
+        broker.kafka_address, OFFSET_FETCH, 5, fetch_request("readers", "doomed")
+    )
+    assert offsets_of(kafka) == {0: -1, 1: -1}
+    # The removal is in __consumer_offsets: a restarted coordinator loads it so.
+    assert broker.terminate() == 0
+    broker = cluster.start_broker(1)
+    async with TestClient(*broker.address) as client:
+        assert await fetched(client, "readers", "doomed") == {0: -1, 1: -1}
+        assert await fetched(client, "others", "doomed") == {0: -1, 1: -1}
+        assert await fetched(client, "readers", "kept") == {0: 11, 1: -1}
+    removed = re.findall(
+        r"removed (\d+) committed offsets of deleted topics \['doomed'\]",
+        broker.log_text(since_start=False),
+    )
+    assert sum(int(n) for n in removed) == 3, removed
