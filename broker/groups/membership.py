@@ -600,7 +600,11 @@ def _join_error(error: ErrorCode, member_id: str) -> JoinGroupResponse:
 
 
 def describe(group: Group) -> DescribedGroup:
-    protocol = group.protocol_name
+    """DescribeGroups' view, as Kafka's GroupMetadata.summary: the protocol and the
+    members' subscriptions and assignments only of a Stable group. In a rebalance a
+    member may have rejoined with protocols without the last generation's (so no
+    subscription of it to show), and the assignments are the last generation's."""
+    protocol = group.protocol_name if group.state is GroupState.STABLE else None
     return DescribedGroup(
         group_id=group.group_id,
         group_state=group.state.value,
@@ -614,7 +618,7 @@ def describe(group: Group) -> DescribedGroup:
                 client_id=m.client_id,
                 client_host=m.client_host,
                 member_metadata=m.metadata(protocol) if protocol else b"",
-                member_assignment=m.assignment,
+                member_assignment=m.assignment if protocol else b"",
             )
             for m in group.members.values()
         ],

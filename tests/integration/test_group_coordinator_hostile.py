@@ -7,6 +7,12 @@ real processes over raw frames (each test failed before its fix):
   Kafka's coordinator removes the offsets of deleted partitions (onPartitionsDeleted,
   tombstones in __consumer_offsets); so does minibroker's now, and a restart keeps
   them removed.
+- DescribeGroups failed (UNKNOWN_SERVER_ERROR, an AssertionError's traceback in the
+  broker's log) while a member that had rejoined with other protocols waited for the
+  rest of the group: the answer looked up each member's subscription for the last
+  generation's protocol, which that member no longer had. Kafka's coordinator shows the
+  protocol, subscriptions and assignments of a Stable group only; so does minibroker's
+  now (`minibroker group describe` and Kafka's tools read it).
 """
 
 from __future__ import annotations
@@ -23,7 +29,13 @@ from test_kafka_listener import kafka_request
 
 from protocol.errors import ErrorCode
 from protocol.kafka.apis import OFFSET_FETCH
+from protocol.kafka.membership_apis import DESCRIBE_GROUPS
 from protocol.messages import DeleteTopicsRequest
+from protocol.messages import DescribeGroupsRequest
+from protocol.messages import DescribeGroupsResponse
+from protocol.messages import JoinGroupRequest
+from protocol.messages import JoinGroupRequestProtocol
+from protocol.messages import JoinGroupResponse
 from protocol.messages import OffsetCommitPartition
 from protocol.messages import OffsetCommitRequest
 from protocol.messages import OffsetCommitResponse
@@ -31,6 +43,8 @@ from protocol.messages import OffsetCommitTopic
 from protocol.messages import OffsetFetchRequest
 from protocol.messages import OffsetFetchResponse
 from protocol.messages import OffsetFetchTopic
+from protocol.messages import SyncGroupRequest
+from protocol.messages import SyncGroupResponse
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -124,3 +138,93 @@ async def test_committed_offsets_of_a_deleted_topic_are_removed_with_it(
         broker.log_text(since_start=False),
     )
     assert sum(int(n) for n in removed) == 3, removed
+
+
+def join_request(group: str, member_id: str, *protocols: str) -> JoinGroupRequest:
+    """A JoinGroup whose subscription for each protocol is the protocol's name."""
+    return JoinGroupRequest(
+        group_id=group,
+        session_timeout_ms=30_000,
+        rebalance_timeout_ms=30_000,
+        member_id=member_id,
+        protocols=[JoinGroupRequestProtocol(name=p, metadata=p.encode()) for p in protocols],
+    )
+
+
+async def member_id_of(client: TestClient, group: str, *protocols: str) -> str:
+    """The member id a first JoinGroup is given (MEMBER_ID_REQUIRED), once the
+    coordinator answers."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        resp = await client.call(join_request(group, "", *protocols))
+        assert isinstance(resp, JoinGroupResponse)
+        if resp.error_code == ErrorCode.MEMBER_ID_REQUIRED:
+            return resp.member_id
+        assert time.monotonic() < deadline, ErrorCode(resp.error_code).name
+        await asyncio.sleep(0.1)
+
+
+async def rebalance(group: str, *joins: tuple[TestClient, str, tuple[str, ...]]) -> str:
+    """Every (client, member id, protocols) joins and syncs: the generation's protocol."""
+    answers = await asyncio.gather(
+        *(c.call(join_request(group, m, *protocols)) for c, m, protocols in joins)
+    )
+    assert all(isinstance(a, JoinGroupResponse) and a.error_code == 0 for a in answers), answers
+    generation = answers[0].generation_id  # type: ignore[attr-defined]
+    syncs = await asyncio.gather(
+        *(
+            c.call(SyncGroupRequest(group_id=group, generation_id=generation, member_id=m))
+            for c, m, _ in joins
+        )
+    )
+    assert all(isinstance(s, SyncGroupResponse) and s.error_code == 0 for s in syncs), syncs
+    return answers[0].protocol_name  # type: ignore[attr-defined,no-any-return]
+
+
+def described(resp: object) -> tuple[int, str, str, list[bytes]]:
+    assert isinstance(resp, DescribeGroupsResponse)
+    (g,) = resp.groups
+    return g.error_code, g.group_state, g.protocol_data, [m.member_metadata for m in g.members]
+
+
+async def test_a_group_is_described_while_a_member_rejoins_with_other_protocols(
+    cluster: Cluster,
+) -> None:
+    cluster.start_controller()
+    broker = cluster.start_broker(1, "--group-initial-rebalance-delay-ms", "0", kafka=True)
+    both = ("range", "roundrobin")
+    async with (
+        TestClient(*broker.address) as a,
+        TestClient(*broker.address) as b,
+        TestClient(*broker.address) as tool,
+    ):
+        first = await member_id_of(a, "switching", *both)
+        assert await rebalance("switching", (a, first, both)) == "range"
+        second = await member_id_of(b, "switching", *both)
+        assert await rebalance("switching", (a, first, both), (b, second, both)) == "range"
+        stable = described(await tool.call(DescribeGroupsRequest(groups=["switching"])))
+        assert stable == (0, "Stable", "range", [b"range", b"range"])
+        # The first member rejoins with roundrobin only and waits for the second.
+        rejoin = a.send(join_request("switching", first, "roundrobin"))
+        deadline = time.monotonic() + WAIT_S
+        while (state := described(await tool.call(DescribeGroupsRequest(groups=["switching"]))))[
+            1
+        ] != "PreparingRebalance":
+            assert time.monotonic() < deadline, state
+            await asyncio.sleep(0.05)
+        native = described(await tool.call(DescribeGroupsRequest(groups=["switching"])))
+        kafka = described(
+            await kafka_request(
+                broker.kafka_address,
+                DESCRIBE_GROUPS,
+                4,
+                DescribeGroupsRequest(groups=["switching"]),
+            )
+        )
+        # The second member follows: the next generation uses roundrobin.
+        answers = await asyncio.gather(
+            a.receive(rejoin), b.call(join_request("switching", second, *both))
+        )
+        assert [getattr(r, "body", r).protocol_name for r in answers] == ["roundrobin"] * 2
+    assert native == kafka == (0, "PreparingRebalance", "", [b"", b""]), (native, kafka)
+    assert "AssertionError" not in broker.log_text()
