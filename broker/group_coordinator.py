@@ -182,6 +182,15 @@ _COMMIT_ERRORS = {
     ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
     ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
 }
+# And group metadata's (Kafka's storeGroup): a record too large for the topic is no
+# commit, so not INVALID_COMMIT_OFFSET_SIZE but UNKNOWN_SERVER_ERROR, and a timeout
+# makes the members rejoin.
+_GROUP_ERRORS = {
+    **_COMMIT_ERRORS,
+    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.REBALANCE_IN_PROGRESS,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+}
 
 Record = tuple[OffsetKey | GroupKey, OffsetValue | GroupValue | None]
 
@@ -492,9 +501,12 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ writes
 
-    async def _append(self, shard: _Shard, records: list[Record]) -> tuple[ErrorCode, int]:
+    async def _append(
+        self, shard: _Shard, records: list[Record], errors: dict[ErrorCode, ErrorCode] | None = None
+    ) -> tuple[ErrorCode, int]:
         """Write records to the shard's partition with acks=all: (error mapped as Kafka's
-        coordinator maps it, base offset); NONE once the high watermark passed them."""
+        coordinator maps it, by `errors` or else as for commits, base offset); NONE once
+        the high watermark passed them."""
         builder = BatchBuilder()
         ts = self.now_ms()
         for key, value in records:
@@ -519,7 +531,9 @@ class GroupCoordinator:
         code = ErrorCode.of(result.error_code)
         if code == ErrorCode.NONE:
             return code, result.base_offset
-        log.info(
+        too_large = code in (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE)
+        log.log(
+            logging.WARNING if too_large else logging.INFO,
             "%s-%d: writing %d records failed: %s (%s)",
             OFFSETS_TOPIC,
             shard.index,
@@ -527,7 +541,7 @@ class GroupCoordinator:
             code.name,
             result.error_message or "",
         )
-        return _COMMIT_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR), -1
+        return (errors or _COMMIT_ERRORS).get(code, ErrorCode.UNKNOWN_SERVER_ERROR), -1
 
     def _current(self, shard: _Shard) -> bool:
         """Whether the shard is still ours and loaded (after an await)."""
@@ -566,7 +580,22 @@ class GroupCoordinator:
                 for m in group.members.values()
             ],
         )
-        error, _ = await self._append(shard, [(key, value)])
+        error, _ = await self._append(shard, [(key, value)], _GROUP_ERRORS)
+        if error == ErrorCode.UNKNOWN_SERVER_ERROR:
+            size = sum(len(m.subscription) + len(m.assignment) for m in value.members)
+            log.warning(
+                "group %s: its metadata record (%d members, %d bytes of subscriptions and "
+                "assignments) could not be written to %s-%d (the line before says why); "
+                "answered UNKNOWN_SERVER_ERROR, as Kafka. A record too large fits with "
+                "fewer members, smaller subscriptions or assignments, or a larger "
+                "max.message.bytes of %s",
+                group.group_id,
+                len(value.members),
+                size,
+                OFFSETS_TOPIC,
+                shard.index,
+                OFFSETS_TOPIC,
+            )
         if error == ErrorCode.NONE and self._current(shard):
             assert shard.cache is not None
             shard.cache.apply_group(key, value)

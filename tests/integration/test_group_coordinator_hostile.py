@@ -13,6 +13,12 @@ real processes over raw frames (each test failed before its fix):
   generation's protocol, which that member no longer had. Kafka's coordinator shows the
   protocol, subscriptions and assignments of a Stable group only; so does minibroker's
   now (`minibroker group describe` and Kafka's tools read it).
+- A group whose metadata record (its members' subscriptions and assignments) is larger
+  than `__consumer_offsets`' max.message.bytes cannot complete a generation: its
+  SyncGroup was answered INVALID_COMMIT_OFFSET_SIZE, an OffsetCommit error that says
+  nothing to a SyncGroup, with the cause in an INFO line. Kafka's coordinator answers
+  UNKNOWN_SERVER_ERROR and logs the cause as an error; so does minibroker's now (a
+  WARNING naming the group, its members and their bytes).
 """
 
 from __future__ import annotations
@@ -228,3 +234,31 @@ async def test_a_group_is_described_while_a_member_rejoins_with_other_protocols(
         assert [getattr(r, "body", r).protocol_name for r in answers] == ["roundrobin"] * 2
     assert native == kafka == (0, "PreparingRebalance", "", [b"", b""]), (native, kafka)
     assert "AssertionError" not in broker.log_text()
+
+
+async def test_a_group_record_too_large_to_store_is_unknown_server_error_with_a_warning(
+    cluster: Cluster,
+) -> None:
+    cluster.start_controller()
+    broker = cluster.start_broker(1, "--group-initial-rebalance-delay-ms", "0")
+    async with TestClient(*broker.address) as client:
+        member = await member_id_of(client, "bloated", "range")
+        request = join_request("bloated", member, "range")
+        request.protocols[0].metadata = b"s" * (2 << 20)  # 2 MiB: over the 1 MiB default
+        joined = await client.call(request, timeout=30)
+        assert isinstance(joined, JoinGroupResponse) and joined.error_code == 0
+        synced = await client.call(
+            SyncGroupRequest(
+                group_id="bloated", generation_id=joined.generation_id, member_id=member
+            ),
+            timeout=30,
+        )
+    assert isinstance(synced, SyncGroupResponse)
+    assert ErrorCode(synced.error_code).name == "UNKNOWN_SERVER_ERROR"
+    warnings = [
+        line
+        for line in broker.log_text().splitlines()
+        if "WARNING" in line and "bloated" in line and "could not be written" in line
+    ]
+    assert len(warnings) == 1 and "1 members, 2097152 bytes" in warnings[0], warnings
+    assert re.search(r"WARNING .*MESSAGE_TOO_LARGE .*max\.message\.bytes", broker.log_text())
