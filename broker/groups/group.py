@@ -124,8 +124,15 @@ class Group:
         return not self.pending and all(m.awaiting_join is not None for m in self.members.values())
 
     def fenced(self, instance_id: str | None, member_id: str) -> bool:
-        """A request naming a static member id that another member id now holds."""
-        return instance_id is not None and self.static.get(instance_id) != member_id
+        """A request naming a static member id that another member id now holds (Kafka's
+        isStaticMemberFenced). An instance id no member holds fences nothing: its
+        member was removed (session expired, left, a rebalance went on without it),
+        and the request is refused as from an unknown member, so that the client joins
+        again rather than give up on a fencing that clients take as fatal."""
+        if instance_id is None:
+            return False
+        holder = self.static.get(instance_id)
+        return holder is not None and holder != member_id
 
     def replace_static(self, old: Member, new_id: str) -> Member:
         """The static member `old` comes back as `new_id` (KIP-345): the same place in
