@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Awaitable
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from broker.groups.group import Group
 from broker.groups.group import GroupState
@@ -39,6 +40,7 @@ from protocol.messages import SyncGroupResponse
 from runtime.server import RequestContext
 
 _GENERATION_MAX = 2**31 - 1  # the wire field is an int32
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 # What writes a group's metadata record (with the assignments of the generation being
@@ -179,7 +181,7 @@ class Membership:
             self._maybe_complete_join(group)
         else:
             self._prepare_rebalance(group, f"member {member.member_id} rejoined")
-        return await future
+        return await _answer(future)
 
     def _member(
         self,
@@ -217,12 +219,15 @@ class Membership:
                 self._maybe_complete_join(group)
         else:
             self._prepare_rebalance(group, f"member {member.member_id} joined")
-        return await future
+        return await _answer(future)
 
     @staticmethod
     def _await_join(member: Member) -> asyncio.Future[JoinGroupResponse]:
-        future: asyncio.Future[JoinGroupResponse] = asyncio.get_running_loop().create_future()
-        member.awaiting_join = future
+        """What the member's JoinGroup waits for: the one its earlier JoinGroup still
+        waits for, if any (a retry on another connection), so that both are answered."""
+        future = member.awaiting_join
+        if future is None or future.done():
+            future = member.awaiting_join = asyncio.get_running_loop().create_future()
         return future
 
     # ------------------------------------------------------------------ the join phase
@@ -381,12 +386,13 @@ class Membership:
         if group.state is GroupState.STABLE:
             return SyncGroupResponse(assignment=member.assignment)
         assert group.state is GroupState.COMPLETING_REBALANCE, group.state
-        future: asyncio.Future[SyncGroupResponse] = asyncio.get_running_loop().create_future()
-        member.awaiting_sync = future
+        future = member.awaiting_sync  # an earlier SyncGroup of its own still waiting
+        if future is None or future.done():
+            future = member.awaiting_sync = asyncio.get_running_loop().create_future()
         if member.member_id == group.leader:
             assignments = {a.member_id: bytes(a.assignment) for a in req.assignments}
             await self._complete_sync(group, assignments)
-        return await future
+        return await _answer(future)
 
     async def _complete_sync(self, group: Group, assignments: dict[str, bytes]) -> None:
         """The leader's assignments stored and handed out. As Kafka's coordinator:
@@ -580,6 +586,13 @@ class Membership:
             member.session_deadline = now + member.session_timeout_ms / 1000
             if member.group_instance_id is not None:
                 group.static[member.group_instance_id] = member.member_id
+
+
+async def _answer(future: asyncio.Future[T]) -> T:
+    """A request's wait for its answer. Two requests of one member may wait for the same
+    answer (a JoinGroup or SyncGroup sent again on another connection while the first
+    waits): one whose connection closes must not cancel the other's."""
+    return await asyncio.shield(future)
 
 
 def _answer_waiters(member: Member, error: ErrorCode) -> None:

@@ -19,6 +19,12 @@ real processes over raw frames (each test failed before its fix):
   nothing to a SyncGroup, with the cause in an INFO line. Kafka's coordinator answers
   UNKNOWN_SERVER_ERROR and logs the cause as an error; so does minibroker's now (a
   WARNING naming the group, its members and their bytes).
+- A member's JoinGroup sent again while its first still waited (a client retrying
+  on another connection, or pipelining on the same one) took over the wait: the
+  first was never answered, and on the same connection every later answer queued
+  behind it, the connection wedged for good. The same for SyncGroup. Now both
+  requests get the answer, and one whose connection closes does not take the other's
+  wait with it.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from protocol.messages import OffsetFetchRequest
 from protocol.messages import OffsetFetchResponse
 from protocol.messages import OffsetFetchTopic
 from protocol.messages import SyncGroupRequest
+from protocol.messages import SyncGroupRequestAssignment
 from protocol.messages import SyncGroupResponse
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -146,14 +153,19 @@ async def test_committed_offsets_of_a_deleted_topic_are_removed_with_it(
     assert sum(int(n) for n in removed) == 3, removed
 
 
-def join_request(group: str, member_id: str, *protocols: str) -> JoinGroupRequest:
-    """A JoinGroup whose subscription for each protocol is the protocol's name."""
+def join_request(
+    group: str, member_id: str, *protocols: str, subscription: bytes = b""
+) -> JoinGroupRequest:
+    """A JoinGroup whose subscription for each protocol is the protocol's name (and
+    `subscription` after it)."""
     return JoinGroupRequest(
         group_id=group,
         session_timeout_ms=30_000,
         rebalance_timeout_ms=30_000,
         member_id=member_id,
-        protocols=[JoinGroupRequestProtocol(name=p, metadata=p.encode()) for p in protocols],
+        protocols=[
+            JoinGroupRequestProtocol(name=p, metadata=p.encode() + subscription) for p in protocols
+        ],
     )
 
 
@@ -262,3 +274,49 @@ async def test_a_group_record_too_large_to_store_is_unknown_server_error_with_a_
     ]
     assert len(warnings) == 1 and "1 members, 2097152 bytes" in warnings[0], warnings
     assert re.search(r"WARNING .*MESSAGE_TOO_LARGE .*max\.message\.bytes", broker.log_text())
+
+
+async def test_a_join_or_sync_sent_again_while_the_first_waits_answers_both(
+    cluster: Cluster,
+) -> None:
+    cluster.start_controller()
+    broker = cluster.start_broker(1, "--group-initial-rebalance-delay-ms", "0")
+    addr = broker.address
+    async with TestClient(*addr) as a, TestClient(*addr) as b, TestClient(*addr) as again:
+        leader = await member_id_of(a, "retried", "range")
+        assert await rebalance("retried", (a, leader, ("range",))) == "range"
+        follower = await member_id_of(b, "retried", "range")
+        await rebalance("retried", (a, leader, ("range",)), (b, follower, ("range",)))
+        # The leader rejoins with a new subscription (a rebalance that waits for the
+        # follower): on its own connection, again on another, and once more on one
+        # that closes while it waits.
+        first = a.send(join_request("retried", leader, "range", subscription=b"v2"))
+        retry = again.send(join_request("retried", leader, "range", subscription=b"v2"))
+        async with TestClient(*addr) as dropped:
+            dropped.send(join_request("retried", leader, "range", subscription=b"v2"))
+            await asyncio.sleep(0.3)
+        joined = await asyncio.gather(
+            b.call(join_request("retried", follower, "range")),
+            a.receive(first),
+            again.receive(retry),
+        )
+        generations = [getattr(r, "body", r).generation_id for r in joined]
+        assert generations == [3, 3, 3], joined
+        # The follower's SyncGroup twice on one connection, then the leader's.
+        syncs = [
+            b.send(SyncGroupRequest(group_id="retried", generation_id=3, member_id=follower))
+            for _ in range(2)
+        ]
+        await asyncio.sleep(0.3)
+        plan = [
+            SyncGroupRequestAssignment(member_id=leader, assignment=b"l"),
+            SyncGroupRequestAssignment(member_id=follower, assignment=b"f"),
+        ]
+        led = await a.call(
+            SyncGroupRequest(
+                group_id="retried", generation_id=3, member_id=leader, assignments=plan
+            )
+        )
+        followed = [(await b.receive(c)).body for c in syncs]
+    assert isinstance(led, SyncGroupResponse) and led.assignment == b"l"
+    assert [getattr(f, "assignment", f) for f in followed] == [b"f", b"f"], followed
