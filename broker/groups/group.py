@@ -94,11 +94,13 @@ class Group:
 
     def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
         """Whether a member with these protocols can join: the same protocol type, and
-        one protocol in common with every member (Kafka's supportsProtocols)."""
+        one protocol in common with every member (Kafka's supportsProtocols). The first
+        member must name a protocol type: a group stored with none is read back as one
+        without a type, which its own members' next JoinGroups do not match."""
         if not protocols:
             return False
         if not self.members:
-            return True
+            return bool(protocol_type)
         if protocol_type != self.protocol_type:
             return False
         names = {name for name, _ in protocols}

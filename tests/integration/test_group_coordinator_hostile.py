@@ -25,6 +25,11 @@ real processes over raw frames (each test failed before its fix):
   behind it, the connection wedged for good. The same for SyncGroup. Now both
   requests get the answer, and one whose connection closes does not take the other's
   wait with it.
+- A JoinGroup with an empty protocol type formed a group, whose record stored no
+  type; read back by a restarted coordinator, the group's own members could not join
+  again (INCONSISTENT_GROUP_PROTOCOL against a type they had never sent). Kafka
+  refuses an empty protocol type for a group's first member (supportsProtocols); so
+  does minibroker now, on both listeners.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from test_kafka_differences import create_request
 from test_kafka_listener import kafka_request
 
 from protocol.errors import ErrorCode
+from protocol.kafka.apis import JOIN_GROUP
 from protocol.kafka.apis import OFFSET_FETCH
 from protocol.kafka.membership_apis import DESCRIBE_GROUPS
 from protocol.messages import DeleteTopicsRequest
@@ -320,3 +326,17 @@ async def test_a_join_or_sync_sent_again_while_the_first_waits_answers_both(
         followed = [(await b.receive(c)).body for c in syncs]
     assert isinstance(led, SyncGroupResponse) and led.assignment == b"l"
     assert [getattr(f, "assignment", f) for f in followed] == [b"f", b"f"], followed
+
+
+async def test_a_join_without_a_protocol_type_is_refused_as_by_kafka(cluster: Cluster) -> None:
+    cluster.start_controller()
+    broker = cluster.start_broker(1, kafka=True)
+    async with TestClient(*broker.address) as client:
+        await member_id_of(client, "typed", "range")  # the coordinator is up
+        untyped = join_request("untyped", "", "range")
+        untyped.protocol_type = ""
+        native = await client.call(untyped)
+    kafka = await kafka_request(broker.kafka_address, JOIN_GROUP, 5, untyped)
+    assert isinstance(native, JoinGroupResponse) and isinstance(kafka, JoinGroupResponse)
+    codes = [ErrorCode(r.error_code).name for r in (native, kafka)]
+    assert codes == ["INCONSISTENT_GROUP_PROTOCOL"] * 2, codes
