@@ -680,19 +680,33 @@ class GroupCoordinator:
         if group.state is not GroupState.EMPTY:
             return ErrorCode.NON_EMPTY_GROUP
         assert shard.cache is not None
+        # Gone from memory before the tombstones are written, as in Kafka (the group
+        # leaves the cache, then its records are deleted): a JoinGroup or OffsetCommit
+        # meanwhile makes a new group, whose records follow the tombstones in the log.
+        # Kept, it was joined (a member told GROUP_ID_NOT_FOUND once the deletion
+        # landed, its generation's record left behind it in the log) or committed to
+        # (offsets answered for a group that ListGroups and DeleteGroups no longer knew).
+        del shard.groups[group_id]
+        offsets = shard.cache.groups.pop(group_id, {})
+        metadata = shard.cache.metadata.pop(group_id, None)
         tombstones: list[Record] = [
             (OffsetKey(OFFSET_KEY_VERSION, group_id, topic, partition), None)
-            for topic, partition in shard.cache.groups.get(group_id, {})
+            for topic, partition in offsets
         ]
         tombstones.append((GroupKey(GROUP_KEY_VERSION, group_id), None))
         error, _ = await self._append(shard, tombstones)
         if error != ErrorCode.NONE:
+            # Not deleted: back as it was, unless a new group took the id meanwhile.
+            taken = group_id in shard.groups or shard.cache.holds(group_id)
+            if self._current(shard) and not taken:
+                shard.groups[group_id] = group
+                if offsets:
+                    shard.cache.groups[group_id] = offsets
+                if metadata is not None:
+                    shard.cache.metadata[group_id] = metadata
             return error
-        if self._current(shard) and shard.groups.get(group_id) is group:
-            self.membership.unload(group, ErrorCode.GROUP_ID_NOT_FOUND)
-            del shard.groups[group_id]
-            shard.cache.delete_group(group_id)
-            log.info("group %s deleted with its committed offsets", group_id)
+        self.membership.unload(group, ErrorCode.GROUP_ID_NOT_FOUND)
+        log.info("group %s deleted with its committed offsets", group_id)
         return ErrorCode.NONE
 
     # ------------------------------------------------------------------ offsets
@@ -797,11 +811,15 @@ class GroupCoordinator:
                 out.error_code = int(error)
             return resp
         # Committed (the high watermark passed it): the cache takes it, unless the
-        # shard changed meanwhile (a reload reads it from the log).
+        # shard changed meanwhile (a reload reads it from the log). A group deleted
+        # while the commit was written is there again, with these offsets, as a reload
+        # would find it.
         if self._current(shard):
             assert shard.cache is not None
             for i, (_, key, value) in enumerate(written):
                 shard.cache.apply(key, value, base_offset + i)
+            if req.group_id not in shard.groups and shard.cache.holds(req.group_id):
+                shard.groups[req.group_id] = Group(req.group_id)
         return resp
 
     async def offset_fetch(

@@ -30,6 +30,13 @@ real processes over raw frames (each test failed before its fix):
   again (INCONSISTENT_GROUP_PROTOCOL against a type they had never sent). Kafka
   refuses an empty protocol type for a group's first member (supportsProtocols); so
   does minibroker now, on both listeners.
+- DeleteGroups kept the group in memory while its tombstones were written, so a
+  member could join it meanwhile: its SyncGroup was answered GROUP_ID_NOT_FOUND once
+  the deletion landed, though its generation's record followed the tombstones in the
+  log (a restarted coordinator would bring back a member nobody ran); and offsets
+  committed meanwhile were answered by OffsetFetch for a group that ListGroups,
+  DescribeGroups and DeleteGroups no longer knew. As Kafka's coordinator, the group
+  now leaves memory first: what comes meanwhile makes a new group, as the log has it.
 """
 
 from __future__ import annotations
@@ -44,16 +51,25 @@ from cluster import TestClient
 from test_kafka_differences import create_request
 from test_kafka_listener import kafka_request
 
+from protocol.api import ApiKey
 from protocol.errors import ErrorCode
 from protocol.kafka.apis import JOIN_GROUP
 from protocol.kafka.apis import OFFSET_FETCH
 from protocol.kafka.membership_apis import DESCRIBE_GROUPS
+from protocol.messages import DeleteGroupsRequest
+from protocol.messages import DeleteGroupsResponse
 from protocol.messages import DeleteTopicsRequest
 from protocol.messages import DescribeGroupsRequest
 from protocol.messages import DescribeGroupsResponse
+from protocol.messages import FaultControlRequest
+from protocol.messages import FaultRule
+from protocol.messages import FindCoordinatorRequest
+from protocol.messages import FindCoordinatorResponse
 from protocol.messages import JoinGroupRequest
 from protocol.messages import JoinGroupRequestProtocol
 from protocol.messages import JoinGroupResponse
+from protocol.messages import ListGroupsRequest
+from protocol.messages import ListGroupsResponse
 from protocol.messages import OffsetCommitPartition
 from protocol.messages import OffsetCommitRequest
 from protocol.messages import OffsetCommitResponse
@@ -340,3 +356,65 @@ async def test_a_join_without_a_protocol_type_is_refused_as_by_kafka(cluster: Cl
     assert isinstance(native, JoinGroupResponse) and isinstance(kafka, JoinGroupResponse)
     codes = [ErrorCode(r.error_code).name for r in (native, kafka)]
     assert codes == ["INCONSISTENT_GROUP_PROTOCOL"] * 2, codes
+
+
+async def coordinator_of(group: str, address: tuple[str, int]) -> tuple[str, int]:
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        async with TestClient(*address) as client:
+            resp = await client.call(FindCoordinatorRequest(key=group))
+        assert isinstance(resp, FindCoordinatorResponse)
+        if resp.error_code == 0:
+            return resp.host, resp.port
+        assert time.monotonic() < deadline, ErrorCode(resp.error_code).name
+        await asyncio.sleep(0.1)
+
+
+async def test_what_comes_while_a_group_is_deleted_makes_a_new_group(cluster: Cluster) -> None:
+    cluster.start_controller()
+    flags = ("--enable-test-faults", "--group-initial-rebalance-delay-ms", "0")
+    cluster.start_brokers((1, 2), *flags)
+    async with TestClient(*cluster.brokers[1].address) as client:
+        await client.call(create_request("read", partitions=2))
+    coordinator = await coordinator_of("doomed", cluster.brokers[1].address)
+    async with (
+        TestClient(*coordinator) as admin,
+        TestClient(*coordinator) as member,
+        TestClient(*coordinator) as committer,
+    ):
+        await commit(committer, "doomed", "read", {0: 5})  # an Empty group with an offset
+        # The follower's fetches held: the tombstones wait for the high watermark.
+        hold = FaultRule(api_key=int(ApiKey.FETCH), action="hold")
+        await admin.call(FaultControlRequest(add_rules=[hold]))
+        await asyncio.sleep(0.5)  # a fetch already in the leader's purgatory answers
+        deleting = admin.send(DeleteGroupsRequest(groups_names=["doomed"]))
+        await asyncio.sleep(0.3)
+        committing = committer.send(commit_request("doomed", "read", {1: 9}))
+        member_id = await member_id_of(member, "doomed", "range")
+        joined = await member.call(join_request("doomed", member_id, "range"))
+        assert isinstance(joined, JoinGroupResponse) and joined.error_code == 0, joined
+        syncing = member.send(
+            SyncGroupRequest(
+                group_id="doomed", generation_id=joined.generation_id, member_id=member_id
+            )
+        )
+        await asyncio.sleep(0.3)
+        async with TestClient(*coordinator) as faults:
+            await faults.call(FaultControlRequest(clear=True))
+        deleted = (await admin.receive(deleting, timeout=20)).body
+        committed = (await committer.receive(committing, timeout=20)).body
+        synced = (await member.receive(syncing, timeout=20)).body
+        listed = await admin.call(ListGroupsRequest())
+        described = await admin.call(DescribeGroupsRequest(groups=["doomed"]))
+        offsets = offsets_of(await admin.call(fetch_request("doomed", "read")))
+    assert isinstance(deleted, DeleteGroupsResponse) and deleted.results[0].error_code == 0
+    assert isinstance(committed, OffsetCommitResponse)
+    assert committed.topics[0].partitions[0].error_code == 0
+    assert isinstance(synced, SyncGroupResponse)
+    assert ErrorCode(synced.error_code).name == "NONE"
+    assert isinstance(listed, ListGroupsResponse) and isinstance(described, DescribeGroupsResponse)
+    # The new group: the member that joined it and the offset committed to it, not the
+    # deleted group's offset of partition 0.
+    assert [(g.group_id, g.group_state) for g in listed.groups] == [("doomed", "Stable")]
+    assert [m.member_id for m in described.groups[0].members] == [member_id]
+    assert offsets == {0: -1, 1: 9}
