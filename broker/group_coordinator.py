@@ -33,6 +33,11 @@ broker/groups/records.py).
   moves keeps its groups and their committed offsets (members get a fresh session
   and at most rejoin). Members' sessions are checked every SESSION_CHECK_S.
 - DeleteGroups (an empty group only) writes tombstones of its metadata and offsets.
+- A partition whose topic is deleted (Kafka's onPartitionsDeleted): the committed
+  offsets of it in every shard we lead get tombstones, so that OffsetFetch no longer
+  answers them and a topic created again under the name starts without them (a
+  consumer would otherwise resume the new topic at the old topic's offsets and skip
+  its first records). A shard still loading then is cleaned once it has loaded.
 The log is not compacted (Kafka compacts this topic).
 """
 
@@ -125,6 +130,8 @@ LOAD_POLL_S = 0.02
 LOAD_SLOW_WARNING_S = 30.0
 # How often members' sessions are checked (a dead member is noticed this much late).
 SESSION_CHECK_S = 0.1
+# Tombstones per record batch when the offsets of deleted partitions are removed.
+TOMBSTONES_PER_BATCH = 1000
 
 
 # ---------------------------------------------------------------------- hashing
@@ -159,6 +166,8 @@ class _Shard:
     groups: dict[str, Group] = field(default_factory=dict)
     failed: bool = False
     task: asyncio.Task[None] | None = None
+    # Partitions deleted while the shard was loading: their offsets are removed after.
+    deleted_while_loading: set[tuple[str, int]] = field(default_factory=set)
 
 
 # Produce errors -> commit errors, as Kafka's GroupMetadataManager maps them.
@@ -172,6 +181,15 @@ _COMMIT_ERRORS = {
     ErrorCode.UNKNOWN_LEADER_EPOCH: ErrorCode.NOT_COORDINATOR,
     ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
     ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+}
+# And group metadata's (Kafka's storeGroup): a record too large for the topic is no
+# commit, so not INVALID_COMMIT_OFFSET_SIZE but UNKNOWN_SERVER_ERROR, and a timeout
+# makes the members rejoin.
+_GROUP_ERRORS = {
+    **_COMMIT_ERRORS,
+    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.REBALANCE_IN_PROGRESS,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
 }
 
 Record = tuple[OffsetKey | GroupKey, OffsetValue | GroupValue | None]
@@ -208,6 +226,7 @@ class GroupCoordinator:
         self._shards: dict[int, _Shard] = {}
         self._create_task: asyncio.Task[None] | None = None
         self._sessions_task: asyncio.Task[None] | None = None
+        self._cleanups: set[asyncio.Task[None]] = set()
         replica_manager.leadership_listeners.append(self.on_leadership)
 
     # ------------------------------------------------------------------ leadership
@@ -297,6 +316,9 @@ class GroupCoordinator:
         for group in shard.groups.values():
             self.membership.loaded(group)
         shard.cache = cache
+        if shard.deleted_while_loading:
+            self._remove_deleted(shard, shard.deleted_while_loading)
+            shard.deleted_while_loading = set()
         log.info(
             "%s: loaded %d groups (%d with members) up to offset %d at leader epoch %d in %.0f ms",
             p.name,
@@ -318,9 +340,69 @@ class GroupCoordinator:
     def close(self) -> None:
         for index in list(self._shards):
             self._drop(index, reason="shutting down")
-        for task in (self._create_task, self._sessions_task):
+        for task in (self._create_task, self._sessions_task, *self._cleanups):
             if task is not None and not task.done():
                 task.cancel()
+
+    # ------------------------------------------------------------------ deleted topics
+
+    def on_partitions_deleted(self, partitions: set[tuple[str, int]]) -> None:
+        """Partitions that no longer exist (their topic was deleted): their committed
+        offsets are removed from every shard we lead, as Kafka's coordinator does."""
+        partitions = {tp for tp in partitions if tp[0] != OFFSETS_TOPIC}
+        if not partitions:
+            return
+        for shard in self._shards.values():
+            if shard.cache is not None:
+                self._remove_deleted(shard, partitions)
+            elif not shard.failed:
+                shard.deleted_while_loading |= partitions
+
+    def _remove_deleted(self, shard: _Shard, partitions: set[tuple[str, int]]) -> None:
+        assert shard.cache is not None
+        keys = [
+            OffsetKey(OFFSET_KEY_VERSION, group, topic, index)
+            for group, offsets in shard.cache.groups.items()
+            for topic, index in offsets
+            if (topic, index) in partitions
+        ]
+        if not keys:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._write_tombstones(shard, keys), name=f"remove-deleted-{shard.index}"
+        )
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def _write_tombstones(self, shard: _Shard, keys: list[OffsetKey]) -> None:
+        topics = sorted({k.topic for k in keys})
+        for start in range(0, len(keys), TOMBSTONES_PER_BATCH):
+            chunk = keys[start : start + TOMBSTONES_PER_BATCH]
+            error, base_offset = await self._append(shard, [(k, None) for k in chunk])
+            if error != ErrorCode.NONE:
+                # The records stay in the log (a later coordinator loads them): the
+                # same as a deletion that happened while no one led the shard.
+                log.warning(
+                    "%s-%d: cannot remove %d committed offsets of deleted topics %s: %s",
+                    OFFSETS_TOPIC,
+                    shard.index,
+                    len(keys) - start,
+                    topics,
+                    error.name,
+                )
+                return
+            if not self._current(shard):
+                return
+            assert shard.cache is not None
+            for i, key in enumerate(chunk):
+                shard.cache.apply(key, None, base_offset + i)
+        log.info(
+            "%s-%d: removed %d committed offsets of deleted topics %s",
+            OFFSETS_TOPIC,
+            shard.index,
+            len(keys),
+            topics,
+        )
 
     # ------------------------------------------------------------------ topic
 
@@ -419,9 +501,12 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ writes
 
-    async def _append(self, shard: _Shard, records: list[Record]) -> tuple[ErrorCode, int]:
+    async def _append(
+        self, shard: _Shard, records: list[Record], errors: dict[ErrorCode, ErrorCode] | None = None
+    ) -> tuple[ErrorCode, int]:
         """Write records to the shard's partition with acks=all: (error mapped as Kafka's
-        coordinator maps it, base offset); NONE once the high watermark passed them."""
+        coordinator maps it, by `errors` or else as for commits, base offset); NONE once
+        the high watermark passed them."""
         builder = BatchBuilder()
         ts = self.now_ms()
         for key, value in records:
@@ -446,7 +531,9 @@ class GroupCoordinator:
         code = ErrorCode.of(result.error_code)
         if code == ErrorCode.NONE:
             return code, result.base_offset
-        log.info(
+        too_large = code in (ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE)
+        log.log(
+            logging.WARNING if too_large else logging.INFO,
             "%s-%d: writing %d records failed: %s (%s)",
             OFFSETS_TOPIC,
             shard.index,
@@ -454,7 +541,7 @@ class GroupCoordinator:
             code.name,
             result.error_message or "",
         )
-        return _COMMIT_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR), -1
+        return (errors or _COMMIT_ERRORS).get(code, ErrorCode.UNKNOWN_SERVER_ERROR), -1
 
     def _current(self, shard: _Shard) -> bool:
         """Whether the shard is still ours and loaded (after an await)."""
@@ -493,7 +580,22 @@ class GroupCoordinator:
                 for m in group.members.values()
             ],
         )
-        error, _ = await self._append(shard, [(key, value)])
+        error, _ = await self._append(shard, [(key, value)], _GROUP_ERRORS)
+        if error == ErrorCode.UNKNOWN_SERVER_ERROR:
+            size = sum(len(m.subscription) + len(m.assignment) for m in value.members)
+            log.warning(
+                "group %s: its metadata record (%d members, %d bytes of subscriptions and "
+                "assignments) could not be written to %s-%d (the line before says why); "
+                "answered UNKNOWN_SERVER_ERROR, as Kafka. A record too large fits with "
+                "fewer members, smaller subscriptions or assignments, or a larger "
+                "max.message.bytes of %s",
+                group.group_id,
+                len(value.members),
+                size,
+                OFFSETS_TOPIC,
+                shard.index,
+                OFFSETS_TOPIC,
+            )
         if error == ErrorCode.NONE and self._current(shard):
             assert shard.cache is not None
             shard.cache.apply_group(key, value)
@@ -578,19 +680,33 @@ class GroupCoordinator:
         if group.state is not GroupState.EMPTY:
             return ErrorCode.NON_EMPTY_GROUP
         assert shard.cache is not None
+        # Gone from memory before the tombstones are written, as in Kafka (the group
+        # leaves the cache, then its records are deleted): a JoinGroup or OffsetCommit
+        # meanwhile makes a new group, whose records follow the tombstones in the log.
+        # Kept, it was joined (a member told GROUP_ID_NOT_FOUND once the deletion
+        # landed, its generation's record left behind it in the log) or committed to
+        # (offsets answered for a group that ListGroups and DeleteGroups no longer knew).
+        del shard.groups[group_id]
+        offsets = shard.cache.groups.pop(group_id, {})
+        metadata = shard.cache.metadata.pop(group_id, None)
         tombstones: list[Record] = [
             (OffsetKey(OFFSET_KEY_VERSION, group_id, topic, partition), None)
-            for topic, partition in shard.cache.groups.get(group_id, {})
+            for topic, partition in offsets
         ]
         tombstones.append((GroupKey(GROUP_KEY_VERSION, group_id), None))
         error, _ = await self._append(shard, tombstones)
         if error != ErrorCode.NONE:
+            # Not deleted: back as it was, unless a new group took the id meanwhile.
+            taken = group_id in shard.groups or shard.cache.holds(group_id)
+            if self._current(shard) and not taken:
+                shard.groups[group_id] = group
+                if offsets:
+                    shard.cache.groups[group_id] = offsets
+                if metadata is not None:
+                    shard.cache.metadata[group_id] = metadata
             return error
-        if self._current(shard) and shard.groups.get(group_id) is group:
-            self.membership.unload(group, ErrorCode.GROUP_ID_NOT_FOUND)
-            del shard.groups[group_id]
-            shard.cache.delete_group(group_id)
-            log.info("group %s deleted with its committed offsets", group_id)
+        self.membership.unload(group, ErrorCode.GROUP_ID_NOT_FOUND)
+        log.info("group %s deleted with its committed offsets", group_id)
         return ErrorCode.NONE
 
     # ------------------------------------------------------------------ offsets
@@ -695,11 +811,15 @@ class GroupCoordinator:
                 out.error_code = int(error)
             return resp
         # Committed (the high watermark passed it): the cache takes it, unless the
-        # shard changed meanwhile (a reload reads it from the log).
+        # shard changed meanwhile (a reload reads it from the log). A group deleted
+        # while the commit was written is there again, with these offsets, as a reload
+        # would find it.
         if self._current(shard):
             assert shard.cache is not None
             for i, (_, key, value) in enumerate(written):
                 shard.cache.apply(key, value, base_offset + i)
+            if req.group_id not in shard.groups and shard.cache.holds(req.group_id):
+                shard.groups[req.group_id] = Group(req.group_id)
         return resp
 
     async def offset_fetch(

@@ -423,6 +423,8 @@ class Broker:
             )
             if resp.cluster_id:
                 self.image.cluster_id = resp.cluster_id
+            if delta.removed and self.coordinator is not None:
+                self.coordinator.on_partitions_deleted(set(delta.removed))
             if self._published:
                 assert self.replica_manager is not None
                 await self.replica_manager.apply_delta(delta)

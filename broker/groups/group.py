@@ -94,11 +94,13 @@ class Group:
 
     def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
         """Whether a member with these protocols can join: the same protocol type, and
-        one protocol in common with every member (Kafka's supportsProtocols)."""
+        one protocol in common with every member (Kafka's supportsProtocols). The first
+        member must name a protocol type: a group stored with none is read back as one
+        without a type, which its own members' next JoinGroups do not match."""
         if not protocols:
             return False
         if not self.members:
-            return True
+            return bool(protocol_type)
         if protocol_type != self.protocol_type:
             return False
         names = {name for name, _ in protocols}
@@ -124,8 +126,15 @@ class Group:
         return not self.pending and all(m.awaiting_join is not None for m in self.members.values())
 
     def fenced(self, instance_id: str | None, member_id: str) -> bool:
-        """A request naming a static member id that another member id now holds."""
-        return instance_id is not None and self.static.get(instance_id) != member_id
+        """A request naming a static member id that another member id now holds (Kafka's
+        isStaticMemberFenced). An instance id no member holds fences nothing: its
+        member was removed (session expired, left, a rebalance went on without it),
+        and the request is refused as from an unknown member, so that the client joins
+        again rather than give up on a fencing that clients take as fatal."""
+        if instance_id is None:
+            return False
+        holder = self.static.get(instance_id)
+        return holder is not None and holder != member_id
 
     def replace_static(self, old: Member, new_id: str) -> Member:
         """The static member `old` comes back as `new_id` (KIP-345): the same place in

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Awaitable
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from broker.groups.group import Group
 from broker.groups.group import GroupState
@@ -39,6 +40,7 @@ from protocol.messages import SyncGroupResponse
 from runtime.server import RequestContext
 
 _GENERATION_MAX = 2**31 - 1  # the wire field is an int32
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 # What writes a group's metadata record (with the assignments of the generation being
@@ -179,7 +181,7 @@ class Membership:
             self._maybe_complete_join(group)
         else:
             self._prepare_rebalance(group, f"member {member.member_id} rejoined")
-        return await future
+        return await _answer(future)
 
     def _member(
         self,
@@ -217,12 +219,15 @@ class Membership:
                 self._maybe_complete_join(group)
         else:
             self._prepare_rebalance(group, f"member {member.member_id} joined")
-        return await future
+        return await _answer(future)
 
     @staticmethod
     def _await_join(member: Member) -> asyncio.Future[JoinGroupResponse]:
-        future: asyncio.Future[JoinGroupResponse] = asyncio.get_running_loop().create_future()
-        member.awaiting_join = future
+        """What the member's JoinGroup waits for: the one its earlier JoinGroup still
+        waits for, if any (a retry on another connection), so that both are answered."""
+        future = member.awaiting_join
+        if future is None or future.done():
+            future = member.awaiting_join = asyncio.get_running_loop().create_future()
         return future
 
     # ------------------------------------------------------------------ the join phase
@@ -381,12 +386,13 @@ class Membership:
         if group.state is GroupState.STABLE:
             return SyncGroupResponse(assignment=member.assignment)
         assert group.state is GroupState.COMPLETING_REBALANCE, group.state
-        future: asyncio.Future[SyncGroupResponse] = asyncio.get_running_loop().create_future()
-        member.awaiting_sync = future
+        future = member.awaiting_sync  # an earlier SyncGroup of its own still waiting
+        if future is None or future.done():
+            future = member.awaiting_sync = asyncio.get_running_loop().create_future()
         if member.member_id == group.leader:
             assignments = {a.member_id: bytes(a.assignment) for a in req.assignments}
             await self._complete_sync(group, assignments)
-        return await future
+        return await _answer(future)
 
     async def _complete_sync(self, group: Group, assignments: dict[str, bytes]) -> None:
         """The leader's assignments stored and handed out. As Kafka's coordinator:
@@ -582,6 +588,13 @@ class Membership:
                 group.static[member.group_instance_id] = member.member_id
 
 
+async def _answer(future: asyncio.Future[T]) -> T:
+    """A request's wait for its answer. Two requests of one member may wait for the same
+    answer (a JoinGroup or SyncGroup sent again on another connection while the first
+    waits): one whose connection closes must not cancel the other's."""
+    return await asyncio.shield(future)
+
+
 def _answer_waiters(member: Member, error: ErrorCode) -> None:
     """The member's waiting JoinGroup and SyncGroup are answered `error`."""
     if member.awaiting_join is not None and not member.awaiting_join.done():
@@ -600,7 +613,11 @@ def _join_error(error: ErrorCode, member_id: str) -> JoinGroupResponse:
 
 
 def describe(group: Group) -> DescribedGroup:
-    protocol = group.protocol_name
+    """DescribeGroups' view, as Kafka's GroupMetadata.summary: the protocol and the
+    members' subscriptions and assignments only of a Stable group. In a rebalance a
+    member may have rejoined with protocols without the last generation's (so no
+    subscription of it to show), and the assignments are the last generation's."""
+    protocol = group.protocol_name if group.state is GroupState.STABLE else None
     return DescribedGroup(
         group_id=group.group_id,
         group_state=group.state.value,
@@ -614,7 +631,7 @@ def describe(group: Group) -> DescribedGroup:
                 client_id=m.client_id,
                 client_host=m.client_host,
                 member_metadata=m.metadata(protocol) if protocol else b"",
-                member_assignment=m.assignment,
+                member_assignment=m.assignment if protocol else b"",
             )
             for m in group.members.values()
         ],

@@ -330,15 +330,21 @@ async def test_the_group_survives_its_coordinator_sigkilled_under_load(cluster: 
                 m.kill()
 
 
+async def static_pair(cluster: Cluster, group: str) -> tuple[MemberProcess, MemberProcess]:
+    """The topic, and two static minibroker members of `group` (instance-0, instance-1)."""
+    await create_topic(cluster)
+    first, second = (
+        MemberProcess("minibroker", cluster, group, f"{group}-{i}", instance=f"instance-{i}")
+        for i in range(2)
+    )
+    return first, second
+
+
 async def test_a_static_member_restarts_and_keeps_its_partitions(cluster: Cluster) -> None:
     """KIP-345 with minibroker's consumer: a member with a group_instance_id does not
     leave on close; restarted within its session it gets its partitions back, and the
     other member sees no rebalance at all."""
-    await create_topic(cluster)
-    first, other = (
-        MemberProcess("minibroker", cluster, "static", f"static-{i}", instance=f"instance-{i}")
-        for i in range(2)
-    )
+    first, other = await static_pair(cluster, "static")
     everyone = [first, other]
     try:
         wait_until("two members own six partitions", lambda: owned_exactly_once(everyone), everyone)
@@ -451,6 +457,35 @@ async def test_a_paused_zombie_cannot_commit_over_the_new_owner(cluster: Cluster
         assert all("while-paused" not in v for _, _, v in zombie.delivered) or all(
             "UnknownMemberId" in f or "IllegalGeneration" in f for f in zombie.commit_failures
         )
+    finally:
+        for m in everyone:
+            if m.alive:
+                m.proc.send_signal(signal.SIGCONT)
+                m.kill()
+
+
+async def test_a_paused_static_member_rejoins_when_resumed(cluster: Cluster) -> None:
+    """A static member (group_instance_id) SIGSTOPped past its session is removed, and
+    its instance id with it. Resumed, it is no longer a member: Kafka answers its
+    heartbeat UNKNOWN_MEMBER_ID and it joins again under its instance id. The
+    coordinator answered FENCED_INSTANCE_ID, as if another process held the instance
+    id, which clients take as fatal: minibroker's consumer raised
+    FencedInstanceIdError and exited (librdkafka and Java's raise a fatal error too)."""
+    paused, other = await static_pair(cluster, "static-pause")
+    everyone = [paused, other]
+    try:
+        wait_until("two members own six partitions", lambda: owned_exactly_once(everyone), everyone)
+        paused.proc.send_signal(signal.SIGSTOP)
+        wait_until("the other has everything", lambda: owned_exactly_once([other]), everyone)
+        reported = paused.assignments
+        paused.proc.send_signal(signal.SIGCONT)
+        # Its own report after the pause (not the stale one from before it), 3 + 3.
+        wait_until(
+            "the resumed member has rejoined",
+            lambda: paused.assignments > reported and owned_evenly(everyone),
+            everyone,
+        )
+        assert paused.alive and other.alive
     finally:
         for m in everyone:
             if m.alive:
