@@ -42,6 +42,11 @@ from runtime.scram import ScramCredential
 PLAIN = "PLAIN"
 SASL_MECHANISMS = (*BY_NAME, PLAIN)
 MAX_TOKEN_BYTES = 4096  # a SASL token is a few hundred bytes; anything more is refused
+# The longest frame a SASL listener reads from a connection that has not authenticated
+# (Kafka's sasl.server.max.receive.size): what comes before is ApiVersions and the
+# exchange, a few hundred bytes each, so a stranger cannot make the server buffer a
+# 100 MiB request per connection.
+MAX_UNAUTHENTICATED_FRAME_BYTES = 512 * 1024
 FAILED = "authentication failed: wrong user name or password"
 _FAKE_SALT_KEY = os.urandom(32)  # per process: made-up salts for users that do not exist
 
