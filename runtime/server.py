@@ -484,6 +484,7 @@ class _Connection(asyncio.BufferedProtocol):
         header = request.header
         server = self._server
         throttle_ms = 0
+        refused: CloseReason | None = None  # a broker's slot whose broker API was refused
         try:
             fault = None
             if server.faults.enabled:
@@ -520,6 +521,8 @@ class _Connection(asyncio.BufferedProtocol):
         except Exception as exc:
             if isinstance(exc, NotAuthorizedError):
                 known: tuple[ErrorCode, str] | None = (exc.code, str(exc))
+                if self._slot is not None:
+                    refused = server.table.on_refused(self._slot, header.api_key)
             else:
                 known = server.error_answer(exc) if server.error_answer is not None else None
             if known is None:
@@ -544,6 +547,10 @@ class _Connection(asyncio.BufferedProtocol):
                 self.close()
                 return
         self._write(out)
+        if refused is not None:
+            server.log_event(refused, time.monotonic())
+            self.close(graceful=True)  # after the answer, so the peer can say why
+            return
         if throttle_ms > 0:
             self._mute(throttle_ms / 1000)
         self._process()
