@@ -252,6 +252,8 @@ class _Connection(asyncio.BufferedProtocol):
             )
 
     def _tls_failed(self, exc: BaseException) -> None:
+        """The handshake failed or timed out: one (rate-limited) line, and the
+        connection closes after what is buffered, the alert saying why included."""
         if not self._closed:
             # Rate-limited like every closure: a flood of plaintext clients is a line
             # every 10 s with a count, not a line each.
@@ -261,7 +263,7 @@ class _Connection(asyncio.BufferedProtocol):
                 f"handshake failed: {handshake_failure(exc)}",
             )
             self._server.log_event(reason, time.monotonic())
-        self.close()
+        self.close(graceful=True)
 
     def _from_tls(self, tls: ServerTls, data: bytes) -> list[bytes] | None:
         """The plaintext chunks `data` carried (None: the connection was closed)."""
@@ -269,6 +271,9 @@ class _Connection(asyncio.BufferedProtocol):
         try:
             plaintext = tls.receive(data)
         except ssl.SSLError as exc:
+            alert = tls.outgoing()  # the TLS alert that tells the peer why
+            if alert and self._transport is not None:
+                self._transport.write(alert)
             if was_established:
                 log.warning(
                     "closing connection from %s on %s: bad TLS record: %s",
