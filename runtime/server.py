@@ -275,12 +275,7 @@ class _Connection(asyncio.BufferedProtocol):
             if alert and self._transport is not None:
                 self._transport.write(alert)
             if was_established:
-                log.warning(
-                    "closing connection from %s on %s: bad TLS record: %s",
-                    self._peer,
-                    self._server.name,
-                    exc,
-                )
+                self._log_closing("bad-tls-record", f"bad TLS record: {exc}")
                 self.close()
             else:
                 self._tls_failed(exc)
@@ -354,12 +349,7 @@ class _Connection(asyncio.BufferedProtocol):
                 if self._sasl is not None and self._sasl.authenticated is None:
                     self._refuse_before_authentication(f"a bad frame ({exc})")
                     return
-                log.warning(
-                    "closing connection from %s on %s: malformed request stream: %s",
-                    self._peer,
-                    self._server.name,
-                    exc,
-                )
+                self._log_closing("malformed-stream", f"malformed request stream: {exc}")
                 self.close()
                 return
             if event is None:
@@ -386,21 +376,17 @@ class _Connection(asyncio.BufferedProtocol):
                 self.close()
                 return
             if isinstance(event, RejectedRequest):
-                log.info(
-                    "rejected request from %s (client %s, api %d v%d): %s %s",
-                    self._peer,
-                    event.header.client_id,
-                    event.header.api_key,
-                    event.header.api_version,
-                    event.error.name,
-                    event.message,
+                rejected = CloseReason(
+                    "rejected-request",
+                    f"rejected request from {self._peer} on {server.name} (client "
+                    f"{event.header.client_id}, api {event.header.api_key} "
+                    f"v{event.header.api_version}): {event.error.name} {event.message}",
                 )
+                server.log_event(rejected, time.monotonic())
                 try:
                     self._write(conn.send_rejection_parts(event))
                 except DecodeError as exc:  # the protocol cannot answer it: close
-                    log.warning(
-                        "closing connection from %s on %s: %s", self._peer, server.name, exc
-                    )
+                    self._log_closing("unanswerable", str(exc))
                     self.close()
                     return
                 continue
@@ -440,6 +426,14 @@ class _Connection(asyncio.BufferedProtocol):
         self._write(self._conn.send_response_parts(request, answer))
         self._after_sasl_step(sasl, answer)
         return False
+
+    def _log_closing(self, kind: str, why: str) -> None:
+        """Log that this connection is being closed and why: at most a line per `kind`
+        every 10 s with a count of the rest, as every closure (a stranger opening
+        connections to send garbage must not write a line each)."""
+        server = self._server
+        reason = CloseReason(kind, f"closing connection from {self._peer} on {server.name}: {why}")
+        server.log_event(reason, time.monotonic())
 
     def _refuse_before_authentication(self, what: str) -> None:
         """Close a connection that sent `what` before SASL authentication (logged, at
@@ -548,7 +542,7 @@ class _Connection(asyncio.BufferedProtocol):
             try:
                 out = self._conn.send_error_parts(request, *known)
             except DecodeError as exc:  # the protocol cannot answer it: close
-                log.warning("closing connection from %s on %s: %s", self._peer, server.name, exc)
+                self._log_closing("unanswerable", str(exc))
                 self.close()
                 return
         self._write(out)

@@ -1,4 +1,4 @@
-"""What a stranger (no password) can make a SASL listener do, on a real broker process
+"""What a stranger (no password) can make a listener do, on a real broker process
 (issue 18's threat model: it connects, authenticates nowhere, and can slow a listener,
 never hold it): raw sockets on a native and a Kafka SASL_PLAINTEXT listener.
 
@@ -17,6 +17,9 @@ never hold it): raw sockets on a native and a Kafka SASL_PLAINTEXT listener.
   is not supported) is answered ILLEGAL_SASL_STATE, on the controller as on a broker.
   The controller answered UNKNOWN_SERVER_ERROR (`KeyError: 17`) and logged a
   traceback for each.
+- Logs: on any listener, closures for a malformed stream and answers to requests the
+  broker cannot serve are logged at most a line a kind every 10 s, like every closure
+  (30 garbage connections were 30 lines).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from runtime.sasl import MAX_UNAUTHENTICATED_FRAME_BYTES
 from runtime.sasl import ScramClient
 from tests.integration.cluster import Cluster
 from tests.integration.cluster import TestClient
+from tests.integration.cluster import count_lines
 from tests.integration.test_sasl import PASSWORD
 from tests.integration.test_sasl import TOPIC
 from tests.integration.test_sasl import make_users
@@ -205,3 +209,26 @@ async def test_sasl_after_authentication_is_refused_on_the_controller(
         assert "Traceback" not in controller.log_text()
     finally:
         c.stop_all()
+
+
+async def test_a_stranger_sending_garbage_does_not_write_a_line_each(broker: Broker) -> None:
+    """Closures for a malformed stream, and answers to requests the broker cannot serve,
+    are logged at most once a kind every 10 s, as every closure is: they were a line
+    each, so a stranger writing garbage wrote the broker's log as fast as it connected."""
+    mark = broker.mark()
+    plaintext = "{}:{}".format(*broker.c.brokers[1].address)  # no SASL: anyone's
+    for _ in range(30):
+        with contextlib.closing(connect(plaintext)) as sock:
+            sock.sendall(_LENGTH.pack(-5))  # a negative frame length
+            assert closed_without_answer(sock)
+    with contextlib.closing(connect(plaintext)) as sock:
+        sock.sendall(request_frame(999, 0) * 100)  # each answered INVALID_REQUEST
+        sock.settimeout(10)
+        answers = b""
+        while answers.count(b"unknown or unserved API key") < 100:
+            chunk = sock.recv(1 << 16)
+            assert chunk, "the broker closed the connection"
+            answers += chunk
+    log = broker.log_after(mark)
+    assert 1 <= count_lines(log, "malformed request stream") <= 2, log
+    assert 1 <= count_lines(log, "rejected request") <= 2, log
