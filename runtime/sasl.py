@@ -35,7 +35,9 @@ from protocol.messages import SaslHandshakeResponse
 from protocol.metadata_records import ScramCredentialRecord
 from runtime.scram import BY_NAME
 from runtime.scram import DEFAULT_ITERATIONS
+from runtime.scram import MAX_ITERATIONS
 from runtime.scram import MECHANISMS
+from runtime.scram import MIN_ITERATIONS
 from runtime.scram import SALT_BYTES
 from runtime.scram import ScramCredential
 
@@ -265,6 +267,13 @@ class ScramClient:
             raise ValueError("the server's SCRAM nonce does not extend ours")
         salt = base64.b64decode(attrs["s"])
         iterations = int(attrs["i"])
+        if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+            # Fewer make the proof we would send cheap to crack for whoever answered
+            # (Kafka's client refuses them too); more would stall this event loop.
+            raise ValueError(
+                f"the server asks for {iterations} SCRAM iterations, outside "
+                f"{MIN_ITERATIONS}..{MAX_ITERATIONS}: not a server of this cluster"
+            )
         salted = hashlib.pbkdf2_hmac(self._digest, self._password.encode(), salt, iterations)
         client_key = hmac.digest(salted, b"Client Key", self._digest)
         stored_key = hashlib.new(self._digest, client_key).digest()

@@ -32,6 +32,7 @@ from runtime import server as server_module
 from runtime.peer_rpc import RPC_FAILURES
 from runtime.peer_rpc import RpcConnectionError
 from runtime.rpc import PipelinedConnection
+from runtime.sasl import SaslCredentials
 from runtime.server import ListenerServer
 from runtime.server import RequestContext
 from runtime.tls import TlsFiles
@@ -79,7 +80,10 @@ async def tls_server(ca: ThrowawayCA) -> AsyncIterator[tuple[ListenerServer, Ser
 
 
 def connection(
-    port: int, tls: ssl.SSLContext | None, host: str = "127.0.0.1"
+    port: int,
+    tls: ssl.SSLContext | None,
+    host: str = "127.0.0.1",
+    sasl: SaslCredentials | None = None,
 ) -> PipelinedConnection:
     return PipelinedConnection(
         host,
@@ -91,6 +95,7 @@ def connection(
         connect_timeout_s=5,
         max_in_flight=4,
         tls=tls,
+        sasl=sasl,
     )
 
 
