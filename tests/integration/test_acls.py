@@ -12,6 +12,8 @@ Invariants:
 - DENY wins over ALLOW; a PREFIXED ACL covers every topic with the prefix;
 - a client principal cannot call a server's API (the controller's registration and
   heartbeats, a replica's Fetch), and one server cannot pose as another broker;
+- nor keep a broker's connection slot on the controller by trying: refused, it is
+  closed, so refused heartbeats cannot fill --max-connections;
 - Kafka's own clients get the same refusals (kafka-python).
 """
 
