@@ -12,6 +12,7 @@ from typing import Protocol
 
 from broker.delayed_requests import DelayedProduce
 from broker.delayed_requests import log
+from broker.groups.records import OFFSETS_TOPIC
 from broker.partition import Partition
 from broker.partition import Role
 from broker.storage.errors import FileOpenError
@@ -119,7 +120,11 @@ class AppendPath:
         if writes:
             await asyncio.gather(*writes, return_exceptions=True)
 
-    async def produce(self, request: ProduceRequest) -> ProduceResponse:
+    async def produce(self, request: ProduceRequest, *, internal: bool = False) -> ProduceResponse:
+        """`internal`: the group coordinator's own append, the only one that may write
+        `__consumer_offsets` (a client's Produce to it is INVALID_TOPIC_EXCEPTION, as
+        Kafka's internalTopicsAllowed: a record the coordinator cannot read stops it
+        loading that partition, and every group there goes unavailable)."""
         await self._epoch_checkpoints_written(request)
         acks = request.acks
         tracer = hop_trace.TRACER
@@ -144,6 +149,12 @@ class AppendPath:
                 if acks not in (0, 1, -1):
                     r.error_code = ErrorCode.INVALID_REQUIRED_ACKS
                     r.error_message = f"acks must be 0, 1 or -1 (all), got {acks}"
+                    continue
+                if topic.name == OFFSETS_TOPIC and not internal:
+                    r.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
+                    r.error_message = (
+                        f"{OFFSETS_TOPIC} is internal: only the group coordinator writes it"
+                    )
                     continue
                 if (topic.name, part.index) in repeated:
                     r.error_code = ErrorCode.INVALID_REQUEST

@@ -61,6 +61,7 @@ from broker.groups.records import GROUP_KEY_VERSION
 from broker.groups.records import GROUP_VALUE_VERSION
 from broker.groups.records import OFFSET_KEY_VERSION
 from broker.groups.records import OFFSET_VALUE_VERSION
+from broker.groups.records import OFFSETS_TOPIC
 from broker.groups.records import GroupKey
 from broker.groups.records import GroupValue
 from broker.groups.records import MemberRecord
@@ -118,7 +119,6 @@ from runtime.server import RequestContext
 
 log = logging.getLogger(__name__)
 
-OFFSETS_TOPIC = "__consumer_offsets"
 # Kafka's offset.metadata.max.bytes and offsets.commit.timeout.ms.
 MAX_METADATA_BYTES = 4096
 COMMIT_TIMEOUT_MS = 5_000
@@ -527,7 +527,7 @@ class GroupCoordinator:
                 )
             ],
         )
-        result = (await self.replicas.produce(produce)).topics[0].partitions[0]
+        result = (await self.replicas.produce(produce, internal=True)).topics[0].partitions[0]
         code = ErrorCode.of(result.error_code)
         if code == ErrorCode.NONE:
             return code, result.base_offset

@@ -87,9 +87,6 @@ from protocol.messages import MetadataResponse
 from protocol.messages import OffsetForLeaderEpochRequest
 from protocol.messages import ProduceRequest
 from protocol.messages import ReplicaBatchInfo
-from protocol.messages import SaslAuthenticateResponse
-from protocol.messages import SaslHandshakeRequest
-from protocol.messages import SaslHandshakeResponse
 from protocol.messages import StrayReplica
 from runtime.acl import binding_of
 from runtime.acl import filter_of
@@ -99,7 +96,7 @@ from runtime.peer_rpc import RpcError
 from runtime.peer_rpc import RpcErrorResponse
 from runtime.server import Handler
 from runtime.server import RequestContext
-from runtime.tls import ANONYMOUS
+from runtime.server import sasl_out_of_turn
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +177,8 @@ class Handlers:
             # Listed in ApiVersions everywhere, as Kafka does; a SASL listener answers
             # them itself before a user is proven (runtime/server.py), so reaching a
             # handler means out of turn.
-            ApiKey.SASL_HANDSHAKE: self.sasl_out_of_turn,
-            ApiKey.SASL_AUTHENTICATE: self.sasl_out_of_turn,
+            ApiKey.SASL_HANDSHAKE: sasl_out_of_turn,
+            ApiKey.SASL_AUTHENTICATE: sasl_out_of_turn,
             ApiKey.ALTER_USER_SCRAM_CREDENTIALS: self.alter_user_scram_credentials,
             ApiKey.DESCRIBE_ACLS: self.describe_acls,
             ApiKey.CREATE_ACLS: self.create_acls,
@@ -535,18 +532,6 @@ class Handlers:
 
         await self._wait_for_image(visible, timeout_s)
         return resp
-
-    async def sasl_out_of_turn(self, ctx: RequestContext, req: Message) -> Message:
-        why = (
-            f"listener {ctx.listener} does not use SASL"
-            if ctx.principal == ANONYMOUS
-            else f"already authenticated as {ctx.principal}"
-        )
-        if isinstance(req, SaslHandshakeRequest):
-            return SaslHandshakeResponse(error_code=int(ErrorCode.ILLEGAL_SASL_STATE))
-        return SaslAuthenticateResponse(
-            error_code=int(ErrorCode.ILLEGAL_SASL_STATE), error_message=f"SASL: {why}"
-        )
 
     async def alter_user_scram_credentials(
         self, ctx: RequestContext, req: AlterUserScramCredentialsRequest

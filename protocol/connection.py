@@ -354,6 +354,16 @@ class ServerConnection:
         self._last_unsent = 0
 
     @property
+    def max_frame_size(self) -> int:
+        """The longest frame this connection takes now; the server may lower it for a
+        while (a SASL listener, until the peer has authenticated)."""
+        return self._frames.max_frame_size
+
+    @max_frame_size.setter
+    def max_frame_size(self, value: int) -> None:
+        self._frames.max_frame_size = value
+
+    @property
     def in_flight(self) -> int:
         """Requests handed out whose responses have not been written yet."""
         return self._next_seq - self._next_out

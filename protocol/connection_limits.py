@@ -15,7 +15,8 @@ may hold live in `protocol.connection.ServerConnection`. The rules, once:
 - connections whose first request is not privileged hold at most
   `max_connections - reserved_connections` slots together, so the reserved slots
   are always free, held by privileged peers, or held by silent connections that the
-  next newcomer displaces. Privileged connections count against neither bound.
+  next newcomer displaces. Privileged connections count against neither bound; one
+  whose privileged API the server refuses as not authorized is closed (`on_refused`).
 
 Kafka counts `max.connections.per.ip` per broker across its listeners; so does this
 table (one per process). Which API is privileged is the server's business; the
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from typing import NamedTuple
 
+from protocol.api import api_name
 from protocol.connection import IDLE
 from protocol.connection import NATIVE
 from protocol.connection import CloseReason
@@ -284,6 +286,20 @@ class ConnectionTable:
         slot.anonymous = True
         self._anonymous += 1
         return None
+
+    def on_refused(self, slot: ConnectionSlot, api_key: int) -> CloseReason | None:
+        """The server refused a request of the connection as not authorized; a
+        CloseReason: close it once the answer is out. A privileged slot is a server's:
+        a connection whose privileged API is refused is no broker, and must not keep a
+        slot that neither the per-address nor the clients' bound counts, nor idleness
+        closes (a user of the cluster could otherwise fill --max-connections)."""
+        if not (slot.privileged and api_key in self.limits.privileged_api_keys):
+            return None
+        return CloseReason(
+            "privileged-refused",
+            f"closing connection from {slot.peer}: it holds a broker's slot, and its "
+            f"{api_name(api_key)} was refused as not authorized",
+        )
 
     def release(self, slot: ConnectionSlot) -> None:
         """The connection is gone (idempotent)."""

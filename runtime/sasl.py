@@ -15,7 +15,8 @@ A failure answers SASL_AUTHENTICATION_FAILED with the same message whether the u
 unknown or the password wrong, and `failed` is set: the connection then closes (Kafka
 closes it too). An unknown user still gets a SCRAM first answer (a made-up salt), so
 the exchange does not tell which users exist: its salt is the same at every attempt
-and its iteration count the default, as a real user's are.
+and its iteration count the default, as a real user's are. PLAIN hashes the password
+of an unknown user as of a real one, so the time of its answer does not tell either.
 """
 
 from __future__ import annotations
@@ -35,13 +36,21 @@ from protocol.messages import SaslHandshakeResponse
 from protocol.metadata_records import ScramCredentialRecord
 from runtime.scram import BY_NAME
 from runtime.scram import DEFAULT_ITERATIONS
+from runtime.scram import MAX_ITERATIONS
 from runtime.scram import MECHANISMS
+from runtime.scram import MIN_ITERATIONS
 from runtime.scram import SALT_BYTES
 from runtime.scram import ScramCredential
+from runtime.scram import salted_password
 
 PLAIN = "PLAIN"
 SASL_MECHANISMS = (*BY_NAME, PLAIN)
 MAX_TOKEN_BYTES = 4096  # a SASL token is a few hundred bytes; anything more is refused
+# The longest frame a SASL listener reads from a connection that has not authenticated
+# (Kafka's sasl.server.max.receive.size): what comes before is ApiVersions and the
+# exchange, a few hundred bytes each, so a stranger cannot make the server buffer a
+# 100 MiB request per connection.
+MAX_UNAUTHENTICATED_FRAME_BYTES = 512 * 1024
 FAILED = "authentication failed: wrong user name or password"
 _FAKE_SALT_KEY = os.urandom(32)  # per process: made-up salts for users that do not exist
 
@@ -158,7 +167,12 @@ class SaslSession:
             raise _Refused("PLAIN: authorizing as another user is not supported")
         credentials = [self._lookup(user, m) for m in sorted(MECHANISMS)]
         credential = next((c for c in credentials if c is not None), None)
-        if credential is None or not credential.matches(password):
+        if credential is None:
+            # The check a real user's password gets (PBKDF2 at the default count), so
+            # the time of the answer does not tell which users exist.
+            salted_password(password, _fake_salt(user), DEFAULT_ITERATIONS, min(MECHANISMS))
+            raise _Refused(FAILED)
+        if not credential.matches(password):
             raise _Refused(FAILED)
         self.authenticated = user
         return SaslAuthenticateResponse()
@@ -185,8 +199,7 @@ class SaslSession:
             else:
                 # An unknown user looks like one with the default iterations and a salt
                 # that stays the same from one attempt to the next, as a real one does.
-                salt = hmac.digest(_FAKE_SALT_KEY, self._user.encode(), "sha256")[:SALT_BYTES]
-                iterations = DEFAULT_ITERATIONS
+                salt, iterations = _fake_salt(self._user), DEFAULT_ITERATIONS
             self._nonce = attrs["r"] + base64.b64encode(os.urandom(18)).decode()
             self._server_first = (
                 f"r={self._nonce},s={base64.b64encode(salt).decode()},i={iterations}"
@@ -226,6 +239,11 @@ class SaslSession:
         raise _Refused("SCRAM has two client messages")
 
 
+def _fake_salt(user: str) -> bytes:
+    """The salt a user that does not exist appears to have: the same at every attempt."""
+    return hmac.digest(_FAKE_SALT_KEY, user.encode(), "sha256")[:SALT_BYTES]
+
+
 def _split_gs2(message: str) -> tuple[str, str, str]:
     """("n,,", sep, bare) of a client-first message ("n,,n=user,r=nonce")."""
     first = message.find(",")
@@ -260,6 +278,13 @@ class ScramClient:
             raise ValueError("the server's SCRAM nonce does not extend ours")
         salt = base64.b64decode(attrs["s"])
         iterations = int(attrs["i"])
+        if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+            # Fewer make the proof we would send cheap to crack for whoever answered
+            # (Kafka's client refuses them too); more would stall this event loop.
+            raise ValueError(
+                f"the server asks for {iterations} SCRAM iterations, outside "
+                f"{MIN_ITERATIONS}..{MAX_ITERATIONS}: not a server of this cluster"
+            )
         salted = hashlib.pbkdf2_hmac(self._digest, self._password.encode(), salt, iterations)
         client_key = hmac.digest(salted, b"Client Key", self._digest)
         stored_key = hashlib.new(self._digest, client_key).digest()

@@ -86,13 +86,16 @@ from protocol.errors import ErrorCode
 from protocol.framing import read_scratch
 from protocol.messages import Message
 from protocol.messages import SaslAuthenticateRequest
+from protocol.messages import SaslAuthenticateResponse
 from protocol.messages import SaslHandshakeRequest
+from protocol.messages import SaslHandshakeResponse
 from runtime.acl import NotAuthorizedError
 from runtime.faults import DROP
 from runtime.faults import DROP_RESPONSE
 from runtime.faults import Faults
 from runtime.request_time import TimedSteps
 from runtime.rpc import set_no_delay
+from runtime.sasl import MAX_UNAUTHENTICATED_FRAME_BYTES
 from runtime.sasl import Lookup
 from runtime.sasl import SaslSession
 from runtime.tls import ANONYMOUS
@@ -163,6 +166,22 @@ class RequestQuotas(Protocol):
 ErrorAnswer = Callable[[Exception], "tuple[ErrorCode, str] | None"]
 
 
+async def sasl_out_of_turn(ctx: RequestContext, req: Message) -> Message:
+    """A SaslHandshake or SaslAuthenticate with no exchange to take it: on a listener
+    without SASL, or once the connection has authenticated (no re-authentication,
+    KIP-368). ILLEGAL_SASL_STATE; the connection stays. Brokers and controllers alike."""
+    why = (
+        f"listener {ctx.listener} does not use SASL"
+        if ctx.principal == ANONYMOUS
+        else f"already authenticated as {ctx.principal}"
+    )
+    if isinstance(req, SaslHandshakeRequest):
+        return SaslHandshakeResponse(error_code=int(ErrorCode.ILLEGAL_SASL_STATE))
+    return SaslAuthenticateResponse(
+        error_code=int(ErrorCode.ILLEGAL_SASL_STATE), error_message=f"SASL: {why}"
+    )
+
+
 class _Connection(asyncio.BufferedProtocol):
     """One client connection. The transport reads into the connection's frame
     decoder (a large request straight into its own buffer, protocol/framing.py); TLS
@@ -186,6 +205,10 @@ class _Connection(asyncio.BufferedProtocol):
         self._tls = ServerTls(server.tls) if server.tls is not None else None
         sasl = server.sasl
         self._sasl = SaslSession(sasl.mechanisms, sasl.lookup) if sasl is not None else None
+        if sasl is not None:  # raised to the listener's bound once the peer is proven
+            self._conn.max_frame_size = min(
+                MAX_UNAUTHENTICATED_FRAME_BYTES, server.table.limits.max_frame_bytes
+            )
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._mute_timer: asyncio.TimerHandle | None = None  # throttled until it fires
         self._muted_until = 0.0
@@ -229,6 +252,8 @@ class _Connection(asyncio.BufferedProtocol):
             )
 
     def _tls_failed(self, exc: BaseException) -> None:
+        """The handshake failed or timed out: one (rate-limited) line, and the
+        connection closes after what is buffered, the alert saying why included."""
         if not self._closed:
             # Rate-limited like every closure: a flood of plaintext clients is a line
             # every 10 s with a count, not a line each.
@@ -238,7 +263,7 @@ class _Connection(asyncio.BufferedProtocol):
                 f"handshake failed: {handshake_failure(exc)}",
             )
             self._server.log_event(reason, time.monotonic())
-        self.close()
+        self.close(graceful=True)
 
     def _from_tls(self, tls: ServerTls, data: bytes) -> list[bytes] | None:
         """The plaintext chunks `data` carried (None: the connection was closed)."""
@@ -246,13 +271,11 @@ class _Connection(asyncio.BufferedProtocol):
         try:
             plaintext = tls.receive(data)
         except ssl.SSLError as exc:
+            alert = tls.outgoing()  # the TLS alert that tells the peer why
+            if alert and self._transport is not None:
+                self._transport.write(alert)
             if was_established:
-                log.warning(
-                    "closing connection from %s on %s: bad TLS record: %s",
-                    self._peer,
-                    self._server.name,
-                    exc,
-                )
+                self._log_closing("bad-tls-record", f"bad TLS record: {exc}")
                 self.close()
             else:
                 self._tls_failed(exc)
@@ -323,12 +346,10 @@ class _Connection(asyncio.BufferedProtocol):
             try:
                 event = conn.next_event(self._unsent())
             except DecodeError as exc:
-                log.warning(
-                    "closing connection from %s on %s: malformed request stream: %s",
-                    self._peer,
-                    self._server.name,
-                    exc,
-                )
+                if self._sasl is not None and self._sasl.authenticated is None:
+                    self._refuse_before_authentication(f"a bad frame ({exc})")
+                    return
+                self._log_closing("malformed-stream", f"malformed request stream: {exc}")
                 self.close()
                 return
             if event is None:
@@ -339,7 +360,7 @@ class _Connection(asyncio.BufferedProtocol):
                 assert sasl is not None  # raw tokens only follow this listener's handshake
                 self._raw_sasl_token(sasl, event)
                 continue
-            if sasl is not None and sasl.authenticated is None and isinstance(event, Request):
+            if sasl is not None and sasl.authenticated is None:
                 # Not classified by the SASL exchange: a broker's first request is a
                 # SaslHandshake, its first broker API comes once it is proven.
                 if not self._before_authentication(sasl, event):
@@ -355,21 +376,17 @@ class _Connection(asyncio.BufferedProtocol):
                 self.close()
                 return
             if isinstance(event, RejectedRequest):
-                log.info(
-                    "rejected request from %s (client %s, api %d v%d): %s %s",
-                    self._peer,
-                    event.header.client_id,
-                    event.header.api_key,
-                    event.header.api_version,
-                    event.error.name,
-                    event.message,
+                rejected = CloseReason(
+                    "rejected-request",
+                    f"rejected request from {self._peer} on {server.name} (client "
+                    f"{event.header.client_id}, api {event.header.api_key} "
+                    f"v{event.header.api_version}): {event.error.name} {event.message}",
                 )
+                server.log_event(rejected, time.monotonic())
                 try:
                     self._write(conn.send_rejection_parts(event))
                 except DecodeError as exc:  # the protocol cannot answer it: close
-                    log.warning(
-                        "closing connection from %s on %s: %s", self._peer, server.name, exc
-                    )
+                    self._log_closing("unanswerable", str(exc))
                     self.close()
                     return
                 continue
@@ -378,15 +395,24 @@ class _Connection(asyncio.BufferedProtocol):
             task.add_done_callback(self._tasks.discard)
         self._update_reading()
 
-    def _before_authentication(self, sasl: SaslSession, request: Request) -> bool:
+    def _before_authentication(self, sasl: SaslSession, request: Request | RejectedRequest) -> bool:
         """A request on a SASL listener before a user is proven: True to serve it as
-        usual (ApiVersions); else it was answered here (the SASL exchange) or the
-        connection closed."""
+        usual (ApiVersions, its refusal too: a client learns the versions from it); else
+        it was answered here (the SASL exchange) or the connection closed. A request
+        that cannot be served (an unknown API, a version or body it cannot decode) is
+        not answered: it would class the connection as a client's that spoke, which no
+        newcomer displaces, so strangers could hold every slot without a password."""
         key = request.header.api_key
         if key == ApiKey.API_VERSIONS:
             return True
         if key in self._server.sasl_exempt_apis(self.principal):
             return True  # a peer proven by its certificate (a controller's quorum peers)
+        if isinstance(request, RejectedRequest):
+            self._refuse_before_authentication(
+                f"{_api_name(key)} v{request.header.api_version} ({request.error.name}: "
+                f"{request.message})"
+            )
+            return False
         body = request.body
         if isinstance(body, SaslHandshakeRequest):
             answer: Message = sasl.handshake(body.mechanism)
@@ -395,18 +421,30 @@ class _Connection(asyncio.BufferedProtocol):
         elif isinstance(body, SaslAuthenticateRequest):
             answer = sasl.authenticate(body.auth_bytes)
         else:
-            reason = CloseReason(
-                "sasl-required",
-                f"closing connection from {self._peer} on {self._server.name}: "
-                f"{_api_name(key)} before SASL authentication (the client must use "
-                "SASL_PLAINTEXT or SASL_SSL with a user)",
-            )
-            self._server.log_event(reason, time.monotonic())
-            self.close()
+            self._refuse_before_authentication(_api_name(key))
             return False
         self._write(self._conn.send_response_parts(request, answer))
         self._after_sasl_step(sasl, answer)
         return False
+
+    def _log_closing(self, kind: str, why: str) -> None:
+        """Log that this connection is being closed and why: at most a line per `kind`
+        every 10 s with a count of the rest, as every closure (a stranger opening
+        connections to send garbage must not write a line each)."""
+        server = self._server
+        reason = CloseReason(kind, f"closing connection from {self._peer} on {server.name}: {why}")
+        server.log_event(reason, time.monotonic())
+
+    def _refuse_before_authentication(self, what: str) -> None:
+        """Close a connection that sent `what` before SASL authentication (logged, at
+        most a line every 10 s)."""
+        reason = CloseReason(
+            "sasl-required",
+            f"closing connection from {self._peer} on {self._server.name}: {what} before "
+            "SASL authentication (the client must use SASL_PLAINTEXT or SASL_SSL with a user)",
+        )
+        self._server.log_event(reason, time.monotonic())
+        self.close()
 
     def _raw_sasl_token(self, sasl: SaslSession, event: SaslToken) -> None:
         """A raw token after SaslHandshake v0: answered raw when it is good; a failure
@@ -422,6 +460,7 @@ class _Connection(asyncio.BufferedProtocol):
         """Once the answer is out: the principal when proven, or the close when failed."""
         if sasl.authenticated is not None:
             self.principal = f"User:{sasl.authenticated}"
+            self._conn.max_frame_size = self._server.table.limits.max_frame_bytes
             log.info(
                 "%s on %s: authenticated as %s (%s)",
                 self._peer,
@@ -444,6 +483,7 @@ class _Connection(asyncio.BufferedProtocol):
         header = request.header
         server = self._server
         throttle_ms = 0
+        refused: CloseReason | None = None  # a broker's slot whose broker API was refused
         try:
             fault = None
             if server.faults.enabled:
@@ -451,7 +491,10 @@ class _Connection(asyncio.BufferedProtocol):
                 if fault == DROP:
                     self.close()  # the request is lost: the sender sees the connection go
                     return
-            handler = server.handlers[header.api_key]
+            handler = server.handlers.get(header.api_key)
+            if handler is None and header.api_key in _SASL_APIS:
+                handler = sasl_out_of_turn  # a SASL listener's process without its own
+            assert handler is not None, "the listener serves only the APIs it has"
             ctx = RequestContext(
                 server.name,
                 self._peer,
@@ -477,6 +520,8 @@ class _Connection(asyncio.BufferedProtocol):
         except Exception as exc:
             if isinstance(exc, NotAuthorizedError):
                 known: tuple[ErrorCode, str] | None = (exc.code, str(exc))
+                if self._slot is not None:
+                    refused = server.table.on_refused(self._slot, header.api_key)
             else:
                 known = server.error_answer(exc) if server.error_answer is not None else None
             if known is None:
@@ -497,10 +542,14 @@ class _Connection(asyncio.BufferedProtocol):
             try:
                 out = self._conn.send_error_parts(request, *known)
             except DecodeError as exc:  # the protocol cannot answer it: close
-                log.warning("closing connection from %s on %s: %s", self._peer, server.name, exc)
+                self._log_closing("unanswerable", str(exc))
                 self.close()
                 return
         self._write(out)
+        if refused is not None:
+            server.log_event(refused, time.monotonic())
+            self.close(graceful=True)  # after the answer, so the peer can say why
+            return
         if throttle_ms > 0:
             self._mute(throttle_ms / 1000)
         self._process()

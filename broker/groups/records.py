@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import msgspec
 
+OFFSETS_TOPIC = "__consumer_offsets"
 OFFSET_KEY_VERSION = 1
 OFFSET_VALUE_VERSION = 1
 GROUP_KEY_VERSION = 2

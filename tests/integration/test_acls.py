@@ -12,6 +12,8 @@ Invariants:
 - DENY wins over ALLOW; a PREFIXED ACL covers every topic with the prefix;
 - a client principal cannot call a server's API (the controller's registration and
   heartbeats, a replica's Fetch), and one server cannot pose as another broker;
+- nor keep a broker's connection slot on the controller by trying: refused, it is
+  closed, so refused heartbeats cannot fill --max-connections;
 - Kafka's own clients get the same refusals (kafka-python).
 """
 
@@ -45,6 +47,8 @@ from protocol.api import DEBUGGING_REPLICA_ID
 from protocol.errors import ErrorCode
 from protocol.messages import BrokerHeartbeatRequest
 from protocol.messages import BrokerRegistrationRequest
+from protocol.messages import DescribeClusterRequest
+from protocol.messages import DescribeClusterResponse
 from protocol.messages import FetchPartition
 from protocol.messages import FetchRequest
 from protocol.messages import FetchTopic
@@ -113,7 +117,7 @@ SUPER_USERS = "User:CN=admin;User:CN=broker-1;User:CN=controller;User:admin"
 
 
 @contextlib.contextmanager
-def secured_cluster(tmp_path: Path) -> Iterator[Secured]:
+def secured_cluster(tmp_path: Path, *controller_flags: str) -> Iterator[Secured]:
     ca = ThrowawayCA.create(tmp_path / "ca")
     admin_cert = ca.issue("admin")
     admin_tls = create_ssl_context(
@@ -123,7 +127,12 @@ def secured_cluster(tmp_path: Path) -> Iterator[Secured]:
     c = Cluster(tmp_path / "cluster")
     c.root.mkdir()
     try:
-        c.start_controller("--security-protocol", "SSL", *tls_flags(ca, "controller"), *authorizer)
+        c.start_controller(
+            *("--security-protocol", "SSL"),
+            *tls_flags(ca, "controller"),
+            *authorizer,
+            *controller_flags,
+        )
         c.start_broker(
             1,
             *("--listeners", "PLAINTEXT://127.0.0.1:0,CLIENT://127.0.0.1:0,KAFKA://127.0.0.1:0"),
@@ -411,6 +420,43 @@ async def test_a_client_cannot_call_server_apis_nor_a_server_pose_as_another(
         (broker,) = (await admin.describe_cluster()).brokers
         assert broker.node_id == 1 and not broker.is_fenced
     assert "refused: User:CN=mallory" in c.controller.log_text()
+
+
+async def test_a_client_refused_a_broker_api_does_not_keep_a_brokers_slot(
+    tmp_path: Path,
+) -> None:
+    """The controller keeps slots for brokers (a connection whose first request is a
+    broker API), which neither the per-address nor the clients' bound counts and
+    idleness never closes. A client principal refused its broker API is closed after
+    the answer: it held the slot, and a user of the cluster filled --max-connections
+    with refused heartbeats so that no one else, a broker or the operator, got in."""
+    most = 8
+    limits = ("--max-connections", str(most), "--reserved-broker-connections", "4")
+    with secured_cluster(tmp_path, *limits, "--max-connections-per-ip", "2") as s:
+        c = s.cluster
+        assert c.controller is not None
+        mallory = s.ca.issue("mallory")
+        mallory_tls = create_ssl_context(
+            cafile=s.ca.cafile, certfile=mallory.certfile, keyfile=mallory.keyfile
+        )
+        heartbeat = BrokerHeartbeatRequest(broker_id=1, broker_epoch=-1, want_shut_down=True)
+        async with contextlib.AsyncExitStack() as held:  # mallory closes none of them
+            for _ in range(most * 2):
+                mallorys = await held.enter_async_context(
+                    TestClient(c.controller.host, c.controller.port, ssl=mallory_tls)
+                )
+                answer = await mallorys.request(heartbeat)
+                assert answer.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            # The operator's tool still gets in, and the broker stays registered.
+            async with TestClient(c.controller.host, c.controller.port, ssl=s.admin_tls) as raw:
+                described = await raw.call(DescribeClusterRequest())
+                assert isinstance(described, DescribeClusterResponse)
+            with pytest.raises(ConnectionError):  # closed by the controller
+                await mallorys.receive(mallorys.send(heartbeat), timeout=5)
+        async with s.admin() as admin:
+            (broker,) = (await admin.describe_cluster()).brokers
+            assert broker.node_id == 1 and not broker.is_fenced
+        assert "and its BROKER_HEARTBEAT was refused" in c.controller.log_text()
 
 
 async def test_acl_cli_adds_lists_and_removes(secured: Secured) -> None:

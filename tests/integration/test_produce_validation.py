@@ -1,4 +1,5 @@
-"""Batches that no reader can read are refused on produce (issue 13, item 2).
+"""Batches that no reader can read are refused on produce (issue 13, item 2), and so
+is a client's Produce to the group coordinator's __consumer_offsets.
 
 A real broker process, sent the issue's batches over a raw socket: each one has a
 sound header and a valid CRC-32C but records that no reader can read (or that a client
@@ -12,9 +13,11 @@ import pytest
 from cluster import Cluster
 from cluster import TestClient
 
+from broker.group_coordinator import OFFSETS_TOPIC
 from client.admin import AsyncAdmin
 from client.consumer import AsyncConsumer
 from client.producer import AsyncProducer
+from client.types import OffsetAndMetadata
 from client.types import TopicPartition
 from protocol.errors import ErrorCode
 from protocol.messages import ProducePartition
@@ -90,20 +93,20 @@ def the_issues_batches() -> list[tuple[str, bytes, ErrorCode, str]]:
     ]
 
 
+def produce_request(topic: str, records: dict[int, bytes]) -> ProduceRequest:
+    """acks=all, `records` by partition."""
+    partitions = [ProducePartition(index=i, records=batch) for i, batch in records.items()]
+    return ProduceRequest(
+        acks=-1, timeout_ms=5000, topics=[ProduceTopic(name=topic, partitions=partitions)]
+    )
+
+
 async def produce_raw(
     client: TestClient, records: bytes, *, topic: str = TOPIC
 ) -> tuple[int, str | None, int]:
     """(error code, error message, base offset) of a Produce of `records` to partition
     0 of `topic`, acks=all."""
-    resp = await client.call(
-        ProduceRequest(
-            acks=-1,
-            timeout_ms=5000,
-            topics=[
-                ProduceTopic(name=topic, partitions=[ProducePartition(index=0, records=records)])
-            ],
-        )
-    )
+    resp = await client.call(produce_request(topic, {0: records}))
     assert isinstance(resp, ProduceResponse)
     answer = resp.topics[0].partitions[0]
     return answer.error_code, answer.error_message, answer.base_offset
@@ -142,3 +145,37 @@ async def test_batches_no_reader_can_read_are_refused_and_consumers_keep_reading
         assert got == [(0, b"before"), (1, b"after")]
     assert broker.alive
     assert "refused an invalid produce" in broker.log_text()
+
+
+async def test_a_client_cannot_write_the_groups_topic(cluster: Cluster) -> None:
+    """__consumer_offsets is the group coordinator's: a client's Produce to it is
+    INVALID_TOPIC_EXCEPTION on every partition, as Kafka's (internalTopicsAllowed), and
+    the groups load as before once the broker restarts. It was appended: a record the
+    coordinator cannot read then stopped it loading that partition, and every group of
+    the partition answered COORDINATOR_NOT_AVAILABLE for good."""
+    broker = cluster.brokers[1]
+    servers = "{}:{}".format(*broker.address)
+    async with AsyncAdmin(servers) as admin:
+        await admin.create_topic(TOPIC, 1, 1)
+    async with AsyncProducer(servers, linger_ms=0) as producer:
+        await producer.send_and_wait(TOPIC, b"v", partition=0)
+    async with AsyncConsumer(servers, group_id="g", auto_offset_reset="earliest") as consumer:
+        consumer.subscribe([TOPIC])
+        assert await consumer.poll(timeout_ms=10_000)
+        await consumer.commit()
+    async with AsyncAdmin(servers) as admin:
+        (offsets_topic,) = await admin.describe_topics([OFFSETS_TOPIC])
+    junk = raw_batch(three_records(), 3)
+    async with TestClient(*broker.address) as client:
+        everywhere = {p.partition: junk for p in offsets_topic.partitions}
+        resp = await client.call(produce_request(OFFSETS_TOPIC, everywhere))
+    assert isinstance(resp, ProduceResponse)
+    answers = resp.topics[0].partitions
+    assert len(answers) == len(offsets_topic.partitions)
+    assert {a.error_code for a in answers} == {ErrorCode.INVALID_TOPIC_EXCEPTION}, answers
+    assert "only the group coordinator writes it" in (answers[0].error_message or "")
+    broker.terminate()
+    broker.start()
+    cluster.wait_ready(broker)
+    async with AsyncAdmin("{}:{}".format(*broker.address)) as admin:
+        assert await admin.list_group_offsets("g") == {TP: OffsetAndMetadata(1, "", 0)}

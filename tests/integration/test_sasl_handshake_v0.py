@@ -316,7 +316,7 @@ def test_a_raw_frame_whose_length_lies_is_bounded(broker: Broker) -> None:
             conn.handshake_v0()
             conn.sock.sendall(_LENGTH.pack(length) + b"n,,n=alice")
             assert conn.closed_without_answer()
-    wait_for_log(broker, mark, "malformed request stream")
+    wait_for_log(broker, mark, "a bad frame (frame of")
     assert "authenticated as" not in broker.log_after(mark)
 
 

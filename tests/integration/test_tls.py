@@ -130,6 +130,40 @@ async def test_a_plaintext_client_on_a_tls_port_is_refused_and_logged(
         assert len((await admin.describe_cluster()).brokers) == 2
 
 
+async def test_a_client_without_a_good_certificate_is_told_why(tmp_path: Path) -> None:
+    """With --ssl-client-auth required, a client without a certificate, or with one of
+    another CA, is refused in the handshake, and the broker's TLS alert says why
+    (certificate required, or a certificate it cannot verify). The broker closed the
+    connection without it: the client saw only "connection lost", no reason."""
+    ca = ThrowawayCA.create(tmp_path / "ca")
+    c = Cluster(tmp_path / "cluster")
+    c.root.mkdir()
+    try:
+        c.start_controller()
+        flags = [flag if flag != "requested" else "required" for flag in tls_flags(ca, "b1")]
+        c.start_broker(1, "--listener-security-protocol-map", "PLAINTEXT:SSL", *flags)
+        stranger = ThrowawayCA.create(tmp_path / "stranger").issue("admin")
+        refusals = {}
+        for name, cert in (("none", None), ("stranger", stranger)):
+            tls = create_ssl_context(
+                cafile=ca.cafile,
+                certfile=None if cert is None else cert.certfile,
+                keyfile=None if cert is None else cert.keyfile,
+            )
+            with pytest.raises(MinibrokerError) as refused:
+                async with AsyncAdmin(
+                    native(c), security_protocol="SSL", ssl_context=tls, bootstrap_retries=1
+                ) as admin:
+                    await admin.describe_cluster()
+            refusals[name] = str(refused.value)
+        assert "CERTIFICATE_REQUIRED" in refusals["none"], refusals
+        assert "ALERT" in refusals["stranger"], refusals
+        log = c.brokers[1].log_text()
+        assert "the client's certificate is missing or not signed by --ssl-cafile" in log
+    finally:
+        c.stop_all()
+
+
 async def test_kafka_clients_over_ssl(secure: tuple[Cluster, ThrowawayCA]) -> None:
     c, ca = secure
     tls = create_ssl_context(cafile=ca.cafile)

@@ -7,7 +7,7 @@
 - a client that trusts another CA, or reaches the server under a name its certificate
   does not carry, fails to connect with a message that says why;
 - with client auth required, a client without a certificate is refused in the
-  handshake;
+  handshake, and told so by the server's alert;
 - a client that closes with a TLS close_notify gets the server's at once (asyncio's
   and aiokafka's clients wait up to 30 s for it otherwise).
 """
@@ -32,6 +32,7 @@ from runtime import server as server_module
 from runtime.peer_rpc import RPC_FAILURES
 from runtime.peer_rpc import RpcConnectionError
 from runtime.rpc import PipelinedConnection
+from runtime.sasl import SaslCredentials
 from runtime.server import ListenerServer
 from runtime.server import RequestContext
 from runtime.tls import TlsFiles
@@ -79,7 +80,10 @@ async def tls_server(ca: ThrowawayCA) -> AsyncIterator[tuple[ListenerServer, Ser
 
 
 def connection(
-    port: int, tls: ssl.SSLContext | None, host: str = "127.0.0.1"
+    port: int,
+    tls: ssl.SSLContext | None,
+    host: str = "127.0.0.1",
+    sasl: SaslCredentials | None = None,
 ) -> PipelinedConnection:
     return PipelinedConnection(
         host,
@@ -91,6 +95,7 @@ def connection(
         connect_timeout_s=5,
         max_in_flight=4,
         tls=tls,
+        sasl=sasl,
     )
 
 
@@ -171,8 +176,9 @@ async def test_required_client_auth_refuses_a_client_without_a_certificate(
     )
     try:
         with caplog.at_level(logging.WARNING, logger="runtime.server"):
-            with pytest.raises(RpcConnectionError):
-                # TLS 1.3: the client learns of the refusal on its first read.
+            # TLS 1.3: the client learns of the refusal on its first read, from the
+            # server's alert (not a reset: the alert was dropped with the connection).
+            with pytest.raises(RpcConnectionError, match="CERTIFICATE_REQUIRED"):
                 await ask(server.port, create_ssl_context(cafile=ca.cafile))
             await asyncio.sleep(0.1)
         bob = ca.issue("bob")
