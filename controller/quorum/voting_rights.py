@@ -23,13 +23,14 @@ a new quorum of three needs all three voters up, of five four.
 
 The voter then takes the highest epoch among the answers as one it may have voted
 in (`allow_voting` persists it with a forgotten vote; a voter that kept its quorum
-state needs none and only skips a vote in that epoch): any
-majority of the others meets the majority that elected a leader in an epoch, so it
-never votes again in an epoch that has a leader. (An epoch whose election was still
-open when the disk went can get a second vote: Raft without KIP-853's directory ids
-cannot tell.) Other voters' epochs say nothing else: a candidate's epoch with every
-log empty is an election under way, and waiting for it to end would wait for ever
-when it needs this voter's vote.
+state needs none and only skips a vote in that epoch): any majority of the others
+meets the majority that elected a leader in an epoch, so it never votes again in an
+epoch that has a leader. (An epoch whose election was still open when the disk went
+can get a second vote: Raft without KIP-853's directory ids cannot tell.) Other
+voters' epochs say nothing else: a candidate's epoch with every log empty is an
+election under way, and waiting for it to end would wait for ever when it needs this
+voter's vote. Until it may vote again, `catching_up` in its quorum state keeps a
+restart from giving the vote back.
 
 An empty log with no mark (a power cut before the first flush, a log cut back to
 nothing because it diverged) acknowledged nothing that was committed: that voter
