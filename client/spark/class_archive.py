@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.fileio import atomic_write
+
 log = logging.getLogger(__name__)
 
 _QUIET = "-Xlog:cds*=off"
@@ -181,7 +183,7 @@ class ClassArchive:
                 and self._starts_a_jvm(partial, class_path)
             ):
                 os.replace(partial, self.archive)
-                self._recorded_size.write_text(str(self.archive.stat().st_size))
+                atomic_write(self._recorded_size, str(self.archive.stat().st_size).encode())
                 log.info("Spark's JVM will map the classes archived in %s", self.archive)
             for path in (partial, partial.with_suffix(".json")):
                 with contextlib.suppress(FileNotFoundError):
@@ -207,10 +209,7 @@ class ClassArchive:
 
 
 def _write_record(partial: Path, record: dict[str, Any]) -> None:
-    sidecar = partial.with_suffix(".json")
-    tmp = sidecar.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, sidecar)
+    atomic_write(partial.with_suffix(".json"), json.dumps(record).encode())
 
 
 def _read_record(partial: Path) -> dict[str, Any] | None:
